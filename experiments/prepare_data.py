@@ -1,0 +1,71 @@
+r"""Turns a corpus into N expert shards, evaluation sets and a router.
+
+  python experiments/prepare_data.py --source=pystdlib --num_clusters=4 --out=/tmp/soma_data
+  python experiments/prepare_data.py --source=fineweb_edu:/data/fineweb-edu/sample/100BT \
+      --num_clusters=256 --out=/data/soma_fwe
+
+SOURCE is fineweb_edu:PATH, wikitext103:PATH, textdir:PATH, tfds:NAME[:FEATURE]
+or pystdlib. Bad input prints one line and exits with code 2; an existing --out
+is only replaced when the new data dir is complete.
+"""
+
+from __future__ import annotations
+
+import time
+
+from absl import app, flags, logging
+
+from soma_jax.data import prepare
+from soma_jax.errors import UserError, exit_on_user_error
+
+_SOURCE = flags.DEFINE_string("source", "pystdlib", "Corpus: fineweb_edu:PATH, wikitext103:PATH, textdir:PATH, tfds:NAME[:FEATURE], pystdlib.")
+_NUM_CLUSTERS = flags.DEFINE_integer("num_clusters", 8, "Number of clusters = experts N.")
+_OUT = flags.DEFINE_string("out", None, "Output data dir (written to a temporary folder, then renamed).")
+_FIT_SAMPLE = flags.DEFINE_integer("fit_sample", 400_000, "Windows sampled to fit tf-idf, SVD and k-means.")
+_VAL_FRACTION = flags.DEFINE_float("val_fraction", 0.01, "Expert-validation fraction of each shard (>= 1 window).")
+_ENSEMBLE_VAL_DOCS = flags.DEFINE_integer("ensemble_val_docs", 202, "Held-out documents for ensemble validation.")
+_TEST_DOCS = flags.DEFINE_integer("test_docs", 4096, "Held-out test documents (one window each).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed for sampling, held-out selection, SVD and k-means.")
+_MAX_BYTES = flags.DEFINE_integer("max_bytes", None, "Stop reading the corpus after this many bytes.")
+_MIN_DF = flags.DEFINE_integer("min_df", 5, "tf-idf min_df (scaled down only for corpora too small for it).")
+_MAX_FEATURES = flags.DEFINE_integer("max_features", 50_000, "tf-idf vocabulary size.")
+_SVD_DIMS = flags.DEFINE_integer("svd_dims", 128, "Truncated SVD dimensions.")
+_TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "data_dir for --source=tfds:NAME.")
+
+
+@exit_on_user_error
+def main(argv):
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}; fix: pass options as --name=value")
+  if not _OUT.value:
+    raise UserError("--out is required; fix: pass --out=DIR")
+  t0 = time.time()
+  manifest = prepare.prepare(
+    _SOURCE.value,
+    _NUM_CLUSTERS.value,
+    _OUT.value,
+    fit_sample=_FIT_SAMPLE.value,
+    val_fraction=_VAL_FRACTION.value,
+    ensemble_val_docs=_ENSEMBLE_VAL_DOCS.value,
+    test_docs=_TEST_DOCS.value,
+    seed=_SEED.value,
+    max_bytes=_MAX_BYTES.value,
+    min_df=_MIN_DF.value,
+    max_features=_MAX_FEATURES.value,
+    svd_dims=_SVD_DIMS.value,
+    tfds_data_dir=_TFDS_DATA_DIR.value,
+  )
+  bal = manifest["cluster_balance"]
+  logging.info(
+    "wrote %s: %d shards of %s windows (max deviation %.1f%%), %d test, %d ensemble-val windows in %.1fs",
+    _OUT.value, manifest["num_clusters"], bal["sizes"], 100 * bal["max_relative_deviation"],
+    manifest["test_windows"], manifest["ensemble_val_windows"], time.time() - t0,
+  )
+  for e, terms in enumerate(manifest["top_terms"]):
+    logging.info("cluster %d: %s", e, " ".join(terms))
+  for note in manifest["notes"]:
+    logging.info("note: %s", note)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,149 @@
+"""The shared ConfigDict every experiment config starts from, size presets, validation.
+
+Config files in `experiments/configs/` call `base_config(...)` and change what their
+experiment needs; fields are documented here once.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from soma_jax.errors import UserError
+
+SIZES = ("tiny", "cpu", "paper")
+METHODS = ("soma", "bptt", "eggroll")
+PAPER_WIDTH = {1: 509, 2: 361, 8: 181, 256: 32}  # SPEC section 2 size table
+
+
+def parse_arg(arg: str | None, **defaults) -> dict:
+  """'n=8,size=tiny' -> {'n': 8, 'size': 'tiny'}, typed like the defaults."""
+  out = dict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    if "=" not in item:
+      raise UserError(f"config argument {item!r} is not key=value; e.g. soma.py:n=4,size=cpu")
+    key, value = (s.strip() for s in item.split("=", 1))
+    if key not in defaults:
+      raise UserError(f"unknown config argument {key!r}; known: {', '.join(sorted(defaults))}")
+    kind = type(defaults[key])
+    try:
+      out[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
+    except ValueError as e:
+      raise UserError(f"config argument {key}={value!r} is not a {kind.__name__}") from e
+  return out
+
+
+def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
+  """A complete training config for N experts at a size preset."""
+  if size not in SIZES:
+    raise UserError(f"size={size!r} is not a preset; use one of {', '.join(SIZES)}")
+  if n < 1:
+    raise UserError(f"n={n} experts; n must be >= 1")
+  c = ml_collections.ConfigDict()
+  c.method = "soma"  # soma | bptt | eggroll
+  c.n_experts = n  # N: experts, each with its own data shard, loss and Adam state
+  c.experts = ""  # "" = all; "a:b" trains experts a..b-1 only, as an independent job
+  c.seed = 0  # base key of every probe: (seed, step, expert, accum, direction)
+  c.steps = 200  # updates per expert
+  c.log_every = 10  # metrics.jsonl / TensorBoard / console cadence (updates)
+  c.eval_every = 50  # expert validation on each expert's 1% split; drives the plateau rule
+  c.ensemble_eval_every = 0  # routed ensemble validation cadence (0 = at the end only)
+  c.ckpt_every = 50  # checkpoint cadence (also on SIGTERM / SIGINT)
+  c.init_from = ""  # a seed workdir: copy its body and E into every expert (SPEC 3.4)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.d_t = 64  # body width
+  c.model.d_e = 32  # byte-embedding width d_E
+  c.model.depth = 2  # residual blocks D
+  c.model.shared_head = False  # True: one frozen E shared by all experts (width-32 SOMA)
+
+  c.spsa = ml_collections.ConfigDict()
+  c.spsa.n_pert = 16  # directions per batch
+  c.spsa.batch = 8  # B: sequences per accumulation batch
+  c.spsa.accum = 1  # A: batches per update, each with fresh directions
+  c.spsa.eps = 1e-3  # initial perturbation scale (halved with lr on a plateau)
+  c.spsa.probe = "sparse"  # sparse | rademacher | gaussian
+  c.spsa.pert_chunk = 8  # directions evaluated at once (memory ~ chunk, not n_pert)
+
+  c.opt = ml_collections.ConfigDict()
+  c.opt.lr = 1e-3  # initial Adam learning rate (per expert, plateau-scheduled)
+  c.opt.weight_decay = 0.0  # coupled: lambda * theta added to g_hat before the moments
+  c.opt.train_head = True  # delta-rule update of each expert's own E (needs shared_head=False)
+  c.opt.patience = 1000  # updates without improvement before halving lr and eps
+  c.opt.floor = 1e-5  # lr / eps never decay below this
+
+  c.data = ml_collections.ConfigDict()
+  c.data.dir = ""  # a folder written by experiments/prepare_data.py
+  c.data.seq_len = 256  # T: targets per window (must divide 1024)
+  c.data.val_windows = 64  # expert-validation windows per expert per evaluation
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.expert = 1  # devices along the expert axis (FSO); 0 = all devices
+  c.mesh.pert = 1  # devices along the direction axis (DDPP)
+
+  c.ckpt = ml_collections.ConfigDict()
+  c.ckpt.keep = 3  # newest checkpoints kept
+
+  c.eggroll = ml_collections.ConfigDict()
+  c.eggroll.pop = 256  # population (antithetic pairs count twice)
+  c.eggroll.rank = 1
+  c.eggroll.sigma = 1e-2
+  c.eggroll.pop_chunk = 64
+
+  if size == "tiny":  # unit tests: seconds
+    c.model.update(d_t=8, d_e=8)
+    c.spsa.update(n_pert=4, batch=2, pert_chunk=4)
+    c.data.update(seq_len=32, val_windows=4)
+    c.update(steps=6, log_every=2, eval_every=3, ckpt_every=3)
+    c.eggroll.update(pop=8, pop_chunk=4)
+  elif size == "paper":  # SPEC settings: T = 1024, n_pert = B = 64, lr = eps = 1e-3
+    d_t = PAPER_WIDTH.get(n, 32)
+    wide = d_t != 32
+    c.model.update(d_t=d_t, shared_head=not wide)
+    c.opt.update(train_head=wide, weight_decay=1e-4 if wide else 0.0)
+    c.spsa.update(n_pert=64, batch=64, pert_chunk=16)
+    c.data.update(seq_len=1024, val_windows=256)
+    c.update(steps=100_000, log_every=50, eval_every=500, ckpt_every=1000)
+    c.eggroll.update(pop=2**20, pop_chunk=4096)
+  return c
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Raise a UserError naming the field and the fix for any impossible setting."""
+  def need(cond: bool, msg: str) -> None:
+    if not cond:
+      raise UserError(msg)
+
+  need(c.method in METHODS, f"method={c.method!r}; use one of {', '.join(METHODS)}")
+  need(c.n_experts >= 1, f"n_experts={c.n_experts} must be >= 1")
+  for key in ("d_t", "d_e", "depth"):
+    need(c.model[key] >= 1, f"model.{key}={c.model[key]} must be >= 1")
+  s = c.spsa
+  for key in ("n_pert", "batch", "accum", "pert_chunk"):
+    need(s[key] >= 1, f"spsa.{key}={s[key]} must be >= 1")
+  need(s.probe in ("sparse", "rademacher", "gaussian"),
+       f"spsa.probe={s.probe!r}; use sparse, rademacher or gaussian")
+  need(s.n_pert % min(s.pert_chunk, s.n_pert) == 0,
+       f"spsa.pert_chunk={s.pert_chunk} must divide spsa.n_pert={s.n_pert}")
+  need(s.eps > 0 and c.opt.lr > 0, "spsa.eps and opt.lr must be > 0")
+  need(c.data.seq_len >= 1 and 1024 % c.data.seq_len == 0,
+       f"data.seq_len={c.data.seq_len} must divide 1024 (e.g. 256 or 1024)")
+  need(c.steps >= 1, f"steps={c.steps} must be >= 1")
+  for key in ("log_every", "eval_every", "ckpt_every"):
+    need(c[key] >= 1, f"{key}={c[key]} must be >= 1")
+  need(not (c.model.shared_head and c.opt.train_head),
+       "opt.train_head=True needs model.shared_head=False (a shared head stays frozen)")
+  expert_range(c)
+
+
+def expert_range(c: ml_collections.ConfigDict) -> tuple[int, int]:
+  """The [start, stop) experts this job trains, from `experts` ('' or 'a:b')."""
+  if not c.experts:
+    return 0, c.n_experts
+  try:
+    a, b = (int(x) for x in str(c.experts).split(":"))
+  except ValueError as e:
+    raise UserError(f"experts={c.experts!r} must look like 'a:b', e.g. 0:4") from e
+  if not 0 <= a < b <= c.n_experts:
+    raise UserError(f"experts={c.experts!r} is out of range for n_experts={c.n_experts}; "
+                    f"use a:b with 0 <= a < b <= {c.n_experts}")
+  return a, b

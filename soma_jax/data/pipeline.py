@@ -1,0 +1,233 @@
+"""Training input pipeline (grain) and loaders for a prepared data dir.
+
+Each expert is its own grain dataset over the memory-mapped sub-windows of its
+train shard, shuffled with a seed derived from (seed, global expert id) and
+repeated, so the batch an expert sees at step s depends only on (seed, expert,
+s), never on which other experts the process loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+import grain
+import numpy as np
+
+from soma_jax.data import windows
+from soma_jax.errors import UserError
+
+MANIFEST_VERSION = 1  # bump when the data-dir layout changes
+WINDOW_BYTES = windows.WINDOW_BYTES
+_SEED_MIX = 0x9E3779B1  # mixes (seed, expert) into one 32-bit shuffle seed
+
+
+def load_manifest(data_dir: str) -> dict:
+  """Reads DIR/manifest.json; UserError if missing, corrupt or of another version."""
+  path = os.path.join(data_dir, "manifest.json")
+  fix = "fix: run experiments/prepare_data.py --out=DIR and pass that DIR"
+  if not os.path.isdir(data_dir):
+    raise UserError(f"data dir {data_dir!r} does not exist; {fix}")
+  if not os.path.isfile(path):
+    raise UserError(f"{path!r} not found: {data_dir!r} is not a prepared data dir; {fix}")
+  try:
+    with open(path) as f:
+      manifest = json.load(f)
+  except (OSError, ValueError) as e:
+    raise UserError(f"{path!r} is corrupt ({e}); {fix}") from None
+  if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION:
+    got = manifest.get("version") if isinstance(manifest, dict) else None
+    raise UserError(f"{path!r} has manifest version {got}, this code reads version {MANIFEST_VERSION}; {fix}")
+  return manifest
+
+
+def expert_dir(data_dir: str, expert: int) -> str:
+  """Folder of one expert's shard."""
+  return os.path.join(data_dir, "experts", f"{expert:04d}")
+
+
+def check_data_dir(data_dir: str, num_experts: int) -> dict:
+  """Checks that data_dir is a prepared dir for exactly num_experts experts; returns its manifest."""
+  manifest = load_manifest(data_dir)
+  n = manifest.get("num_clusters")
+  if n != num_experts:
+    raise UserError(
+      f"data dir {data_dir!r} has {n} expert shards but the model has {num_experts} experts; "
+      f"fix: re-run prepare_data.py with --num_clusters={num_experts} or set n={n}"
+    )
+  missing = [rel for rel in manifest.get("files", {}) if not os.path.isfile(os.path.join(data_dir, rel))]
+  missing += [
+    os.path.join("experts", f"{e:04d}", name)
+    for e in range(num_experts)
+    for name in ("train.npy", "val.npy")
+    if not os.path.isfile(os.path.join(expert_dir(data_dir, e), name))
+  ]
+  if missing:
+    raise UserError(
+      f"data dir {data_dir!r} is incomplete (missing {', '.join(sorted(set(missing))[:5])}); "
+      "fix: re-run experiments/prepare_data.py"
+    )
+  return manifest
+
+
+def _check_seq_len(seq_len: int) -> int:
+  if seq_len < 1 or windows.CHUNK_BYTES % seq_len:
+    raise UserError(f"seq_len={seq_len} must divide {windows.CHUNK_BYTES}; fix: use e.g. 64, 128, 256, 512 or 1024")
+  return windows.CHUNK_BYTES // seq_len
+
+
+def _load_windows(path: str) -> np.ndarray:
+  """Memory-maps a uint8 [n, 1025] window file, with a clear error if it is wrong."""
+  try:
+    arr = np.load(path, mmap_mode="r", allow_pickle=False)
+  except (OSError, ValueError) as e:
+    raise UserError(f"cannot read {path!r} ({e}); fix: re-run experiments/prepare_data.py") from None
+  if arr.dtype != np.uint8 or arr.ndim != 2 or arr.shape[1] != WINDOW_BYTES:
+    raise UserError(
+      f"{path!r} holds {arr.dtype} {arr.shape}, expected uint8 [n, {WINDOW_BYTES}]; fix: re-run prepare_data.py"
+    )
+  return arr
+
+
+def subwindows(windows_nx1025: np.ndarray, seq_len: int) -> np.ndarray:
+  """Cuts each 1,025-byte row into 1024 // T windows of T + 1 bytes (k-th: bytes [kT, kT + T + 1))."""
+  per = _check_seq_len(seq_len)
+  w = np.asarray(windows_nx1025)
+  if w.ndim != 2 or w.shape[1] != WINDOW_BYTES:
+    raise ValueError(f"expected [n, {WINDOW_BYTES}] windows, got {w.shape}")
+  idx = np.arange(per)[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
+  return w[:, idx].reshape(-1, seq_len + 1)
+
+
+class SubwindowSource:
+  """Random-access grain source: the sub-windows of a memory-mapped [n, 1025] shard."""
+
+  def __init__(self, windows_nx1025: np.ndarray, seq_len: int):
+    self._w = windows_nx1025
+    self._seq_len = seq_len
+    self._per = _check_seq_len(seq_len)
+
+  def __len__(self) -> int:
+    return int(self._w.shape[0]) * self._per
+
+  def __getitem__(self, index: int) -> np.ndarray:
+    row, k = divmod(int(index), self._per)
+    start = k * self._seq_len
+    return np.array(self._w[row, start : start + self._seq_len + 1])
+
+  def __repr__(self) -> str:
+    return f"SubwindowSource(n={self._w.shape[0]}, seq_len={self._seq_len})"
+
+
+def expert_seed(seed: int, expert: int) -> int:
+  """The shuffle seed of one expert, a function of (seed, global expert id) only."""
+  return int(np.random.SeedSequence([seed, expert, _SEED_MIX]).generate_state(1)[0])
+
+
+def expert_dataset(data_dir: str, expert: int, *, batch: int, accum: int, seq_len: int, seed: int) -> grain.MapDataset:
+  """One expert's infinite dataset of uint8 [accum, batch, seq_len + 1] batches."""
+  path = os.path.join(expert_dir(data_dir, expert), "train.npy")
+  if not os.path.isfile(path):
+    raise UserError(f"shard {path!r} not found; fix: check --data_dir and the expert ids, or re-run prepare_data.py")
+  source = SubwindowSource(_load_windows(path), seq_len)
+  if len(source) < batch:
+    raise UserError(
+      f"expert {expert}'s shard has {len(source)} sequences of {seq_len + 1} bytes, fewer than one batch of {batch}; "
+      "fix: use a larger corpus, fewer --num_clusters, or a smaller batch"
+    )
+  return (
+    grain.MapDataset.source(source)
+    .shuffle(seed=expert_seed(seed, expert))
+    .repeat()
+    .batch(accum * batch, drop_remainder=True)
+    .map(lambda x: x.reshape(accum, batch, seq_len + 1))
+  )
+
+
+class TrainBatches:
+  """Iterator over uint8 [len(experts), accum, batch, seq_len + 1] batches with checkpointable state.
+
+  Each expert's batches come from random access into its grain MapDataset at
+  the current step (grain's own iterator over a MapDataset keeps the same
+  single index as state); this skips the iterator's thread pool, which only
+  adds contention on small CPU hosts.
+  """
+
+  def __init__(
+    self, data_dir: str, experts: Sequence[int], *, batch: int, accum: int, seq_len: int, seed: int
+  ):
+    if not experts:
+      raise UserError("no experts requested; fix: pass at least one expert id")
+    if batch < 1 or accum < 1:
+      raise UserError(f"batch={batch} and accum={accum} must be >= 1; fix: pass positive sizes")
+    manifest = load_manifest(data_dir)
+    bad = [e for e in experts if not 0 <= e < manifest["num_clusters"]]
+    if bad:
+      raise UserError(
+        f"expert ids {bad} are outside the data dir's 0..{manifest['num_clusters'] - 1}; fix: request existing experts"
+      )
+    self.experts = [int(e) for e in experts]
+    self.shape = (len(self.experts), accum, batch, seq_len + 1)
+    self._config = {"batch": batch, "accum": accum, "seq_len": seq_len, "seed": seed}
+    self._datasets = [
+      expert_dataset(data_dir, e, batch=batch, accum=accum, seq_len=seq_len, seed=seed) for e in self.experts
+    ]
+    self._step = 0
+
+  def __iter__(self) -> TrainBatches:
+    return self
+
+  def __next__(self) -> np.ndarray:
+    out = np.empty(self.shape, np.uint8)
+    for i, ds in enumerate(self._datasets):
+      out[i] = ds[self._step]
+    self._step += 1
+    return out
+
+  @property
+  def step(self) -> int:
+    """Index of the next batch."""
+    return self._step
+
+  def get_state(self) -> dict:
+    """JSON-serialisable state: the next step and the settings it is valid for."""
+    return {"step": self._step, "experts": list(self.experts), **self._config}
+
+  def set_state(self, state: dict) -> None:
+    """Restores a state from get_state; the settings must match (experts may be any subset)."""
+    mismatch = {k: (state.get(k), v) for k, v in self._config.items() if state.get(k) != v}
+    if mismatch:
+      raise UserError(
+        f"iterator state was saved with different settings {mismatch} (saved, now); fix: resume with the same settings"
+      )
+    step = state.get("step")
+    if not isinstance(step, int) or step < 0:
+      raise UserError(f"iterator state has an invalid step {step!r}; fix: pass a state from get_state()")
+    self._step = step
+
+
+def train_iterator(
+  data_dir: str, experts: Sequence[int], *, batch: int, accum: int, seq_len: int, seed: int
+) -> TrainBatches:
+  """The training batches of the given (global) experts; only their shards are opened."""
+  return TrainBatches(data_dir, experts, batch=batch, accum=accum, seq_len=seq_len, seed=seed)
+
+
+def expert_val_windows(data_dir: str, expert: int, seq_len: int) -> np.ndarray:
+  """One expert's validation sub-windows, uint8 [n, seq_len + 1]."""
+  return subwindows(_load_windows(os.path.join(expert_dir(data_dir, expert), "val.npy")), seq_len)
+
+
+def eval_split(data_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+  """(windows [n, 1025] uint8, document index [n] int32) of "test" or "ensemble_val"."""
+  if split not in ("test", "ensemble_val"):
+    raise UserError(f"unknown eval split {split!r}; fix: use 'test' or 'ensemble_val'")
+  w = _load_windows(os.path.join(data_dir, f"{split}.npy"))
+  try:
+    docs = np.load(os.path.join(data_dir, f"{split}_docs.npy"), allow_pickle=False)
+  except (OSError, ValueError) as e:
+    raise UserError(f"cannot read {split}_docs.npy in {data_dir!r} ({e}); fix: re-run prepare_data.py") from None
+  if docs.shape != (w.shape[0],):
+    raise UserError(f"{split}_docs.npy does not match {split}.npy in {data_dir!r}; fix: re-run prepare_data.py")
+  return np.asarray(w), docs.astype(np.int32)

@@ -1,0 +1,402 @@
+"""Turns a corpus into N expert shards, evaluation sets and a router (SPEC 4).
+
+`prepare(source, num_clusters, out)` writes into a temporary folder next to
+`out` and renames it into place only when everything succeeded, so a failed run
+never touches an existing `out`. The same arguments give the same bytes.
+
+Layout of `out`:
+  manifest.json                  sizes, balance, top terms, SHA-256 of every file, settings
+  router.npz                     the fitted router (soma_jax.router)
+  experts/{e:04d}/train.npy      uint8 [n, 1025] training windows of cluster e
+  experts/{e:04d}/val.npy        uint8 [n, 1025] expert-validation windows (val_fraction, >= 1)
+  ensemble_val.npy, ensemble_val_docs.npy   eval windows (stride 768) of held-out docs + doc index
+  test.npy, test_docs.npy        one 1,025-byte window per held-out test doc + doc index
+  heldout_docs.json              source ids of the test and ensemble-validation documents
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import unicodedata
+
+import numpy as np
+from absl import logging
+
+from soma_jax import router as router_lib
+from soma_jax.data import clustering, sources, windows
+from soma_jax.data.pipeline import MANIFEST_VERSION
+from soma_jax.errors import UserError
+
+HELDOUT_CAP = 0.1  # test and ensemble-val each take at most this fraction of the documents
+_TRANSFORM_BATCH = 8192
+_MAX_LISTED_EXCLUSIONS = 1000
+_WS = re.compile(r"\s+")
+
+
+def normalise_text(data: bytes) -> str:
+  """NFKC + casefold + whitespace collapse, used to find near-copies of documents."""
+  text = unicodedata.normalize("NFKC", data.decode("utf-8", errors="ignore")).casefold()
+  return _WS.sub(" ", text).strip()
+
+
+def _digest(data: bytes | str) -> bytes:
+  if isinstance(data, str):
+    data = data.encode("utf-8", errors="surrogatepass")
+  return hashlib.sha256(data).digest()[:16]
+
+
+def sha256_file(path: str) -> str:
+  """Hex SHA-256 of a file."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+class _Corpus:
+  """Documents spooled to one file, with per-document metadata."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self.ids: list[str] = []
+    self.offsets: list[int] = []
+    self.lengths: list[int] = []
+    self.exact: list[bytes] = []
+    self.normal: list[bytes] = []
+    self.empty = 0
+    self.data: np.ndarray | None = None
+
+  def doc(self, i: int) -> bytes:
+    return self.data[self.offsets[i] : self.offsets[i] + self.lengths[i]].tobytes()
+
+
+def _read_corpus(spec: sources.SourceSpec, path: str, max_bytes: int | None, tfds_data_dir: str | None) -> _Corpus:
+  """Pass over the source: spool nonempty documents to disk and fingerprint them."""
+  corpus = _Corpus(path)
+  total = 0
+  with open(path, "wb") as f:
+    for doc_id, data in sources.iter_documents(spec, tfds_data_dir=tfds_data_dir):
+      if not data:
+        corpus.empty += 1
+        continue
+      corpus.ids.append(doc_id)
+      corpus.offsets.append(total)
+      corpus.lengths.append(len(data))
+      corpus.exact.append(_digest(data))
+      corpus.normal.append(_digest(normalise_text(data)))
+      f.write(data)
+      total += len(data)
+      if max_bytes and total >= max_bytes:
+        break
+  if not corpus.ids:
+    what = f" ({corpus.empty} zero-length documents)" if corpus.empty else ""
+    raise UserError(f"source {spec} has no nonempty documents{what}; fix: point --source at a corpus with text")
+  corpus.data = np.memmap(path, np.uint8, mode="r", shape=(total,)) if total else np.zeros(0, np.uint8)
+  return corpus
+
+
+def _select_heldout(
+  corpus: _Corpus, n_test: int, n_ens: int, seed: int
+) -> tuple[list[int], list[int], list[dict], int, int]:
+  """Picks test and ensemble-val documents, screening out copies of other documents.
+
+  A candidate is excluded (and stays in training) when another document has the
+  same id, the same bytes, or the same normalised text. Each split also keeps
+  its documents' bytes within HELDOUT_CAP of the corpus, so a few very long
+  documents cannot empty the training set; a candidate over budget is skipped.
+  Returns (test, ensemble_val, listed exclusions, excluded count, skipped count).
+  """
+  keys = collections.Counter()
+  for i in range(len(corpus.ids)):
+    keys[("id", corpus.ids[i])] += 1
+    keys[("exact", corpus.exact[i])] += 1
+    keys[("normalised", corpus.normal[i])] += 1
+  budget = HELDOUT_CAP * sum(corpus.lengths)
+  eligible = [i for i, n in enumerate(corpus.lengths) if n >= windows.WINDOW_BYTES]
+  order = np.random.default_rng([seed, 1]).permutation(len(eligible))
+  splits: list[list[int]] = [[], []]
+  wanted, used = [n_test, n_ens], [0, 0]
+  exclusions, excluded, skipped = [], 0, 0
+  for j in order:
+    if len(splits[0]) >= wanted[0] and len(splits[1]) >= wanted[1]:
+      break
+    i = eligible[j]
+    reasons = [
+      name
+      for name, key in (("id", corpus.ids[i]), ("exact", corpus.exact[i]), ("normalised", corpus.normal[i]))
+      if keys[(name, key)] > 1
+    ]
+    if reasons:
+      excluded += 1
+      if len(exclusions) < _MAX_LISTED_EXCLUSIONS:
+        exclusions.append({"doc_id": corpus.ids[i], "reason": "duplicate " + "+".join(reasons) + " of a training document"})
+      continue
+    room = [s for s in (0, 1) if len(splits[s]) < wanted[s] and used[s] + corpus.lengths[i] <= budget]
+    if not room:
+      skipped += 1
+      continue
+    splits[room[0]].append(i)
+    used[room[0]] += corpus.lengths[i]
+  return sorted(splits[0]), sorted(splits[1]), exclusions, excluded, skipped
+
+
+def _check_out(out: str) -> str:
+  out = os.path.abspath(os.path.expanduser(out))
+  if os.path.exists(out):
+    if not os.path.isdir(out):
+      raise UserError(f"--out={out!r} exists and is not a folder; fix: choose another --out")
+    if os.listdir(out) and not os.path.isfile(os.path.join(out, "manifest.json")):
+      raise UserError(
+        f"--out={out!r} is a non-empty folder that is not a prepared data dir; fix: choose an empty or new --out"
+      )
+  parent = os.path.dirname(out)
+  if not os.path.isdir(parent):
+    raise UserError(f"the parent folder of --out={out!r} does not exist; fix: create {parent!r} first")
+  return out
+
+
+def _save(path: str, array: np.ndarray) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "wb") as f:
+    np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
+
+
+def prepare(
+  source: str,
+  num_clusters: int,
+  out: str,
+  *,
+  fit_sample: int = 400_000,
+  val_fraction: float = 0.01,
+  ensemble_val_docs: int = 202,
+  test_docs: int = 4096,
+  seed: int = 0,
+  max_bytes: int | None = None,
+  min_df: int = 5,
+  max_features: int = 50_000,
+  svd_dims: int = 128,
+  tfds_data_dir: str | None = None,
+) -> dict:
+  """Builds the data dir `out` from `source`; returns the manifest. Bad input raises UserError."""
+  settings = {
+    "source": source,
+    "num_clusters": num_clusters,
+    "fit_sample": fit_sample,
+    "val_fraction": val_fraction,
+    "ensemble_val_docs": ensemble_val_docs,
+    "test_docs": test_docs,
+    "seed": seed,
+    "max_bytes": max_bytes,
+    "min_df": min_df,
+    "max_features": max_features,
+    "svd_dims": svd_dims,
+    "tfds_data_dir": tfds_data_dir,
+  }
+  if num_clusters < 1:
+    raise UserError(f"--num_clusters={num_clusters} must be at least 1; fix: pass --num_clusters=N with N >= 1")
+  for name in ("fit_sample", "min_df", "max_features", "svd_dims"):
+    if settings[name] < 1:
+      raise UserError(f"--{name}={settings[name]} must be at least 1; fix: pass a positive value")
+  if not 0.0 < val_fraction < 1.0:
+    raise UserError(f"--val_fraction={val_fraction} must be in (0, 1); fix: pass e.g. 0.01")
+  if ensemble_val_docs < 0 or test_docs < 0:
+    raise UserError("--ensemble_val_docs and --test_docs must be >= 0; fix: pass non-negative counts")
+  if max_bytes is not None and max_bytes < 1:
+    raise UserError(f"--max_bytes={max_bytes} must be positive; fix: omit it or pass a byte count")
+  spec = sources.parse_source(source)
+  out = _check_out(out)
+  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=os.path.dirname(out))
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the data dir should not be
+  try:
+    manifest = _prepare_into(tmp, spec, settings)
+    _install(tmp, out)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return manifest
+
+
+def _install(tmp: str, out: str) -> None:
+  """Renames the finished temporary folder to `out`, replacing a previous data dir."""
+  if os.path.exists(out):
+    old = f"{tmp}.old"
+    os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+  else:
+    os.rename(tmp, out)
+
+
+def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict) -> dict:
+  """Does all the work inside the temporary folder `tmp`."""
+  t0 = time.time()
+  k, seed = settings["num_clusters"], settings["seed"]
+  work = os.path.join(tmp, "_work")
+  os.makedirs(work)
+  notes: list[str] = []
+
+  corpus = _read_corpus(spec, os.path.join(work, "corpus.bin"), settings["max_bytes"], settings["tfds_data_dir"])
+  n_docs = len(corpus.ids)
+  logging.info("read %d documents, %d bytes (%.1fs)", n_docs, sum(corpus.lengths), time.time() - t0)
+
+  cap = int(HELDOUT_CAP * n_docs)
+  n_test, n_ens = min(settings["test_docs"], cap), min(settings["ensemble_val_docs"], cap)
+  if n_test < settings["test_docs"] or n_ens < settings["ensemble_val_docs"]:
+    notes.append(
+      f"test/ensemble-val documents capped at {HELDOUT_CAP:.0%} of {n_docs} documents: {n_test} test, {n_ens} ensemble-val"
+    )
+  test_ids, ens_ids, exclusions, n_excluded, n_skipped = _select_heldout(corpus, n_test, n_ens, seed)
+  if n_skipped:
+    notes.append(f"{n_skipped} held-out candidates skipped to keep each split within {HELDOUT_CAP:.0%} of the corpus bytes")
+  if len(test_ids) < n_test or len(ens_ids) < n_ens:
+    notes.append(
+      f"only {len(test_ids) + len(ens_ids)} documents of >= {windows.WINDOW_BYTES} bytes passed the overlap screen "
+      f"and byte budget: {len(test_ids)} test, {len(ens_ids)} ensemble-val"
+    )
+  heldout = set(test_ids) | set(ens_ids)
+
+  # Training windows of every other document, spooled in corpus order.
+  win_path = os.path.join(work, "windows.bin")
+  total = 0
+  with open(win_path, "wb") as f:
+    for i in range(n_docs):
+      if i not in heldout and corpus.lengths[i] > windows.CHUNK_BYTES:
+        w = windows.training_windows(corpus.doc(i))
+        f.write(w.tobytes())
+        total += len(w)
+  if total < 2 * k:
+    raise UserError(
+      f"the corpus gives {total} training windows of {windows.WINDOW_BYTES} bytes, too few for {k} clusters "
+      f"(each needs a train and a validation window); fix: use a larger corpus or fewer --num_clusters"
+    )
+  all_w = np.memmap(win_path, np.uint8, mode="r", shape=(total, windows.WINDOW_BYTES))
+
+  # Fit the featurizer and balanced k-means on a sample of clustering chunks.
+  n_fit = min(settings["fit_sample"], total)
+  fit_idx = np.sort(np.random.default_rng([seed, 2]).choice(total, n_fit, replace=False))
+  fit_texts = clustering.decode(all_w[fit_idx, : windows.CHUNK_BYTES])
+  if n_fit < k:
+    raise UserError(f"--fit_sample={n_fit} windows cannot fit {k} clusters; fix: raise --fit_sample")
+  feat, feat_info = clustering.fit_featurizer(
+    fit_texts,
+    max_features=settings["max_features"],
+    min_df=settings["min_df"],
+    svd_dims=settings["svd_dims"],
+    seed=seed,
+  )
+  notes.extend(feat_info.pop("notes"))
+  fit_tfidf = feat.tfidf(fit_texts)
+  fit_x = feat.project(fit_tfidf)
+  logging.info("featurized %d windows, %d terms (%.1fs)", n_fit, feat_info["num_features"], time.time() - t0)
+  centroids, fit_assign, km_info = clustering.balanced_spherical_kmeans(fit_x, k, seed=seed)
+  logging.info("k-means: %d iterations (%.1fs)", km_info["iterations"], time.time() - t0)
+  terms = clustering.top_terms(feat, fit_tfidf, fit_assign, k)
+  del fit_texts, fit_tfidf
+
+  # Assign every window: nearest centroid under the same +-10% capacity bounds.
+  if n_fit == total:
+    assign = fit_assign
+  else:
+    sims = np.zeros((total, k), np.float32)
+    for s in range(0, total, _TRANSFORM_BATCH):
+      texts = clustering.decode(all_w[s : s + _TRANSFORM_BATCH, : windows.CHUNK_BYTES])
+      sims[s : s + len(texts)] = feat.transform(texts) @ centroids.T
+    lo, hi = clustering.balance_bounds(total, k)
+    assign = clustering.balanced_assign(sims, lo, hi)
+    km_info["fraction_not_nearest_all"] = float(np.mean(assign != np.argmax(sims, axis=1)))
+    del sims
+
+  router = router_lib.Router(feat, centroids)
+  router.save(os.path.join(tmp, "router.npz"))
+
+  shards = []
+  for e in range(k):
+    idx = np.flatnonzero(assign == e)
+    n_val = max(1, int(round(settings["val_fraction"] * len(idx))))
+    val_mask = np.zeros(len(idx), bool)
+    val_mask[np.random.default_rng([seed, 3, e]).choice(len(idx), n_val, replace=False)] = True
+    train, val = all_w[idx[~val_mask]], all_w[idx[val_mask]]
+    _save(os.path.join(tmp, "experts", f"{e:04d}", "train.npy"), train)
+    _save(os.path.join(tmp, "experts", f"{e:04d}", "val.npy"), val)
+    shards.append(
+      {
+        "expert": e,
+        "windows": int(len(idx)),
+        "train_windows": int(len(train)),
+        "val_windows": int(len(val)),
+        "train_bytes": int(train.size),
+        "val_bytes": int(val.size),
+      }
+    )
+  del all_w
+
+  test_w, test_docs = windows.stack_windows(
+    [windows.first_window(corpus.doc(i))[None] for i in test_ids], list(range(len(test_ids)))
+  )
+  ens_w, ens_docs = windows.stack_windows(
+    [windows.eval_windows(corpus.doc(i)) for i in ens_ids], list(range(len(ens_ids)))
+  )
+  _save(os.path.join(tmp, "test.npy"), test_w)
+  _save(os.path.join(tmp, "test_docs.npy"), test_docs)
+  _save(os.path.join(tmp, "ensemble_val.npy"), ens_w)
+  _save(os.path.join(tmp, "ensemble_val_docs.npy"), ens_docs)
+  with open(os.path.join(tmp, "heldout_docs.json"), "w") as f:
+    json.dump({"test": [corpus.ids[i] for i in test_ids], "ensemble_val": [corpus.ids[i] for i in ens_ids]}, f, indent=1)
+  doc_stats = {
+    "nonempty": n_docs,
+    "zero_length_skipped": corpus.empty,
+    "bytes": int(sum(corpus.lengths)),
+    "shorter_than_window": int(sum(n < windows.WINDOW_BYTES for n in corpus.lengths)),
+  }
+  del corpus
+  shutil.rmtree(work)
+
+  sizes = np.array([s["windows"] for s in shards])
+  files = {}
+  for dirpath, _, filenames in os.walk(tmp):
+    for name in filenames:
+      full = os.path.join(dirpath, name)
+      files[os.path.relpath(full, tmp).replace(os.sep, "/")] = sha256_file(full)
+  manifest = {
+    "version": MANIFEST_VERSION,
+    "source": str(spec),
+    "num_clusters": k,
+    "seed": seed,
+    "settings": settings,
+    "window_bytes": windows.WINDOW_BYTES,
+    "chunk_bytes": windows.CHUNK_BYTES,
+    "documents": doc_stats,
+    "training_windows": int(total),
+    "shards": shards,
+    "cluster_balance": {
+      "sizes": sizes.tolist(),
+      "mean": float(sizes.mean()),
+      "max_relative_deviation": float(np.max(np.abs(sizes / sizes.mean() - 1.0))),
+      **km_info,
+    },
+    "top_terms": terms,
+    "featurizer": feat_info,
+    "min_df_used": feat_info["min_df_used"],
+    "ensemble_val_docs": len(ens_ids),
+    "ensemble_val_windows": int(len(ens_w)),
+    "test_docs": len(test_ids),
+    "test_windows": int(len(test_w)),
+    "exclusions": {"count": n_excluded, "listed": exclusions},
+    "notes": notes,
+    "files": dict(sorted(files.items())),
+  }
+  with open(os.path.join(tmp, "manifest.json"), "w") as f:
+    json.dump(manifest, f, indent=1, sort_keys=True)
+    f.write("\n")
+  logging.info("prepared %d shards (%.1fs)", k, time.time() - t0)
+  return manifest

@@ -1,0 +1,259 @@
+"""The SOMA expert: a byte-level pre-norm LSTM with a tied byte matrix (SPEC section 2).
+
+Parameters are plain pytrees so SPSA can perturb them leaf by leaf and `vmap` over
+experts, directions and signs:
+
+  body = {"in_proj": [d_E, d_t]?, "blocks": [block] * D, "ln_f": {"scale": [d_t]},
+          "out_proj": [d_t, d_E]?}
+  block = {"ln1": {"scale"}, "lstm": {"w_x": [d_t, 4 d_t], "w_h": [d_t, 4 d_t]},
+           "ln2": {"scale"}, "mlp": {"w_in": [d_t, 4 d_t], "w_out": [4 d_t, d_t]}}
+  head = E, the tied byte matrix [V, d_E] (shared) or [N, V, d_E] (one per expert).
+
+The projections exist only when d_t != d_E. Every matrix goes through `linear`, which
+also accepts a `LowRank` perturbed weight (EGGROLL) without forming the full update.
+
+`python -m soma_jax.model --table` prints the paper's parameter table from this code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+PyTree = Any
+VOCAB = 256
+GAIN_KEY = "scale"  # LayerNorm gains: dense +-1 under sparse probes (SPEC 3.1).
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shape of one expert."""
+
+  d_t: int = 32  # body width
+  d_e: int = 32  # byte-embedding width (32 in every paper config)
+  depth: int = 2  # residual blocks D
+  shared_head: bool = True  # one frozen E shared by all experts, else one E per expert
+  vocab: int = VOCAB
+
+  @property
+  def has_proj(self) -> bool:
+    return self.d_t != self.d_e
+
+
+class LowRank(NamedTuple):
+  """A weight w [in, out] plus the rank-r perturbation (B A^T), kept factored.
+
+  In EGGROLL's notation W = w^T is (a x b) = (out x in), A is (out x r), B is (in x r),
+  and the forward pass is x W^T + (x B) A^T.
+  """
+
+  w: jax.Array
+  a: jax.Array  # [out, r], already scaled by sign * sigma / sqrt(r)
+  b: jax.Array  # [in, r]
+
+
+def linear(x: jax.Array, w: jax.Array | LowRank) -> jax.Array:
+  """x @ w for a plain weight, x @ w + (x B) A^T for a low-rank perturbed one."""
+  if isinstance(w, LowRank):
+    return x @ w.w + (x @ w.b) @ w.a.T
+  return x @ w
+
+
+def layer_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-5) -> jax.Array:
+  """Gain-only LayerNorm over the last axis."""
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+  return (x - mean) * jax.lax.rsqrt(var + eps) * scale
+
+
+def lstm(p: dict, x_BxTxD: jax.Array) -> jax.Array:
+  """Bias-free LSTM from a zero state; the input-side gates are computed for all T first.
+
+  Only the recurrent matmul h @ w_h runs inside the scan, so the input projection is one
+  large matmul over B*T positions.
+  """
+  d = x_BxTxD.shape[-1]
+  gx_TxBx4D = jnp.swapaxes(linear(x_BxTxD, p["w_x"]), 0, 1)
+  zeros = jnp.zeros(x_BxTxD.shape[:1] + (d,), x_BxTxD.dtype)
+
+  def cell(carry, gx_Bx4D):
+    h, c = carry
+    gates = gx_Bx4D + linear(h, p["w_h"])
+    i, f, g, o = jnp.split(gates, 4, axis=-1)
+    c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    h = jax.nn.sigmoid(o) * jnp.tanh(c)
+    return (h, c), h
+
+  _, h_TxBxD = jax.lax.scan(cell, (zeros, zeros), gx_TxBx4D)
+  return jnp.swapaxes(h_TxBxD, 0, 1)
+
+
+def mlp(p: dict, x: jax.Array) -> jax.Array:
+  """d_t -> 4 d_t -> d_t with exact GELU, bias-free."""
+  return linear(jax.nn.gelu(linear(x, p["w_in"]), approximate=False), p["w_out"])
+
+
+def features(body: PyTree, embed_VxE: jax.Array, inputs_BxT: jax.Array) -> jax.Array:
+  """Decoder inputs h [B, T, d_E] for byte inputs [B, T] (hidden state reset per window)."""
+  x = jnp.take(embed_VxE, inputs_BxT.astype(jnp.int32), axis=0)
+  if "in_proj" in body:
+    x = linear(x, body["in_proj"])
+  for blk in body["blocks"]:
+    x = x + lstm(blk["lstm"], layer_norm(x, blk["ln1"]["scale"]))
+    x = x + mlp(blk["mlp"], layer_norm(x, blk["ln2"]["scale"]))
+  x = layer_norm(x, body["ln_f"]["scale"])
+  if "out_proj" in body:
+    x = linear(x, body["out_proj"])
+  return x
+
+
+def logits(body: PyTree, embed_VxE: jax.Array, inputs_BxT: jax.Array) -> jax.Array:
+  """Next-byte logits [B, T, V] through the tied byte matrix."""
+  return features(body, embed_VxE, inputs_BxT) @ embed_VxE.T
+
+
+def cross_entropy(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
+  """Per-position cross entropy in nats [B, T]."""
+  logz = jax.nn.logsumexp(logits_BxTxV, axis=-1)
+  picked = jnp.take_along_axis(logits_BxTxV, targets_BxT[..., None].astype(jnp.int32), -1)
+  return logz - picked[..., 0]
+
+
+def loss(body: PyTree, embed_VxE: jax.Array, window_BxT1: jax.Array) -> jax.Array:
+  """Mean next-byte cross entropy (nats/byte) of one expert on windows of T + 1 bytes."""
+  out = logits(body, embed_VxE, window_BxT1[:, :-1])
+  return jnp.mean(cross_entropy(out, window_BxT1[:, 1:]))
+
+
+def init_body(key: jax.Array, cfg: ModelConfig) -> PyTree:
+  """A fresh expert body (scaled-normal matrices, unit gains)."""
+  d, de = cfg.d_t, cfg.d_e
+  keys = iter(jax.random.split(key, 4 * cfg.depth + 2))
+
+  def dense(fan_in: int, fan_out: int, scale: float = 1.0) -> jax.Array:
+    init = nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal")
+    return init(next(keys), (fan_in, fan_out), jnp.float32)
+
+  gain = lambda: {GAIN_KEY: jnp.ones((d,), jnp.float32)}
+  residual_scale = 1.0 / cfg.depth  # keeps the residual stream's variance bounded
+  body: dict[str, Any] = {"blocks": []}
+  for _ in range(cfg.depth):
+    body["blocks"].append({
+        "ln1": gain(),
+        "lstm": {"w_x": dense(d, 4 * d), "w_h": dense(d, 4 * d)},
+        "ln2": gain(),
+        "mlp": {"w_in": dense(d, 4 * d), "w_out": dense(4 * d, d, residual_scale)},
+    })
+  body["ln_f"] = gain()
+  if cfg.has_proj:
+    body["in_proj"] = dense(de, d)
+    body["out_proj"] = dense(d, de)
+  else:
+    next(keys), next(keys)
+  return body
+
+
+def init_head(key: jax.Array, cfg: ModelConfig) -> jax.Array:
+  """The tied byte matrix E [V, d_E]; unit-variance logits for layer-normed features."""
+  return jax.random.normal(key, (cfg.vocab, cfg.d_e), jnp.float32) / math.sqrt(cfg.d_e)
+
+
+def init_experts(key: jax.Array, cfg: ModelConfig, n: int) -> tuple[PyTree, jax.Array]:
+  """N experts as one pytree with a leading N axis, and the head (shared or [N, V, d_E])."""
+  k_body, k_head = jax.random.split(key)
+  body_N = jax.vmap(lambda k: init_body(k, cfg))(jax.random.split(k_body, n))
+  head = init_head(k_head, cfg)
+  if not cfg.shared_head:
+    head = jnp.broadcast_to(head, (n,) + head.shape)
+  return body_N, head
+
+
+def num_params(tree: PyTree) -> int:
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
+
+
+def body_params(cfg: ModelConfig) -> int:
+  """Perturbed parameters per expert (body and projections), counted from the init code."""
+  return num_params(jax.eval_shape(lambda: init_body(jax.random.key(0), cfg)))
+
+
+def head_params(cfg: ModelConfig) -> int:
+  return num_params(jax.eval_shape(lambda: init_head(jax.random.key(0), cfg)))
+
+
+def ensemble_params(cfg: ModelConfig, n: int) -> int:
+  """Bodies plus heads: one head if shared, N otherwise (SPEC section 2)."""
+  heads = 1 if cfg.shared_head else n
+  return n * body_params(cfg) + heads * head_params(cfg)
+
+
+def flops_per_token(cfg: ModelConfig) -> int:
+  """Operations per token of one expert's forward pass (multiply-add = 2), F_N in SPEC 7."""
+  return 2 * (body_params(cfg) - (2 * cfg.depth + 1) * cfg.d_t + head_params(cfg))
+
+
+PAPER_SIZES = ((1, 509), (2, 361), (8, 181), (256, 32))
+
+
+def paper_config(n: int, d_t: int) -> ModelConfig:
+  """Width-32 ensembles share one frozen head; wide controls own theirs."""
+  return ModelConfig(d_t=d_t, shared_head=(d_t == 32))
+
+
+def size_table(rows=PAPER_SIZES) -> list[dict]:
+  out = []
+  for n, d_t in rows:
+    cfg = paper_config(n, d_t)
+    out.append({
+        "n": n,
+        "d_t": d_t,
+        "head": head_params(cfg),
+        "shared_head": cfg.shared_head,
+        "ensemble_params": ensemble_params(cfg, n),
+        "body_params": body_params(cfg),
+    })
+  return out
+
+
+def _fmt(x: int) -> str:
+  for unit, div in (("M", 1e6), ("k", 1e3)):
+    if x >= div:
+      return f"{x / div:#.3g}{unit}"
+  return str(x)
+
+
+def main(argv=None) -> None:
+  import argparse
+
+  parser = argparse.ArgumentParser(description="SOMA parameter counts from the model code.")
+  parser.add_argument("--table", action="store_true", help="print the paper's size table")
+  parser.add_argument("--json", action="store_true", help="print the table as JSON")
+  parser.add_argument("--n", type=int, nargs="*", help="expert counts (pair with --d_t)")
+  parser.add_argument("--d_t", type=int, nargs="*", help="body widths (pair with --n)")
+  args = parser.parse_args(argv)
+  rows = PAPER_SIZES
+  if args.n or args.d_t:
+    if not args.n or not args.d_t or len(args.n) != len(args.d_t):
+      parser.error("--n and --d_t take the same number of values, e.g. --n 4 --d_t 64")
+    if min(args.n) < 1 or min(args.d_t) < 1:
+      parser.error("--n and --d_t must be positive")
+    rows = tuple(zip(args.n, args.d_t, strict=True))
+  table = size_table(rows)
+  if args.json:
+    print(json.dumps(table, indent=1))
+    return
+  print(f"{'N':>5} {'d_t':>5} {'head':>18} {'ensemble params':>16} {'body params/expert':>19}")
+  for r in table:
+    head = f"{_fmt(r['head'])}, " + ("one shared" if r["shared_head"] else "own")
+    print(f"{r['n']:>5} {r['d_t']:>5} {head:>18} {_fmt(r['ensemble_params']):>16} "
+          f"{_fmt(r['body_params']):>19}")
+
+
+if __name__ == "__main__":
+  main()

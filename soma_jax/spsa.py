@@ -1,0 +1,326 @@
+"""SPSA for SOMA: probes from keys, the vmapped central-difference estimator, the step.
+
+One jitted call evaluates every expert x direction x sign (SPEC 3.1). Each expert has
+its own scalar loss; nothing is reduced across the expert axis (unless a shared-loss
+grouping is asked for, which exists only for the variance experiments of SPEC 5).
+
+Shapes: N experts, A accumulation batches, K = n_pert directions, C = pert_chunk,
+B sequences, T + 1 bytes per window.
+
+Directions are never stored: direction j of accumulation batch a of expert e at update
+`step` is drawn from `probe_key(base_key, step, e, a, j)`, where e is the *global* expert
+id, so a job training a subset of experts draws exactly what the full job draws.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from soma_jax import model as model_lib
+
+PyTree = Any
+PROBES = ("sparse", "rademacher", "gaussian")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpsaConfig:
+  """Static settings of the estimator."""
+
+  n_pert: int = 64  # directions per accumulation batch
+  accum: int = 1  # A: batches averaged per update, each with fresh directions
+  probe: str = "sparse"  # sparse | rademacher | gaussian
+  pert_chunk: int = 16  # directions evaluated at once; peak memory scales with this
+
+  def __post_init__(self):
+    if self.probe not in PROBES:
+      raise ValueError(f"probe must be one of {PROBES}, got {self.probe!r}")
+    if self.n_pert < 1 or self.accum < 1 or self.pert_chunk < 1:
+      raise ValueError("n_pert, accum and pert_chunk must be positive")
+    if self.n_pert % self.chunk:
+      raise ValueError(f"pert_chunk={self.pert_chunk} must divide n_pert={self.n_pert}")
+
+  @property
+  def chunk(self) -> int:
+    return min(self.pert_chunk, self.n_pert)
+
+
+# ----------------------------------------------------------------------------- probes
+
+
+def probe_key(base_key: jax.Array, step, expert, accum, direction) -> jax.Array:
+  """The key of one direction: (base key, step, expert, accumulation index, direction)."""
+  key = jax.random.fold_in(base_key, step)
+  key = jax.random.fold_in(key, expert)
+  key = jax.random.fold_in(key, accum)
+  return jax.random.fold_in(key, direction)
+
+
+def _is_gain(path) -> bool:
+  return any(getattr(k, "key", None) == model_lib.GAIN_KEY for k in path)
+
+
+def probe(key: jax.Array, params: PyTree, kind: str = "sparse") -> PyTree:
+  """A direction z shaped like `params`, drawn as one flat vector from `key`.
+
+  sparse: LayerNorm gains dense +-1; other coordinates 0 w.p. 1/2, +-1 w.p. 1/4 each
+  (no inverse-probability rescaling). rademacher: dense +-1. gaussian: N(0, 1).
+  One draw for the whole tree keeps the compiled step small (one RNG call, not one per leaf).
+  """
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  sizes = [leaf.size for _, leaf in leaves]
+  dtype = leaves[0][1].dtype
+  total = sum(sizes)
+  if kind == "gaussian":
+    flat = jax.random.normal(key, (total,), dtype)
+  else:
+    bits = jax.random.bits(key, (total,), jnp.uint8)
+    flat = ((bits >> 1) & 1).astype(dtype) * 2 - 1  # +-1
+    if kind == "sparse":
+      dense = jnp.concatenate([jnp.full((n,), _is_gain(path)) for (path, _), n in zip(leaves, sizes)])
+      flat = jnp.where(dense | ((bits & 1) == 1), flat, 0)
+  parts = jnp.split(flat, list(itertools.accumulate(sizes))[:-1])
+  return jax.tree_util.tree_unflatten(
+      treedef, [z.reshape(leaf.shape).astype(leaf.dtype) for z, (_, leaf) in zip(parts, leaves)])
+
+
+def probe_second_moment(params: PyTree, kind: str = "sparse") -> PyTree:
+  """q = E[z^2] per coordinate: 1 for dense probes and gains, 1/2 for sparse others."""
+  def q(path, leaf):
+    if kind != "sparse" or _is_gain(path):
+      return jnp.ones(leaf.shape, leaf.dtype)
+    return jnp.full(leaf.shape, 0.5, leaf.dtype)
+
+  return jax.tree_util.tree_map_with_path(q, params)
+
+
+# ------------------------------------------------------------------------- estimator
+
+LossFn = Callable[[PyTree, jax.Array, jax.Array], jax.Array]  # (body, head, batch) -> scalar
+
+
+def _group_sum(losses_NxCx2: jax.Array, groups: Sequence[int] | None) -> jax.Array:
+  """Shared-loss variant: every expert sees the sum of its group's losses."""
+  if groups is None:
+    return losses_NxCx2
+  n_groups = max(groups) + 1
+  ids = jnp.asarray(groups, jnp.int32)
+  return jax.ops.segment_sum(losses_NxCx2, ids, num_segments=n_groups)[ids]
+
+
+def estimate(
+    body_N: PyTree,
+    head: jax.Array,
+    batch_NxAxBxT1: jax.Array,
+    eps_N: jax.Array,
+    step: jax.Array,
+    expert_ids_N: jax.Array,
+    base_key: jax.Array,
+    cfg: SpsaConfig,
+    loss_fn: LossFn = model_lib.loss,
+    shared_head: bool = True,
+    loss_groups: Sequence[int] | None = None,
+) -> tuple[PyTree, jax.Array]:
+  """The central-difference SPSA estimate for every expert, and its mean perturbed loss.
+
+    g_hat_e = 1/(A K) sum_a sum_j [L_e(theta + eps z) - L_e(theta - eps z)] / (2 eps) z
+
+  All K directions and both signs of accumulation batch a use that batch. Directions are
+  processed C at a time in a `lax.scan`, so memory holds C perturbed copies, not K.
+  `loss_groups` (one group id per expert) sums losses within each group before the
+  difference: the shared-loss estimator. Returns (g_hat_N, loss_N), loss_N being the
+  mean of the 2 A K perturbed losses of each expert.
+  """
+  n_chunks = cfg.n_pert // cfg.chunk
+  head_axis = None if shared_head else 0
+
+  def draw(body, expert, a, j):
+    return probe(probe_key(base_key, step, expert, a, j), body, cfg.probe)
+
+  def perturbed_losses(body, head_e, batch, eps, z):
+    # [2]: L(theta + eps z), L(theta - eps z) on the same batch.
+    signs = jnp.array([1.0, -1.0], eps.dtype)
+    def one(s):
+      return loss_fn(jax.tree.map(lambda p, d: p + s * eps * d, body, z), head_e, batch)
+    return jax.vmap(one)(signs)
+
+  def chunk(g_N, a, c):
+    dirs_C = c * cfg.chunk + jnp.arange(cfg.chunk)
+    batch_NxBxT1 = batch_NxAxBxT1[:, a]
+    # z_NxC: each expert's C directions, from its own keys.
+    z_NxC = jax.vmap(
+        lambda body, e: jax.vmap(lambda j: draw(body, e, a, j))(dirs_C)
+    )(body_N, expert_ids_N)
+    losses_NxCx2 = jax.vmap(
+        lambda body, h, b, eps, z: jax.vmap(lambda zj: perturbed_losses(body, h, b, eps, zj))(z),
+        in_axes=(0, head_axis, 0, 0, 0),
+    )(body_N, head, batch_NxBxT1, eps_N, z_NxC)
+    diff = _group_sum(losses_NxCx2, loss_groups)
+    coef_NxC = (diff[..., 0] - diff[..., 1]) / (2 * eps_N[:, None])
+    g_N = jax.tree.map(lambda g, z: g + jnp.einsum("nc,nc...->n...", coef_NxC, z), g_N, z_NxC)
+    return g_N, jnp.sum(losses_NxCx2, axis=(1, 2))
+
+  def body_fn(carry, idx):
+    g_N, loss_N = carry
+    a, c = idx // n_chunks, idx % n_chunks
+    g_N, chunk_loss_N = chunk(g_N, a, c)
+    return (g_N, loss_N + chunk_loss_N), None
+
+  n = eps_N.shape[0]
+  g0 = jax.tree.map(jnp.zeros_like, body_N)
+  (g_N, loss_N), _ = jax.lax.scan(
+      body_fn, (g0, jnp.zeros((n,), eps_N.dtype)), jnp.arange(cfg.accum * n_chunks))
+  total = cfg.accum * cfg.n_pert
+  g_N = jax.tree.map(lambda g: g / total, g_N)
+  return g_N, loss_N / (2 * total)
+
+
+# ------------------------------------------------------------------- delta-rule head
+
+
+def delta_rule_grad(h_BxTxE: jax.Array, embed_VxE: jax.Array, targets_BxT: jax.Array) -> jax.Array:
+  """grad_E = 1/(B T) sum_{b,t} (softmax(E h) - onehot(y)) h^T with h held fixed (SPEC 3.2)."""
+  p = jax.nn.softmax(h_BxTxE @ embed_VxE.T, axis=-1)
+  err_BxTxV = p - jax.nn.one_hot(targets_BxT, embed_VxE.shape[0], dtype=p.dtype)
+  return jnp.einsum("btv,bte->ve", err_BxTxV, h_BxTxE) / (h_BxTxE.shape[0] * h_BxTxE.shape[1])
+
+
+def head_grad(body: PyTree, embed_VxE: jax.Array, batch_AxBxT1: jax.Array) -> jax.Array:
+  """Delta-rule gradient for one expert's head, averaged over its A batches."""
+  def one(batch):
+    h = jax.lax.stop_gradient(model_lib.features(body, embed_VxE, batch[:, :-1]))
+    return delta_rule_grad(h, embed_VxE, batch[:, 1:])
+  return jnp.mean(jax.vmap(one)(batch_AxBxT1), axis=0)
+
+
+# ------------------------------------------------------------------ optimiser, schedule
+
+
+def adam(weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
+  """Adam with bias correction and coupled weight decay (lambda theta added to g_hat).
+
+  The learning rate is applied outside, per expert, so each expert keeps its own schedule.
+  """
+  return optax.chain(optax.add_decayed_weights(weight_decay), optax.scale_by_adam(b1, b2, eps))
+
+
+@struct.dataclass
+class Plateau:
+  """Per-expert plateau schedule state (SPEC 3.3); all fields have a leading N axis."""
+
+  lr: jax.Array
+  eps: jax.Array
+  best: jax.Array  # best expert-validation loss so far
+  since: jax.Array  # update count at the last improvement (or the last decay)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlateauConfig:
+  patience: int = 1000  # updates without improvement before halving lr and eps
+  factor: float = 0.5
+  min_delta: float = 1e-8
+  floor: float = 1e-5
+
+
+def plateau_init(lr_N: jax.Array, eps_N: jax.Array) -> Plateau:
+  n = lr_N.shape[0]
+  return Plateau(lr=lr_N, eps=eps_N, best=jnp.full((n,), jnp.inf, lr_N.dtype),
+                 since=jnp.zeros((n,), jnp.int32))
+
+
+def plateau_update(p: Plateau, val_loss_N: jax.Array, step, cfg: PlateauConfig) -> Plateau:
+  """After an expert validation at update `step`: halve lr and eps together on a plateau."""
+  improved = val_loss_N < p.best - cfg.min_delta
+  stale = ~improved & (step - p.since >= cfg.patience)
+  decay = lambda x: jnp.where(stale, jnp.maximum(x * cfg.factor, cfg.floor), x)
+  return Plateau(
+      lr=decay(p.lr), eps=decay(p.eps),
+      best=jnp.where(improved, val_loss_N, p.best),
+      since=jnp.where(improved | stale, step, p.since).astype(jnp.int32))
+
+
+# ------------------------------------------------------------------------ the step
+
+
+@struct.dataclass
+class TrainState:
+  """Everything an update changes; `step` drives every random draw."""
+
+  step: jax.Array  # int32 scalar: updates taken
+  body: PyTree  # leading N
+  head: jax.Array  # [V, d_E] shared, or [N, V, d_E]
+  opt: PyTree  # Adam state of the bodies, leading N
+  head_opt: PyTree  # Adam state of the heads ([N, ...]), or () when the head is frozen
+  sched: Plateau
+  skipped: jax.Array  # [N] int32: updates skipped for a non-finite loss
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  model: model_lib.ModelConfig
+  spsa: SpsaConfig
+  weight_decay: float = 0.0
+  train_head: bool = False  # delta rule on each expert's own head (seed run, wide controls)
+  seed: int = 0
+
+
+def init_state(body_N: PyTree, head: jax.Array, lr: float, eps: float, cfg: StepConfig) -> TrainState:
+  n = jax.tree.leaves(body_N)[0].shape[0]
+  tx = adam(cfg.weight_decay)
+  head_opt = jax.vmap(tx.init)(head) if cfg.train_head else ()
+  return TrainState(
+      step=jnp.zeros((), jnp.int32), body=body_N, head=head, opt=jax.vmap(tx.init)(body_N),
+      head_opt=head_opt,
+      sched=plateau_init(jnp.full((n,), lr, jnp.float32), jnp.full((n,), eps, jnp.float32)),
+      skipped=jnp.zeros((n,), jnp.int32))
+
+
+def _apply(tx, params, opt, grad, lr, ok):
+  updates, new_opt = tx.update(grad, opt, params)
+  new_params = jax.tree.map(lambda p, u: jnp.where(ok, p - lr * u, p), params, updates)
+  new_opt = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_opt, opt)
+  return new_params, new_opt
+
+
+def train_step(state: TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
+               cfg: StepConfig) -> tuple[TrainState, dict]:
+  """One SOMA update of every expert: SPSA body estimate, Adam, optional delta-rule head.
+
+  An expert whose loss or estimate is not finite skips this update (its parameters and
+  Adam state are unchanged); the other experts are unaffected.
+  """
+  if cfg.train_head and cfg.model.shared_head:
+    raise ValueError("train_head needs per-expert heads (model.shared_head=False)")
+  base_key = jax.random.key(cfg.seed)
+  g_N, loss_N = estimate(
+      state.body, state.head, batch_NxAxBxT1, state.sched.eps, state.step, expert_ids_N,
+      base_key, cfg.spsa, shared_head=cfg.model.shared_head)
+  finite = jax.vmap(lambda g: jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)])))(g_N)
+  ok_N = finite & jnp.isfinite(loss_N)
+  tx = adam(cfg.weight_decay)
+  body, opt = jax.vmap(lambda p, o, g, lr, ok: _apply(tx, p, o, g, lr, ok))(
+      state.body, state.opt, g_N, state.sched.lr, ok_N)
+  head, head_opt = state.head, state.head_opt
+  if cfg.train_head:
+    # The head's gradient is taken at the pre-update body, like the SPSA estimate.
+    gh_N = jax.vmap(head_grad)(state.body, state.head, batch_NxAxBxT1)
+    ok_h = ok_N & jax.vmap(lambda g: jnp.all(jnp.isfinite(g)))(gh_N)
+    head, head_opt = jax.vmap(lambda p, o, g, lr, ok: _apply(tx, p, o, g, lr, ok))(
+        state.head, state.head_opt, gh_N, state.sched.lr, ok_h)
+  new = state.replace(step=state.step + 1, body=body, head=head, opt=opt, head_opt=head_opt,
+                      skipped=state.skipped + (~ok_N).astype(jnp.int32))
+  return new, {"loss": loss_N, "finite": ok_N}
+
+
+def expert_losses(body_N: PyTree, head: jax.Array, windows_NxBxT1: jax.Array,
+                  shared_head: bool = True) -> jax.Array:
+  """Each expert's mean loss on its own windows, [N] (expert validation)."""
+  return jax.vmap(model_lib.loss, in_axes=(0, None if shared_head else 0, 0))(
+      body_N, head, windows_NxBxT1)

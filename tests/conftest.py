@@ -1,0 +1,51 @@
+"""Shared data fixtures: small corpora in the real on-disk formats."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+DATA_DOMAINS = {
+  "cooking": "recipe oven butter flour sugar bake simmer garlic onion pepper salt sauce dough whisk "
+  "skillet roast boil chop kitchen dinner lunch spoon bread cheese tomato basil",
+  "astronomy": "galaxy star planet orbit telescope nebula comet asteroid gravity cosmic redshift "
+  "supernova quasar lunar solar eclipse spectrum photon universe meteor jupiter saturn",
+  "finance": "market stock bond yield dividend investor portfolio equity inflation interest "
+  "banking credit loan mortgage revenue profit budget audit currency trading hedge",
+}
+
+
+def data_make_doc(domain: str, rng: np.random.Generator, n_words: int) -> str:
+  """A document of random domain words with some shared filler."""
+  words = DATA_DOMAINS[domain].split() + ["the", "and", "of", "report", "today", "people"]
+  lines = []
+  for _ in range(n_words // 12):
+    lines.append(" ".join(rng.choice(words, 12)).capitalize() + ".")
+  return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="session")
+def data_textdir(tmp_path_factory) -> str:
+  """A three-domain text folder (one subfolder per domain), about 270 KB."""
+  root = tmp_path_factory.mktemp("data_textdir")
+  rng = np.random.default_rng(0)
+  for domain in DATA_DOMAINS:
+    os.makedirs(root / domain)
+    for i in range(30):
+      text = data_make_doc(domain, rng, int(rng.integers(300, 700)))
+      (root / domain / f"doc{i:03d}.txt").write_text(text)
+  return str(root)
+
+
+@pytest.fixture(scope="session")
+def data_prepared(tmp_path_factory, data_textdir) -> str:
+  """A data dir prepared from data_textdir with 3 clusters and small settings."""
+  from soma_jax.data import prepare
+
+  out = str(tmp_path_factory.mktemp("data_prepared") / "dir")
+  prepare.prepare(
+    f"textdir:{data_textdir}", 3, out, test_docs=6, ensemble_val_docs=3, min_df=2, svd_dims=16, val_fraction=0.05
+  )
+  return out

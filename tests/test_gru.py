@@ -1,0 +1,42 @@
+"""The EGGROLL reproduction GRU: shapes, initial loss, low-rank embedding."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from soma_jax import gru
+from soma_jax.model import LowRank
+
+CFG = gru.GruConfig(d=8, depth=2)
+_init = jax.jit(gru.init_gru, static_argnums=1)
+
+
+def test_param_shapes():
+  p = _init(jax.random.key(0), CFG)
+  d, v = CFG.d, CFG.vocab
+  assert p["embed"].shape == (v, d) and p["head"].shape == (d, v)
+  assert len(p["layers"]) == CFG.depth
+  for layer in p["layers"]:
+    assert layer["w_x"].shape == (d, 3 * d) and layer["w_h"].shape == (d, 3 * d)
+    assert layer["b"].shape == (3 * d,) and layer["ln"]["scale"].shape == (d,)
+  assert gru.gru_params(CFG) == 2 * v * d + CFG.depth * (6 * d * d + 4 * d) + d
+  assert gru.GruConfig(d=4).depth == 6
+
+
+def test_logits_shape_and_initial_loss():
+  p = _init(jax.random.key(0), CFG)
+  window = jax.random.randint(jax.random.key(1), (3, 17), 0, 256)
+  assert gru.gru_logits(p, window[:, :-1]).shape == (3, 16, 256)
+  loss = float(gru.gru_loss(p, window))
+  assert abs(loss - math.log(256)) < 0.05, f"init loss {loss} should be near ln 256"
+
+
+def test_lowrank_embed_matches_explicit_table():
+  k1, k2, k3 = jax.random.split(jax.random.key(2), 3)
+  w = jax.random.normal(k1, (256, 8))
+  a, b = jax.random.normal(k2, (8, 2)), jax.random.normal(k3, (256, 2))
+  ids = jnp.arange(20).reshape(4, 5) * 7
+  np.testing.assert_allclose(gru.embed(LowRank(w, a, b), ids), gru.embed(w + b @ a.T, ids),
+                             rtol=1e-5, atol=1e-5)
