@@ -8,6 +8,8 @@ perturbation sign * sigma * eps. Noise is derived from keys, never stored:
 
   leaf key = fold_in(fold_in(fold_in(key, step), noise), leaf_index)
 
+(one vmapped draw for all leaves; leaves other than matrices and vectors are assumed small).
+
 With `antithetic=True` member m uses noise m // 2 and sign +1 (m even) / -1 (m odd).
 Fitness is -loss z-scored across the population and the ascent estimate is
 
@@ -78,22 +80,33 @@ class EggrollConfig:
     return self.pop // len(self.signs)
 
 
+def _noise_len(w: jax.Array, rank: int) -> int:
+  """Normals one leaf needs: (out + in) * r for a matrix, its size otherwise."""
+  return (w.shape[0] + w.shape[1]) * rank if w.ndim == 2 else w.size
+
+
 def noise(params: PyTree, key: jax.Array, member: jax.ArrayLike, cfg: EggrollConfig) -> PyTree:
   """Unit noise of one noise index: (A [out, r], B [in, r]) per matrix, eps per other leaf.
 
-  `key` is the step key `fold_in(base_key, step)`; `member` is the noise index.
+  `key` is the step key `fold_in(base_key, step)`; `member` is the noise index. Leaf i
+  draws from `fold_in(fold_in(key, member), i)`; all leaves are drawn in one vmapped call
+  (padded to the longest leaf) so the compiled program holds a single RNG kernel.
   """
   leaves, treedef = jax.tree.flatten(params)
+  lens = [_noise_len(w, cfg.rank) for w in leaves]
+  dtype = jnp.result_type(*leaves)
   key = jax.random.fold_in(key, member)
+  keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(len(leaves)))
+  flat_LxM = jax.vmap(lambda k: jax.random.normal(k, (max(lens),), dtype))(keys)
   out = []
-  for i, w in enumerate(leaves):
-    k = jax.random.fold_in(key, i)
+  for i, (w, n) in enumerate(zip(leaves, lens, strict=True)):
+    z = flat_LxM[i, :n].astype(w.dtype)
     if w.ndim == 2:
       n_in, n_out = w.shape
-      ab = jax.random.normal(k, (n_out + n_in, cfg.rank), w.dtype)  # one draw: [A; B]
-      out.append((ab[:n_out], ab[n_out:]))
+      out.append((z[:n_out * cfg.rank].reshape(n_out, cfg.rank),
+                  z[n_out * cfg.rank:].reshape(n_in, cfg.rank)))
     else:
-      out.append(jax.random.normal(k, w.shape, w.dtype))
+      out.append(z.reshape(w.shape))
   return jax.tree.unflatten(treedef, out)
 
 

@@ -127,6 +127,7 @@ def estimate(
     loss_fn: LossFn = model_lib.loss,
     shared_head: bool = True,
     loss_groups: Sequence[int] | None = None,
+    directions: tuple[jax.typing.ArrayLike, int] | None = None,
 ) -> tuple[PyTree, jax.Array]:
   """The central-difference SPSA estimate for every expert, and its mean perturbed loss.
 
@@ -137,8 +138,17 @@ def estimate(
   `loss_groups` (one group id per expert) sums losses within each group before the
   difference: the shared-loss estimator. Returns (g_hat_N, loss_N), loss_N being the
   mean of the 2 A K perturbed losses of each expert.
+
+  `directions=(start, count)` evaluates only directions start..start+count-1 of every
+  accumulation batch (`start` may be traced, e.g. from `lax.axis_index`) and returns that
+  slice's share of the full estimate: the sums are still divided by the full A K, so the
+  shares of a partition of 0..K-1 add up to the estimate above (DDPP, `parallel.py`).
   """
-  n_chunks = cfg.n_pert // cfg.chunk
+  start, count = (0, cfg.n_pert) if directions is None else directions
+  size = min(cfg.chunk, count)
+  if count < 1 or count % size:
+    raise ValueError(f"direction count {count} must be a positive multiple of the chunk {size}")
+  n_chunks = count // size
   head_axis = None if shared_head else 0
 
   def draw(body, expert, a, j):
@@ -152,7 +162,7 @@ def estimate(
     return jax.vmap(one)(signs)
 
   def chunk(g_N, a, c):
-    dirs_C = c * cfg.chunk + jnp.arange(cfg.chunk)
+    dirs_C = start + c * size + jnp.arange(size)
     batch_NxBxT1 = batch_NxAxBxT1[:, a]
     # z_NxC: each expert's C directions, from its own keys.
     z_NxC = jax.vmap(
@@ -282,6 +292,10 @@ def init_state(body_N: PyTree, head: jax.Array, lr: float, eps: float, cfg: Step
       skipped=jnp.zeros((n,), jnp.int32))
 
 
+def _all_finite(tree: PyTree) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
 def _apply(tx, params, opt, grad, lr, ok):
   updates, new_opt = tx.update(grad, opt, params)
   new_params = jax.tree.map(lambda p, u: jnp.where(ok, p - lr * u, p), params, updates)
@@ -290,20 +304,25 @@ def _apply(tx, params, opt, grad, lr, ok):
 
 
 def train_step(state: TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
-               cfg: StepConfig) -> tuple[TrainState, dict]:
+               cfg: StepConfig, *, directions: tuple[jax.typing.ArrayLike, int] | None = None,
+               combine: Callable[[PyTree, jax.Array], tuple[PyTree, jax.Array]] | None = None,
+               ) -> tuple[TrainState, dict]:
   """One SOMA update of every expert: SPSA body estimate, Adam, optional delta-rule head.
 
   An expert whose loss or estimate is not finite skips this update (its parameters and
-  Adam state are unchanged); the other experts are unaffected.
+  Adam state are unchanged); the other experts are unaffected. For DDPP (`parallel.py`),
+  `directions` picks this device's slice of the directions (see `estimate`) and
+  `combine(g_N, loss_N)` sums the slices' shares across devices before the update.
   """
   if cfg.train_head and cfg.model.shared_head:
     raise ValueError("train_head needs per-expert heads (model.shared_head=False)")
   base_key = jax.random.key(cfg.seed)
   g_N, loss_N = estimate(
       state.body, state.head, batch_NxAxBxT1, state.sched.eps, state.step, expert_ids_N,
-      base_key, cfg.spsa, shared_head=cfg.model.shared_head)
-  finite = jax.vmap(lambda g: jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)])))(g_N)
-  ok_N = finite & jnp.isfinite(loss_N)
+      base_key, cfg.spsa, shared_head=cfg.model.shared_head, directions=directions)
+  if combine is not None:
+    g_N, loss_N = combine(g_N, loss_N)
+  ok_N = jax.vmap(_all_finite)(g_N) & jnp.isfinite(loss_N)
   tx = adam(cfg.weight_decay)
   body, opt = jax.vmap(lambda p, o, g, lr, ok: _apply(tx, p, o, g, lr, ok))(
       state.body, state.opt, g_N, state.sched.lr, ok_N)
@@ -311,12 +330,14 @@ def train_step(state: TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.A
   if cfg.train_head:
     # The head's gradient is taken at the pre-update body, like the SPSA estimate.
     gh_N = jax.vmap(head_grad)(state.body, state.head, batch_NxAxBxT1)
-    ok_h = ok_N & jax.vmap(lambda g: jnp.all(jnp.isfinite(g)))(gh_N)
+    ok_h = ok_N & jax.vmap(_all_finite)(gh_N)
     head, head_opt = jax.vmap(lambda p, o, g, lr, ok: _apply(tx, p, o, g, lr, ok))(
         state.head, state.head_opt, gh_N, state.sched.lr, ok_h)
   new = state.replace(step=state.step + 1, body=body, head=head, opt=opt, head_opt=head_opt,
                       skipped=state.skipped + (~ok_N).astype(jnp.int32))
-  return new, {"loss": loss_N, "finite": ok_N}
+  metrics = {"loss": loss_N, "finite": ok_N, "lr": state.sched.lr, "eps": state.sched.eps,
+             "skipped": new.skipped}
+  return new, metrics
 
 
 def expert_losses(body_N: PyTree, head: jax.Array, windows_NxBxT1: jax.Array,

@@ -1,5 +1,9 @@
-"""EGGROLL: low-rank forwards, antithetic noise, fitness shaping, chunking, descent."""
+"""EGGROLL: low-rank forwards, antithetic noise, fitness shaping, chunking, descent.
 
+Everything is jitted once per shape: on 2 CPU cores eager RNG and scans would dominate.
+"""
+
+import functools
 import math
 
 import jax
@@ -12,18 +16,44 @@ from soma_jax import eggroll, gru, model
 from soma_jax.model import LowRank
 
 GCFG = gru.GruConfig(d=8, depth=1)
-# Jitted once per (loss_fn, cfg): eager scans and RNG would dominate the test time.
+WHOLE = eggroll.EggrollConfig(pop=16, sigma=0.1, rank=2)
+CHUNKED = eggroll.EggrollConfig(pop=16, sigma=0.1, rank=2, pop_chunk=4)
 _estimate = jax.jit(eggroll.estimate, static_argnames=("loss_fn", "cfg"))
-_perturb = jax.jit(eggroll.perturb, static_argnums=4)
-_init_gru = jax.jit(gru.init_gru, static_argnums=1)
-_init_expert = jax.jit(lambda k, cfg: (model.init_body(k, cfg), model.init_head(k, cfg)),
-                       static_argnums=1)
+_population_losses = jax.jit(eggroll.population_losses, static_argnums=(4, 5))
+
+
+def _np_init(init_fn, seed=0):
+  """Random params shaped like `init_fn()` from numpy: no init program to compile."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s.shape) / math.sqrt(s.shape[0]),
+                                            s.dtype), jax.eval_shape(init_fn))
+
+
+def _init_gru(seed, cfg):
+  return _np_init(lambda: gru.init_gru(jax.random.key(0), cfg), seed)
+
+
+def _init_expert(seed, cfg):
+  return _np_init(lambda: (model.init_body(jax.random.key(0), cfg),
+                           model.init_head(jax.random.key(0), cfg)), seed)
 
 
 def _explicit(tree):
   """Materialise every LowRank leaf as w + B A^T (w is [in, out], so B A^T is [in, out])."""
   return jax.tree.map(lambda x: x.w + x.b @ x.a.T if isinstance(x, LowRank) else x, tree,
                       is_leaf=lambda x: isinstance(x, LowRank))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _dense_population(params, skey, cfg):
+  """Every member's weights as dense arrays with a leading [pop] axis (member m = 2n + s)."""
+  m = jnp.arange(cfg.pop)
+  noise_idx, sign = m // 2, 1.0 - 2.0 * (m % 2)
+  return jax.vmap(lambda n, s: _explicit(eggroll.perturb(params, skey, n, s, cfg)))(noise_idx, sign)
+
+
+def _bytes(seed, shape):
+  return jnp.asarray(np.random.default_rng(seed).integers(0, 256, shape), jnp.int32)
 
 
 def _mse(p, batch):
@@ -35,36 +65,34 @@ def _regression(key, n=64, d_in=6, d_out=3):
   kx, kw = jax.random.split(key)
   x = jax.random.normal(kx, (n, d_in))
   y = x @ jax.random.normal(kw, (d_in, d_out)) + 0.5
-  params = {"w": jnp.zeros((d_in, d_out)), "b": jnp.zeros((d_out,))}
-  return params, (x, y), _mse
+  return {"w": jnp.zeros((d_in, d_out)), "b": jnp.zeros((d_out,))}, (x, y)
 
 
-@pytest.mark.parametrize("rank", [1, 3])
-def test_lowrank_gru_forward_equals_explicit(rank):
-  cfg = eggroll.EggrollConfig(pop=4, sigma=0.1, rank=rank)
-  params = _init_gru(jax.random.key(0), GCFG)
-  window = jax.random.randint(jax.random.key(1), (2, 17), 0, 256)
-  pert = _perturb(params, jax.random.key(3), 5, -1.0, cfg)
-  assert isinstance(pert["layers"][0]["w_h"], LowRank) and isinstance(pert["embed"], LowRank)
-  assert pert["layers"][0]["w_h"].a.shape == (3 * GCFG.d, rank)
-  both = jax.jit(lambda p, x: (gru.gru_logits(p, x), gru.gru_logits(_explicit(p), x)))
-  np.testing.assert_allclose(*both(pert, window[:, :-1]), rtol=1e-4, atol=1e-4)
+def test_lowrank_gru_forward_equals_explicit():
+  cfg = eggroll.EggrollConfig(pop=4, sigma=0.1, rank=2)
+  params = _init_gru(0, GCFG)
+  inputs = _bytes(1, (2, 16))
+
+  @jax.jit
+  def both(params):
+    pert = eggroll.perturb(params, jax.random.key(3), 5, -1.0, cfg)
+    assert isinstance(pert["layers"][0]["w_h"], LowRank) and isinstance(pert["embed"], LowRank)
+    assert pert["layers"][0]["w_h"].a.shape == (3 * GCFG.d, cfg.rank)
+    return gru.gru_logits(pert, inputs), gru.gru_logits(_explicit(pert), inputs)
+
+  np.testing.assert_allclose(*both(params), rtol=1e-4, atol=1e-4)
 
 
 def test_population_on_soma_expert_equals_explicit_forwards():
   """The vmapped, chunked population of LowRank experts matches dense W + B A^T experts."""
   mcfg = model.ModelConfig(d_t=8, d_e=4, depth=1)  # with projections
-  body, embed = _init_expert(jax.random.key(0), mcfg)
-  window = jax.random.randint(jax.random.key(2), (2, 9), 0, 256)
+  body, embed = _init_expert(0, mcfg)
+  window = _bytes(2, (2, 9))
   cfg = eggroll.EggrollConfig(pop=4, sigma=0.2, pop_chunk=2)
   key, step = jax.random.key(3), 5
   loss_fn = lambda b, w: model.loss(b, embed, w)
-  got = jax.jit(eggroll.population_losses, static_argnums=(4, 5))(
-      body, window, key, step, loss_fn, cfg)
-  skey = jax.random.fold_in(key, step)
-  dense = [_explicit(_perturb(body, skey, m // 2, 1.0 - 2 * (m % 2), cfg))
-           for m in range(cfg.pop)]
-  dense_P = jax.tree.map(lambda *xs: jnp.stack(xs), *dense)
+  got = _population_losses(body, window, key, step, loss_fn, cfg)
+  dense_P = _dense_population(body, jax.random.fold_in(key, step), cfg)
   want = jax.jit(jax.vmap(loss_fn, in_axes=(0, None)))(dense_P, window)
   np.testing.assert_allclose(got, want, rtol=1e-5)
   assert float(jnp.std(got)) > 0
@@ -72,17 +100,16 @@ def test_population_on_soma_expert_equals_explicit_forwards():
 
 def test_perturbation_scale_and_antithetic_symmetry():
   cfg = eggroll.EggrollConfig(pop=4, sigma=0.05, rank=2)
-  params = _init_gru(jax.random.key(0), GCFG)
-  plus = _explicit(_perturb(params, jax.random.key(1), 7, 1.0, cfg))
-  minus = _explicit(_perturb(params, jax.random.key(1), 7, -1.0, cfg))
-  for p, hi, lo in zip(*map(jax.tree.leaves, (params, plus, minus)), strict=True):
-    np.testing.assert_allclose(hi - p, -(lo - p), rtol=1e-5, atol=1e-6)
-    assert float(jnp.max(jnp.abs(hi - p))) > 0
+  params = _init_gru(0, GCFG)
+  dense = _dense_population(params, jax.random.key(1), cfg)
+  for p, d in zip(jax.tree.leaves(params), jax.tree.leaves(dense), strict=True):
+    plus, minus, other = d[0] - p, d[1] - p, d[2] - p
+    np.testing.assert_allclose(plus, -minus, rtol=1e-5, atol=1e-6)
+    assert float(jnp.max(jnp.abs(plus))) > 0
+    assert not np.allclose(plus, other), "different noise indices must draw different noise"
   # A matrix perturbation sigma B A^T / sqrt(r) has entries of standard deviation sigma.
-  delta = plus["head"] - params["head"]
+  delta = dense["head"][0] - params["head"]
   assert 0.7 * cfg.sigma < float(jnp.std(delta)) < 1.3 * cfg.sigma
-  other = _explicit(_perturb(params, jax.random.key(1), 8, 1.0, cfg))
-  assert not np.allclose(other["head"], plus["head"])
 
 
 def test_antithetic_losses_of_a_linear_loss_are_symmetric():
@@ -90,8 +117,7 @@ def test_antithetic_losses_of_a_linear_loss_are_symmetric():
   params = {"w": jax.random.normal(jax.random.key(0), (5, 4)), "g": jnp.ones((4,))}
   x = jax.random.normal(jax.random.key(1), (3, 5))
   loss_fn = lambda p, batch: jnp.sum(model.linear(batch, p["w"])) + jnp.sum(p["g"])
-  losses = jax.jit(eggroll.population_losses, static_argnums=(4, 5))(
-      params, x, jax.random.key(2), 0, loss_fn, cfg)
+  losses = _population_losses(params, x, jax.random.key(2), 0, loss_fn, cfg)
   base = loss_fn(params, x)
   np.testing.assert_allclose(losses[0::2] - base, -(losses[1::2] - base), rtol=1e-4, atol=1e-4)
 
@@ -106,55 +132,52 @@ def test_fitness_is_negated_z_score():
 
 
 def test_chunked_estimate_equals_unchunked_and_replays():
-  params, batch, loss_fn = _regression(jax.random.key(0))
-  whole = eggroll.EggrollConfig(pop=16, sigma=0.1, rank=2)
-  chunked = eggroll.EggrollConfig(pop=16, sigma=0.1, rank=2, pop_chunk=4)
-  g1, m1 = _estimate(params, batch, jax.random.key(1), 3, loss_fn=loss_fn, cfg=whole)
-  g2, m2 = _estimate(params, batch, jax.random.key(1), 3, loss_fn=loss_fn, cfg=chunked)
+  params, batch = _regression(jax.random.key(0))
+  key = jax.random.key(1)
+  g1, m1 = _estimate(params, batch, key, 3, loss_fn=_mse, cfg=WHOLE)
+  g2, m2 = _estimate(params, batch, key, 3, loss_fn=_mse, cfg=CHUNKED)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(m1["loss_mean"], m2["loss_mean"], rtol=1e-6)
-  g3, _ = _estimate(params, batch, jax.random.key(1), 4, loss_fn=loss_fn, cfg=whole)
+  g1_again, _ = _estimate(params, batch, key, 3, loss_fn=_mse, cfg=WHOLE)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g1_again), strict=True):
+    np.testing.assert_array_equal(a, b)
+  g3, _ = _estimate(params, batch, key, 4, loss_fn=_mse, cfg=WHOLE)
   assert not np.allclose(g1["w"], g3["w"]), "a new step must draw new noise"
 
 
-def test_estimate_matches_explicit_sum():
-  """g = -(1/(pop sigma)) sum_m f_m sign_m eps_m, with eps = B A^T / sqrt(r), built densely."""
-  params, batch, loss_fn = _regression(jax.random.key(0))
-  cfg = eggroll.EggrollConfig(pop=6, sigma=0.1, rank=2, pop_chunk=2)
+def test_estimate_matches_dense_sum():
+  """grads = -(1/(pop sigma)) sum_m f_m (theta_m - theta) / sigma, from dense members."""
+  params, batch = _regression(jax.random.key(0))
   key, step = jax.random.key(1), 2
-  grads, _ = _estimate(params, batch, key, step, loss_fn=loss_fn, cfg=cfg)
-  skey = jax.random.fold_in(key, step)
-  members = [(m // 2, 1.0 - 2 * (m % 2)) for m in range(cfg.pop)]
-  losses = jnp.stack([loss_fn(_explicit(_perturb(params, skey, n, s, cfg)), batch)
-                      for n, s in members])
+  grads, metrics = _estimate(params, batch, key, step, loss_fn=_mse, cfg=CHUNKED)
+  dense_P = _dense_population(params, jax.random.fold_in(key, step), CHUNKED)
+  losses = jax.vmap(_mse, in_axes=(0, None))(dense_P, batch)
+  np.testing.assert_allclose(metrics["loss_mean"], losses.mean(), rtol=1e-5)
   f = -(losses - losses.mean()) / losses.std()
-  want = jax.tree.map(jnp.zeros_like, params)
-  for fm, (n, s) in zip(f, members, strict=True):
-    unit = _explicit(_perturb(params, skey, n, s, cfg))
-    want = jax.tree.map(lambda acc, u, p, fm=fm: acc + fm * (u - p) / cfg.sigma, want, unit, params)
-  want = jax.tree.map(lambda x: -x / (cfg.pop * cfg.sigma), want)
-  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want), strict=True):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  pop, sigma = CHUNKED.pop, CHUNKED.sigma
+  for g, p, d in zip(*map(jax.tree.leaves, (grads, params, dense_P)), strict=True):
+    want = -jnp.tensordot(f, (d - p) / sigma, axes=1) / (pop * sigma)
+    np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5)
 
 
 def test_eggroll_descends_on_linear_regression():
-  params, batch, loss_fn = _regression(jax.random.key(0))
+  params, batch = _regression(jax.random.key(0))
   cfg = eggroll.EggrollConfig(pop=32, sigma=0.05, rank=1, pop_chunk=16)
   opt = optax.adam(0.05)
-  step = jax.jit(eggroll.make_step(loss_fn, cfg, opt))
+  step = jax.jit(eggroll.make_step(_mse, cfg, opt))
   opt_state, key = opt.init(params), jax.random.key(1)
-  start = float(loss_fn(params, batch))
+  start = float(_mse(params, batch))
   for i in range(60):
     params, opt_state, metrics = step(params, opt_state, batch, key, i)
-  end = float(loss_fn(params, batch))
+  end = float(_mse(params, batch))
   assert np.isfinite(float(metrics["loss_mean"]))
   assert end < 0.2 * start, f"EGGROLL should cut the regression loss: {start:.3f} -> {end:.3f}"
 
 
 def test_step_on_gru_runs():
-  params = _init_gru(jax.random.key(0), GCFG)
-  window = jax.random.randint(jax.random.key(2), (2, 9), 0, 256)
+  params = _init_gru(0, GCFG)
+  window = _bytes(2, (2, 9))
   cfg = eggroll.EggrollConfig(pop=4, sigma=0.01, pop_chunk=2)
   opt = optax.sgd(1e-3)
   step = jax.jit(eggroll.make_step(gru.gru_loss, cfg, opt))

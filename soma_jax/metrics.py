@@ -1,0 +1,140 @@
+"""Metrics: one JSONL file (the record), TensorBoard events (tensorboardX), console progress.
+
+No TensorFlow: `clu.metric_writers` imports it, tensorboardX writes the same event files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _plain(x):
+  if isinstance(x, np.ndarray | np.generic):
+    return x.tolist()
+  return x
+
+
+class MetricWriter:
+  """Appends one JSON object per logged step; TensorBoard scalars beside it.
+
+  On resume from step s, records after s (written after the last checkpoint, before an
+  interruption) are dropped, so the file reads as if the run had never stopped.
+  """
+
+  def __init__(self, workdir: str, start_step: int = 0, tensorboard: bool = True):
+    self.path = os.path.join(workdir, METRICS_FILE)
+    self._truncate_after(start_step)
+    self._file = open(self.path, "a")
+    self._tb = None
+    if tensorboard:
+      from tensorboardX import SummaryWriter
+
+      self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=start_step or None)
+
+  def _truncate_after(self, step: int) -> None:
+    if not os.path.isfile(self.path):
+      return
+    with open(self.path) as f:
+      keep = [line for line in f if line.strip() and _step_of(line) <= step]
+    tmp = self.path + ".tmp"
+    with open(tmp, "w") as f:
+      f.writelines(keep)
+    os.replace(tmp, self.path)
+
+  def hparams(self, config: dict) -> None:
+    if self._tb is not None:
+      self._tb.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```", 0)
+
+  def write(self, step: int, record: dict) -> None:
+    record = {"step": int(step), **{k: _plain(v) for k, v in record.items()}}
+    self._file.write(json.dumps(record, sort_keys=True) + "\n")
+    self._file.flush()
+    if self._tb is None:
+      return
+    for key, value in record.items():
+      if key == "step":
+        continue
+      if isinstance(value, list):
+        for i, v in enumerate(value):
+          if isinstance(v, int | float):
+            self._tb.add_scalar(f"{key}/expert_{i}", v, step)
+      elif isinstance(value, int | float):
+        self._tb.add_scalar(key, value, step)
+
+  def close(self) -> None:
+    self._file.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _step_of(line: str) -> int:
+  try:
+    return int(json.loads(line)["step"])
+  except (ValueError, KeyError, TypeError):
+    return -1
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.isfile(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _duration(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return "?"
+  seconds = int(seconds)
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class Progress:
+  """steps/s, ETA and per-expert loss: a live line on a terminal, log lines otherwise."""
+
+  def __init__(self, total: int, start: int, stream=None):
+    self.total, self.start = total, start
+    self.stream = stream or sys.stderr
+    self.tty = self.stream.isatty()
+    self.t0 = time.perf_counter()
+
+  def line(self, step: int, loss: Sequence[float], extra: str = "") -> str:
+    elapsed = time.perf_counter() - self.t0
+    done = step - self.start
+    rate = done / elapsed if elapsed > 0 and done > 0 else float("nan")
+    eta = (self.total - step) / rate if rate == rate and rate > 0 else float("nan")
+    shown = " ".join(f"{x:.3f}" for x in list(loss)[:8]) + (" ..." if len(loss) > 8 else "")
+    frac = step / max(self.total, 1)
+    bar = ""
+    if self.tty:
+      filled = int(20 * frac)
+      bar = "[" + "#" * filled + "." * (20 - filled) + "] "
+    return (f"{bar}step {step}/{self.total} | {rate:.2f} steps/s | ETA {_duration(eta)} | "
+            f"loss [{shown}]{extra}")
+
+  def update(self, step: int, loss: Sequence[float], extra: str = "") -> None:
+    text = self.line(step, loss, extra)
+    if self.tty:
+      self.stream.write("\r" + text + "\033[K")
+      if step >= self.total:
+        self.stream.write("\n")
+    else:
+      self.stream.write(text + "\n")
+    self.stream.flush()
+
+  def message(self, text: str) -> None:
+    if self.tty:
+      self.stream.write("\r\033[K")
+    self.stream.write(text + "\n")
+    self.stream.flush()

@@ -1,0 +1,279 @@
+"""Experts over devices and hosts (FSO) and split directions for one model (DDPP), SPEC 3.5.
+
+The mesh has two axes, ("expert", "pert"):
+
+* "expert" splits the expert axis N: each device trains N / E experts with
+  `spsa.train_step`, unchanged. With pert = 1 this is FSO, fully sharded
+  optimisation: the compiled step contains no collective at all.
+* "pert" splits each accumulation batch's n_pert directions: device p evaluates the
+  directions p K/P .. (p + 1) K/P - 1 (the same global direction indices, hence the same
+  probes, as a one-device run), then ONE all-reduce sums the partial estimates and losses
+  of all pert devices and every replica applies the identical Adam update. This is DDPP,
+  used for the monolith (N = 1) or any expert split over P > 1 devices.
+
+Multi-host: call `initialize_distributed` first; each process then feeds only the
+experts in `local_experts(n, mesh)` through `global_batch`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from soma_jax import model as model_lib
+from soma_jax import spsa
+from soma_jax.errors import UserError
+
+PyTree = Any
+AXES = ("expert", "pert")
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all",
+               "ragged-all-to-all", "collective-broadcast")
+
+
+# ------------------------------------------------------------------------------ mesh
+
+
+def mesh_shape(expert: int | str, pert: int, n_devices: int,
+               n_experts: int | None = None) -> tuple[int, int]:
+  """Validated (E, P); expert 0 or "auto" means all devices / P. Raises UserError."""
+  if isinstance(pert, str) or pert < 1:
+    raise UserError(f"mesh.pert={pert!r} must be an integer >= 1 (1 = FSO, > 1 = DDPP)")
+  if expert in (0, "0", "auto"):
+    if n_devices % pert:
+      raise UserError(f"mesh.pert={pert} does not divide the {n_devices} devices; "
+                      f"use a divisor of {n_devices} or set mesh.expert explicitly")
+    expert = n_devices // pert
+  try:
+    expert = int(expert)
+  except ValueError as e:
+    raise UserError(f"mesh.expert={expert!r} must be an integer or 'auto'") from e
+  if expert < 1:
+    raise UserError(f"mesh.expert={expert} must be >= 1 (or 0 / 'auto' for all devices)")
+  if expert * pert > n_devices:
+    raise UserError(f"mesh.expert={expert} x mesh.pert={pert} = {expert * pert} devices asked, "
+                    f"but only {n_devices} exist; lower mesh.expert or mesh.pert so "
+                    f"their product is <= {n_devices}")
+  if n_experts is not None and n_experts % expert:
+    raise UserError(f"N={n_experts} experts are not divisible by mesh.expert={expert} (E); "
+                    f"use an E that divides N (e.g. mesh.expert={np.gcd(n_experts, expert)}) "
+                    f"or a multiple of E experts")
+  return expert, pert
+
+
+def make_mesh(expert: int | str, pert: int = 1, n_experts: int | None = None) -> Mesh:
+  """A ("expert", "pert") mesh of E x P devices over all hosts; validated (UserError)."""
+  e, p = mesh_shape(expert, pert, jax.device_count(), n_experts)
+  if jax.process_count() > 1 and e * p != jax.device_count():
+    raise UserError(f"multi-host runs must use every device: mesh.expert x mesh.pert = {e * p} "
+                    f"but {jax.process_count()} processes hold {jax.device_count()} devices; "
+                    f"set mesh.expert=auto or make the product {jax.device_count()}")
+  # "pert" is the minor axis, so a DDPP all-reduce stays among neighbouring (same-host)
+  # devices where it can. Auto axes: arrays outside the step (evaluation, schedule
+  # updates) get ordinary GSPMD propagation, and the step is manual anyway (shard_map).
+  return jax.make_mesh((e, p), AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+# ------------------------------------------------------------------------- shardings
+
+
+def _check_divisible(n: int, mesh: Mesh) -> None:
+  if n % mesh.shape["expert"]:
+    raise UserError(f"N={n} experts are not divisible by mesh.expert={mesh.shape['expert']} "
+                    f"(E); use an E that divides N")
+
+
+def state_specs(state: PyTree) -> PyTree:
+  """PartitionSpecs for a (possibly abstract) `spsa.TrainState`, one per leaf."""
+  # Per-expert leaves (bodies, their Adam moments and counts, per-expert heads, the
+  # plateau schedule, skip counters) carry a leading N axis: split it on "expert", so each
+  # device holds only its own experts, and replicate it over "pert" (every DDPP replica
+  # applies the same update to the same parameters).
+  expert = lambda x: P("expert") if x.ndim else P()
+  # `step` is a scalar every device needs (it keys every probe): replicated. A shared
+  # head [V, d_E] is frozen and read by every expert: replicated. A per-expert head
+  # [N, V, d_E] is split like the bodies.
+  head = P("expert") if state.head.ndim == 3 else P()
+  return state.replace(
+      step=P(), body=jax.tree.map(expert, state.body), head=head,
+      opt=jax.tree.map(expert, state.opt), head_opt=jax.tree.map(expert, state.head_opt),
+      sched=jax.tree.map(expert, state.sched), skipped=expert(state.skipped))
+
+
+def state_sharding(state: PyTree, mesh: Mesh) -> PyTree:
+  """NamedShardings for a (possibly abstract) TrainState on `mesh`; any E dividing N."""
+  _check_divisible(state.skipped.shape[0], mesh)
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs(state),
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Batches [N, A, B, T+1]: experts split on "expert"; every pert device sees the whole
+  batch (all directions of an accumulation batch use that batch, SPEC 3.1)."""
+  return NamedSharding(mesh, P("expert"))
+
+
+def abstract_state(cfg: spsa.StepConfig, n: int) -> PyTree:
+  """A TrainState of ShapeDtypeStructs for N experts (for shardings and restores)."""
+  def init():
+    body_N, head = model_lib.init_experts(jax.random.key(0), cfg.model, n)
+    return spsa.init_state(body_N, head, 1.0, 1.0, cfg)
+  return jax.eval_shape(init)
+
+
+# ----------------------------------------------------------------------------- step
+
+
+def make_train_step(cfg: spsa.StepConfig, mesh: Mesh):
+  """The jitted, sharded `step(state, batch_NxAxBxT1, expert_ids_N) -> (state, metrics)`.
+
+  FSO (pert = 1): each device runs `spsa.train_step` on its local experts; nothing is
+  exchanged. DDPP (pert > 1): each pert device evaluates K/P directions of every
+  accumulation batch, one `psum` over "pert" of a single flat vector (partial estimates
+  and loss sums) completes the estimate, then every replica takes the same Adam step.
+  The state is donated. Results match a one-device `spsa.train_step` up to float
+  summation order.
+  """
+  n_pert_dev = mesh.shape["pert"]
+  k = cfg.spsa.n_pert // n_pert_dev
+  if cfg.spsa.n_pert % n_pert_dev or k % min(cfg.spsa.chunk, k):
+    raise UserError(f"spsa.n_pert={cfg.spsa.n_pert} must split evenly over mesh.pert="
+                    f"{n_pert_dev} devices into whole chunks of spsa.pert_chunk="
+                    f"{cfg.spsa.pert_chunk}; use n_pert a multiple of mesh.pert x pert_chunk")
+  # The spec trees depend only on the config (shared head, trained head), not on N.
+  # Metrics are per expert ([N], split like the experts) or scalars (replicated).
+  abstract = abstract_state(cfg, 1)
+  specs = state_specs(abstract)
+  ids = jax.ShapeDtypeStruct((1,), jnp.int32)
+  batch = jax.ShapeDtypeStruct((1, cfg.spsa.accum, 1, 2), jnp.uint8)
+  _, metrics = jax.eval_shape(lambda s, b, i: spsa.train_step(s, b, i, cfg), abstract, batch, ids)
+  metric_specs = jax.tree.map(lambda x: P("expert") if x.ndim else P(), metrics)
+
+  def combine(g_N, loss_N):
+    # The one collective of a DDPP step: all partial sums in one flat vector, one psum.
+    flat, unravel = ravel_pytree((g_N, loss_N))
+    return unravel(jax.lax.psum(flat, "pert"))
+
+  def local_step(state, batch, expert_ids):
+    if n_pert_dev == 1:
+      return spsa.train_step(state, batch, expert_ids, cfg)
+    start = jax.lax.axis_index("pert") * k
+    return spsa.train_step(state, batch, expert_ids, cfg, directions=(start, k),
+                           combine=combine)
+
+  # check_vma=False: the model's and the estimator's scans start from fresh zeros, which
+  # the varying-axes checker would reject as carries; replication over "pert" of the
+  # outputs holds by construction (identical inputs after the psum on every replica).
+  sharded = jax.shard_map(local_step, mesh=mesh, in_specs=(specs, P("expert"), P("expert")),
+                          out_specs=(specs, metric_specs), check_vma=False)
+  named = lambda tree: jax.tree.map(lambda s: NamedSharding(mesh, s), tree,
+                                    is_leaf=lambda x: isinstance(x, P))
+  state_sh, batch_sh = named(specs), batch_sharding(mesh)
+
+  def step(state, batch_NxAxBxT1, expert_ids_N):
+    return sharded(state, batch_NxAxBxT1, expert_ids_N)
+
+  # Explicit shardings: inputs already laid out this way (global_batch, expert_ids,
+  # state_sharding) pass through without copies; the outputs keep the state's layout so
+  # the next step needs no resharding; donation reuses the old state's buffers.
+  return jax.jit(step, in_shardings=(state_sh, batch_sh, batch_sh),
+                 out_shardings=(state_sh, named(metric_specs)), donate_argnames=("state",))
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+def local_experts(n: int, mesh: Mesh) -> range:
+  """The experts (indices into this job's N) whose data this process feeds."""
+  _check_divisible(n, mesh)
+  index_map = batch_sharding(mesh).addressable_devices_indices_map((n,))
+  starts = sorted({idx[0].indices(n)[:2] for idx in index_map.values()})
+  lo, hi = starts[0][0], starts[-1][1]
+  if sum(b - a for a, b in starts) != hi - lo:
+    raise UserError(f"this process's devices hold non-contiguous experts {starts}; "
+                    "order the devices so each host owns one block of the expert axis")
+  return range(lo, hi)
+
+
+def global_batch(local_NxAxBxT1: np.ndarray, mesh: Mesh) -> jax.Array:
+  """The global batch from this process's experts' data (`local_experts` rows)."""
+  return jax.make_array_from_process_local_data(batch_sharding(mesh), local_NxAxBxT1)
+
+
+def expert_ids(n: int, mesh: Mesh, first: int = 0) -> jax.Array:
+  """Global expert ids first..first+n-1 (they key the probes), sharded like the batch."""
+  _check_divisible(n, mesh)
+  ids = np.arange(first, first + n, dtype=np.int32)
+  return jax.make_array_from_callback((n,), batch_sharding(mesh), lambda idx: ids[idx])
+
+
+def put_state(state: PyTree, mesh: Mesh) -> PyTree:
+  """Places a host-complete TrainState (identical on every process) on the mesh."""
+  def put(x, sharding):
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+  return jax.tree.map(put, state, state_sharding(state, mesh))
+
+
+# ----------------------------------------------------------------------- distributed
+
+
+def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None, *,
+                           local_device_ids: list[int] | None = None,
+                           timeout_s: int = 300) -> None:
+  """`jax.distributed.initialize`, auto-detected on SLURM / Open MPI, else from the args.
+
+  Raises UserError for incomplete or inconsistent arguments and for a process count that
+  differs from the one asked for.
+  """
+  given = [x is not None for x in (coordinator, num_processes, process_id)]
+  if any(given) and not all(given):
+    raise UserError("pass all of --coordinator=HOST:PORT, --num_processes and --process_id, "
+                    "or none of them on SLURM / Open MPI (auto-detected)")
+  if num_processes is not None:
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+      raise UserError(f"process_id={process_id} must be in [0, num_processes={num_processes})")
+    if ":" not in coordinator:
+      raise UserError(f"coordinator={coordinator!r} must be HOST:PORT, e.g. 10.0.0.1:12345")
+  try:
+    jax.distributed.initialize(
+        coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
+        local_device_ids=local_device_ids, initialization_timeout=timeout_s)
+  except (ValueError, TypeError) as e:
+    raise UserError(f"jax.distributed.initialize failed ({e}); outside SLURM / Open MPI pass "
+                    "--coordinator=HOST:PORT --num_processes=N --process_id=I") from e
+  except RuntimeError as e:  # e.g. the other processes never joined before the timeout
+    raise UserError(f"jax.distributed.initialize failed ({e}); check that every process got "
+                    "the same --coordinator and --num_processes and a distinct --process_id") \
+        from e
+  if num_processes is not None and jax.process_count() != num_processes:
+    raise UserError(f"--num_processes={num_processes} but {jax.process_count()} processes "
+                    "joined; launch exactly that many processes")
+
+
+# ------------------------------------------------------------------------------- HLO
+
+
+_COLLECTIVE_RE = re.compile(
+    r"(?<![\w.%-])(" + "|".join(sorted(COLLECTIVES, key=len, reverse=True)) + r")(-start)?\(")
+
+
+def count_collectives(compiled_hlo_text: str) -> dict[str, int]:
+  """Collective instructions per kind (async pairs counted once) and their "total"."""
+  counts = dict.fromkeys(COLLECTIVES, 0)
+  for m in _COLLECTIVE_RE.finditer(compiled_hlo_text):
+    counts[m.group(1)] += 1
+  counts["total"] = sum(counts.values())
+  return counts
+
+
+def step_hlo(step, *args) -> str:
+  """The optimized (compiled) HLO text of a jitted step for these arguments."""
+  return step.lower(*args).compile().as_text()
