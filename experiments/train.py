@@ -8,8 +8,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from soma_jax import train
-from soma_jax.errors import exit_on_user_error
+from soma_jax import cli, train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
@@ -17,7 +16,6 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "run folder: checkpoints, metric
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-@exit_on_user_error
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -29,4 +27,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

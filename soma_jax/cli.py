@@ -1,0 +1,28 @@
+"""Entry-point plumbing shared by experiments/ and benchmarks/: flag errors exit 2."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from absl import app, flags
+
+from soma_jax.errors import UserError, exit_on_user_error
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parser, but a bad flag or config override is one line and exit code 2."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, UserError) as e:
+    msg = str(e).strip()
+    if isinstance(e, AttributeError | KeyError):
+      msg = msg.strip("\"'")
+      msg = f"unknown config field {msg}; fix: check the name against the config file"
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run(main: Callable[[list[str]], None]) -> None:
+  """`app.run(main)` with one-line errors (exit 2) for bad flags and UserError."""
+  app.run(exit_on_user_error(main), flags_parser=_parse_flags)
