@@ -113,6 +113,11 @@ def _no_init(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 # ----------------------------------------------------------------------------- loop
 
+# Jitted once per process; the old state's buffers are donated to the new one.
+_train_step = jax.jit(spsa.train_step, static_argnames="cfg", donate_argnames="state")
+_val_losses = jax.jit(spsa.expert_losses, static_argnames="shared_head")
+_plateau = jax.jit(spsa.plateau_update, static_argnames="cfg")
+
 
 def ops_per_update(c: ml_collections.ConfigDict, n_local: int) -> int:
   """SPEC 7: 2 T n_pert B N F_N per update (times A accumulated batches)."""
@@ -198,11 +203,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
   start = int(state.step)
   expert_ids = jnp.arange(a, b, dtype=jnp.int32)
 
-  # The step is jitted once; the old state's buffers are donated to the new one.
-  step_fn = jax.jit(spsa.train_step, static_argnames="cfg", donate_argnames="state")
   val_windows = jnp.asarray(_expert_val_windows(c, experts))
-  val_fn = jax.jit(spsa.expert_losses, static_argnames="shared_head")
-  plateau_fn = jax.jit(spsa.plateau_update, static_argnames="cfg")
   ops_step = ops_per_update(c, n_local)
   n_devices = 1
 
@@ -225,7 +226,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
   with _Stop() as stop:
     for step in range(start, stop_at):
       batch = next(data)
-      state, m = step_fn(state, jnp.asarray(batch), expert_ids, cfg=step_cfg)
+      state, m = _train_step(state, jnp.asarray(batch), expert_ids, cfg=step_cfg)
       if pending is not None:
         _report_skips(pending, experts, progress)
       pending = (step + 1, m)
@@ -247,8 +248,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
             "skipped": m_host["skipped"],
         }
       if done % c.eval_every == 0 or done == c.steps:
-        val = val_fn(state.body, state.head, val_windows, shared_head=step_cfg.model.shared_head)
-        state = state.replace(sched=plateau_fn(state.sched, val, done, cfg=plateau_config(c)))
+        val = _val_losses(state.body, state.head, val_windows, shared_head=step_cfg.model.shared_head)
+        state = state.replace(sched=_plateau(state.sched, val, done, cfg=plateau_config(c)))
         last_val = np.asarray(val).tolist()
         record = (record or {}) | {"val_loss": last_val}
       if done == c.steps and n_local == c.n_experts:

@@ -49,3 +49,11 @@ def data_prepared(tmp_path_factory, data_textdir) -> str:
     f"textdir:{data_textdir}", 3, out, test_docs=6, ensemble_val_docs=3, min_df=2, svd_dims=16, val_fraction=0.05
   )
   return out
+
+
+def pytest_configure(config):
+  """Share compiled programs between tests and their subprocesses (persistent cache)."""
+  cache = os.path.join(os.path.dirname(os.path.dirname(__file__)), ".pytest_cache", "jax")
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", cache)
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

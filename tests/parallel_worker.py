@@ -35,14 +35,18 @@ def step_config(n_pert: int = 8, pert_chunk: int = 4):
       spsa=spsa.SpsaConfig(n_pert=n_pert, accum=A, pert_chunk=pert_chunk), train_head=True)
 
 
-def initial_state(cfg, n: int, lr: float = 1e-2):
-  """The same host-complete state in every process (fixed key)."""
+def initial_state(cfg, n: int, lr: float = 1e-2, x64: bool = False):
+  """The same host-complete state in every process (fixed key); float64 leaves if x64."""
   import jax
+  import jax.numpy as jnp
 
   from soma_jax import model, spsa
 
   body_N, head_N = model.init_experts(jax.random.key(0), cfg.model, n)
-  return spsa.init_state(body_N, head_N, lr, lr, cfg)
+  state = spsa.init_state(body_N, head_N, lr, lr, cfg)
+  if x64:
+    state = jax.tree.map(lambda x: x.astype(jnp.float64) if x.dtype == jnp.float32 else x, state)
+  return state
 
 
 def batches(n: int, steps: int = STEPS, t: int = T) -> np.ndarray:
@@ -56,7 +60,7 @@ def flat_leaves(tree) -> list[np.ndarray]:
   return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def run_case(n: int, e: int, p: int, steps: int = STEPS, cfg=None) -> dict:
+def run_case(n: int, e: int, p: int, steps: int = STEPS, cfg=None, x64: bool = False) -> dict:
   """`steps` sharded updates; returns host copies of the final state and the metrics."""
   import jax
   from jax.experimental import multihost_utils
@@ -66,7 +70,7 @@ def run_case(n: int, e: int, p: int, steps: int = STEPS, cfg=None) -> dict:
   cfg = cfg or step_config()
   mesh = parallel.make_mesh(e, p, n_experts=n)
   step = parallel.make_train_step(cfg, mesh)
-  state = parallel.put_state(initial_state(cfg, n), mesh)
+  state = parallel.put_state(initial_state(cfg, n, x64=x64), mesh)
   ids = parallel.expert_ids(n, mesh)
   mine = parallel.local_experts(n, mesh)
   data = batches(n, steps)
@@ -91,6 +95,7 @@ def main() -> None:
   parser.add_argument("--coordinator")
   parser.add_argument("--num_processes", type=int)
   parser.add_argument("--process_id", type=int)
+  parser.add_argument("--x64", action="store_true", help="float64 states (jax_enable_x64)")
   parser.add_argument("--bench", action="store_true", help="time steps instead (scaling.py)")
   parser.add_argument("--experts_per_device", type=int, default=2)
   parser.add_argument("--seconds", type=float, default=5.0)
@@ -99,6 +104,8 @@ def main() -> None:
   args = parser.parse_args()
   import jax
 
+  if args.x64:
+    jax.config.update("jax_enable_x64", True)
   if args.coordinator:
     from soma_jax import parallel
 
@@ -112,7 +119,7 @@ def main() -> None:
   out, meta = {}, {}
   for case in args.cases:
     name, n, e, p = case.split(":")
-    r = run_case(int(n), int(e), int(p))
+    r = run_case(int(n), int(e), int(p), x64=args.x64)
     for i, x in enumerate(r.pop("leaves")):
       out[f"{name}/leaf{i}"] = x
     out[f"{name}/loss"] = r.pop("loss")

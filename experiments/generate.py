@@ -1,0 +1,60 @@
+"""Sample text from the routed ensemble of a training workdir.
+
+  python experiments/generate.py --workdir=runs/soma_n4 --prompt="def main(" \
+      --max_bytes=400 --temperature=0.8 --top_p=0.95 --seed=0
+
+Cold start: the router sees the prompt's first 256 bytes; a shorter prompt is routed on
+the bytes it has, and an empty prompt on the empty string (always the same experts).
+The selected experts stay fixed for the whole sample. An empty prompt is fed a single
+newline byte as context, which is not printed. Invalid UTF-8 in the output is shown
+as \\xNN escapes.
+"""
+
+import os
+import sys
+
+import jax
+from absl import app, flags, logging
+
+from soma_jax import cli, train
+from soma_jax import generate as gen_lib
+from soma_jax.errors import UserError
+from soma_jax.router import Router
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "training run folder (checkpoints, config)")
+_PROMPT = flags.DEFINE_string(
+    "prompt", "", "text to continue; routed on its first 256 bytes, or on all of it if "
+    "shorter (an empty prompt is routed on the empty string and fed one newline byte)")
+_MAX_BYTES = flags.DEFINE_integer("max_bytes", 400, "bytes to sample")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "sampling temperature (0 = greedy)")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "nucleus mass kept, in (0, 1]")
+_SEED = flags.DEFINE_integer("seed", 0, "sampling seed")
+_TOP_K = flags.DEFINE_integer("top_k", 4, "experts mixed (capped at N)")
+_STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: the newest)")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "data dir holding router.npz (default: the run's)")
+flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _MAX_BYTES.value < 0 or _TOP_K.value < 1:
+    raise UserError("--max_bytes must be >= 0 and --top_k >= 1")
+  if _TEMPERATURE.value < 0 or not 0 < _TOP_P.value <= 1:
+    raise UserError("--temperature must be >= 0 and --top_p in (0, 1]")
+  logging.info("devices: %s", jax.devices())
+  if not os.path.isdir(_WORKDIR.value):
+    raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
+  body_N, head, c = train.restore_params(_WORKDIR.value, _STEP.value)
+  router = Router.load(os.path.join(_DATA_DIR.value or c.data.dir, "router.npz"))
+  prompt = _PROMPT.value.encode("utf-8", errors="surrogateescape")
+  text, routes = gen_lib.generate(body_N, head, c.model.shared_head, router, prompt,
+                                  _MAX_BYTES.value, _TEMPERATURE.value, _TOP_P.value,
+                                  _SEED.value, _TOP_K.value)
+  logging.info("routed to experts %s", routes.tolist())
+  print(f"[experts {', '.join(map(str, routes.tolist()))}]", file=sys.stderr)
+  sys.stdout.write(gen_lib.printable(prompt + text) + "\n")
+
+
+if __name__ == "__main__":
+  cli.run(main)

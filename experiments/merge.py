@@ -1,0 +1,23 @@
+"""Merge independent expert-slice jobs (`--config.experts=a:b`) into one ensemble workdir.
+
+  python experiments/merge.py --out=runs/soma_n4 runs/soma_n4_0-2 runs/soma_n4_2-4
+
+Refuses jobs that are not slices of one run (config, data dir, router, step, head).
+"""
+
+import json
+
+from absl import flags
+
+from soma_jax import cli, merge
+
+_OUT = flags.DEFINE_string("out", None, "new workdir for the merged ensemble")
+flags.mark_flag_as_required("out")
+
+
+def main(argv):
+  print(json.dumps(merge.merge(argv[1:], _OUT.value)))
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,135 @@
+"""Byte-by-byte sampling from the routed ensemble with each expert's LSTM state carried.
+
+`step` is one recurrent step of the expert in `model.py` (same parameters, same
+equations), so a prompt is consumed once and every sampled byte costs one step per
+selected expert. The next-byte distribution is the uniform mixture of the selected
+experts' probabilities, as in evaluation, then tempered and truncated to the top-p
+nucleus.
+
+Cold start: the router sees the first 256 bytes of the prompt; a shorter prompt is
+routed on the bytes it has, and an empty prompt on the empty string (a fixed point of
+the featurizer, so always the same experts). Routes are fixed for the whole sample.
+The model has no start-of-text byte: an empty prompt is fed one "\\n" (not printed).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from soma_jax import model as model_lib
+
+PyTree = Any
+EMPTY_PROMPT_SEED = b"\n"  # input byte for an empty prompt
+
+
+def init_state(body: PyTree, batch_shape: tuple[int, ...] = ()) -> list[tuple[jax.Array, jax.Array]]:
+  """Zero (h, c) per block, [*batch_shape, d_t] each."""
+  out = []
+  for blk in body["blocks"]:
+    d = blk["lstm"]["w_h"].shape[0]
+    z = jnp.zeros(batch_shape + (d,), blk["lstm"]["w_h"].dtype)
+    out.append((z, z))
+  return out
+
+
+def lstm_cell(p: dict, x: jax.Array, h: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """One step of `model.lstm`'s bias-free cell (gates i, f, g, o)."""
+  gates = model_lib.linear(x, p["w_x"]) + model_lib.linear(h, p["w_h"])
+  i, f, g, o = jnp.split(gates, 4, axis=-1)
+  c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+  h = jax.nn.sigmoid(o) * jnp.tanh(c)
+  return h, c
+
+
+def step(body: PyTree, embed_VxE: jax.Array, state: list, byte: jax.Array) -> tuple[jax.Array, list]:
+  """Next-byte logits [..., V] after reading `byte` [...], and the new state."""
+  x = jnp.take(embed_VxE, byte.astype(jnp.int32), axis=0)
+  if "in_proj" in body:
+    x = model_lib.linear(x, body["in_proj"])
+  new_state = []
+  for blk, (h, c) in zip(body["blocks"], state, strict=True):
+    h, c = lstm_cell(blk["lstm"], model_lib.layer_norm(x, blk["ln1"]["scale"]), h, c)
+    new_state.append((h, c))
+    x = x + h
+    x = x + model_lib.mlp(blk["mlp"], model_lib.layer_norm(x, blk["ln2"]["scale"]))
+  x = model_lib.layer_norm(x, body["ln_f"]["scale"])
+  if "out_proj" in body:
+    x = model_lib.linear(x, body["out_proj"])
+  return x @ embed_VxE.T, new_state
+
+
+def step_logits(body: PyTree, embed_VxE: jax.Array, inputs_T: jax.Array) -> jax.Array:
+  """Logits [T, V] of a byte sequence by repeated `step` (equals `model.logits` on it)."""
+  def f(state, b):
+    out, state = step(body, embed_VxE, state, b)
+    return state, out
+
+  return jax.lax.scan(f, init_state(body), inputs_T)[1]
+
+
+def mixture_logprobs(logits_KxV: jax.Array) -> jax.Array:
+  """log of the uniform mixture of K experts' next-byte distributions, [V]."""
+  lp = jax.nn.log_softmax(logits_KxV.astype(jnp.float32), axis=-1)
+  return jax.nn.logsumexp(lp, axis=0) - jnp.log(lp.shape[0])
+
+
+def sample_byte(key: jax.Array, logp_V: jax.Array, temperature: float, top_p: float) -> jax.Array:
+  """Samples from p^(1/temperature) restricted to the top-p nucleus; argmax at temperature 0."""
+  if temperature <= 0:
+    return jnp.argmax(logp_V).astype(jnp.int32)
+  logits = logp_V / temperature
+  order = jnp.argsort(-logits)
+  probs = jax.nn.softmax(logits[order])
+  # Keep the smallest prefix whose mass reaches top_p (the top byte always stays).
+  keep = (jnp.cumsum(probs) - probs) < top_p
+  masked = jnp.where(keep, logits[order], -jnp.inf)
+  return order[jax.random.categorical(key, masked)].astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("max_bytes", "temperature", "top_p"))
+def _generate(bodies_K, heads_K, prompt_T, key, max_bytes: int, temperature: float, top_p: float):
+  """Reads the prompt with every selected expert, then samples max_bytes bytes."""
+  def ens_step(state_K, byte):
+    logits_KxV, state_K = jax.vmap(step, in_axes=(0, 0, 0, None))(bodies_K, heads_K, state_K, byte)
+    return state_K, logits_KxV
+
+  state_K = jax.vmap(init_state)(bodies_K)
+  state_K, logits_TxKxV = jax.lax.scan(ens_step, state_K, prompt_T)
+  logits_KxV = logits_TxKxV[-1]
+
+  def sample(carry, i):
+    state_K, logits_KxV = carry
+    b = sample_byte(jax.random.fold_in(key, i), mixture_logprobs(logits_KxV), temperature, top_p)
+    state_K, logits_KxV = ens_step(state_K, b)
+    return (state_K, logits_KxV), b
+
+  _, out = jax.lax.scan(sample, (state_K, logits_KxV), jnp.arange(max_bytes))
+  return out
+
+
+def generate(body_N: PyTree, head: jax.Array, shared_head: bool, router, prompt: bytes,
+             max_bytes: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+             top_k: int = 4) -> tuple[bytes, np.ndarray]:
+  """(sampled continuation, routed expert ids) for a prompt, from the top-k routed experts."""
+  routes = router.route([prompt], top_k)[0]
+  bodies_K = jax.tree.map(lambda x: x[routes], body_N)
+  heads_K = jnp.broadcast_to(head, (len(routes),) + head.shape) if shared_head else head[routes]
+  inputs = np.frombuffer(prompt or EMPTY_PROMPT_SEED, np.uint8)
+  if max_bytes < 1:
+    return b"", routes
+  out = _generate(bodies_K, heads_K, jnp.asarray(inputs), jax.random.key(seed), max_bytes,
+                  float(temperature), float(top_p))
+  return np.asarray(out, np.uint8).tobytes(), routes
+
+
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(32), 127) if chr(c) not in "\n\t"}
+
+
+def printable(data: bytes) -> str:
+  """UTF-8 text with each invalid byte (and control byte but newline and tab) as a \\xNN escape."""
+  return data.decode("utf-8", errors="backslashreplace").translate(_CONTROLS)

@@ -1,0 +1,131 @@
+"""Assemble one ensemble workdir from independent jobs that each trained a slice of experts.
+
+Jobs launched with `--config.experts=a:b` share nothing while training (FSO across
+machines with no coupling at all). Merging checks they are slices of one run (same
+config apart from `experts`, same data dir and router, same step, the same frozen head)
+and writes a workdir that `evaluate.py` (or further training) reads like any other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from soma_jax import checkpoint as ckpt_lib
+from soma_jax import config as config_lib
+from soma_jax import metrics as metrics_lib
+from soma_jax import train as train_lib
+from soma_jax.errors import UserError
+
+
+def _sha(path: str) -> str | None:
+  if not os.path.isfile(path):
+    return None
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def _restore(workdir: str, c):
+  abstract = jax.eval_shape(lambda: train_lib.initial_state(train_lib._no_init(c)))
+  ckpt = ckpt_lib.Checkpointer(workdir)
+  try:
+    restored = ckpt.restore_latest(abstract)
+  finally:
+    ckpt.close()
+  if restored is None:
+    raise UserError(f"{workdir!r} has no checkpoint; fix: finish training that job first")
+  return restored
+
+
+def merge(workdirs: list[str], out: str) -> dict:
+  """Concatenate the jobs' experts in expert order into a new workdir `out`."""
+  if not workdirs:
+    raise UserError("no workdirs given; fix: pass the workdirs of the experts=a:b jobs")
+  if os.path.exists(os.path.join(out, ckpt_lib.CONFIG_FILE)):
+    raise UserError(f"{out!r} already holds a run; fix: choose a new --out")
+  jobs = []
+  for w in workdirs:
+    c = ckpt_lib.read_config(w)
+    a, b = config_lib.expert_range(c)
+    jobs.append((a, b, w, c))
+  jobs.sort(key=lambda j: j[0])
+  ref = jobs[0][3]
+  base = {k: v for k, v in ref.to_dict().items() if k != "experts"}
+  router = _sha(os.path.join(ref.data.dir, "router.npz"))
+  for a, b, w, c in jobs:
+    mine = {k: v for k, v in c.to_dict().items() if k != "experts"}
+    if mine != base:
+      diff = sorted(k for k in set(mine) | set(base) if mine.get(k) != base.get(k))
+      raise UserError(f"{w!r} has a different config ({', '.join(diff)}) from "
+                      f"{jobs[0][2]!r}; fix: merge only slices of one run")
+    if _sha(os.path.join(c.data.dir, "router.npz")) != router:
+      raise UserError(f"{w!r} was trained with a different router; fix: merge jobs that "
+                      "used the same data dir")
+  covered = [e for a, b, _, _ in jobs for e in range(a, b)]
+  if covered != list(range(ref.n_experts)):
+    raise UserError(f"the jobs cover experts {covered}, not 0..{ref.n_experts - 1} once each; "
+                    "fix: pass one workdir per slice, slices tiling all experts")
+
+  restored = [_restore(w, c) for _, _, w, c in jobs]
+  steps = {step for step, _, _ in restored}
+  if len(steps) != 1:
+    raise UserError(f"the jobs are at different steps {sorted(steps)}; fix: train every job "
+                    "to the same step (re-run them with the same --config.steps)")
+  states = [s for _, s, _ in restored]
+  shared = ref.model.shared_head
+  if shared and not all(np.array_equal(states[0].head, s.head) for s in states):
+    raise UserError("the jobs' shared heads differ; fix: start every job from the same seed")
+
+  def cat(*xs):
+    return jnp.concatenate(xs, axis=0)
+
+  per_expert = lambda s: (s.body, s.opt, s.head_opt, s.sched, s.skipped) + (
+      () if shared else (s.head,))
+  merged = jax.tree.map(cat, *[per_expert(s) for s in states])
+  body, opt, head_opt, sched, skipped = merged[:5]
+  head = states[0].head if shared else merged[5]
+  state = states[0].replace(body=body, opt=opt, head_opt=head_opt, sched=sched,
+                            skipped=skipped, head=head)
+
+  os.makedirs(out, exist_ok=True)
+  full = train_lib._no_init(ref)
+  full.experts = ""
+  full.init_from = ref.init_from
+  ckpt_lib.write_config(out, full)
+  data_state = dict(restored[0][2])
+  it = dict(data_state["iterator"])
+  it["experts"] = covered
+  data_state = {"iterator": it,
+                "device_seconds": sum(float(d.get("device_seconds", 0)) for _, _, d in restored)}
+  step = steps.pop()
+  ckpt = ckpt_lib.Checkpointer(out)
+  ckpt.save(step, state, data_state)
+  ckpt.close()
+  _merge_metrics([w for _, _, w, _ in jobs], out)
+  return {"out": out, "step": step, "experts": len(covered), "jobs": len(jobs)}
+
+
+def _merge_metrics(workdirs: list[str], out: str) -> None:
+  """One metrics.jsonl: per-expert lists concatenated, totals summed, per step."""
+  runs = [{r["step"]: r for r in metrics_lib.read_metrics(w)} for w in workdirs]
+  common = sorted(set.intersection(*(set(r) for r in runs))) if runs else []
+  with open(os.path.join(out, metrics_lib.METRICS_FILE), "w") as f:
+    for step in common:
+      rows = [r[step] for r in runs]
+      rec = {"step": step}
+      for key in rows[0]:
+        vals = [row.get(key) for row in rows]
+        if any(v is None for v in vals) or key == "step":
+          continue
+        if isinstance(vals[0], list):
+          rec[key] = [x for v in vals for x in v]
+        elif key in ("ops", "device_seconds", "tokens_per_second"):
+          rec[key] = sum(vals)
+        elif key == "step_seconds":
+          rec[key] = max(vals)
+      f.write(json.dumps(rec, sort_keys=True) + "\n")

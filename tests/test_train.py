@@ -1,0 +1,128 @@
+"""The training driver: exact resume after kill -9, expert-slice jobs merged, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from soma_jax import train
+from soma_jax import merge
+from soma_jax.errors import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMING = ("step_seconds", "tokens_per_second", "device_seconds")
+
+
+def tiny_config(data_dir, **overrides):
+  sys.path.insert(0, os.path.join(ROOT, "experiments", "configs"))
+  import soma  # noqa: PLC0415
+
+  c = soma.get_config("n=3,size=tiny")
+  c.data.dir = data_dir
+  c.update(steps=8, log_every=1, eval_every=2, ckpt_every=2)
+  for k, v in overrides.items():
+    c[k] = v
+  return c
+
+
+def metrics_without_timing(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in f]
+
+
+def assert_same_params(w1, w2):
+  b1, h1, _ = train.restore_params(w1)
+  b2, h2, _ = train.restore_params(w2)
+  for x, y in zip(jax.tree.leaves((b1, h1)), jax.tree.leaves((b2, h2)), strict=True):
+    np.testing.assert_array_equal(x, y)
+
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {configs!r})
+    import soma
+    from soma_jax import train
+    from soma_jax.data import pipeline
+
+    real_next = pipeline.TrainBatches.__next__
+    def next_or_die(self):
+      if self.step == {kill_at}:  # power loss while fetching the batch of this update
+        os.kill(os.getpid(), signal.SIGKILL)
+      return real_next(self)
+    pipeline.TrainBatches.__next__ = next_or_die
+    c = soma.get_config("n=3,size=tiny")
+    c.data.dir = {data!r}
+    c.update(steps=8, log_every=1, eval_every=2, ckpt_every=2)
+    train.train(c, {workdir!r})
+""")
+
+
+def test_resume_after_kill9_is_bit_identical(data_prepared, tmp_path):
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  train.train(tiny_config(data_prepared), straight)
+  script = KILLER.format(configs=os.path.join(ROOT, "experiments", "configs"), kill_at=5,
+                         data=data_prepared, workdir=resumed)
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+  assert proc.returncode == -9, proc.stderr[-2000:]
+  assert max(r["step"] for r in metrics_without_timing(resumed)) < 8
+  summary = train.train(tiny_config(data_prepared), resumed)
+  assert summary["status"] == "done" and summary["step"] == 8
+  assert_same_params(straight, resumed)
+  assert metrics_without_timing(straight) == metrics_without_timing(resumed)
+
+
+def test_expert_slices_merged_equal_one_job(data_prepared, tmp_path):
+  full = str(tmp_path / "full")
+  train.train(tiny_config(data_prepared, steps=4), full)
+  parts = []
+  for rng in ("0:1", "1:3"):
+    w = str(tmp_path / rng.replace(":", "-"))
+    train.train(tiny_config(data_prepared, steps=4, experts=rng), w)
+    parts.append(w)
+  merged = str(tmp_path / "merged")
+  merge.merge(parts, merged)
+  assert_same_params(full, merged)
+  with pytest.raises(UserError, match="cover experts"):
+    merge.merge(parts[:1], str(tmp_path / "bad"))
+
+
+def test_incompatible_workdir_and_data_refused(data_prepared, tmp_path):
+  w = str(tmp_path / "run")
+  train.train(tiny_config(data_prepared, steps=2), w)
+  c = tiny_config(data_prepared, steps=2)
+  c.model.d_t = 16
+  with pytest.raises(UserError, match="holds another run"):
+    train.train(c, w)
+  c = tiny_config(data_prepared, steps=2, n_experts=2)
+  with pytest.raises(UserError, match="expert shards"):
+    train.train(c, str(tmp_path / "other"))
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--config.no_such_field=1", "unknown config field"),
+    ("--config.experts=3:9", "out of range"),
+    ("--config.data.dir=/does/not/exist", "does not exist"),
+    ("--config.data.seq_len=100", "must divide 1024"),
+])
+def test_cli_bad_input_exits_2(data_prepared, tmp_path, flag, message):
+  cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+         "--config=" + os.path.join(ROOT, "experiments", "configs", "soma.py") + ":n=3,size=tiny",
+         f"--config.data.dir={data_prepared}", f"--workdir={tmp_path / 'w'}", flag]
+  proc = subprocess.run(cmd, capture_output=True, text=True)
+  assert proc.returncode == 2
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error:") and message in last
+  assert "Traceback" not in proc.stderr
+
+
+def test_nonwritable_workdir(data_prepared, tmp_path):
+  ro = tmp_path / "ro"
+  ro.mkdir()
+  (ro / "file").write_text("x")
+  with pytest.raises(UserError, match="not writable"):
+    train.train(tiny_config(data_prepared), str(ro / "file" / "sub"))
