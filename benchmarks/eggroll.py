@@ -7,7 +7,8 @@ Times `eggroll.population_losses` on the GRU (rank-r low-rank members, vmapped o
 `--pop_chunk` members, `lax.map` over chunks, noise drawn inside) against `gru_loss` of the
 unperturbed model on the same number of sequences (pop * batch, in the same chunks).
 `efficiency` = population tokens/s / plain tokens/s (EGGROLL reports about 0.91).
-Compilation and one warm-up call are excluded; each figure is the median of --reps calls.
+Compilation and one warm-up call are excluded; each figure is the median of --reps calls,
+the two kinds interleaved.
 """
 
 from __future__ import annotations
@@ -34,14 +35,17 @@ _REPS = flags.DEFINE_integer("reps", 5, "Timed calls; the median is reported.")
 _JSON = flags.DEFINE_string("json", None, "Write the results here as JSON.")
 
 
-def _median_seconds(fn, *args, reps: int) -> float:
-  jax.block_until_ready(fn(*args))  # compile + warm-up, not timed
-  times = []
+def _median_seconds(fns, reps: int) -> list[float]:
+  """Median wall time of each `fn()`, calls interleaved so load drift hits all alike."""
+  for fn in fns:
+    jax.block_until_ready(fn())  # compile + warm-up, not timed
+  times = [[] for _ in fns]
   for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+    for fn, ts in zip(fns, times, strict=True):
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn())
+      ts.append(time.perf_counter() - t0)
+  return [statistics.median(ts) for ts in times]
 
 
 def measure(d: int, depth: int, pop: int, batch: int, seq_len: int, rank: int = 1,
@@ -64,8 +68,9 @@ def measure(d: int, depth: int, pop: int, batch: int, seq_len: int, rank: int = 
   windows_CxSxT1 = jnp.tile(window_BxT1, (n_chunks, cfg.chunk, 1)).reshape(
       n_chunks, cfg.chunk * batch, seq_len + 1)
   tokens = pop * batch * seq_len
-  t_pop = _median_seconds(population, params, window_BxT1, jax.random.key(2), reps=reps)
-  t_plain = _median_seconds(plain, params, windows_CxSxT1, reps=reps)
+  t_pop, t_plain = _median_seconds(
+      [lambda: population(params, window_BxT1, jax.random.key(2)),
+       lambda: plain(params, windows_CxSxT1)], reps)
   return {
       "efficiency": t_plain / t_pop,
       "population_tokens_per_second": tokens / t_pop,

@@ -9,6 +9,10 @@ the same total parameter count (random weights: only speed matters); it scores t
 windows without routing. Compilation and a warm-up batch are excluded; figures are
 medians of --repeats timed batches. Tokens are the 1,024 teacher-forced positions a
 window runs through; routing time is included.
+
+With N <= top_k every expert runs on every request, so the ensemble does the monolith's
+work in smaller matmuls; the paper's advantage needs N >> k. `--synthetic_experts=64`
+times such an ensemble (random weights, width 32) on any workdir's data and featurizer.
 """
 
 from __future__ import annotations
@@ -39,6 +43,11 @@ _REPEATS = flags.DEFINE_integer("repeats", 7, "timed batches; medians are report
 _SPLIT = flags.DEFINE_string("split", "test", "where the request windows come from")
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: the newest)")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "prepared data dir (default: the run's)")
+_SYNTH_N = flags.DEFINE_integer(
+    "synthetic_experts", 0, "if > 0, time a random-weight ensemble of this many experts of width "
+    "--synthetic_d_t (shared head) instead of the checkpoint, routed by the run's featurizer to "
+    "random centroids: the paper's many-narrow-experts regime on any workdir")
+_SYNTH_D = flags.DEFINE_integer("synthetic_d_t", 32, "expert width for --synthetic_experts")
 flags.mark_flags_as_required(["workdir"])
 
 TOKENS_PER_REQUEST = eval_lib.ROUTE_BYTES + eval_lib.SCORED  # 1,024 positions per window
@@ -93,8 +102,14 @@ def main(argv):
   windows = np.resize(windows, (_REQUESTS.value, windows.shape[1]))  # tiles a short split
   router = Router.load(os.path.join(data_dir, "router.npz"))
   cfg, n = train.model_config(c), c.n_experts
+  if _SYNTH_N.value > 0:
+    n = _SYNTH_N.value
+    cfg = model_lib.ModelConfig(d_t=_SYNTH_D.value, d_e=cfg.d_e, depth=cfg.depth, shared_head=True)
+    body_N, head = model_lib.init_experts(jax.random.key(1), cfg, n)
+    cents = np.random.default_rng(0).normal(size=(n, router.featurizer.dims))
+    router = Router(router.featurizer, cents / np.linalg.norm(cents, axis=1, keepdims=True))
   top_k = min(_TOP_K.value, n)
-  shared = c.model.shared_head
+  shared = cfg.shared_head
 
   def routed(w):
     routes = router.route(w[:, :eval_lib.ROUTE_BYTES], top_k)
@@ -125,6 +140,7 @@ def main(argv):
       "speedup_vs_monolith": mono_s / ens_s,
       "settings": {
           "workdir": _WORKDIR.value,
+          "synthetic": _SYNTH_N.value > 0,
           "num_experts": n,
           "top_k": top_k,
           "d_t": cfg.d_t,

@@ -55,6 +55,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _TOP_K.value < 1 or _DRAWS.value < 1:
     raise UserError("--top_k and --draws must be >= 1")
+  eval_lib.check_split(_SPLIT.value)
   logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
                jax.devices())
   workdir = _WORKDIR.value

@@ -84,7 +84,7 @@ def mixture_nats(logprobs_nxkxT: np.ndarray, k: int | None = None) -> np.ndarray
 def ensemble_loss(body_N: PyTree, head: jax.Array, windows: np.ndarray, router, top_k: int,
                   shared_head: bool) -> float:
   """Mean nats/byte of the routed top-k ensemble on 1,025-byte windows."""
-  routes = router.route(windows[:, :ROUTE_BYTES], top_k)
+  routes = router.route_to(windows[:, :ROUTE_BYTES], top_k, jax.tree.leaves(body_N)[0].shape[0])
   lp = routed_logprobs(body_N, head, windows, routes, shared_head)
   return float(mixture_nats(lp).mean())
 
@@ -92,20 +92,26 @@ def ensemble_loss(body_N: PyTree, head: jax.Array, windows: np.ndarray, router, 
 # ----------------------------------------------------------------------------- splits
 
 
+def check_split(split: str) -> None:
+  """UserError for a split name that is not test, ensemble_val or wikitext103:EXISTING_FILE."""
+  if split.startswith("wikitext103:"):
+    path = split.split(":", 1)[1]
+    if not os.path.isfile(path):
+      raise UserError(f"WikiText-103 file {path!r} not found; fix: pass wikitext103:PATH/wiki.test.raw")
+  elif split not in ("test", "ensemble_val"):
+    raise UserError(f"unknown split {split!r}; fix: use test, ensemble_val or wikitext103:PATH")
+
+
 def load_split(data_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:
   """(windows [n, 1025] uint8, document id [n] int32) of test, ensemble_val or wikitext103:PATH.
 
   WikiText-103 documents are its top-level-heading articles.
   """
+  check_split(split)
   if split.startswith("wikitext103:"):
-    path = split.split(":", 1)[1]
-    if not os.path.isfile(path):
-      raise UserError(f"WikiText-103 file {path!r} not found; fix: pass wikitext103:PATH/wiki.test.raw")
-    windows, doc_ids = windows_lib.wikitext103_windows(path)
-  elif split in ("test", "ensemble_val"):
-    windows, doc_ids = pipeline.eval_split(data_dir, split)
+    windows, doc_ids = windows_lib.wikitext103_windows(split.split(":", 1)[1])
   else:
-    raise UserError(f"unknown split {split!r}; fix: use test, ensemble_val or wikitext103:PATH")
+    windows, doc_ids = pipeline.eval_split(data_dir, split)
   if windows.shape[0] == 0:
     raise UserError(f"split {split!r} has no complete 1,025-byte windows; fix: use a larger split")
   return windows, doc_ids

@@ -17,6 +17,7 @@ experts in `local_experts(n, mesh)` through `global_batch`.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -231,7 +232,9 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
   """`jax.distributed.initialize`, auto-detected on SLURM / Open MPI, else from the args.
 
   Raises UserError for incomplete or inconsistent arguments and for a process count that
-  differs from the one asked for.
+  differs from the launcher's or from the one that joined. If fewer processes than
+  `num_processes` ever connect, JAX's coordination service aborts the process after
+  `timeout_s` (a fatal error in the C++ runtime, not a Python exception).
   """
   given = [x is not None for x in (coordinator, num_processes, process_id)]
   if any(given) and not all(given):
@@ -242,6 +245,11 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
       raise UserError(f"process_id={process_id} must be in [0, num_processes={num_processes})")
     if ":" not in coordinator:
       raise UserError(f"coordinator={coordinator!r} must be HOST:PORT, e.g. 10.0.0.1:12345")
+    for var in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+      launched = os.environ.get(var)
+      if launched and launched.isdigit() and int(launched) != num_processes:
+        raise UserError(f"--num_processes={num_processes} but the launcher started {launched} "
+                        f"processes ({var}); drop --num_processes or make them equal")
   try:
     jax.distributed.initialize(
         coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,

@@ -63,6 +63,19 @@ class Router:
     # Stable sort on negated scores: ties go to the lower expert id.
     return np.argsort(-s, axis=1, kind="stable")[:, :k].astype(np.int32)
 
+  def route_to(self, prefixes: Sequence[bytes] | np.ndarray, k: int, n_experts: int) -> np.ndarray:
+    """Like `route`, for a model of n_experts: a single expert (trained on the pooled
+    shards) takes every window; otherwise n_experts must equal the router's clusters."""
+    n = len(prefixes)
+    if n_experts == 1:
+      return np.zeros((n, 1), np.int32)
+    if n_experts != self.num_clusters:
+      raise UserError(
+        f"the model has {n_experts} experts but the router {self.num_clusters} clusters; "
+        "fix: evaluate with the data dir the model was trained on"
+      )
+    return self.route(prefixes, k)
+
   def save(self, path: str) -> None:
     """Writes the versioned router file (deterministic bytes)."""
     f = self.featurizer

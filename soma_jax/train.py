@@ -150,9 +150,14 @@ class _Stop:
       signal.signal(sig, old)
 
 
+def pooled(c: ml_collections.ConfigDict) -> bool:
+  """One expert on a clustered data dir reads all shards (seed run, monolithic controls)."""
+  return c.n_experts == 1 and pipeline.load_manifest(c.data.dir)["num_clusters"] > 1
+
+
 def _expert_val_windows(c, experts: range) -> np.ndarray:
   """[N, V, T + 1]: the same first V windows of each expert's 1% split at every eval."""
-  per = [pipeline.expert_val_windows(c.data.dir, e, c.data.seq_len) for e in experts]
+  per = [pipeline.expert_val_windows(c.data.dir, e, c.data.seq_len, pooled(c)) for e in experts]
   v = min([c.data.val_windows] + [w.shape[0] for w in per])
   return np.stack([w[:v] for w in per])
 
@@ -191,7 +196,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
 
   ckpt = ckpt_lib.Checkpointer(workdir, keep=c.ckpt.keep)
   data = pipeline.train_iterator(c.data.dir, list(experts), batch=c.spsa.batch,
-                                 accum=c.spsa.accum, seq_len=c.data.seq_len, seed=c.seed)
+                                 accum=c.spsa.accum, seq_len=c.data.seq_len, seed=c.seed,
+                                 pooled=pooled(c))
   state = initial_state(c)
   restored = ckpt.restore_latest(ckpt_lib.abstract_like(state))
   device_seconds = 0.0
@@ -211,6 +217,9 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
   if start == 0:
     writer.hparams(json.loads(c.to_json()))
   progress = metrics_lib.Progress(c.steps, start)
+  if start >= c.steps:
+    progress.message(f"{workdir} is already trained to step {start} (steps={c.steps}); "
+                     "raise --config.steps to continue")
   progress.message(
       f"training experts {a}..{b - 1} of {c.n_experts} ({model_lib.body_params(step_cfg.model):,}"
       f" params each) from step {start} to {c.steps} on {jax.devices()[0].platform}")

@@ -302,3 +302,293 @@ def step_seconds(cfg: model_lib.ModelConfig, n: int, n_pert: int, batch: int, se
     state, m = step(state, data, ids, cfg=step_cfg)
   jax.block_until_ready((state, m))
   return (time.perf_counter() - t0) / steps
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def stdlib_corpus(max_bytes: int) -> np.ndarray:
+  """The first `max_bytes` bytes of this Python's standard library sources (real text)."""
+  from soma_jax.data import sources
+
+  out, total = [], 0
+  for _, text in sources.iter_pystdlib():
+    out.append(np.frombuffer(text, np.uint8))
+    total += len(text)
+    if total >= max_bytes:
+      break
+  return np.concatenate(out)[:max_bytes]
+
+
+def expert_windows(n: int, count: int, seq_len: int, seed: int, data_dir: str = "",
+                   corpus_bytes: int = 1 << 21) -> tuple[np.ndarray, dict]:
+  """[N, count, T + 1] uint8 windows per expert, and a record that replays them.
+
+  With `data_dir`: expert e's expert-validation windows of shard e mod num_clusters, picked
+  by a seeded permutation. Without: expert e reads the e-th of N contiguous slices of the
+  standard-library corpus at seeded offsets, so each expert has its own "cluster".
+  """
+  rng = np.random.default_rng(seed)
+  if data_dir:
+    from soma_jax.data import pipeline
+
+    shards = int(pipeline.load_manifest(data_dir)["num_clusters"])
+    rows, picks = [], []
+    for e in range(n):
+      w = pipeline.expert_val_windows(data_dir, e % shards, seq_len)
+      idx = rng.choice(len(w), count, replace=len(w) < count)
+      rows.append(np.asarray(w[np.sort(idx)]))
+      picks.append(np.sort(idx).tolist())
+    return np.stack(rows), {"data_dir": data_dir, "shard_of_expert": [e % shards for e in range(n)],
+                            "val_window_index": picks}
+  corpus = stdlib_corpus(corpus_bytes)
+  part = len(corpus) // n
+  if part < seq_len + 1:
+    raise ValueError(f"{len(corpus)} corpus bytes are too few for {n} experts")
+  starts = [e * part + np.sort(rng.integers(0, part - seq_len, count)) for e in range(n)]
+  idx = np.stack(starts)[..., None] + np.arange(seq_len + 1)
+  return corpus[idx], {"source": "pystdlib", "corpus_bytes": len(corpus),
+                       "byte_offsets": [s.tolist() for s in starts]}
+
+
+# --------------------------------------------------------------------------- studies
+
+GROUPINGS = {"one_sum": (0, 0, 0, 0), "pairs": (0, 0, 1, 1), "separate": (0, 1, 2, 3)}
+
+
+def _dtype():
+  return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+
+
+def _experts(c, n: int, params=None, mcfg: model_lib.ModelConfig | None = None):
+  """(body_N, head, shared_head, model config): experts 0..n-1 of `params` (cyclically) or fresh."""
+  if params is None:
+    mcfg = mcfg or model_lib.ModelConfig(d_t=c.model.d_t, d_e=c.model.d_e, depth=c.model.depth,
+                                         shared_head=True)
+    body_N, head = model_lib.init_experts(jax.random.key(c.seed), mcfg, n)
+    shared = mcfg.shared_head
+  else:
+    body_N, head = params
+    shared = head.ndim == 2
+    have = jax.tree.leaves(body_N)[0].shape[0]
+    body_N, head = take_experts(body_N, head, [e % have for e in range(n)], shared)
+  dt = _dtype()
+  return jax.tree.map(lambda x: x.astype(dt), body_N), head.astype(dt), shared, mcfg
+
+
+def _probe_record(c, steps: int, n_dirs: int, kind: str, n: int) -> dict:
+  return {"base_key": f"jax.random.key({c.probe_seed})", "steps": [0, steps], "n_dirs": n_dirs,
+          "expert_ids": list(range(n)), "probe": kind, "eps": c.eps,
+          "direction_key": "spsa.probe_key(base_key, step, expert, 0, j)",
+          "block": "block b of n_pert K uses directions j = b K .. (b + 1) K - 1"}
+
+
+def _stats(c, body_N, head, shared, windows, centres_NxCxD, n_dirs, kind):
+  n = jax.tree.leaves(body_N)[0].shape[0]
+  return probe_stats(body_N, head, windows, centres_NxCxD, c.eps, jnp.arange(c.reps),
+                     jnp.arange(n), jax.random.key(c.probe_seed), n_dirs=n_dirs, kind=kind,
+                     shared_head=shared, dir_chunk=c.dir_chunk, rep_chunk=c.rep_chunk)
+
+
+def _ratio(err_a_RxN, err_b_RxN) -> tuple[float, float]:
+  """mean(a) / mean(b) over repeats with a delta-method standard error."""
+  x, y = err_a_RxN.sum(1), err_b_RxN.sum(1)
+  ratio = x.mean() / y.mean()
+  return float(ratio), float(np.std(x - ratio * y, ddof=1) / math.sqrt(len(x)) / y.mean())
+
+
+def study_shared_vs_separate(c, params=None) -> dict:
+  """N = 4: one summed loss, two pair losses, four own losses; same weights, data, directions."""
+  n = 4
+  body_N, head, shared, _ = _experts(c, n, params)
+  win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes)
+  g = flat_N(exact_grads(body_N, head, jnp.asarray(win), shared))
+  g2 = np.asarray(jnp.sum(g**2, -1), np.float64)
+  d = g.shape[1]
+  k_max = max(c.n_pert_list)
+  st = _stats(c, body_N, head, shared, win[:, None], g[:, None], k_max, "rademacher")
+  points, errs = [], {}
+  for k in c.n_pert_list:
+    for name, groups in GROUPINGS.items():
+      errs[name, k] = block_errors(st, k, loss_groups=groups)
+      rel, se = relative(errs[name, k], g2)
+      points.append({"grouping": name, "n_pert": k, "measured": rel, "se": se,
+                     "predicted": shared_prediction([d] * n, g2, groups, k),
+                     "reps": c.reps, "blocks_per_rep": k_max // k})
+  ratios, predicted = {}, {}
+  for name, groups in GROUPINGS.items():
+    r, se = _ratio(errs[name, c.n_pert], errs["separate", c.n_pert])
+    ratios[name] = {"measured": r, "se": se}
+    predicted[name] = (shared_prediction([d] * n, g2, groups, 1)
+                       / shared_prediction([d] * n, g2, GROUPINGS["separate"], 1))
+  size = d * n
+  return {
+      "points": points, "d_per_expert": d, "M": size, "grad_norm_sq": g2.tolist(),
+      "ratio_separate_vs_shared": ratios["one_sum"]["measured"],
+      "ratio_separate_vs_shared_se": ratios["one_sum"]["se"],
+      "ratio_by_grouping": ratios, "predicted_ratio_by_grouping": predicted,
+      # (M/N - 1)/(M - 1): separate over one summed loss, equal blocks.
+      "predicted_separate_over_shared": (size / n - 1) / (size - 1),
+      "ratio_at_n_pert": c.n_pert,
+      "replay": {"probes": _probe_record(c, c.reps, k_max, "rademacher", n), "data": data_rec,
+                 "batch": "expert e uses all its windows as one fixed batch"},
+  }
+
+
+def _loglog_slope(x, y) -> float:
+  return float(np.polyfit(np.log(x), np.log(y), 1)[0])
+
+
+def study_n_pert(c, params=None) -> dict:
+  """Relative centred variance against n_pert, dense and sparse probes, fixed batch."""
+  n = c.n_experts
+  body_N, head, shared, _ = _experts(c, n, params)
+  win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes)
+  g = flat_N(exact_grads(body_N, head, jnp.asarray(win), shared))
+  g_np = np.asarray(g, np.float64)
+  g2 = np.sum(g_np**2, -1)
+  k_max = max(c.n_pert_list)
+  out: dict[str, Any] = {"points": [], "d_per_expert": g.shape[1]}
+  for kind in ("rademacher", "sparse"):
+    q = second_moment_N(body_N, kind)
+    st = _stats(c, body_N, head, shared, win[:, None], (q * g)[:, None], k_max, kind)
+    meas, pred = [], []
+    for k in c.n_pert_list:
+      rel, se = relative(block_errors(st, k), g2)
+      p = (dense_prediction(g.shape[1], k) if kind == "rademacher"
+           else sparse_prediction(g_np, np.asarray(q, np.float64), k))
+      meas.append(rel)
+      pred.append(p)
+      out["points"].append({"probe": kind, "n_pert": k, "measured": rel, "se": se,
+                            "predicted": p, "measured_over_predicted": rel / p,
+                            "reps": c.reps, "blocks_per_rep": k_max // k})
+    key = "" if kind == "rademacher" else "_sparse"
+    out["slope_loglog" + key] = _loglog_slope(c.n_pert_list, meas)
+    out["measured_over_predicted" + key] = [m / p for m, p in zip(meas, pred, strict=True)]
+  out["n_pert_list"] = list(c.n_pert_list)
+  out["replay"] = {"probes": {kind: _probe_record(c, c.reps, k_max, kind, n)
+                              for kind in ("rademacher", "sparse")},
+                   "data": data_rec, "batch": "expert e's windows, one fixed batch"}
+  return out
+
+
+def study_experts(c, params=None) -> dict:
+  """Relative centred variance at a fixed total size for N experts (paper Figure 10, left)."""
+  del params  # each N has its own widths, so the experts are always fresh
+  rows, records = [], {}
+  for n in c.n_list:
+    mcfg = sized_config(c.total_params, n, c.model.d_e, c.model.depth)
+    body_N, head, shared, _ = _experts(c, n, None, mcfg)
+    win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes)
+    g = flat_N(exact_grads(body_N, head, jnp.asarray(win), shared))
+    g_np = np.asarray(g, np.float64)
+    q = second_moment_N(body_N, c.probe)
+    st = _stats(c, body_N, head, shared, win[:, None], (q * g)[:, None], c.n_pert, c.probe)
+    rel, se = relative(block_errors(st, c.n_pert), np.sum(g_np**2, -1))
+    pred = (dense_prediction(g.shape[1], c.n_pert) if c.probe == "rademacher"
+            else sparse_prediction(g_np, np.asarray(q, np.float64), c.n_pert))
+    rows.append({"n": n, "d_t": mcfg.d_t, "body_params_per_expert": int(g.shape[1]),
+                 "ensemble_params": ensemble_count(n, mcfg.d_t, mcfg.d_e, mcfg.depth),
+                 "measured": rel, "se": se, "predicted": pred, "n_pert": c.n_pert})
+    records[str(n)] = {"probes": _probe_record(c, c.reps, c.n_pert, c.probe, n), "data": data_rec}
+  return {"points": rows, "variance_by_n": rows, "total_params": c.total_params,
+          "first_over_last": rows[0]["measured"] / rows[-1]["measured"],
+          "replay": records}
+
+
+def _random_windows(pool_NxPxT1: np.ndarray, reps: int, groups: int, seed: int):
+  """[R, N, S, 1, T+1] windows drawn with replacement from each expert's pool, and indices."""
+  n, p = pool_NxPxT1.shape[:2]
+  idx = np.random.default_rng(seed + 1).integers(0, p, (reps, n, groups))
+  win = pool_NxPxT1[np.arange(n)[None, :, None], idx]
+  return win[:, :, :, None], idx
+
+
+def _pool_setup(c, n, params=None, mcfg=None):
+  body_N, head, shared, mcfg = _experts(c, n, params, mcfg)
+  pool, data_rec = expert_windows(n, c.pool, c.seq_len, c.seed, c.data_dir, c.corpus_bytes)
+  g, sigma2 = pool_grad_stats(body_N, head, jnp.asarray(pool), shared)
+  g2 = np.asarray(jnp.sum(g**2, -1), np.float64)
+  return body_N, head, shared, mcfg, pool, data_rec, g, g2, np.asarray(sigma2, np.float64)
+
+
+def study_batch(c, params=None) -> dict:
+  """v against B at fixed n_pert * B, B* from measured nu; accumulation vs one large batch."""
+  n = c.n_experts
+  body_N, head, shared, _, pool, data_rec, g, g2, sigma2 = _pool_setup(c, n, params)
+  a, nu = g.shape[1] - 1, batch_noise(sigma2, g2)
+  w = c.budget
+  need_s = max(w, max(c.accum_list) * c.accum_batch)
+  need_j = max(w, max(c.accum_list) * c.accum_n_pert)
+  win, idx = _random_windows(pool, c.reps, need_s, c.seed)
+  st = _stats(c, body_N, head, shared, win, g[:, None], need_j, "rademacher")
+  points = []
+  b = 1
+  while b <= w:
+    k = w // b
+    rel, se = relative(block_errors(st, k, n_groups=b), g2)
+    points.append({"series": "tradeoff", "n_pert": k, "batch": b, "accum": 1, "measured": rel,
+                   "se": se, "predicted": batch_prediction(a, nu, k, b)})
+    b *= 2
+  for acc in c.accum_list:
+    k, b = c.accum_n_pert, c.accum_batch
+    for series, kw, pred in (
+        ("accumulate", {"n_groups": b, "accum": acc}, batch_prediction(a, nu, k, b, acc)),
+        ("large_batch", {"n_groups": b * acc}, batch_prediction(a, nu, k, b * acc))):
+      rel, se = relative(block_errors(st, k, **kw), g2)
+      points.append({"series": series, "n_pert": k, "batch": kw["n_groups"], "accum": acc,
+                     "measured": rel, "se": se, "predicted": pred})
+  return {"points": points, "nu": nu, "a": a, "budget": w, "b_star": best_batch(w, nu, a),
+          "sigma2": sigma2.tolist(), "grad_norm_sq": g2.tolist(), "pool": c.pool,
+          "replay": {"probes": _probe_record(c, c.reps, need_j, "rademacher", n),
+                     "data": data_rec, "pool_index_RxNxS": idx.tolist(),
+                     "batch": "sequence groups of 1 window; a block of batch B uses S-slots "
+                              "b B .. (b + 1) B - 1 of its repeat"}}
+
+
+def study_reference(c, params=None) -> dict:
+  """Total error R against the pool's backprop gradient and seconds per step (Figure 5)."""
+  mults = list(c.alloc_mult)
+  k0, b0 = c.n_pert, c.batch
+  base = model_lib.ModelConfig(d_t=c.model.d_t, d_e=c.model.d_e, depth=c.model.depth)
+  m_total = body_count(base.d_t, base.d_e, base.depth)
+  points, records = [], {}
+  for n in c.n_list:
+    d_t = min(range(1, 4097),
+              key=lambda x: abs(n * body_count(x, base.d_e, base.depth) - m_total))
+    mcfg = model_lib.ModelConfig(d_t=d_t, d_e=base.d_e, depth=base.depth, shared_head=True)
+    body_N, head, shared, _, pool, data_rec, g, g2, sigma2 = _pool_setup(
+        c, n, params if n == 1 else None, mcfg)
+    a, nu = g.shape[1] - 1, batch_noise(sigma2, g2)
+    grid = ([("N", k0, b0)] if n != 1 else
+            [("n_pert", k0 * m, b0) for m in mults] + [("B", k0, b0 * m) for m in mults[1:]])
+    j = max(k for _, k, _ in grid)
+    s = max(b for _, _, b in grid)
+    win, idx = _random_windows(pool, c.reps, s, c.seed)
+    st = _stats(c, body_N, head, shared, win, g[:, None], j, "rademacher")
+    for alloc, k, b in grid:
+      rel, se = relative(block_errors(st, k, n_groups=b), g2)
+      secs = step_seconds(mcfg, n, k, b, c.seq_len, c.dir_chunk, c.time_steps, c.seed)
+      points.append({"allocation": alloc, "n": n, "d_t": d_t, "n_pert": k, "batch": b,
+                     "measured": rel, "se": se, "predicted": batch_prediction(a, nu, k, b),
+                     "nu": nu, "seconds_per_step": secs})
+      if n == 1 and alloc == "n_pert" and k == k0:
+        points.append({**points[-1], "allocation": "N"})  # N = 1 starts the N allocation
+    records[str(n)] = {"probes": _probe_record(c, c.reps, j, "rademacher", n),
+                       "data": data_rec, "pool_index_RxNxS": idx.tolist()}
+  return {"points": points, "body_params_total": m_total, "pool": c.pool,
+          "reference": "mean backprop gradient over each expert's pool of windows",
+          "replay": records}
+
+
+STUDIES = {"shared_vs_separate": study_shared_vs_separate, "n_pert": study_n_pert,
+           "experts": study_experts, "batch": study_batch, "reference": study_reference}
+
+
+def run_study(c, params=None) -> dict:
+  """Runs `c.study`; returns its JSON-ready result with the config and run time."""
+  t0 = time.perf_counter()
+  out = STUDIES[c.study](c, params)
+  out.update(study=c.study, seconds=time.perf_counter() - t0, x64=bool(jax.config.jax_enable_x64),
+             config=c.to_dict())
+  return out

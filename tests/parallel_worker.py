@@ -16,6 +16,7 @@ final state's leaves, the per-step losses and the compiled step's collective cou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import time
@@ -36,17 +37,32 @@ def step_config(n_pert: int = 8, pert_chunk: int = 4):
 
 
 def initial_state(cfg, n: int, lr: float = 1e-2, x64: bool = False):
-  """The same host-complete state in every process (fixed key); float64 leaves if x64."""
+  """The same host-complete state in every process; float64 leaves if x64.
+
+  Parameters come from numpy (shapes from `model.init_experts`): compiling the real
+  initialiser takes about 10 s on a busy CPU, and these tests only need fixed values.
+  """
   import jax
   import jax.numpy as jnp
 
   from soma_jax import model, spsa
 
-  body_N, head_N = model.init_experts(jax.random.key(0), cfg.model, n)
-  state = spsa.init_state(body_N, head_N, lr, lr, cfg)
-  if x64:
-    state = jax.tree.map(lambda x: x.astype(jnp.float64) if x.dtype == jnp.float32 else x, state)
-  return state
+  rng = np.random.default_rng(1)
+  dtype = np.float64 if x64 else np.float32
+
+  def fill(path, leaf):
+    if spsa._is_gain(path):
+      return 1 + 0.1 * rng.standard_normal(leaf.shape).astype(dtype)
+    return (rng.standard_normal(leaf.shape) / np.sqrt(leaf.shape[-2])).astype(dtype)
+
+  shapes = jax.eval_shape(lambda: model.init_experts(jax.random.key(0), cfg.model, n))
+  body_N, head_N = jax.tree_util.tree_map_with_path(fill, shapes)
+  def init(body_N, head_N):
+    state = spsa.init_state(body_N, head_N, lr, lr, cfg)
+    return jax.tree.map(lambda x: x.astype(dtype) if x.dtype == jnp.float32 else x, state)
+
+  with jax.enable_x64(True) if x64 else contextlib.nullcontext():
+    return jax.jit(init)(body_N, head_N)
 
 
 def batches(n: int, steps: int = STEPS, t: int = T) -> np.ndarray:
@@ -133,7 +149,7 @@ def bench(per_device: int, seconds: float, d_t: int, seq_len: int) -> dict:
   """FSO steps/s with `per_device` experts on each of this process's devices."""
   import jax
 
-  from soma_jax import model, parallel, spsa
+  from soma_jax import model, parallel
 
   d = jax.device_count()
   n = per_device * d

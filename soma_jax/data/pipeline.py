@@ -51,6 +51,8 @@ def check_data_dir(data_dir: str, num_experts: int) -> dict:
   """Checks that data_dir is a prepared dir for exactly num_experts experts; returns its manifest."""
   manifest = load_manifest(data_dir)
   n = manifest.get("num_clusters")
+  if num_experts == 1 and isinstance(n, int):
+    num_experts = n  # one expert (a monolith or the seed) trains on all shards pooled
   if n != num_experts:
     raise UserError(
       f"data dir {data_dir!r} has {n} expert shards but the model has {num_experts} experts; "
@@ -125,12 +127,45 @@ def expert_seed(seed: int, expert: int) -> int:
   return int(np.random.SeedSequence([seed, expert, _SEED_MIX]).generate_state(1)[0])
 
 
-def expert_dataset(data_dir: str, expert: int, *, batch: int, accum: int, seq_len: int, seed: int) -> grain.MapDataset:
-  """One expert's infinite dataset of uint8 [accum, batch, seq_len + 1] batches."""
+class ConcatSource:
+  """Random-access grain source over several sources back to back (pooled shards)."""
+
+  def __init__(self, sources: Sequence[SubwindowSource]):
+    self._sources = list(sources)
+    self._ends = np.cumsum([len(s) for s in self._sources])
+
+  def __len__(self) -> int:
+    return int(self._ends[-1])
+
+  def __getitem__(self, index: int) -> np.ndarray:
+    i = int(np.searchsorted(self._ends, index, side="right"))
+    start = int(self._ends[i - 1]) if i else 0
+    return self._sources[i][int(index) - start]
+
+  def __repr__(self) -> str:
+    return f"ConcatSource({len(self._sources)} shards, n={len(self)})"
+
+
+def _shard_source(data_dir: str, expert: int, seq_len: int) -> SubwindowSource:
   path = os.path.join(expert_dir(data_dir, expert), "train.npy")
   if not os.path.isfile(path):
     raise UserError(f"shard {path!r} not found; fix: check --data_dir and the expert ids, or re-run prepare_data.py")
-  source = SubwindowSource(_load_windows(path), seq_len)
+  return SubwindowSource(_load_windows(path), seq_len)
+
+
+def expert_dataset(
+  data_dir: str, expert: int, *, batch: int, accum: int, seq_len: int, seed: int, pooled: bool = False
+) -> grain.MapDataset:
+  """One expert's infinite dataset of uint8 [accum, batch, seq_len + 1] batches.
+
+  pooled: the expert reads every shard of the data dir (a monolith or the seed run on a
+  clustered corpus), so N = 1 and N > 1 runs share one data dir and one test set.
+  """
+  if pooled:
+    n = load_manifest(data_dir)["num_clusters"]
+    source = ConcatSource([_shard_source(data_dir, e, seq_len) for e in range(n)])
+  else:
+    source = _shard_source(data_dir, expert, seq_len)
   if len(source) < batch:
     raise UserError(
       f"expert {expert}'s shard has {len(source)} sequences of {seq_len + 1} bytes, fewer than one batch of {batch}; "
@@ -155,7 +190,15 @@ class TrainBatches:
   """
 
   def __init__(
-    self, data_dir: str, experts: Sequence[int], *, batch: int, accum: int, seq_len: int, seed: int
+    self,
+    data_dir: str,
+    experts: Sequence[int],
+    *,
+    batch: int,
+    accum: int,
+    seq_len: int,
+    seed: int,
+    pooled: bool = False,
   ):
     if not experts:
       raise UserError("no experts requested; fix: pass at least one expert id")
@@ -169,9 +212,12 @@ class TrainBatches:
       )
     self.experts = [int(e) for e in experts]
     self.shape = (len(self.experts), accum, batch, seq_len + 1)
-    self._config = {"batch": batch, "accum": accum, "seq_len": seq_len, "seed": seed}
+    if pooled and self.experts != [0]:
+      raise UserError(f"a pooled iterator feeds one expert (id 0), not {self.experts}")
+    self._config = {"batch": batch, "accum": accum, "seq_len": seq_len, "seed": seed, "pooled": pooled}
     self._datasets = [
-      expert_dataset(data_dir, e, batch=batch, accum=accum, seq_len=seq_len, seed=seed) for e in self.experts
+      expert_dataset(data_dir, e, batch=batch, accum=accum, seq_len=seq_len, seed=seed, pooled=pooled)
+      for e in self.experts
     ]
     self._step = 0
 
@@ -196,7 +242,7 @@ class TrainBatches:
 
   def set_state(self, state: dict) -> None:
     """Restores a state from get_state; the settings must match (experts may be any subset)."""
-    mismatch = {k: (state.get(k), v) for k, v in self._config.items() if state.get(k) != v}
+    mismatch = {k: (state.get(k, False), v) for k, v in self._config.items() if state.get(k, False) != v}
     if mismatch:
       raise UserError(
         f"iterator state was saved with different settings {mismatch} (saved, now); fix: resume with the same settings"
@@ -208,15 +254,31 @@ class TrainBatches:
 
 
 def train_iterator(
-  data_dir: str, experts: Sequence[int], *, batch: int, accum: int, seq_len: int, seed: int
+  data_dir: str,
+  experts: Sequence[int],
+  *,
+  batch: int,
+  accum: int,
+  seq_len: int,
+  seed: int,
+  pooled: bool = False,
 ) -> TrainBatches:
   """The training batches of the given (global) experts; only their shards are opened."""
-  return TrainBatches(data_dir, experts, batch=batch, accum=accum, seq_len=seq_len, seed=seed)
+  return TrainBatches(data_dir, experts, batch=batch, accum=accum, seq_len=seq_len, seed=seed, pooled=pooled)
 
 
-def expert_val_windows(data_dir: str, expert: int, seq_len: int) -> np.ndarray:
-  """One expert's validation sub-windows, uint8 [n, seq_len + 1]."""
-  return subwindows(_load_windows(os.path.join(expert_dir(data_dir, expert), "val.npy")), seq_len)
+def expert_val_windows(data_dir: str, expert: int, seq_len: int, pooled: bool = False) -> np.ndarray:
+  """One expert's validation sub-windows, uint8 [n, seq_len + 1].
+
+  pooled: every shard's validation split, interleaved row by row so any prefix of the
+  result covers all shards evenly.
+  """
+  if not pooled:
+    return subwindows(_load_windows(os.path.join(expert_dir(data_dir, expert), "val.npy")), seq_len)
+  n = load_manifest(data_dir)["num_clusters"]
+  parts = [subwindows(_load_windows(os.path.join(expert_dir(data_dir, e), "val.npy")), seq_len) for e in range(n)]
+  rows = [p[i] for i in range(max(len(p) for p in parts)) for p in parts if i < len(p)]
+  return np.stack(rows)
 
 
 def eval_split(data_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,149 @@
+"""Speed and memory of the SOMA step, measured against its ideals in one run.
+
+  python benchmarks/spsa_step.py --config=experiments/configs/soma.py:n=4,size=cpu \
+      --json bench_out/spsa_step.json
+
+Measures, after warm-up (median of --reps):
+  * the jitted SOMA step (every expert x direction x sign, Adam, head update);
+  * the ideal: a plain batched forward of the same experts over the same tokens
+    (2 A n_pert B T per expert, unperturbed weights) -> `efficiency`;
+  * a large f32 matmul -> `matmul_peak_gflops`, against which `achieved_gflops` is read;
+  * a naive reference: a Python loop over directions calling a jitted one-direction
+    estimate, then the same jitted update -> `speedup_vs_loop`.
+Peak memory is XLA's buffer plan for the compiled step (arguments + outputs + temporaries),
+the same number on every backend; on GPU the allocator's peak is reported as well.
+"""
+
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+from ml_collections import config_flags
+
+from soma_jax import cli, config as config_lib, model as model_lib, spsa, train
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
+_JSON = flags.DEFINE_string("json", None, "write the results here")
+_REPS = flags.DEFINE_integer("reps", 5, "timed repetitions (median)")
+_LOOP = flags.DEFINE_bool("loop", True, "also time the naive per-direction loop")
+flags.mark_flag_as_required("config")
+
+
+def timeit(fn, reps: int) -> float:
+  jax.block_until_ready(fn())  # warm-up (and compile)
+  times = []
+  for _ in range(reps):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t)
+  return statistics.median(times)
+
+
+def plan_bytes(compiled) -> int:
+  m = compiled.memory_analysis()
+  if m is None:
+    return -1
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+             - m.alias_size_in_bytes)
+
+
+def matmul_peak_gflops(n: int = 2048, reps: int = 5) -> float:
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  return 2 * n**3 / timeit(lambda: f(a), reps) / 1e9
+
+
+def benchmark(c, reps: int = 5, loop: bool = True) -> dict:
+  config_lib.validate(c)
+  cfg = train.step_config(c)
+  n, a, k, b, t = c.n_experts, c.spsa.accum, c.spsa.n_pert, c.spsa.batch, c.data.seq_len
+  state = train.initial_state(c)
+  rng = np.random.default_rng(0)
+  batch = jnp.asarray(rng.integers(0, 256, (n, a, b, t + 1), dtype=np.uint8))
+  ids = jnp.arange(n, dtype=jnp.int32)
+
+  step = jax.jit(spsa.train_step, static_argnames="cfg")
+  compiled = step.lower(state, batch, ids, cfg=cfg).compile()
+  step_s = timeit(lambda: compiled(state, batch, ids)[0].body, reps)
+
+  # The ideal: the same experts over the same tokens in one plain forward each.
+  fwd_batch = jnp.asarray(rng.integers(0, 256, (n, 2 * a * k * b, t + 1), dtype=np.uint8))
+  head_axis = None if cfg.model.shared_head else 0
+  fwd = jax.jit(jax.vmap(model_lib.loss, in_axes=(0, head_axis, 0)))
+  fwd_s = timeit(lambda: fwd(state.body, state.head, fwd_batch), reps)
+
+  tokens = 2 * a * k * b * t * n
+  flops_per_token = model_lib.flops_per_token(cfg.model)
+  out = {
+      "config": {"n_experts": n, "d_t": c.model.d_t, "depth": c.model.depth, "n_pert": k,
+                 "batch": b, "accum": a, "seq_len": t, "pert_chunk": c.spsa.pert_chunk,
+                 "probe": c.spsa.probe, "params_per_expert": model_lib.body_params(cfg.model)},
+      "backend": jax.default_backend(),
+      "device": str(jax.devices()[0].device_kind),
+      "step_seconds": step_s,
+      "perturbed_tokens_per_second": tokens / step_s,
+      "forward_seconds": fwd_s,
+      "forward_tokens_per_second": tokens / fwd_s,
+      "efficiency": fwd_s / step_s,
+      "achieved_gflops": tokens * flops_per_token / step_s / 1e9,
+      "matmul_peak_gflops": matmul_peak_gflops(),
+      "peak_memory_bytes": plan_bytes(compiled),
+  }
+  out["fraction_of_matmul_peak"] = out["achieved_gflops"] / out["matmul_peak_gflops"]
+  stats = jax.devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    out["device_peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
+  if loop:
+    out["loop_seconds"] = naive_loop_seconds(state, batch, ids, cfg, min(reps, 3))
+    out["speedup_vs_loop"] = out["loop_seconds"] / step_s
+  return out
+
+
+def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> float:
+  """What the step replaces: one jitted call per direction and accumulation batch."""
+  one = spsa.SpsaConfig(n_pert=1, accum=1, probe=cfg.spsa.probe, pert_chunk=1)
+  base_key = jax.random.key(cfg.seed)
+
+  @jax.jit
+  def direction(body, head, batch_a, eps, a, j):
+    # One direction per call: its own key, the same estimator code, no vmap over K.
+    g, loss = spsa.estimate(body, head, batch_a[:, None], eps, state.step, ids,
+                            jax.random.fold_in(jax.random.fold_in(base_key, a), j), one,
+                            shared_head=cfg.model.shared_head)
+    return g, loss
+
+  tx = spsa.adam(cfg.weight_decay)
+  update = jax.jit(jax.vmap(lambda p, o, g, lr, ok: spsa._apply(tx, p, o, g, lr, ok)))
+
+  def run():
+    g_sum = None
+    for a in range(cfg.spsa.accum):
+      for j in range(cfg.spsa.n_pert):
+        g, _ = direction(state.body, state.head, batch[:, a], state.sched.eps, a, j)
+        g_sum = g if g_sum is None else jax.tree.map(jnp.add, g_sum, g)
+    n = cfg.spsa.accum * cfg.spsa.n_pert
+    g_sum = jax.tree.map(lambda x: x / n, g_sum)
+    ok = jnp.ones(state.sched.lr.shape, bool)
+    return update(state.body, state.opt, g_sum, state.sched.lr, ok)[0]
+
+  return timeit(run, reps)
+
+
+def main(argv):
+  del argv
+  out = benchmark(_CONFIG.value, _REPS.value, _LOOP.value)
+  text = json.dumps(out, indent=1)
+  print(text)
+  if _JSON.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
+    with open(_JSON.value, "w") as f:
+      f.write(text + "\n")
+
+
+if __name__ == "__main__":
+  cli.run(main)

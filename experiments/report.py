@@ -1,0 +1,31 @@
+"""Write report.md, loss_curves.png and report.json for one or more runs on one data dir.
+
+  python experiments/report.py --data_dir=DATA --out=OUT seed=runs/seed soma=runs/soma
+"""
+
+import json
+
+from absl import flags
+
+from soma_jax import cli, report
+from soma_jax.errors import UserError
+
+_DATA = flags.DEFINE_string("data_dir", None, "prepared data dir the runs trained on")
+_OUT = flags.DEFINE_string("out", None, "folder for report.md / loss_curves.png / report.json")
+flags.mark_flags_as_required(["data_dir", "out"])
+
+
+def main(argv):
+  runs = {}
+  for item in argv[1:]:
+    if "=" not in item:
+      raise UserError(f"{item!r} is not NAME=WORKDIR; e.g. soma=runs/soma")
+    name, workdir = item.split("=", 1)
+    runs[name] = workdir
+  if not runs:
+    raise UserError("no runs given; pass NAME=WORKDIR arguments")
+  print(json.dumps(report.write_report(_OUT.value, runs, _DATA.value), indent=1))
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,140 @@
+r"""SPSA gradient variance measured against the theory (SPEC 5); writes OUT/STUDY.{json,csv,png}.
+
+  python experiments/variance.py --config=experiments/configs/variance.py:shared_vs_separate \
+      --x64 --out=runs/variance [--workdir=runs/soma_n4]
+
+Studies: shared_vs_separate, n_pert, experts, batch, reference. Points carry standard
+errors over repeated probe draws; predictions are drawn dashed and never fitted.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import jax
+import matplotlib
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from soma_jax import variance  # noqa: E402
+from soma_jax.errors import UserError, exit_on_user_error  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/configs/variance.py:STUDY",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir: measure its newest checkpoint.")
+_X64 = flags.DEFINE_bool("x64", False, "Measure in float64.")
+_OUT = flags.DEFINE_string("out", None, "Output folder for STUDY.json, STUDY.csv, STUDY.png.")
+
+
+def load_params(workdir: str, c) -> tuple:
+  """(body_N, head) of the newest checkpoint; the model shape comes from the run's config."""
+  # Checkpoint loading is the lead's `soma_jax.checkpoint.restore_params` (written
+  # concurrently); imported only here so the studies run without orbax state.
+  from soma_jax import checkpoint
+
+  if not hasattr(checkpoint, "restore_params"):
+    raise UserError("this checkout's soma_jax.checkpoint has no restore_params yet; "
+                    "fix: run without --workdir (fresh init from config.seed)")
+  body_N, head, run_cfg = checkpoint.restore_params(workdir)
+  with c.unlocked():
+    for key in ("d_t", "d_e", "depth"):
+      c.model[key] = int(run_cfg["model"][key])
+  return body_N, head
+
+
+def _plot(res: dict, path: str) -> None:
+  pts, study = res["points"], res["study"]
+  fig, ax = plt.subplots(figsize=(6.4, 4.4))
+
+  def series(rows, x, label, color):
+    xs = np.array([r[x] for r in rows], float)
+    ax.errorbar(xs, [r["measured"] for r in rows], yerr=[r["se"] for r in rows], fmt="o-",
+                color=color, capsize=3, label=f"{label} measured")
+    ax.plot(xs, [r["predicted"] for r in rows], "--", color=color, label=f"{label} predicted")
+
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  if study in ("shared_vs_separate", "n_pert"):
+    key = "grouping" if study == "shared_vs_separate" else "probe"
+    for i, name in enumerate(dict.fromkeys(r[key] for r in pts)):
+      series([r for r in pts if r[key] == name], "n_pert", name, colors[i])
+    ax.set(xscale="log", yscale="log", xlabel="n_pert (directions)",
+           ylabel="relative error E||g_hat - g||^2 / ||g||^2" if key == "grouping"
+           else "relative centred variance")
+    if study == "shared_vs_separate":
+      ax.set_title(f"N = 4: one summed / separate = {res['ratio_separate_vs_shared']:.2f}x "
+                   f"(predicted {1 / res['predicted_separate_over_shared']:.2f}x)")
+    else:
+      ax.set_title(f"dense slope {res['slope_loglog']:.3f} (predicted -1)")
+  elif study == "experts":
+    series(pts, "n", "N experts", colors[0])
+    ax.set(xscale="log", yscale="log", xlabel="N experts (fixed total parameters)",
+           ylabel="relative centred variance",
+           title=f"about {res['total_params']:,} parameters")
+  elif study == "batch":
+    series([r for r in pts if r["series"] == "tradeoff"], "batch",
+           f"n_pert B = {res['budget']}", colors[0])
+    ax.axvline(res["b_star"], color="gray", ls=":", label=f"B* = {res['b_star']:.1f}")
+    ax.set(xscale="log", yscale="log", xlabel="B (batch) at fixed n_pert B",
+           ylabel="E||g_hat - g||^2 / ||g||^2", title=f"nu = {res['nu']:.3g}")
+    inset = ax.inset_axes([0.62, 0.58, 0.35, 0.35])
+    for i, s in enumerate(("accumulate", "large_batch")):
+      rows = [r for r in pts if r["series"] == s]
+      inset.errorbar([r["accum"] for r in rows], [r["measured"] for r in rows],
+                     yerr=[r["se"] for r in rows], fmt="o-", color=colors[i + 1], label=s)
+      inset.plot([r["accum"] for r in rows], [r["predicted"] for r in rows], "--",
+                 color=colors[i + 1])
+    inset.set(xscale="log", yscale="log", xlabel="A", ylabel="error")
+    inset.legend(fontsize=6)
+  else:
+    for i, alloc in enumerate(("n_pert", "B", "N")):
+      rows = sorted((r for r in pts if r["allocation"] == alloc),
+                    key=lambda r: r["seconds_per_step"])
+      series(rows, "seconds_per_step", f"{alloc} allocation", colors[i])
+    ax.set(xscale="log", yscale="log", xlabel="seconds per global step (jitted train_step)",
+           ylabel="R = E||g_hat - g_ref||^2 / ||g_ref||^2", title="error against backprop")
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=7, loc="lower left")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def write_outputs(res: dict, out: str) -> dict:
+  """OUT/STUDY.json (everything), OUT/STUDY.csv (one row per point), OUT/STUDY.png."""
+  os.makedirs(out, exist_ok=True)
+  base = os.path.join(out, res["study"])
+  with open(base + ".json", "w") as f:
+    json.dump(res, f, indent=1, default=float)
+  keys = list(dict.fromkeys(k for r in res["points"] for k in r))
+  with open(base + ".csv", "w", newline="") as f:
+    w = csv.DictWriter(f, keys)
+    w.writeheader()
+    w.writerows(res["points"])
+  _plot(res, base + ".png")
+  return {ext: base + ext for ext in (".json", ".csv", ".png")}
+
+
+@exit_on_user_error
+def main(argv):
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}; fix: pass options as --name=value")
+  if not _OUT.value:
+    raise UserError("--out is required; fix: pass --out=DIR")
+  if _X64.value:
+    jax.config.update("jax_enable_x64", True)
+  c = _CONFIG.value
+  logging.info("devices %s, process %d, x64=%s", jax.devices(), jax.process_index(), _X64.value)
+  params = load_params(_WORKDIR.value, c) if _WORKDIR.value else None
+  res = variance.run_study(c, params)
+  paths = write_outputs(res, _OUT.value)
+  logging.info("%s done in %.1fs: %s", c.study, res["seconds"], ", ".join(paths.values()))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,219 @@
+"""FSO and DDPP on fake CPU devices (SPEC 3.5): collectives in the compiled step, and
+sharded results equal to a one-device `spsa.train_step`.
+
+Multi-device runs happen in child processes (tests/parallel_worker.py) with
+XLA_FLAGS=--xla_force_host_platform_device_count=D, so this process stays single-device.
+Equality runs in float64: SPSA divides loss differences by 2 eps, so in float32 the last-ulp
+differences between the 4-expert program and the 1-expert-per-device program (XLA fuses
+them differently) grow to about 1e-5 after 5 steps; in float64 they stay below 1e-12, and
+a wrong direction index or a missing average would still show up at the 1e-2 scale.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
+
+from soma_jax import parallel, spsa
+from soma_jax.errors import UserError
+from tests import parallel_worker as W
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "parallel_worker.py")
+CASES = {"fso": 4, "ddpp": 1}  # name -> N; fso: 4 experts on 4 devices, ddpp: N = 1, P = 4
+ARGS = ["fso:4:4:1", "ddpp:1:1:4"]
+
+
+def _env(devices: int) -> dict:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  env.pop("CUDA_VISIBLE_DEVICES", None)
+  return env
+
+
+def _launch(out: str, devices: int, *extra: str) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, WORKER, f"--out={out}", "--x64", *extra, *ARGS],
+                          env=_env(devices), cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def _wait(proc: subprocess.Popen, timeout: float = 600) -> None:
+  out, _ = proc.communicate(timeout=timeout)
+  assert proc.returncode == 0, f"worker failed (exit {proc.returncode}):\n{out[-4000:]}"
+
+
+def _reference(n: int) -> list[np.ndarray]:
+  """5 updates of the plain one-device `spsa.train_step`, float64."""
+  with jax.enable_x64(True):
+    cfg = W.step_config()
+    state, data = W.initial_state(cfg, n, x64=True), W.batches(n)
+    step = jax.jit(spsa.train_step, static_argnames="cfg")
+    for s in range(W.STEPS):
+      state, _ = step(state, data[s], np.arange(n, dtype=np.int32), cfg=cfg)
+    return W.flat_leaves(state)
+
+
+_REFS: dict = {}
+
+
+def _references() -> dict:
+  if not _REFS:
+    _REFS.update({name: _reference(n) for name, n in CASES.items()})
+  return _REFS
+
+
+@pytest.fixture(scope="module")
+def four_devices(tmp_path_factory) -> tuple[dict, dict]:
+  """One 4-device worker run, overlapping with the one-device references computed here."""
+  out = str(tmp_path_factory.mktemp("par") / "four.npz")
+  proc = _launch(out, 4)
+  refs = _references()
+  _wait(proc)
+  return dict(np.load(out)), refs
+
+
+def _meta(result: dict) -> dict:
+  return json.loads(str(result["meta"]))
+
+
+def _assert_same(result: dict, refs: dict, what: str) -> None:
+  for name, ref in refs.items():
+    for i, want in enumerate(ref):
+      got = result[f"{name}/leaf{i}"]
+      assert got.shape == want.shape and got.dtype == want.dtype
+      np.testing.assert_allclose(
+          got, want, rtol=1e-6, atol=1e-6,
+          err_msg=f"{name} on {what}: leaf {i} of the state differs from one device")
+
+
+# ----------------------------------------------------------- in-process (1 device)
+
+
+def test_mesh_shape_auto_and_errors():
+  assert parallel.mesh_shape("auto", 1, 8) == (8, 1)
+  assert parallel.mesh_shape(0, 2, 8) == (4, 2)
+  assert parallel.mesh_shape(2, 2, 8, n_experts=6) == (2, 2)
+  with pytest.raises(UserError, match="6 devices asked, but only 4 exist"):
+    parallel.mesh_shape(3, 2, 4)
+  with pytest.raises(UserError, match=r"N=6 experts .* mesh.expert=4"):
+    parallel.mesh_shape(4, 1, 4, n_experts=6)
+  with pytest.raises(UserError, match="does not divide"):
+    parallel.mesh_shape("auto", 3, 4)
+  with pytest.raises(UserError, match="mesh.pert"):
+    parallel.mesh_shape(1, 0, 4)
+  with pytest.raises(UserError, match="only 1 exist"):
+    parallel.make_mesh(2, 1)  # this process has one device
+
+
+def test_one_device_mesh():
+  mesh = parallel.make_mesh("auto", 1, n_experts=3)
+  assert dict(mesh.shape) == {"expert": 1, "pert": 1}
+  assert parallel.local_experts(3, mesh) == range(3)
+
+
+def test_state_specs_split_experts_and_replicate_the_rest():
+  specs = parallel.state_specs(parallel.abstract_state(W.step_config(), 4))
+  assert specs.step == P()
+  assert specs.head == P("expert")  # per-expert heads
+  assert all(s == P("expert") for s in jax.tree.leaves(
+      (specs.body, specs.opt, specs.head_opt, specs.sched, specs.skipped),
+      is_leaf=lambda x: isinstance(x, P)))
+  shared = W.step_config()
+  shared = spsa.StepConfig(model=shared.model.__class__(d_t=8, d_e=8, shared_head=True),
+                           spsa=shared.spsa)
+  assert parallel.state_specs(parallel.abstract_state(shared, 4)).head == P()  # frozen, shared
+
+
+def test_bad_layouts_raise_user_errors():
+  cfg = W.step_config()  # n_pert 8, pert_chunk 4
+  with pytest.raises(UserError, match="n_pert=8 must split evenly over mesh.pert=3"):
+    parallel.make_train_step(cfg, AbstractMesh((1, 3), parallel.AXES))
+  with pytest.raises(UserError, match=r"N=3 experts .* mesh.expert=2"):
+    parallel.state_sharding(parallel.abstract_state(cfg, 3), AbstractMesh((2, 1), parallel.AXES))
+
+
+def test_initialize_distributed_argument_errors():
+  with pytest.raises(UserError, match="pass all of"):
+    parallel.initialize_distributed("127.0.0.1:1234", None, 0)
+  with pytest.raises(UserError, match=r"process_id=2 must be in \[0, num_processes=2\)"):
+    parallel.initialize_distributed("127.0.0.1:1234", 2, 2)
+  with pytest.raises(UserError, match="HOST:PORT"):
+    parallel.initialize_distributed("localhost", 2, 0)
+
+
+def test_initialize_distributed_launcher_mismatch(monkeypatch):
+  monkeypatch.setenv("SLURM_NTASKS", "4")
+  with pytest.raises(UserError, match="--num_processes=2 but the launcher started 4"):
+    parallel.initialize_distributed("127.0.0.1:1234", 2, 0)
+
+
+def test_count_collectives():
+  hlo = """
+  %all-reduce.1 = f32[8]{0} all-reduce(f32[8]{0} %p), replica_groups={{0,1}}, to_apply=%add
+  %ag = (f32[4]{0}, f32[8]{0}) all-gather-start(f32[4]{0} %x), dimensions={0}
+  %agd = f32[8]{0} all-gather-done((f32[4]{0}, f32[8]{0}) %ag)
+  %cp = f32[4]{0} collective-permute(f32[4]{0} %y), source_target_pairs={{0,1}}
+  %add.2 = f32[] add(f32[] %a, f32[] %b), metadata={op_name="psum all-reduce"}
+  """
+  c = parallel.count_collectives(hlo)
+  assert (c["all-reduce"], c["all-gather"], c["collective-permute"], c["total"]) == (1, 1, 1, 3)
+
+
+# ------------------------------------------------------------- 4 fake devices (child)
+
+
+def test_fso_step_has_no_collectives(four_devices):
+  meta = _meta(four_devices[0])["fso"]
+  assert meta["devices"] == 4
+  assert meta["collectives"]["total"] == 0, f"FSO step has collectives: {meta['collectives']}"
+  assert meta["cache_size"] == 1  # compiled once for 5 steps
+
+
+def test_ddpp_step_has_exactly_one_all_reduce(four_devices):
+  c = _meta(four_devices[0])["ddpp"]["collectives"]
+  assert c["all-reduce"] == 1 and c["total"] == 1, f"DDPP collectives: {c}"
+
+
+def test_four_devices_match_one_device(four_devices):
+  result, refs = four_devices
+  _assert_same(result, refs, "4 devices")
+  for name in CASES:  # the per-step losses were computed and are finite
+    assert np.all(np.isfinite(result[f"{name}/loss"]))
+
+
+# ------------------------------------------------------- 2 processes x 2 devices
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_device(tmp_path):
+  """jax.distributed on 127.0.0.1, gloo CPU collectives (JAX's default on CPU)."""
+  out = str(tmp_path / "two.npz")
+  port = _free_port()
+  procs = [_launch(out, 2, f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
+                   f"--process_id={i}") for i in range(2)]
+  references = _references()
+  for proc in procs:
+    _wait(proc)
+  result = dict(np.load(out))
+  meta = _meta(result)
+  assert meta["fso"]["devices"] == 4 and meta["fso"]["local_experts"] == [0, 2]
+  assert meta["ddpp"]["local_experts"] == [0, 1]  # both processes feed the one expert
+  assert meta["fso"]["collectives"]["total"] == 0
+  assert meta["ddpp"]["collectives"]["all-reduce"] == 1
+  assert meta["ddpp"]["collectives"]["total"] == 1
+  _assert_same(result, references, "2 processes x 2 devices")

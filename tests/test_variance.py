@@ -1,0 +1,120 @@
+"""The variance studies of SPEC 5 at the tiny size, against the issue's acceptance figures."""
+
+import csv
+import importlib.util
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import enable_x64
+
+from soma_jax import model as M
+from soma_jax import spsa as S
+from soma_jax import variance as V
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(path, name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+CONFIGS = _load("experiments/configs/variance.py", "variance_configs")
+ENTRY = _load("experiments/variance.py", "variance_entry")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+  """Every study at size=tiny in float64, written to disk once."""
+  out = str(tmp_path_factory.mktemp("variance"))
+  res = {}
+  with enable_x64():
+    for study in CONFIGS.STUDIES:
+      r = V.run_study(CONFIGS.get_config(f"{study},size=tiny"))
+      res[study] = (r, ENTRY.write_outputs(json.loads(json.dumps(r, default=float)), out))
+  return res
+
+
+def test_block_errors_match_spsa_estimate():
+  """Block 0 of a repeat is exactly spsa.estimate at that step, for every loss grouping."""
+  with enable_x64():
+    cfg = M.ModelConfig(d_t=4, d_e=4)
+    body, head = M.init_experts(jax.random.key(0), cfg, 4)
+    body = jax.tree.map(lambda x: x.astype(jnp.float64), body)
+    head = head.astype(jnp.float64)
+    batch = jax.random.randint(jax.random.key(1), (4, 1, 2, 9), 0, 256).astype(jnp.uint8)
+    g = V.flat_N(V.exact_grads(body, head, batch[:, 0]))
+    st = V.probe_stats(body, head, batch, g[:, None], 1e-4, jnp.arange(2), jnp.arange(4),
+                       jax.random.key(5), n_dirs=4, dir_chunk=4)
+    for groups in (None, (0, 0, 1, 1), (0, 0, 0, 0)):
+      est, _ = S.estimate(body, head, batch, jnp.full((4,), 1e-4), 1, jnp.arange(4),
+                          jax.random.key(5), S.SpsaConfig(n_pert=4, probe="rademacher",
+                                                          pert_chunk=2), loss_groups=groups)
+      direct = np.sum((np.asarray(V.flat_N(est)) - np.asarray(g)) ** 2, -1)
+      np.testing.assert_allclose(V.block_errors(st, 4, loss_groups=groups)[1], direct,
+                                 rtol=1e-8)
+
+
+def test_predictions():
+  assert V.dense_prediction(101, 4) == 25
+  assert V.shared_prediction([10] * 4, [1.0] * 4, (0, 0, 0, 0), 1) == 39
+  assert V.best_batch(64, 1e6, 1.0) == 64 and V.best_batch(64, 1e-6, 1.0) == 1
+  assert V.batch_prediction(10, 2, 5, 4, accum=2) == pytest.approx((2 + 0.5 + 1) / 2)
+  g, q = np.ones((1, 4)), np.ones((1, 4))
+  assert V.sparse_prediction(g, q, 1) == pytest.approx(3.0)  # dense: (d - 1) / n_pert
+  for n, d_t in M.PAPER_SIZES:
+    assert V.width_for_total(8_440_000, n, 32, 2) == pytest.approx(d_t, abs=2)
+
+
+def test_shared_vs_separate_ratio(results):
+  r, _ = results["shared_vs_separate"]
+  assert 3.2 <= r["ratio_separate_vs_shared"] <= 4.8, (
+      f"one summed loss / four own losses = {r['ratio_separate_vs_shared']:.2f}; paper 4.02, "
+      f"predicted {1 / r['predicted_separate_over_shared']:.2f}")
+  assert 1.6 <= r["ratio_by_grouping"]["pairs"]["measured"] <= 2.4
+
+
+def test_n_pert_law(results):
+  r, _ = results["n_pert"]
+  for k, ratio in zip(r["n_pert_list"], r["measured_over_predicted"], strict=True):
+    if k >= 4:
+      assert 0.9 <= ratio <= 1.1, f"n_pert={k}: measured / (d-1)/n_pert = {ratio:.3f}"
+  assert abs(r["slope_loglog"] + 1) <= 0.1, f"log-log slope {r['slope_loglog']:.3f}"
+  assert all(0.8 <= x <= 1.2 for x in r["measured_over_predicted_sparse"])
+
+
+@pytest.mark.parametrize("study,keys", [
+    ("shared_vs_separate", ("ratio_separate_vs_shared", "predicted_ratio_by_grouping")),
+    ("n_pert", ("slope_loglog", "measured_over_predicted")),
+    ("experts", ("variance_by_n",)),
+    ("batch", ("nu", "b_star")),
+    ("reference", ("points",)),
+])
+def test_outputs_written(results, study, keys):
+  r, paths = results[study]
+  with open(paths[".json"]) as f:
+    saved = json.load(f)
+  assert all(k in saved for k in keys + ("replay", "config", "seconds"))
+  with open(paths[".csv"]) as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == len(r["points"]) > 0
+  assert all(np.isfinite(float(row["measured"])) for row in rows)
+  assert os.path.getsize(paths[".png"]) > 10_000
+
+
+def test_structural_figures(results):
+  experts, _ = results["experts"]
+  v = [row["measured"] for row in experts["variance_by_n"]]
+  assert v[0] > v[-1], "more experts at the same total size should lower the variance"
+  batch, _ = results["batch"]
+  assert batch["nu"] > 0 and 1 <= batch["b_star"] <= batch["budget"]
+  assert {p["series"] for p in batch["points"]} == {"tradeoff", "accumulate", "large_batch"}
+  ref, _ = results["reference"]
+  assert {p["allocation"] for p in ref["points"]} == {"n_pert", "B", "N"}
+  assert all(p["seconds_per_step"] > 0 for p in ref["points"])
