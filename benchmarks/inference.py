@@ -93,9 +93,9 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if min(_TOP_K.value, _REQUESTS.value, _BATCH.value, _REPEATS.value) < 1:
     raise UserError("--top_k, --requests, --batch and --repeats must be >= 1")
-  logging.info("devices: %s", jax.devices())
   if not os.path.isdir(_WORKDIR.value):
     raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
+  logging.info("devices: %s", jax.devices())
   body_N, head, c = train.restore_params(_WORKDIR.value, _STEP.value)
   data_dir = _DATA_DIR.value or c.data.dir
   windows, _ = eval_lib.load_split(data_dir, _SPLIT.value)
@@ -112,7 +112,7 @@ def main(argv):
   shared = cfg.shared_head
 
   def routed(w):
-    routes = router.route(w[:, :eval_lib.ROUTE_BYTES], top_k)
+    routes = router.route_to(w[:, :eval_lib.ROUTE_BYTES], top_k, n)
     lp = eval_lib.routed_logprobs(body_N, head, w, routes, shared, _BATCH.value)
     return eval_lib.mixture_nats(lp)
 

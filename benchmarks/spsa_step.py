@@ -118,7 +118,7 @@ def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> fl
     return g, loss
 
   tx = spsa.adam(cfg.weight_decay)
-  update = jax.jit(jax.vmap(lambda p, o, g, lr, ok: spsa._apply(tx, p, o, g, lr, ok)))
+  update = jax.jit(jax.vmap(lambda p, o, g, lr, ok: spsa.apply_update(tx, p, o, g, lr, ok)))
 
   def run():
     g_sum = None

@@ -56,11 +56,11 @@ def main(argv):
   if _TOP_K.value < 1 or _DRAWS.value < 1:
     raise UserError("--top_k and --draws must be >= 1")
   eval_lib.check_split(_SPLIT.value)
-  logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
-               jax.devices())
   workdir = _WORKDIR.value
   if not os.path.isdir(workdir):
     raise UserError(f"workdir {workdir!r} does not exist; fix: pass a training run folder")
+  logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
+               jax.devices())
   body_N, head, c = train.restore_params(workdir, _STEP.value)
   data_dir = _DATA_DIR.value or c.data.dir
   windows, doc_ids = eval_lib.load_split(data_dir, _SPLIT.value)

@@ -42,9 +42,9 @@ def main(argv):
     raise UserError("--max_bytes must be >= 0 and --top_k >= 1")
   if _TEMPERATURE.value < 0 or not 0 < _TOP_P.value <= 1:
     raise UserError("--temperature must be >= 0 and --top_p in (0, 1]")
-  logging.info("devices: %s", jax.devices())
   if not os.path.isdir(_WORKDIR.value):
     raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
+  logging.info("devices: %s", jax.devices())
   body_N, head, c = train.restore_params(_WORKDIR.value, _STEP.value)
   router = Router.load(os.path.join(_DATA_DIR.value or c.data.dir, "router.npz"))
   prompt = _PROMPT.value.encode("utf-8", errors="surrogateescape")

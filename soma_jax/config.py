@@ -132,6 +132,15 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(c[key] >= 1, f"{key}={c[key]} must be >= 1")
   need(not (c.model.shared_head and c.opt.train_head),
        "opt.train_head=True needs model.shared_head=False (a shared head stays frozen)")
+  if c.method == "bptt":
+    need(c.model.shared_head or c.opt.train_head,
+         "method=bptt with per-expert heads trains them: set opt.train_head=True")
+  if c.method == "eggroll":
+    e = c.eggroll
+    need(e.pop >= 2 and e.pop % 2 == 0, f"eggroll.pop={e.pop} must be even (antithetic pairs)")
+    need(e.rank >= 1 and e.sigma > 0, "eggroll.rank must be >= 1 and eggroll.sigma > 0")
+    need(e.pop % e.pop_chunk == 0 and e.pop_chunk % 2 == 0,
+         f"eggroll.pop_chunk={e.pop_chunk} must be even and divide eggroll.pop={e.pop}")
   expert_range(c)
 
 

@@ -290,7 +290,7 @@ def evaluate(body_N: PyTree, head: jax.Array, windows: np.ndarray, doc_ids: np.n
   kk = max(ks)
   if pairs:
     kk = max(kk, min(2, n_experts))
-  routes = router.route(windows[:, :ROUTE_BYTES], kk)
+  routes = router.route_to(windows[:, :ROUTE_BYTES], kk, n_experts)
   sc = score(body_N, head, windows, routes, shared_head, ks, pairs)
   out = summary(sc.mix_nxS[:, ks.index(top_k)], doc_ids, draws, seed)
   out["top_k"] = top_k

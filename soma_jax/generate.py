@@ -116,7 +116,7 @@ def generate(body_N: PyTree, head: jax.Array, shared_head: bool, router, prompt:
              max_bytes: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
              top_k: int = 4) -> tuple[bytes, np.ndarray]:
   """(sampled continuation, routed expert ids) for a prompt, from the top-k routed experts."""
-  routes = router.route([prompt], top_k)[0]
+  routes = router.route_to([prompt], top_k, jax.tree.leaves(body_N)[0].shape[0])[0]
   bodies_K = jax.tree.map(lambda x: x[routes], body_N)
   heads_K = jnp.broadcast_to(head, (len(routes),) + head.shape) if shared_head else head[routes]
   inputs = np.frombuffer(prompt or EMPTY_PROMPT_SEED, np.uint8)

@@ -292,11 +292,11 @@ def init_state(body_N: PyTree, head: jax.Array, lr: float, eps: float, cfg: Step
       skipped=jnp.zeros((n,), jnp.int32))
 
 
-def _all_finite(tree: PyTree) -> jax.Array:
+def all_finite(tree: PyTree) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def _apply(tx, params, opt, grad, lr, ok):
+def apply_update(tx, params, opt, grad, lr, ok):
   updates, new_opt = tx.update(grad, opt, params)
   new_params = jax.tree.map(lambda p, u: jnp.where(ok, p - lr * u, p), params, updates)
   new_opt = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_opt, opt)
@@ -322,16 +322,16 @@ def train_step(state: TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.A
       base_key, cfg.spsa, shared_head=cfg.model.shared_head, directions=directions)
   if combine is not None:
     g_N, loss_N = combine(g_N, loss_N)
-  ok_N = jax.vmap(_all_finite)(g_N) & jnp.isfinite(loss_N)
+  ok_N = jax.vmap(all_finite)(g_N) & jnp.isfinite(loss_N)
   tx = adam(cfg.weight_decay)
-  body, opt = jax.vmap(lambda p, o, g, lr, ok: _apply(tx, p, o, g, lr, ok))(
+  body, opt = jax.vmap(lambda p, o, g, lr, ok: apply_update(tx, p, o, g, lr, ok))(
       state.body, state.opt, g_N, state.sched.lr, ok_N)
   head, head_opt = state.head, state.head_opt
   if cfg.train_head:
     # The head's gradient is taken at the pre-update body, like the SPSA estimate.
     gh_N = jax.vmap(head_grad)(state.body, state.head, batch_NxAxBxT1)
-    ok_h = ok_N & jax.vmap(_all_finite)(gh_N)
-    head, head_opt = jax.vmap(lambda p, o, g, lr, ok: _apply(tx, p, o, g, lr, ok))(
+    ok_h = ok_N & jax.vmap(all_finite)(gh_N)
+    head, head_opt = jax.vmap(lambda p, o, g, lr, ok: apply_update(tx, p, o, g, lr, ok))(
         state.head, state.head_opt, gh_N, state.sched.lr, ok_h)
   new = state.replace(step=state.step + 1, body=body, head=head, opt=opt, head_opt=head_opt,
                       skipped=state.skipped + (~ok_N).astype(jnp.int32))

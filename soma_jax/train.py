@@ -8,6 +8,7 @@ expert, accumulation index, direction) and the batches from (seed, expert, step)
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -43,6 +44,29 @@ def step_config(c: ml_collections.ConfigDict) -> spsa.StepConfig:
       spsa=spsa.SpsaConfig(n_pert=c.spsa.n_pert, accum=c.spsa.accum, probe=c.spsa.probe,
                            pert_chunk=c.spsa.pert_chunk),
       weight_decay=c.opt.weight_decay, train_head=c.opt.train_head, seed=c.seed)
+
+
+def make_step(c: ml_collections.ConfigDict):
+  """(jitted step(state, batch, expert_ids) -> (state, metrics), ops per update per expert).
+
+  Ops follow SPEC 7: SPSA 2 A n_pert B T F; EGGROLL pop A B T F; BPTT 3 A B T F
+  (forward plus a backward pass of about twice its cost).
+  """
+  from soma_jax import baselines, eggroll
+
+  cfg = step_config(c)
+  tokens = c.data.seq_len * c.spsa.batch * c.spsa.accum
+  f = model_lib.flops_per_token(cfg.model)
+  if c.method == "soma":
+    return functools.partial(_train_step, cfg=cfg), 2 * c.spsa.n_pert * tokens * f
+  if c.method == "bptt":
+    step = jax.jit(baselines.bptt_train_step, static_argnames="cfg", donate_argnames="state")
+    return functools.partial(step, cfg=cfg), 3 * tokens * f
+  es = eggroll.EggrollConfig(pop=c.eggroll.pop, sigma=c.eggroll.sigma, rank=c.eggroll.rank,
+                             pop_chunk=c.eggroll.pop_chunk)
+  step = jax.jit(baselines.eggroll_train_step, static_argnames="cfg", donate_argnames="state")
+  return (functools.partial(step, cfg=baselines.EggrollStepConfig(cfg, es)),
+          c.eggroll.pop * tokens * f)
 
 
 def plateau_config(c: ml_collections.ConfigDict) -> spsa.PlateauConfig:
@@ -117,12 +141,6 @@ def _no_init(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 _train_step = jax.jit(spsa.train_step, static_argnames="cfg", donate_argnames="state")
 _val_losses = jax.jit(spsa.expert_losses, static_argnames="shared_head")
 _plateau = jax.jit(spsa.plateau_update, static_argnames="cfg")
-
-
-def ops_per_update(c: ml_collections.ConfigDict, n_local: int) -> int:
-  """SPEC 7: 2 T n_pert B N F_N per update (times A accumulated batches)."""
-  f = model_lib.flops_per_token(model_config(c))
-  return 2 * c.data.seq_len * c.spsa.n_pert * c.spsa.batch * c.spsa.accum * n_local * f
 
 
 class _Stop:
@@ -210,7 +228,9 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
   expert_ids = jnp.arange(a, b, dtype=jnp.int32)
 
   val_windows = jnp.asarray(_expert_val_windows(c, experts))
-  ops_step = ops_per_update(c, n_local)
+  step_fn, ops_expert = make_step(c)
+  ops_step = ops_expert * n_local
+  tokens_step = ops_step // model_lib.flops_per_token(step_cfg.model)
   n_devices = 1
 
   writer = metrics_lib.MetricWriter(workdir, start_step=start)
@@ -235,7 +255,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
   with _Stop() as stop:
     for step in range(start, stop_at):
       batch = next(data)
-      state, m = _train_step(state, jnp.asarray(batch), expert_ids, cfg=step_cfg)
+      state, m = step_fn(state, jnp.asarray(batch), expert_ids)
       if pending is not None:
         _report_skips(pending, experts, progress)
       pending = (step + 1, m)
@@ -251,8 +271,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
         record = {
             "loss": m_host["loss"], "lr": m_host["lr"], "eps": m_host["eps"],
             "step_seconds": step_seconds,
-            "tokens_per_second": ops_step / model_lib.flops_per_token(step_cfg.model)
-            / step_seconds,
+            "tokens_per_second": tokens_step / step_seconds,
             "ops": ops_step * done, "device_seconds": device_seconds,
             "skipped": m_host["skipped"],
         }

@@ -168,13 +168,15 @@ def block_errors(stats: ProbeStats, n_pert: int, *, n_groups: int = 1, accum: in
   """[R, N]: per repeat, the mean over disjoint blocks of ||g_hat_e - m_e||^2.
 
   One block is one estimate: `accum` accumulation batches, each of `n_pert` directions
-  and `n_groups` sequence groups (B = n_groups * group size), all disjoint from the other
-  blocks of the repeat. `loss_groups` sums the differences of each group of experts
+  and `n_groups` sequence groups (B = n_groups * group size). Blocks use disjoint
+  directions; when the repeat holds fewer disjoint sequence blocks than direction blocks
+  they are reused (each block stays an unbiased draw; error bars are over repeats). `loss_groups` sums the differences of each group of experts
   before weighting the directions (the shared-loss estimator).
   """
   r, n, j_max, s_max = stats.diff_RxNxJxS.shape
   per = n_pert * accum
-  blocks = min(j_max // per, s_max // (n_groups * accum))
+  seq_blocks = s_max // (n_groups * accum)  # blocks beyond these reuse sequence groups
+  blocks = j_max // per if seq_blocks else 0
   if max_blocks:
     blocks = min(blocks, max_blocks)
   if blocks < 1:
@@ -186,7 +188,8 @@ def block_errors(stats: ProbeStats, n_pert: int, *, n_groups: int = 1, accum: in
     for a in range(accum):
       k = b * accum + a
       d = np.arange(k * n_pert, (k + 1) * n_pert)
-      s = slice(k * n_groups, (k + 1) * n_groups)
+      ks = (b % seq_blocks) * accum + a
+      s = slice(ks * n_groups, (ks + 1) * n_groups)
       dirs.append(d)
       coef.append(stats.diff_RxNxJxS[:, :, d, s].mean(-1))
     d = np.concatenate(dirs)

@@ -29,6 +29,10 @@ class FakeRouter:
     assert np.asarray(prefixes).shape[1] == ev.ROUTE_BYTES
     return self.routes[:, :min(k, self.routes.shape[1])]
 
+  def route_to(self, prefixes, k, n_experts):
+    assert n_experts == self.routes.shape[1]
+    return self.route(prefixes, k)
+
 
 @pytest.fixture(scope="module")
 def setup():
@@ -73,7 +77,8 @@ def test_k_sweep_one_pass_matches_separate_runs(setup):
                     ks=[1, 2, 3], pairs=True, draws=200)
   for row in res["k_sweep"]:
     alone = ev.ensemble_loss(body_N, head, windows, FakeRouter(routes), row["k"], False)
-    np.testing.assert_allclose(row["nats_per_byte"], alone, rtol=1e-12)
+    # Same windows, different batch groupings: equal up to float32 summation order.
+    np.testing.assert_allclose(row["nats_per_byte"], alone, rtol=1e-6)
   assert res["top_k"] == 2 and res["num_targets"] == 10 * 768
   assert set(res) >= {"nats_per_byte", "ci95", "bits_per_byte", "num_windows", "per_expert"}
   assert sum(r["num_windows"] for r in res["per_expert"]) == 2 * len(windows)
@@ -134,7 +139,6 @@ def _cli(*args):
 
 
 @pytest.mark.parametrize("args, needle", [
-    ((), "workdir"),
     (("--workdir={tmp}/missing",), "does not exist"),
     (("--workdir={tmp}", "--split=train"), "unknown split"),
     (("--workdir={tmp}", "--split=wikitext103:{tmp}/nope.raw"), "not found"),

@@ -76,7 +76,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     elif study == "n_pert":
       c.update(n_pert_list=(1, 4, 16, 64), reps=64, rep_chunk=8)
     elif study == "experts":
-      c.update(n_list=(1, 4), total_params=40_000, n_pert=8, reps=8, rep_chunk=4)
+      c.update(n_list=(1, 2), total_params=12_000, n_pert=8, reps=8, rep_chunk=4)
     elif study == "batch":
       c.update(budget=16, accum_list=(1, 2), accum_batch=4, accum_n_pert=4, reps=8)
     elif study == "reference":
