@@ -330,7 +330,8 @@ def write_k_sweep(rows: list[dict], csv_path: str, png_path: str | None = None,
     ax.plot(k, y, "o-", label="routed top-k ensemble")
     ax.axvline(mark_k, ls="--", c="gray", label=f"k = {mark_k}")
     ax.set_xlabel("experts averaged k")
-    ax.set_ylabel("test loss (nats/byte)")
+    ax.set_ylabel("loss (nats/byte)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     if k.max() > 16:
       ax.set_xscale("log", base=2)
     ax.legend()

@@ -78,21 +78,21 @@ def mixture_logprobs(logits_KxV: jax.Array) -> jax.Array:
   return jax.nn.logsumexp(lp, axis=0) - jnp.log(lp.shape[0])
 
 
-def sample_byte(key: jax.Array, logp_V: jax.Array, temperature: float, top_p: float) -> jax.Array:
+def sample_byte(key: jax.Array, logp_V: jax.Array, temperature: jax.typing.ArrayLike,
+                top_p: jax.typing.ArrayLike) -> jax.Array:
   """Samples from p^(1/temperature) restricted to the top-p nucleus; argmax at temperature 0."""
-  if temperature <= 0:
-    return jnp.argmax(logp_V).astype(jnp.int32)
-  logits = logp_V / temperature
+  logits = logp_V / jnp.maximum(temperature, 1e-6)
   order = jnp.argsort(-logits)
   probs = jax.nn.softmax(logits[order])
   # Keep the smallest prefix whose mass reaches top_p (the top byte always stays).
   keep = (jnp.cumsum(probs) - probs) < top_p
   masked = jnp.where(keep, logits[order], -jnp.inf)
-  return order[jax.random.categorical(key, masked)].astype(jnp.int32)
+  sampled = order[jax.random.categorical(key, masked)]
+  return jnp.where(temperature > 0, sampled, jnp.argmax(logp_V)).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("max_bytes", "temperature", "top_p"))
-def _generate(bodies_K, heads_K, prompt_T, key, max_bytes: int, temperature: float, top_p: float):
+@functools.partial(jax.jit, static_argnames=("max_bytes",))
+def _generate(bodies_K, heads_K, prompt_T, key, temperature, top_p, max_bytes: int):
   """Reads the prompt with every selected expert, then samples max_bytes bytes."""
   def ens_step(state_K, byte):
     logits_KxV, state_K = jax.vmap(step, in_axes=(0, 0, 0, None))(bodies_K, heads_K, state_K, byte)
@@ -122,8 +122,8 @@ def generate(body_N: PyTree, head: jax.Array, shared_head: bool, router, prompt:
   inputs = np.frombuffer(prompt or EMPTY_PROMPT_SEED, np.uint8)
   if max_bytes < 1:
     return b"", routes
-  out = _generate(bodies_K, heads_K, jnp.asarray(inputs), jax.random.key(seed), max_bytes,
-                  float(temperature), float(top_p))
+  out = _generate(bodies_K, heads_K, jnp.asarray(inputs), jax.random.key(seed),
+                  jnp.float32(temperature), jnp.float32(top_p), max_bytes)
   return np.asarray(out, np.uint8).tobytes(), routes
 
 

@@ -49,8 +49,8 @@ def test_greedy_generation_follows_the_mixture_of_full_sequence_logits(experts):
   body_N, head = experts
   router = RecordingRouter()
   prompt = b"hello"
-  out, routes = gen.generate(body_N, head, False, router, prompt, 12, temperature=0.0, top_k=2)
-  assert len(out) == 12 and routes.tolist() == [2, 0]
+  out, routes = gen.generate(body_N, head, False, router, prompt, 12, temperature=0.0, top_k=3)
+  assert len(out) == 12 and routes.tolist() == [2, 0, 1]
   seq = jnp.asarray(np.frombuffer(prompt + out, np.uint8))
   logits_KxTxV = jnp.stack([model_lib.logits(jax.tree.map(lambda x, e=e: x[e], body_N), head[e],
                                              seq[None])[0] for e in routes])
@@ -61,20 +61,20 @@ def test_greedy_generation_follows_the_mixture_of_full_sequence_logits(experts):
 
 def test_sampling_is_seeded_and_top_p_tiny_is_greedy(experts):
   body_N, head = experts
-  a, _ = gen.generate(body_N, head, False, RecordingRouter(), b"abc", 20, 1.0, 1.0, seed=3)
-  b, _ = gen.generate(body_N, head, False, RecordingRouter(), b"abc", 20, 1.0, 1.0, seed=3)
-  c, _ = gen.generate(body_N, head, False, RecordingRouter(), b"abc", 20, 1.0, 1.0, seed=4)
+  a, _ = gen.generate(body_N, head, False, RecordingRouter(), b"abcde", 12, 1.0, 1.0, seed=3)
+  b, _ = gen.generate(body_N, head, False, RecordingRouter(), b"abcde", 12, 1.0, 1.0, seed=3)
+  c, _ = gen.generate(body_N, head, False, RecordingRouter(), b"abcde", 12, 1.0, 1.0, seed=4)
   assert a == b and a != c
-  greedy, _ = gen.generate(body_N, head, False, RecordingRouter(), b"abc", 20, 0.0)
-  nucleus, _ = gen.generate(body_N, head, False, RecordingRouter(), b"abc", 20, 1.0, 1e-6, seed=5)
+  greedy, _ = gen.generate(body_N, head, False, RecordingRouter(), b"abcde", 12, 0.0)
+  nucleus, _ = gen.generate(body_N, head, False, RecordingRouter(), b"abcde", 12, 1.0, 1e-6, seed=5)
   assert nucleus == greedy
 
 
 def test_cold_start_routes_on_what_is_there(experts):
   body_N, head = experts
   router = RecordingRouter()
-  gen.generate(body_N, head, False, router, b"", 4)
-  gen.generate(body_N, head, False, router, b"short", 4)
+  gen.generate(body_N, head, False, router, b"", 12)
+  gen.generate(body_N, head, False, router, b"short", 12)
   assert router.seen == [[b""], [b"short"]]
 
 

@@ -1,0 +1,54 @@
+"""The paper's Table 4 / Figure 1 at small scale (SPEC 6-8): SOMA N = 2 against monolithic
+SPSA at three n_pert, EGGROLL and BPTT, at about equal total parameters and equal
+arithmetic budget, all scored on the same test windows.
+
+  python experiments/compare.py --config=experiments/configs/compare.py:cpu --out=runs/compare
+
+Argument: cpu (about 45 minutes on 2 CPU cores) or tiny (tests: about a minute).
+Each method is a complete training config from its own config file (soma.py, eggroll.py,
+bptt.py), so any field can be changed, e.g. --config.methods.bptt.opt.lr=1e-3.
+The monoliths keep SOMA's batch and take 1x, 4x and 16x SOMA's directions per update
+(the paper's 64 / 256 / 1024 against SOMA's 64), as accumulated batches.
+"""
+
+import importlib.util
+import os
+
+import ml_collections
+
+from soma_jax.errors import UserError
+
+
+def _method(file: str, arg: str) -> ml_collections.ConfigDict:
+  """get_config(arg) of a sibling config file (soma.py, bptt.py, eggroll.py)."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), file)
+  spec = importlib.util.spec_from_file_location(f"_compare_{file[:-3]}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def get_config(arg: str | None = None):
+  size = arg or "cpu"
+  if size not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:{size}: use compare.py:cpu or compare.py:tiny")
+  c = ml_collections.ConfigDict()
+  c.data_dir = ""  # a prepared data dir with 2 shards; "" = prepare pystdlib under OUT/data
+  c.seed = 0  # init, data order and directions of every method; bootstrap seed
+  c.budget_ops = 2.0e14 if size == "cpu" else 1.5e8  # training operations per method (SPEC 7)
+  c.match_params = True  # set every other method's width so its total params match `reference`
+  c.reference = "soma_n2"  # the method whose size others match and differences are taken from
+  c.curve_points = 4 if size == "cpu" else 2  # checkpoints per run scored for figure 1
+  c.test_windows = 0  # 0 = every test window; else the first this many
+  c.bootstrap_draws = 10_000 if size == "cpu" else 1000  # paired document bootstrap draws
+
+  # Every method: a full training config. n_experts, n_pert and accum come from the file and
+  # its argument; width (unless reference), steps and checkpointing are set by the budget.
+  n_pert = 16 if size == "cpu" else 4  # SOMA's directions per update at this size
+  c.methods = ml_collections.ConfigDict()
+  c.methods.soma_n2 = _method("soma.py", f"n=2,size={size}")  # SOMA, N = 2, own heads
+  for mult in (1, 4, 16):  # monolithic SPSA at 1x, 4x, 16x SOMA's directions
+    c.methods[f"mono_k{n_pert * mult}"] = _method("soma.py", f"mono={n_pert * mult},size={size}")
+  c.methods.eggroll = _method("eggroll.py", f"n=1,size={size}")  # rank-1 ES, one model
+  c.methods.bptt = _method("bptt.py", f"n=1,size={size}")  # backprop, one model
+  return c
