@@ -85,6 +85,10 @@ def plan(config: ml_collections.ConfigDict, data_dir: str) -> dict[str, ml_colle
     c.seed = config.seed
     c.init_from = ""  # every method starts from its own fresh init (no seed run)
     runs[name] = c
+  kinds = {"soma": 0, "eggroll": 1, "bptt": 2}
+  order = sorted(names, key=lambda n: (n != reference, kinds.get(runs[n].method, 3), -runs[n].n_experts,
+                                       runs[n].spsa.n_pert * runs[n].spsa.accum))
+  runs = {n: runs[n] for n in order}  # ConfigDict sorts its keys; the table reads better so
   target = total_params(runs[reference])
   for name, c in runs.items():
     if config.match_params and name != reference:

@@ -31,20 +31,35 @@ def unigram_nats(data_dir: str, split: str = "test") -> float:
   return float(-logp[targets].mean())
 
 
-def plot_curves(runs: dict[str, str], path: str) -> None:
-  """Train loss (mean over experts) and expert-validation loss against update, per run."""
+def _offset(workdir: str) -> int:
+  """Updates before this run began: a warm-started run continues its seed's curve."""
+  seed = ckpt_lib.read_config(workdir).get("init_from", "")
+  if not seed or not os.path.isdir(seed):
+    return 0
+  steps = [r["step"] for r in metrics_lib.read_metrics(seed)]
+  return max(steps, default=0)
+
+
+def plot_curves(runs: dict[str, str], path: str, baseline: float | None = None) -> None:
+  """Train loss (mean over experts) and expert-validation loss against update, per run.
+
+  A run warm-started from a seed is drawn after the seed's updates.
+  """
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   for name, workdir in runs.items():
     recs = metrics_lib.read_metrics(workdir)
-    tr = [(r["step"], np.mean(r["loss"])) for r in recs if "loss" in r]
-    va = [(r["step"], np.mean(r["val_loss"])) for r in recs if "val_loss" in r]
+    off = _offset(workdir)
+    tr = [(off + r["step"], np.mean(r["loss"])) for r in recs if "loss" in r]
+    va = [(off + r["step"], np.mean(r["val_loss"])) for r in recs if "val_loss" in r]
     if tr:
       axes[0].plot(*zip(*tr), label=name)
     if va:
       axes[1].plot(*zip(*va), marker="o", label=name)
   for ax, title in zip(axes, ("train loss (mean of perturbed losses)",
                               "expert validation loss (mean over experts)")):
-    ax.set_xlabel("update")
+    if baseline is not None:
+      ax.axhline(baseline, color="gray", ls="--", label="unigram (test)")
+    ax.set_xlabel("update (warm starts continue the seed's count)")
     ax.set_ylabel("nats/byte")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -73,9 +88,9 @@ def run_summary(workdir: str, data_dir: str, split: str = "test") -> dict:
 def write_report(out_dir: str, runs: dict[str, str], data_dir: str) -> dict:
   """report.md + loss_curves.png + report.json in `out_dir`."""
   os.makedirs(out_dir, exist_ok=True)
-  plot_curves(runs, os.path.join(out_dir, "loss_curves.png"))
-  results = {name: run_summary(w, data_dir) for name, w in runs.items()}
   baseline = unigram_nats(data_dir)
+  plot_curves(runs, os.path.join(out_dir, "loss_curves.png"), baseline)
+  results = {name: run_summary(w, data_dir) for name, w in runs.items()}
   payload = {"unigram_test_nats_per_byte": baseline, "runs": results}
   with open(os.path.join(out_dir, "report.json"), "w") as f:
     json.dump(payload, f, indent=1)

@@ -38,8 +38,8 @@ def get_config(arg: str | None = None):
   c.budget_ops = 2.0e14 if size == "cpu" else 1.5e8  # training operations per method (SPEC 7)
   c.match_params = True  # set every other method's width so its total params match `reference`
   c.reference = "soma_n2"  # the method whose size others match and differences are taken from
-  c.curve_points = 4 if size == "cpu" else 2  # checkpoints per run scored for figure 1
-  c.test_windows = 0  # 0 = every test window; else the first this many
+  c.curve_points = 4 if size == "cpu" else 1  # checkpoints per run scored for figure 1
+  c.test_windows = 0 if size == "cpu" else 16  # 0 = every test window; else the first this many
   c.bootstrap_draws = 10_000 if size == "cpu" else 1000  # paired document bootstrap draws
 
   # Every method: a full training config. n_experts, n_pert and accum come from the file and
