@@ -34,14 +34,9 @@ _OUT = flags.DEFINE_string("out", None, "Output folder for STUDY.json, STUDY.csv
 
 def load_params(workdir: str, c) -> tuple:
   """(body_N, head) of the newest checkpoint; the model shape comes from the run's config."""
-  # Checkpoint loading is the lead's `soma_jax.checkpoint.restore_params` (written
-  # concurrently); imported only here so the studies run without orbax state.
-  from soma_jax import checkpoint
+  from soma_jax import train  # imported here: the studies need no checkpoint machinery
 
-  if not hasattr(checkpoint, "restore_params"):
-    raise UserError("this checkout's soma_jax.checkpoint has no restore_params yet; "
-                    "fix: run without --workdir (fresh init from config.seed)")
-  body_N, head, run_cfg = checkpoint.restore_params(workdir)
+  body_N, head, run_cfg = train.restore_params(workdir)
   with c.unlocked():
     for key in ("d_t", "d_e", "depth"):
       c.model[key] = int(run_cfg["model"][key])

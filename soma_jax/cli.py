@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from soma_jax.errors import UserError, exit_on_user_error
 
@@ -13,7 +13,10 @@ from soma_jax.errors import UserError, exit_on_user_error
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's parser, but a bad flag or config override is one line and exit code 2."""
   try:
-    return flags.FLAGS(argv)
+    argv = flags.FLAGS(argv)
+    if not flags.FLAGS["verbosity"].present:
+      logging.set_verbosity(logging.WARNING)  # library info logs (orbax) only on request
+    return argv
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError, UserError) as e:
     msg = str(e).strip()
     if isinstance(e, AttributeError | KeyError):
@@ -24,5 +27,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def run(main: Callable[[list[str]], None]) -> None:
-  """`app.run(main)` with one-line errors (exit 2) for bad flags and UserError."""
+  """`app.run(main)` with one-line errors (exit 2) for bad flags and UserError.
+
+  Info-level logs of libraries are hidden unless --verbosity is given; progress and
+  results are printed by the entry points themselves.
+  """
   app.run(exit_on_user_error(main), flags_parser=_parse_flags)

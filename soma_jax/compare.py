@@ -274,7 +274,7 @@ def plot(curves: dict[str, list[tuple[int, float]]], path: str, unigram: float |
   plt = report.plt
   fig, ax = plt.subplots(figsize=(6, 4))
   for name, pts in curves.items():
-    ops, loss = zip(*pts)
+    ops, loss = zip(*pts, strict=True)
     ax.plot(np.asarray(ops, np.float64), loss, "o-", ms=3, label=name)
   if unigram is not None:
     ax.axhline(unigram, ls="--", c="gray", lw=1, label="byte unigram")

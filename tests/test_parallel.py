@@ -29,8 +29,10 @@ from tests import parallel_worker as W
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "parallel_worker.py")
-CASES = {"fso": 4, "ddpp": 1}  # name -> N; fso: 4 experts on 4 devices, ddpp: N = 1, P = 4
-ARGS = ["fso:4:4:1", "ddpp:1:1:4"]
+# name -> (N, E, P): FSO with 4 experts on 4 devices; DDPP of one model over 4 devices;
+# "mixed" (2-process run only): 2 experts, each split over 2 pert devices of one process.
+CASES = {"fso": (4, 4, 1), "ddpp": (1, 1, 4)}
+MIXED = {"mixed": (2, 2, 2)}
 
 
 def _env(devices: int) -> dict:
@@ -40,8 +42,9 @@ def _env(devices: int) -> dict:
   return env
 
 
-def _launch(out: str, devices: int, *extra: str) -> subprocess.Popen:
-  return subprocess.Popen([sys.executable, WORKER, f"--out={out}", "--x64", *extra, *ARGS],
+def _launch(out: str, devices: int, cases: dict, *extra: str) -> subprocess.Popen:
+  args = [f"{name}:{n}:{e}:{p}" for name, (n, e, p) in cases.items()]
+  return subprocess.Popen([sys.executable, WORKER, f"--out={out}", "--x64", *extra, *args],
                           env=_env(devices), cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
 
@@ -67,18 +70,19 @@ def _reference(n: int) -> list[np.ndarray]:
 _REFS: dict = {}
 
 
-def _references() -> dict:
-  if not _REFS:
-    _REFS.update({name: _reference(n) for name, n in CASES.items()})
-  return _REFS
+def _references(cases: dict) -> dict:
+  for name, (n, _, _) in cases.items():
+    if name not in _REFS:
+      _REFS[name] = _reference(n)
+  return {name: _REFS[name] for name in cases}
 
 
 @pytest.fixture(scope="module")
 def four_devices(tmp_path_factory) -> tuple[dict, dict]:
   """One 4-device worker run, overlapping with the one-device references computed here."""
   out = str(tmp_path_factory.mktemp("par") / "four.npz")
-  proc = _launch(out, 4)
-  refs = _references()
+  proc = _launch(out, 4, CASES)
+  refs = _references(CASES)
   _wait(proc)
   return dict(np.load(out)), refs
 
@@ -206,9 +210,10 @@ def test_two_processes_match_one_device(tmp_path):
   """jax.distributed on 127.0.0.1, gloo CPU collectives (JAX's default on CPU)."""
   out = str(tmp_path / "two.npz")
   port = _free_port()
-  procs = [_launch(out, 2, f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
+  cases = CASES | MIXED
+  procs = [_launch(out, 2, cases, f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
                    f"--process_id={i}") for i in range(2)]
-  references = _references()
+  references = _references(cases)
   for proc in procs:
     _wait(proc)
   result = dict(np.load(out))
@@ -218,4 +223,6 @@ def test_two_processes_match_one_device(tmp_path):
   assert meta["fso"]["collectives"]["total"] == 0
   assert meta["ddpp"]["collectives"]["all-reduce"] == 1
   assert meta["ddpp"]["collectives"]["total"] == 1
+  assert meta["mixed"]["local_experts"] == [0, 1]  # process 0 holds expert 0's 2 replicas
+  assert meta["mixed"]["collectives"]["all-reduce"] == 1
   _assert_same(result, references, "2 processes x 2 devices")

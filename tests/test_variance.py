@@ -29,16 +29,24 @@ CONFIGS = _load("experiments/configs/variance.py", "variance_configs")
 ENTRY = _load("experiments/variance.py", "variance_entry")
 
 
+class _Studies(dict):
+  """Runs a study at size=tiny in float64 the first time a test asks for it."""
+
+  def __init__(self, out):
+    super().__init__()
+    self.out = out
+
+  def __missing__(self, study):
+    with enable_x64():
+      r = V.run_study(CONFIGS.get_config(f"{study},size=tiny"))
+    self[study] = (r, ENTRY.write_outputs(json.loads(json.dumps(r, default=float)), self.out))
+    return self[study]
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-  """Every study at size=tiny in float64, written to disk once."""
-  out = str(tmp_path_factory.mktemp("variance"))
-  res = {}
-  with enable_x64():
-    for study in CONFIGS.STUDIES:
-      r = V.run_study(CONFIGS.get_config(f"{study},size=tiny"))
-      res[study] = (r, ENTRY.write_outputs(json.loads(json.dumps(r, default=float)), out))
-  return res
+  """Study results, computed once per module and only for the studies tests use."""
+  return _Studies(str(tmp_path_factory.mktemp("variance")))
 
 
 def test_block_errors_match_spsa_estimate():
@@ -92,9 +100,9 @@ def test_n_pert_law(results):
 @pytest.mark.parametrize("study,keys", [
     ("shared_vs_separate", ("ratio_separate_vs_shared", "predicted_ratio_by_grouping")),
     ("n_pert", ("slope_loglog", "measured_over_predicted")),
-    ("experts", ("variance_by_n",)),
+    pytest.param("experts", ("variance_by_n",), marks=pytest.mark.slow),
     ("batch", ("nu", "b_star")),
-    ("reference", ("points",)),
+    pytest.param("reference", ("points",), marks=pytest.mark.slow),
 ])
 def test_outputs_written(results, study, keys):
   r, paths = results[study]
@@ -108,13 +116,17 @@ def test_outputs_written(results, study, keys):
   assert os.path.getsize(paths[".png"]) > 10_000
 
 
-def test_structural_figures(results):
-  experts, _ = results["experts"]
-  v = [row["measured"] for row in experts["variance_by_n"]]
-  assert v[0] > v[-1], "more experts at the same total size should lower the variance"
+def test_batch_study(results):
   batch, _ = results["batch"]
   assert batch["nu"] > 0 and 1 <= batch["b_star"] <= batch["budget"]
   assert {p["series"] for p in batch["points"]} == {"tradeoff", "accumulate", "large_batch"}
+
+
+@pytest.mark.slow
+def test_experts_and_reference_studies(results):
+  experts, _ = results["experts"]
+  v = [row["measured"] for row in experts["variance_by_n"]]
+  assert v[0] > v[-1], "more experts at the same total size should lower the variance"
   ref, _ = results["reference"]
   assert {p["allocation"] for p in ref["points"]} == {"n_pert", "B", "N"}
   assert all(p["seconds_per_step"] > 0 for p in ref["points"])
