@@ -6,7 +6,7 @@ OUT=${1:-demo_out}
 PY=${PY:-.venv/bin/python}
 N=${DEMO_N:-2}
 SEED_STEPS=${DEMO_SEED_STEPS:-150}
-SOMA_STEPS=${DEMO_SOMA_STEPS:-200}
+SOMA_STEPS=${DEMO_SOMA_STEPS:-150}
 mkdir -p "$OUT"
 t0=$(date +%s)
 say() { echo; echo "== [$(( $(date +%s) - t0 ))s] $*"; }
