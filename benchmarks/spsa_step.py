@@ -25,7 +25,9 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from soma_jax import cli, config as config_lib, model as model_lib, spsa, train
+from soma_jax import cli, spsa, train
+from soma_jax import config as config_lib
+from soma_jax import model as model_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _JSON = flags.DEFINE_string("json", None, "write the results here")
@@ -98,6 +100,13 @@ def benchmark(c, reps: int = 5, loop: bool = True) -> dict:
   stats = jax.devices()[0].memory_stats() or {}
   if "peak_bytes_in_use" in stats:
     out["device_peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
+  # Peak memory scales with pert_chunk, not n_pert: the same step at 2 n_pert.
+  c2 = c.copy_and_resolve_references()
+  with c2.unlocked():
+    c2.spsa.n_pert = 2 * k
+  cfg2 = train.step_config(c2)
+  out["peak_memory_bytes_2x_n_pert"] = plan_bytes(step.lower(state, batch, ids, cfg=cfg2).compile())
+  out["memory_ratio_2x_n_pert"] = out["peak_memory_bytes_2x_n_pert"] / out["peak_memory_bytes"]
   if loop:
     out["loop_seconds"] = naive_loop_seconds(state, batch, ids, cfg, min(reps, 3))
     out["speedup_vs_loop"] = out["loop_seconds"] / step_s

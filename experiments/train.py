@@ -13,12 +13,22 @@ from soma_jax import cli, train
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run folder: checkpoints, metrics, config")
+_MULTIHOST = flags.DEFINE_bool(
+    "multihost", False, "call jax.distributed.initialize() first (auto-detected on SLURM and "
+    "Open MPI; otherwise pass --coordinator, --num_processes and --process_id)")
+_COORDINATOR = flags.DEFINE_string("coordinator", None, "HOST:PORT of process 0 (--multihost)")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "processes in the job (--multihost)")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's index (--multihost)")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _MULTIHOST.value:
+    from soma_jax import parallel
+
+    parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
                jax.devices())
   summary = train.train(_CONFIG.value, _WORKDIR.value)

@@ -77,8 +77,8 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   c.data.val_windows = 64  # expert-validation windows per expert per evaluation
 
   c.mesh = ml_collections.ConfigDict()
-  c.mesh.expert = 1  # devices along the expert axis (FSO); 0 = all devices
-  c.mesh.pert = 1  # devices along the direction axis (DDPP)
+  c.mesh.expert = "1"  # devices along the expert axis (FSO); "auto" = all devices / pert
+  c.mesh.pert = "1"  # devices along the direction axis (DDPP): one all-reduce per update
 
   c.ckpt = ml_collections.ConfigDict()
   c.ckpt.keep = 3  # newest checkpoints kept
@@ -91,6 +91,7 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
 
   if size == "cpu":  # demo scale on 2 cores: minutes
     c.opt.lr = 3e-3  # a short run needs a larger step than the paper's 1e-3 (measured)
+    c.spsa.pert_chunk = 2  # on CPU small chunks stay in cache: 2.8 s vs 3.7 s at 8 (N=4)
   elif size == "tiny":  # unit tests: seconds
     c.model.update(d_t=8, d_e=8)
     c.spsa.update(n_pert=4, batch=2, pert_chunk=4)

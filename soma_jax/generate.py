@@ -37,15 +37,6 @@ def init_state(body: PyTree, batch_shape: tuple[int, ...] = ()) -> list[tuple[ja
   return out
 
 
-def lstm_cell(p: dict, x: jax.Array, h: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """One step of `model.lstm`'s bias-free cell (gates i, f, g, o)."""
-  gates = model_lib.linear(x, p["w_x"]) + model_lib.linear(h, p["w_h"])
-  i, f, g, o = jnp.split(gates, 4, axis=-1)
-  c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-  h = jax.nn.sigmoid(o) * jnp.tanh(c)
-  return h, c
-
-
 def step(body: PyTree, embed_VxE: jax.Array, state: list, byte: jax.Array) -> tuple[jax.Array, list]:
   """Next-byte logits [..., V] after reading `byte` [...], and the new state."""
   x = jnp.take(embed_VxE, byte.astype(jnp.int32), axis=0)
@@ -53,7 +44,8 @@ def step(body: PyTree, embed_VxE: jax.Array, state: list, byte: jax.Array) -> tu
     x = model_lib.linear(x, body["in_proj"])
   new_state = []
   for blk, (h, c) in zip(body["blocks"], state, strict=True):
-    h, c = lstm_cell(blk["lstm"], model_lib.layer_norm(x, blk["ln1"]["scale"]), h, c)
+    gx = model_lib.linear(model_lib.layer_norm(x, blk["ln1"]["scale"]), blk["lstm"]["w_x"])
+    h, c = model_lib.lstm_cell(blk["lstm"]["w_h"], gx, h, c)
     new_state.append((h, c))
     x = x + h
     x = x + model_lib.mlp(blk["mlp"], model_lib.layer_norm(x, blk["ln2"]["scale"]))

@@ -57,7 +57,7 @@ def merge(workdirs: list[str], out: str) -> dict:
   ref = jobs[0][3]
   base = {k: v for k, v in ref.to_dict().items() if k != "experts"}
   router = _sha(os.path.join(ref.data.dir, "router.npz"))
-  for a, b, w, c in jobs:
+  for _, _, w, c in jobs:
     mine = {k: v for k, v in c.to_dict().items() if k != "experts"}
     if mine != base:
       diff = sorted(k for k in set(mine) | set(base) if mine.get(k) != base.get(k))

@@ -71,26 +71,30 @@ def layer_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-5) -> jax.Array:
   return (x - mean) * jax.lax.rsqrt(var + eps) * scale
 
 
-def lstm(p: dict, x_BxTxD: jax.Array) -> jax.Array:
-  """Bias-free LSTM from a zero state; the input-side gates are computed for all T first.
+def lstm_cell(w_h: jax.Array | LowRank, gx_Bx4D: jax.Array, h: jax.Array, c: jax.Array
+              ) -> tuple[jax.Array, jax.Array]:
+  """One bias-free LSTM step (gates i, f, g, o) given the input-side gates gx = x @ w_x."""
+  gates = gx_Bx4D + linear(h, w_h)
+  i, f, g, o = jnp.split(gates, 4, axis=-1)
+  c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+  return jax.nn.sigmoid(o) * jnp.tanh(c), c
 
-  Only the recurrent matmul h @ w_h runs inside the scan, so the input projection is one
-  large matmul over B*T positions.
+
+def lstm(p: dict, x_TxBxD: jax.Array) -> jax.Array:
+  """Bias-free LSTM over time-major inputs from a zero state.
+
+  The input-side gates are computed for all T positions first, as one large matmul;
+  only the recurrent matmul h @ w_h runs inside the scan, which reads one contiguous
+  [B, 4 d] slice per step.
   """
-  d = x_BxTxD.shape[-1]
-  gx_TxBx4D = jnp.swapaxes(linear(x_BxTxD, p["w_x"]), 0, 1)
-  zeros = jnp.zeros(x_BxTxD.shape[:1] + (d,), x_BxTxD.dtype)
+  gx_TxBx4D = linear(x_TxBxD, p["w_x"])
+  zeros = jnp.zeros(x_TxBxD.shape[1:], x_TxBxD.dtype)
 
-  def cell(carry, gx_Bx4D):
-    h, c = carry
-    gates = gx_Bx4D + linear(h, p["w_h"])
-    i, f, g, o = jnp.split(gates, 4, axis=-1)
-    c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-    h = jax.nn.sigmoid(o) * jnp.tanh(c)
+  def step(carry, gx_Bx4D):
+    h, c = lstm_cell(p["w_h"], gx_Bx4D, *carry)
     return (h, c), h
 
-  _, h_TxBxD = jax.lax.scan(cell, (zeros, zeros), gx_TxBx4D)
-  return jnp.swapaxes(h_TxBxD, 0, 1)
+  return jax.lax.scan(step, (zeros, zeros), gx_TxBx4D)[1]
 
 
 def mlp(p: dict, x: jax.Array) -> jax.Array:
@@ -99,8 +103,12 @@ def mlp(p: dict, x: jax.Array) -> jax.Array:
 
 
 def features(body: PyTree, embed_VxE: jax.Array, inputs_BxT: jax.Array) -> jax.Array:
-  """Decoder inputs h [B, T, d_E] for byte inputs [B, T] (hidden state reset per window)."""
-  x = jnp.take(embed_VxE, inputs_BxT.astype(jnp.int32), axis=0)
+  """Decoder inputs h [B, T, d_E] for byte inputs [B, T] (hidden state reset per window).
+
+  Activations are time-major [T, B, d] inside, so the recurrent scan reads contiguous
+  memory and no [B, T, 4 d] gate tensor is ever transposed.
+  """
+  x = jnp.take(embed_VxE, inputs_BxT.T.astype(jnp.int32), axis=0)
   if "in_proj" in body:
     x = linear(x, body["in_proj"])
   for blk in body["blocks"]:
@@ -109,7 +117,7 @@ def features(body: PyTree, embed_VxE: jax.Array, inputs_BxT: jax.Array) -> jax.A
   x = layer_norm(x, body["ln_f"]["scale"])
   if "out_proj" in body:
     x = linear(x, body["out_proj"])
-  return x
+  return jnp.swapaxes(x, 0, 1)
 
 
 def logits(body: PyTree, embed_VxE: jax.Array, inputs_BxT: jax.Array) -> jax.Array:

@@ -213,10 +213,25 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
   step_cfg = step_config(c)
 
   ckpt = ckpt_lib.Checkpointer(workdir, keep=c.ckpt.keep)
-  data = pipeline.train_iterator(c.data.dir, list(experts), batch=c.spsa.batch,
-                                 accum=c.spsa.accum, seq_len=c.data.seq_len, seed=c.seed,
-                                 pooled=pooled(c))
   state = initial_state(c)
+  mesh = _mesh(c, n_local)
+  step_fn, ops_expert = make_step(c)
+  if mesh is None:
+    feed = list(experts)  # this process feeds every expert of the job
+    expert_ids = jnp.arange(a, b, dtype=jnp.int32)
+    to_global = jnp.asarray
+  else:
+    from soma_jax import parallel
+
+    feed = [a + i for i in parallel.local_experts(n_local, mesh)]  # only this host's data
+    expert_ids = parallel.expert_ids(n_local, mesh, first=a)
+    to_global = functools.partial(parallel.global_batch, mesh=mesh)
+    step_fn = parallel.make_train_step(step_cfg, mesh)
+    state = parallel.put_state(state, mesh)
+  data = pipeline.train_iterator(c.data.dir, feed, batch=c.spsa.batch, accum=c.spsa.accum,
+                                 seq_len=c.data.seq_len, seed=c.seed, pooled=pooled(c))
+  # Restoring onto the current layout: a checkpoint written on another device count
+  # is resharded by orbax to the shardings of this abstract state.
   restored = ckpt.restore_latest(ckpt_lib.abstract_like(state))
   device_seconds = 0.0
   if restored is not None:
@@ -225,13 +240,11 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
     device_seconds = float(data_state.get("device_seconds", 0.0))
     logging.info("resumed from step %d in %s", start, workdir)
   start = int(state.step)
-  expert_ids = jnp.arange(a, b, dtype=jnp.int32)
 
-  val_windows = jnp.asarray(_expert_val_windows(c, experts))
-  step_fn, ops_expert = make_step(c)
+  val_windows = to_global(_expert_val_windows(c, feed))
   ops_step = ops_expert * n_local
   tokens_step = ops_step // model_lib.flops_per_token(step_cfg.model)
-  n_devices = 1
+  n_devices = 1 if mesh is None else mesh.size
 
   writer = metrics_lib.MetricWriter(workdir, start_step=start)
   if start == 0:
@@ -255,7 +268,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
   with _Stop() as stop:
     for step in range(start, stop_at):
       batch = next(data)
-      state, m = step_fn(state, jnp.asarray(batch), expert_ids)
+      state, m = step_fn(state, to_global(batch), expert_ids)
       if pending is not None:
         _report_skips(pending, experts, progress)
       pending = (step + 1, m)
@@ -263,7 +276,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
       done = step + 1
       record = None
       if done % c.log_every == 0 or done == c.steps:
-        m_host = jax.device_get(m)
+        m_host = _to_host(m)
         now = time.perf_counter()
         step_seconds = (now - t_log) / steps_since_log
         device_seconds += (now - t_log) * n_devices
@@ -280,7 +293,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
         state = state.replace(sched=_plateau(state.sched, val, done, cfg=plateau_config(c)))
         last_val = np.asarray(val).tolist()
         record = (record or {}) | {"val_loss": last_val}
-      if done == c.steps and n_local == c.n_experts:
+      if done == c.steps and n_local == c.n_experts and jax.process_count() == 1:
         ens = ensemble_validation(c, state)
         if ens is not None:
           record = (record or {}) | {"ensemble_val_loss": ens}
@@ -310,9 +323,35 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
   return summary
 
 
+def _mesh(c: ml_collections.ConfigDict, n_local: int):
+  """The device mesh for mesh.expert x mesh.pert, or None for a plain one-device run."""
+  e, p = (str(c.mesh.expert), str(c.mesh.pert))
+  if e == "1" and p == "1" and jax.process_count() == 1:
+    return None
+  if c.method != "soma":
+    raise UserError(f"mesh.expert / mesh.pert shard the SOMA step; method={c.method} runs on "
+                    "one device: use mesh.expert=1 mesh.pert=1 (or independent experts=a:b jobs)")
+  from soma_jax import parallel
+
+  as_arg = lambda v: "auto" if v in ("auto", "0") else int(v)
+  try:
+    return parallel.make_mesh(as_arg(e), int(p), n_experts=n_local)
+  except ValueError as err:
+    raise UserError(f"mesh.expert={e!r} / mesh.pert={p!r}: {err}; use integers or auto") from None
+
+
+def _to_host(tree):
+  """Metrics as numpy on this host; gathers across processes in a multi-host run."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils
+
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
 def _report_skips(pending, experts: range, progress: metrics_lib.Progress) -> None:
   step, m = pending
-  finite = np.asarray(m["finite"])
+  finite = np.asarray(_to_host(m["finite"]))
   if not finite.all():
     bad = [experts[i] for i in np.nonzero(~finite)[0]]
     progress.message(f"step {step}: non-finite loss in experts {bad}; they skipped this "

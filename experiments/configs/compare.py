@@ -4,7 +4,8 @@ arithmetic budget, all scored on the same test windows.
 
   python experiments/compare.py --config=experiments/configs/compare.py:cpu --out=runs/compare
 
-Argument: cpu (about 45 minutes on 2 CPU cores) or tiny (tests: about a minute).
+Argument: cpu (about 45 minutes on 2 busy CPU cores, 8e12 operations per method) or tiny
+(tests: about a minute).
 Each method is a complete training config from its own config file (soma.py, eggroll.py,
 bptt.py), so any field can be changed, e.g. --config.methods.bptt.opt.lr=1e-3.
 The monoliths keep SOMA's batch and take 1x, 4x and 16x SOMA's directions per update
@@ -35,7 +36,7 @@ def get_config(arg: str | None = None):
   c = ml_collections.ConfigDict()
   c.data_dir = ""  # a prepared data dir with 2 shards; "" = prepare pystdlib under OUT/data
   c.seed = 0  # init, data order and directions of every method; bootstrap seed
-  c.budget_ops = 2.0e14 if size == "cpu" else 1.5e8  # training operations per method (SPEC 7)
+  c.budget_ops = 8e12 if size == "cpu" else 1.5e8  # training operations per method (SPEC 7)
   c.match_params = True  # set every other method's width so its total params match `reference`
   c.reference = "soma_n2"  # the method whose size others match and differences are taken from
   c.curve_points = 4 if size == "cpu" else 1  # checkpoints per run scored for figure 1
