@@ -13,16 +13,14 @@ the two kinds interleaved.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags, logging
+from absl import flags, logging
 
-from soma_jax import eggroll, gru
+from soma_jax import cli, eggroll, gru
 
 _D = flags.DEFINE_integer("d", 256, "GRU width.")
 _DEPTH = flags.DEFINE_integer("depth", 6, "GRU layers.")
@@ -96,12 +94,8 @@ def main(argv) -> None:
   logging.info("devices: %s", jax.devices())
   result = measure(_D.value, _DEPTH.value, _POP.value, _BATCH.value, _SEQ_LEN.value,
                    _RANK.value, _POP_CHUNK.value, _REPS.value)
-  print(json.dumps(result, indent=1))
-  if _JSON.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
-    with open(_JSON.value, "w") as f:
-      json.dump(result, f, indent=1)
+  cli.emit_json(result, _JSON.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

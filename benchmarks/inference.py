@@ -17,7 +17,6 @@ times such an ensemble (random weights, width 32) on any workdir's data and feat
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import statistics
@@ -161,11 +160,7 @@ def main(argv):
           "device": str(jax.devices()[0]),
       },
   }
-  print(json.dumps(result, indent=1))
-  if _JSON.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
-    with open(_JSON.value, "w") as f:
-      json.dump(result, f, indent=1)
+  cli.emit_json(result, _JSON.value)
 
 
 if __name__ == "__main__":

@@ -8,15 +8,14 @@ Without --data_dir it first prepares a temporary data dir from pystdlib.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
 
-from absl import app, flags, logging
+from absl import flags, logging
 
+from soma_jax import cli
 from soma_jax.data import pipeline, prepare
-from soma_jax.errors import exit_on_user_error
 
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "Prepared data dir (default: a temporary pystdlib one).")
 _N = flags.DEFINE_integer("n", 4, "Number of experts to load (experts 0..n-1).")
@@ -53,7 +52,7 @@ def measure(data_dir: str, n: int, batch: int, accum: int, seq_len: int, seconds
   }
 
 
-@exit_on_user_error
+
 def main(argv):
   del argv
   with tempfile.TemporaryDirectory() as tmp:
@@ -67,12 +66,8 @@ def main(argv):
     result = measure(data_dir, _N.value, _BATCH.value, _ACCUM.value, _SEQ_LEN.value, _SECONDS.value, _SEED.value)
   if _DATA_DIR.value is None:
     result["data_dir"] = "pystdlib (temporary)"
-  print(json.dumps(result, indent=1))
-  if _JSON.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
-    with open(_JSON.value, "w") as f:
-      json.dump(result, f, indent=1)
+  cli.emit_json(result, _JSON.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

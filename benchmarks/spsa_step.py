@@ -14,8 +14,6 @@ Peak memory is XLA's buffer plan for the compiled step (arguments + outputs + te
 the same number on every backend; on GPU the allocator's peak is reported as well.
 """
 
-import json
-import os
 import statistics
 import time
 
@@ -145,13 +143,7 @@ def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> fl
 
 def main(argv):
   del argv
-  out = benchmark(_CONFIG.value, _REPS.value, _LOOP.value)
-  text = json.dumps(out, indent=1)
-  print(text)
-  if _JSON.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
-    with open(_JSON.value, "w") as f:
-      f.write(text + "\n")
+  cli.emit_json(benchmark(_CONFIG.value, _REPS.value, _LOOP.value), _JSON.value)
 
 
 if __name__ == "__main__":

@@ -33,3 +33,16 @@ def run(main: Callable[[list[str]], None]) -> None:
   results are printed by the entry points themselves.
   """
   app.run(exit_on_user_error(main), flags_parser=_parse_flags)
+
+
+def emit_json(result: dict, path: str | None) -> None:
+  """Prints a result as JSON and, when `path` is given, writes it there (folders made)."""
+  import json
+  import os
+
+  text = json.dumps(result, indent=1, default=float)
+  print(text)
+  if path:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+      f.write(text + "\n")
