@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import time
 
-from absl import app, flags, logging
+from absl import flags, logging
 
+from soma_jax import cli
 from soma_jax.data import prepare
-from soma_jax.errors import UserError, exit_on_user_error
+from soma_jax.errors import UserError
 
 _SOURCE = flags.DEFINE_string("source", "pystdlib", "Corpus: fineweb_edu:PATH, wikitext103:PATH, textdir:PATH, tfds:NAME[:FEATURE], pystdlib.")
 _NUM_CLUSTERS = flags.DEFINE_integer("num_clusters", 8, "Number of clusters = experts N.")
 _OUT = flags.DEFINE_string("out", None, "Output data dir (written to a temporary folder, then renamed).")
+flags.mark_flag_as_required("out")
 _FIT_SAMPLE = flags.DEFINE_integer("fit_sample", 400_000, "Windows sampled to fit tf-idf, SVD and k-means.")
 _VAL_FRACTION = flags.DEFINE_float("val_fraction", 0.01, "Expert-validation fraction of each shard (>= 1 window).")
 _ENSEMBLE_VAL_DOCS = flags.DEFINE_integer("ensemble_val_docs", 202, "Held-out documents for ensemble validation.")
@@ -33,12 +35,9 @@ _SVD_DIMS = flags.DEFINE_integer("svd_dims", 128, "Truncated SVD dimensions.")
 _TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "data_dir for --source=tfds:NAME.")
 
 
-@exit_on_user_error
 def main(argv):
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; fix: pass options as --name=value")
-  if not _OUT.value:
-    raise UserError("--out is required; fix: pass --out=DIR")
   t0 = time.time()
   manifest = prepare.prepare(
     _SOURCE.value,
@@ -68,4 +67,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

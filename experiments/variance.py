@@ -16,20 +16,24 @@ import os
 import jax
 import matplotlib
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from soma_jax import variance  # noqa: E402
-from soma_jax.errors import UserError, exit_on_user_error  # noqa: E402
+from soma_jax import (
+  cli,
+  variance,  # noqa: E402
+)
+from soma_jax.errors import UserError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/configs/variance.py:STUDY",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir: measure its newest checkpoint.")
 _X64 = flags.DEFINE_bool("x64", False, "Measure in float64.")
 _OUT = flags.DEFINE_string("out", None, "Output folder for STUDY.json, STUDY.csv, STUDY.png.")
+flags.mark_flag_as_required("out")
 
 
 def load_params(workdir: str, c) -> tuple:
@@ -115,12 +119,9 @@ def write_outputs(res: dict, out: str) -> dict:
   return {ext: base + ext for ext in (".json", ".csv", ".png")}
 
 
-@exit_on_user_error
 def main(argv):
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; fix: pass options as --name=value")
-  if not _OUT.value:
-    raise UserError("--out is required; fix: pass --out=DIR")
   if _X64.value:
     jax.config.update("jax_enable_x64", True)
   c = _CONFIG.value
@@ -132,4 +133,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -159,3 +159,15 @@ def expert_range(c: ml_collections.ConfigDict) -> tuple[int, int]:
     raise UserError(f"experts={c.experts!r} is out of range for n_experts={c.n_experts}; "
                     f"use a:b with 0 <= a < b <= {c.n_experts}")
   return a, b
+
+
+def load_config_file(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of a config file given by path (one config may build on another)."""
+  import importlib.util
+  import os
+
+  name = "_config_" + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)

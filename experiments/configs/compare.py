@@ -12,21 +12,17 @@ The monoliths keep SOMA's batch and take 1x, 4x and 16x SOMA's directions per up
 (the paper's 64 / 256 / 1024 against SOMA's 64), as accumulated batches.
 """
 
-import importlib.util
 import os
 
 import ml_collections
 
+from soma_jax.config import load_config_file
 from soma_jax.errors import UserError
 
 
 def _method(file: str, arg: str) -> ml_collections.ConfigDict:
   """get_config(arg) of a sibling config file (soma.py, bptt.py, eggroll.py)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), file)
-  spec = importlib.util.spec_from_file_location(f"_compare_{file[:-3]}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), file), arg)
 
 
 def get_config(arg: str | None = None):

@@ -9,20 +9,16 @@ ensembles; about 20-40 minutes on 2 CPU cores) or tiny (tests). `train` is a com
 soma.py config, so e.g. --config.train.steps=1000 or --config.train.init_from=runs/seed.
 """
 
-import importlib.util
 import os
 
 import ml_collections
 
+from soma_jax.config import load_config_file
 from soma_jax.errors import UserError
 
 
 def _soma(arg: str) -> ml_collections.ConfigDict:
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "soma.py")
-  spec = importlib.util.spec_from_file_location("_ivs_soma", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "soma.py"), arg)
 
 
 def get_config(arg: str | None = None):
