@@ -293,7 +293,9 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
         state = state.replace(sched=_plateau(state.sched, val, done, cfg=plateau_config(c)))
         last_val = np.asarray(val).tolist()
         record = (record or {}) | {"val_loss": last_val}
-      if done == c.steps and n_local == c.n_experts and jax.process_count() == 1:
+      ensemble_due = done == c.steps or (c.ensemble_eval_every
+                                         and done % c.ensemble_eval_every == 0)
+      if ensemble_due and n_local == c.n_experts and jax.process_count() == 1:
         ens = ensemble_validation(c, state)
         if ens is not None:
           record = (record or {}) | {"ensemble_val_loss": ens}
