@@ -3,7 +3,6 @@
   python experiments/report.py --data_dir=DATA --out=OUT seed=runs/seed soma=runs/soma
 """
 
-import json
 
 from absl import flags
 
@@ -24,7 +23,8 @@ def main(argv):
     runs[name] = workdir
   if not runs:
     raise UserError("no runs given; pass NAME=WORKDIR arguments")
-  print(json.dumps(report.write_report(_OUT.value, runs, _DATA.value), indent=1))
+  report.write_report(_OUT.value, runs, _DATA.value)
+  print(f"wrote {_OUT.value}/report.md, loss_curves.png, report.json")
 
 
 if __name__ == "__main__":
