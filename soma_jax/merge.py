@@ -30,18 +30,6 @@ def _sha(path: str) -> str | None:
     return hashlib.sha256(f.read()).hexdigest()
 
 
-def _restore(workdir: str, c):
-  abstract = jax.eval_shape(lambda: train_lib.initial_state(train_lib._no_init(c)))
-  ckpt = ckpt_lib.Checkpointer(workdir)
-  try:
-    restored = ckpt.restore_latest(abstract)
-  finally:
-    ckpt.close()
-  if restored is None:
-    raise UserError(f"{workdir!r} has no checkpoint; fix: finish training that job first")
-  return restored
-
-
 def merge(workdirs: list[str], out: str) -> dict:
   """Concatenate the jobs' experts in expert order into a new workdir `out`."""
   if not workdirs:
@@ -71,7 +59,7 @@ def merge(workdirs: list[str], out: str) -> dict:
     raise UserError(f"the jobs cover experts {covered}, not 0..{ref.n_experts - 1} once each; "
                     "fix: pass one workdir per slice, slices tiling all experts")
 
-  restored = [_restore(w, c) for _, _, w, c in jobs]
+  restored = [train_lib.restore_state(w)[:3] for _, _, w, _ in jobs]
   steps = {step for step, _, _ in restored}
   if len(steps) != 1:
     raise UserError(f"the jobs are at different steps {sorted(steps)}; fix: train every job "
@@ -93,7 +81,7 @@ def merge(workdirs: list[str], out: str) -> dict:
                             skipped=skipped, head=head)
 
   os.makedirs(out, exist_ok=True)
-  full = train_lib._no_init(ref)
+  full = train_lib.shapes_only(ref)
   full.experts = ""
   full.init_from = ref.init_from
   ckpt_lib.write_config(out, full)

@@ -114,8 +114,14 @@ def initial_state(c: ml_collections.ConfigDict) -> spsa.TrainState:
 
 def restore_params(workdir: str, step: int | None = None):
   """(body_N, head, config) from a training workdir's newest (or given) checkpoint."""
+  _, state, _, c = restore_state(workdir, step)
+  return state.body, state.head, c
+
+
+def restore_state(workdir: str, step: int | None = None):
+  """(step, TrainState, iterator state, config) of a workdir's newest (or given) checkpoint."""
   c = ckpt_lib.read_config(workdir)
-  abstract = jax.eval_shape(lambda: initial_state(_no_init(c)))
+  abstract = jax.eval_shape(lambda: initial_state(shapes_only(c)))
   ckpt = ckpt_lib.Checkpointer(workdir)
   try:
     if step is not None and step not in ckpt.steps():
@@ -125,11 +131,10 @@ def restore_params(workdir: str, step: int | None = None):
     ckpt.close()
   if restored is None:
     raise UserError(f"{workdir!r} has no checkpoint yet; fix: train first (experiments/train.py)")
-  _, state, _ = restored
-  return state.body, state.head, c
+  return (*restored, c)
 
 
-def _no_init(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def shapes_only(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(c.to_dict())
   c.init_from = ""  # shapes only; do not read the seed run again
   return c
