@@ -11,6 +11,7 @@ independent) is reported per seed and as mean and standard deviation across seed
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import time
@@ -36,22 +37,8 @@ def summed_train_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_
                       cfg: spsa.StepConfig) -> tuple[spsa.TrainState, dict]:
   """`spsa.train_step` with every expert's estimate taken from the sum of all N losses."""
   n = batch_NxAxBxT1.shape[0]
-  g_N, loss_N = spsa.estimate(
-      state.body, state.head, batch_NxAxBxT1, state.sched.eps, state.step, expert_ids_N,
-      jax.random.key(cfg.seed), cfg.spsa, shared_head=cfg.model.shared_head,
-      loss_groups=(0,) * n)
-  ok_N = jax.vmap(spsa.all_finite)(g_N) & jnp.isfinite(loss_N)
-  tx = spsa.adam(cfg.weight_decay)
-  update = jax.vmap(lambda p, o, g, lr, ok: spsa.apply_update(tx, p, o, g, lr, ok))
-  body, opt = update(state.body, state.opt, g_N, state.sched.lr, ok_N)
-  head, head_opt = state.head, state.head_opt
-  if cfg.train_head:
-    gh_N = jax.vmap(spsa.head_grad)(state.body, state.head, batch_NxAxBxT1)
-    head, head_opt = update(state.head, state.head_opt, gh_N, state.sched.lr,
-                            ok_N & jax.vmap(spsa.all_finite)(gh_N))
-  new = state.replace(step=state.step + 1, body=body, head=head, opt=opt, head_opt=head_opt,
-                      skipped=state.skipped + (~ok_N).astype(jnp.int32))
-  return new, {"loss": loss_N, "finite": ok_N}
+  return spsa.train_step(state, batch_NxAxBxT1, expert_ids_N,
+                         dataclasses.replace(cfg, loss_groups=(0,) * n))
 
 
 # The old state's buffers are donated; each variant starts from its own copy.

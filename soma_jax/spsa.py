@@ -279,6 +279,9 @@ class StepConfig:
   weight_decay: float = 0.0
   train_head: bool = False  # delta rule on each expert's own head (seed run, wide controls)
   seed: int = 0
+  # None: each expert's own loss (SOMA). A group id per expert: losses summed within
+  # each group before the difference (the shared-loss control of SPEC 5 and Figure 4).
+  loss_groups: tuple[int, ...] | None = None
 
 
 def init_state(body_N: PyTree, head: jax.Array, lr: float, eps: float, cfg: StepConfig) -> TrainState:
@@ -319,7 +322,8 @@ def train_step(state: TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.A
   base_key = jax.random.key(cfg.seed)
   g_N, loss_N = estimate(
       state.body, state.head, batch_NxAxBxT1, state.sched.eps, state.step, expert_ids_N,
-      base_key, cfg.spsa, shared_head=cfg.model.shared_head, directions=directions)
+      base_key, cfg.spsa, shared_head=cfg.model.shared_head, loss_groups=cfg.loss_groups,
+      directions=directions)
   if combine is not None:
     g_N, loss_N = combine(g_N, loss_N)
   ok_N = jax.vmap(all_finite)(g_N) & jnp.isfinite(loss_N)
