@@ -296,7 +296,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
       if done % c.eval_every == 0 or done == c.steps:
         val = _val_losses(state.body, state.head, val_windows, shared_head=step_cfg.model.shared_head)
         state = state.replace(sched=_plateau(state.sched, val, done, cfg=plateau_config(c)))
-        last_val = np.asarray(val).tolist()
+        last_val = np.asarray(_to_host(val)).tolist()
         record = (record or {}) | {"val_loss": last_val}
       ensemble_due = done == c.steps or (c.ensemble_eval_every
                                          and done % c.ensemble_eval_every == 0)
@@ -323,7 +323,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
   ckpt.close()
   writer.close()
   summary = {"status": status, "step": int(state.step), "signal": stop.signum,
-             "val_loss": last_val, "skipped": np.asarray(state.skipped).tolist()}
+             "val_loss": last_val, "skipped": np.asarray(_to_host(state.skipped)).tolist()}
   if status == "done":
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=1)
