@@ -253,18 +253,8 @@ class TrainBatches:
     self._step = step
 
 
-def train_iterator(
-  data_dir: str,
-  experts: Sequence[int],
-  *,
-  batch: int,
-  accum: int,
-  seq_len: int,
-  seed: int,
-  pooled: bool = False,
-) -> TrainBatches:
-  """The training batches of the given (global) experts; only their shards are opened."""
-  return TrainBatches(data_dir, experts, batch=batch, accum=accum, seq_len=seq_len, seed=seed, pooled=pooled)
+# The training batches of the given (global) experts; only their shards are opened.
+train_iterator = TrainBatches
 
 
 def expert_val_windows(data_dir: str, expert: int, seq_len: int, pooled: bool = False) -> np.ndarray:
