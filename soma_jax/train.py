@@ -197,12 +197,8 @@ def _check_workdir(workdir: str) -> None:
                     "fix: choose a writable --workdir") from None
 
 
-def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = None) -> dict:
-  """Trains (or resumes) the run in `workdir`; returns a summary dict.
-
-  `max_steps` stops early after that many updates in this call (tests use it to
-  simulate an interruption); the run's total stays `c.steps`.
-  """
+def train(c: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Trains (or resumes) the run in `workdir` to `c.steps`; returns a summary dict."""
   config_lib.validate(c)
   _check_workdir(workdir)
   if not c.data.dir:
@@ -261,7 +257,6 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
   progress.message(
       f"training experts {a}..{b - 1} of {c.n_experts} ({model_lib.body_params(step_cfg.model):,}"
       f" params each) from step {start} to {c.steps} on {jax.devices()[0].platform}")
-  stop_at = c.steps if max_steps is None else min(c.steps, start + max_steps)
 
   def save(step: int) -> None:
     ckpt.save(step, state, {"iterator": data.get_state(), "device_seconds": device_seconds})
@@ -271,7 +266,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
   t_log, steps_since_log = time.perf_counter(), 0
   status = "done"
   with _Stop() as stop:
-    for step in range(start, stop_at):
+    for step in range(start, c.steps):
       batch = next(data)
       state, m = step_fn(state, to_global(batch), expert_ids)
       if pending is not None:
@@ -317,9 +312,6 @@ def train(c: ml_collections.ConfigDict, workdir: str, max_steps: int | None = No
         break
     if pending is not None:
       _report_skips(pending, experts, progress)
-    if status == "done" and stop_at < c.steps:
-      status = "paused"
-      save(int(state.step))
   ckpt.close()
   writer.close()
   summary = {"status": status, "step": int(state.step), "signal": stop.signum,
