@@ -14,6 +14,7 @@ Peak memory is XLA's buffer plan for the compiled step (arguments + outputs + te
 the same number on every backend; on GPU the allocator's peak is reported as well.
 """
 
+import functools
 import statistics
 import time
 
@@ -125,7 +126,7 @@ def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> fl
     return g, loss
 
   tx = spsa.adam(cfg.weight_decay)
-  update = jax.jit(jax.vmap(lambda p, o, g, lr, ok: spsa.apply_update(tx, p, o, g, lr, ok)))
+  update = jax.jit(functools.partial(spsa.apply_updates, tx))
 
   def run():
     g_sum = None

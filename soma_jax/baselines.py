@@ -25,11 +25,11 @@ def _finish(state: spsa.TrainState, body, opt, head, head_opt, loss_N, ok_N):
                "skipped": new.skipped}
 
 
-def _update_heads(state, batch_NxAxBxT1, grads_head_N, ok_N, tx):
+def _update_heads(state, grads_head_N, ok_N, tx):
   if grads_head_N is None:
     return state.head, state.head_opt
-  return jax.vmap(lambda p, o, g, lr, ok: spsa.apply_update(tx, p, o, g, lr, ok))(
-      state.head, state.head_opt, grads_head_N, state.sched.lr, ok_N)
+  return spsa.apply_updates(
+      tx, state.head, state.head_opt, grads_head_N, state.sched.lr, ok_N)
 
 
 def bptt_train_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
@@ -50,9 +50,9 @@ def bptt_train_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_id
   g_body, g_head = (grads, None) if mcfg.shared_head else grads
   tx = spsa.adam(cfg.weight_decay)
   ok_N = jax.vmap(spsa.all_finite)(g_body) & jnp.isfinite(loss_N)
-  body, opt = jax.vmap(lambda p, o, g, lr, ok: spsa.apply_update(tx, p, o, g, lr, ok))(
-      state.body, state.opt, g_body, state.sched.lr, ok_N)
-  head, head_opt = _update_heads(state, batch_NxAxBxT1, g_head, ok_N, tx)
+  body, opt = spsa.apply_updates(
+      tx, state.body, state.opt, g_body, state.sched.lr, ok_N)
+  head, head_opt = _update_heads(state, g_head, ok_N, tx)
   return _finish(state, body, opt, head, head_opt, loss_N, ok_N)
 
 
@@ -85,9 +85,9 @@ def eggroll_train_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array,
       state.body, state.head, batch_NxAxBxT1, expert_ids_N)
   tx = spsa.adam(scfg.weight_decay)
   ok_N = jax.vmap(spsa.all_finite)(g_N) & jnp.isfinite(loss_N)
-  body, opt = jax.vmap(lambda p, o, g, lr, ok: spsa.apply_update(tx, p, o, g, lr, ok))(
-      state.body, state.opt, g_N, state.sched.lr, ok_N)
+  body, opt = spsa.apply_updates(
+      tx, state.body, state.opt, g_N, state.sched.lr, ok_N)
   g_head = jax.vmap(spsa.head_grad)(state.body, state.head, batch_NxAxBxT1) \
       if scfg.train_head else None
-  head, head_opt = _update_heads(state, batch_NxAxBxT1, g_head, ok_N, tx)
+  head, head_opt = _update_heads(state, g_head, ok_N, tx)
   return _finish(state, body, opt, head, head_opt, loss_N, ok_N)

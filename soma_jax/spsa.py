@@ -15,6 +15,7 @@ id, so a job training a subset of experts draws exactly what the full job draws.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -300,10 +301,16 @@ def all_finite(tree: PyTree) -> jax.Array:
 
 
 def apply_update(tx, params, opt, grad, lr, ok):
+  """One expert's Adam step scaled by its own lr; nothing changes where `ok` is False."""
   updates, new_opt = tx.update(grad, opt, params)
   new_params = jax.tree.map(lambda p, u: jnp.where(ok, p - lr * u, p), params, updates)
   new_opt = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_opt, opt)
   return new_params, new_opt
+
+
+def apply_updates(tx, params_N, opt_N, grad_N, lr_N, ok_N):
+  """`apply_update` for every expert (leading N axis on every argument)."""
+  return jax.vmap(functools.partial(apply_update, tx))(params_N, opt_N, grad_N, lr_N, ok_N)
 
 
 def train_step(state: TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
@@ -328,15 +335,15 @@ def train_step(state: TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.A
     g_N, loss_N = combine(g_N, loss_N)
   ok_N = jax.vmap(all_finite)(g_N) & jnp.isfinite(loss_N)
   tx = adam(cfg.weight_decay)
-  body, opt = jax.vmap(lambda p, o, g, lr, ok: apply_update(tx, p, o, g, lr, ok))(
-      state.body, state.opt, g_N, state.sched.lr, ok_N)
+  body, opt = apply_updates(
+      tx, state.body, state.opt, g_N, state.sched.lr, ok_N)
   head, head_opt = state.head, state.head_opt
   if cfg.train_head:
     # The head's gradient is taken at the pre-update body, like the SPSA estimate.
     gh_N = jax.vmap(head_grad)(state.body, state.head, batch_NxAxBxT1)
     ok_h = ok_N & jax.vmap(all_finite)(gh_N)
-    head, head_opt = jax.vmap(lambda p, o, g, lr, ok: apply_update(tx, p, o, g, lr, ok))(
-        state.head, state.head_opt, gh_N, state.sched.lr, ok_h)
+    head, head_opt = apply_updates(
+        tx, state.head, state.head_opt, gh_N, state.sched.lr, ok_h)
   new = state.replace(step=state.step + 1, body=body, head=head, opt=opt, head_opt=head_opt,
                       skipped=state.skipped + (~ok_N).astype(jnp.int32))
   metrics = {"loss": loss_N, "finite": ok_N, "lr": state.sched.lr, "eps": state.sched.eps,

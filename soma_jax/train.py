@@ -262,16 +262,13 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict:
     ckpt.save(step, state, {"iterator": data.get_state(), "device_seconds": device_seconds})
 
   last_val = None
-  pending = None  # (step, metrics) of the previous update, read one update late
+  skipped_seen = None  # per-expert skip counters at the last log, to name new skips
   t_log, steps_since_log = time.perf_counter(), 0
   status = "done"
   with _Stop() as stop:
     for step in range(start, c.steps):
       batch = next(data)
       state, m = step_fn(state, to_global(batch), expert_ids)
-      if pending is not None:
-        _report_skips(pending, experts, progress)
-      pending = (step + 1, m)
       steps_since_log += 1
       done = step + 1
       record = None
@@ -288,6 +285,7 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict:
             "ops": ops_step * done, "device_seconds": device_seconds,
             "skipped": m_host["skipped"],
         }
+        skipped_seen = _report_skips(done, m_host["skipped"], skipped_seen, experts, progress)
       if done % c.eval_every == 0 or done == c.steps:
         val = _val_losses(state.body, state.head, val_windows, shared_head=step_cfg.model.shared_head)
         state = state.replace(sched=_plateau(state.sched, val, done, cfg=plateau_config(c)))
@@ -310,8 +308,6 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict:
         progress.message(f"interrupted by signal {stop.signum} at step {done}; checkpoint "
                          "saved; run the same command again to resume")
         break
-    if pending is not None:
-      _report_skips(pending, experts, progress)
   ckpt.close()
   writer.close()
   summary = {"status": status, "step": int(state.step), "signal": stop.signum,
@@ -348,13 +344,19 @@ def _to_host(tree):
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
-def _report_skips(pending, experts: range, progress: metrics_lib.Progress) -> None:
-  step, m = pending
-  finite = np.asarray(_to_host(m["finite"]))
-  if not finite.all():
-    bad = [experts[i] for i in np.nonzero(~finite)[0]]
-    progress.message(f"step {step}: non-finite loss in experts {bad}; they skipped this "
-                     "update, the others continue")
+def _report_skips(step: int, skipped_N, seen, experts: range,
+                  progress: metrics_lib.Progress):
+  """Names the experts that skipped an update (non-finite loss) since the last log.
+
+  Read from the cumulative counters at log steps, so the loop never syncs for it.
+  """
+  skipped_N = np.asarray(skipped_N)
+  new = skipped_N - (0 if seen is None else seen)
+  if new.any():
+    bad = [experts[i] for i in np.nonzero(new)[0]]
+    progress.message(f"up to step {step}: non-finite loss in experts {bad}; they skipped "
+                     "those updates, the others continued")
+  return skipped_N
 
 
 def ensemble_validation(c: ml_collections.ConfigDict, state: spsa.TrainState,

@@ -109,7 +109,9 @@ def test_experts_are_isolated():
   for x, y in zip(jax.tree.leaves((out.body, out.head, out.opt)),
                   jax.tree.leaves((out2.body, out2.head, out2.opt))):
     np.testing.assert_array_equal(x[:2], y[:2])
-    assert not np.array_equal(x[2], y[2]) or x[2].size == 1 or np.all(x[2] == 0)
+  # ... while expert 2 itself did change (the test would be vacuous otherwise).
+  assert any(not np.array_equal(x[2], y[2])
+             for x, y in zip(jax.tree.leaves(out.body), jax.tree.leaves(out2.body)))
 
 
 def test_subset_job_draws_the_same_directions():
