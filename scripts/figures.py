@@ -1,0 +1,133 @@
+r"""Regenerates the figures and numbers of README's "Measured results" into docs/.
+
+  python scripts/figures.py            # the cheap figures (about 15 min on 2 CPU cores)
+  python scripts/figures.py all        # every figure, including hour-long training runs
+  python scripts/figures.py eggroll variance_tiny_n_pert   # named figures only
+
+Each figure runs its command in a fresh process, then writes docs/results/NAME.json:
+
+  {"name", "command", "wall_s", "platform", "results": <the command's JSON output>}
+
+and copies its plot (if it makes one) to the docs/ path README links. README's numbers are
+these files' numbers; tests/test_readme_figures.py checks that every number in README's
+"Measured results" section appears in some committed JSON under docs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join("docs", "results")
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+  """One command and where its JSON (and plot) land; paths may use {out}, a scratch folder."""
+
+  args: tuple[str, ...]  # python arguments, relative to the repository root
+  json: str  # the command's JSON output
+  png: str | None = None  # the command's plot, copied to docs/NAME.png unless `dest` is set
+  dest: str | None = None  # docs/ path README links for the plot
+  cheap: bool = True  # run by a plain `make figures`
+
+
+def _variance(study: str, size: str) -> Figure:
+  cfg = f"experiments/configs/variance.py:{study}" + (",size=tiny" if size == "tiny" else "")
+  return Figure(("experiments/variance.py", f"--config={cfg}", "--x64", "--out={out}"),
+                json=f"{{out}}/{study}.json", png=f"{{out}}/{study}.png",
+                cheap=size == "tiny")
+
+
+FIGURES = {
+    "variance_tiny_shared_vs_separate": _variance("shared_vs_separate", "tiny"),
+    "variance_tiny_n_pert": _variance("n_pert", "tiny"),
+    "eggroll": Figure(("benchmarks/eggroll.py", "--d=128", "--depth=6", "--rank=1", "--pop=32",
+                       "--batch=8", "--seq_len=128", "--reps=7", "--json={out}/eggroll.json"),
+                      json="{out}/eggroll.json"),
+    "input_pipeline": Figure(("benchmarks/input_pipeline.py", "--n=2", "--batch=8",
+                              "--seq_len=256", "--seconds=5", "--json={out}/input.json"),
+                             json="{out}/input.json"),
+    "scaling": Figure(("benchmarks/scaling.py", "--devices=1,2,4", "--experts_per_device=2",
+                       "--json={out}/scaling.json"), json="{out}/scaling.json"),
+    "variance_shared_vs_separate": dataclasses.replace(
+        _variance("shared_vs_separate", "cpu"), dest="docs/variance_shared_vs_separate.png"),
+    "variance_n_pert": _variance("n_pert", "cpu"),
+    "compare_cpu": Figure(("experiments/compare.py",
+                           "--config=experiments/configs/compare.py:cpu", "--out={out}"),
+                          json="{out}/results.json", png="{out}/figure1.png",
+                          dest="docs/compare_cpu_figure1.png", cheap=False),
+    "independent_vs_summed_cpu": Figure(
+        ("experiments/independent_vs_summed.py",
+         "--config=experiments/configs/independent_vs_summed.py:cpu", "--out={out}"),
+        json="{out}/results.json", png="{out}/figure4.png",
+        dest="docs/independent_vs_summed_cpu.png", cheap=False),
+    "bench": Figure(("benchmarks/spsa_step.py", "--config=experiments/configs/soma.py:n=4,size=cpu",
+                     "--json={out}/spsa_step.json"), json="{out}/spsa_step.json", cheap=False),
+}
+
+
+def command_line(fig: Figure) -> str:
+  """The command as a user types it, with OUT for the scratch folder."""
+  return " ".join(["python"] + [shlex.quote(a.replace("{out}", "OUT")) for a in fig.args])
+
+
+def run(name: str, fig: Figure, docs: str) -> dict:
+  """Runs one figure's command; writes docs/results/NAME.json (and its plot); returns it."""
+  with tempfile.TemporaryDirectory() as out:
+    args = [a.replace("{out}", out) for a in fig.args]
+    print(f"[figures] {name}: {command_line(fig)}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+      raise SystemExit(f"[figures] {name} failed with exit code {proc.returncode}")
+    with open(fig.json.replace("{out}", out)) as f:
+      results = json.load(f)
+    record = {"name": name, "command": command_line(fig), "wall_s": round(wall, 1),
+              "platform": f"{platform.machine()}, {os.cpu_count()} CPUs",
+              "results": results}
+    os.makedirs(os.path.join(docs, "results"), exist_ok=True)
+    with open(os.path.join(docs, "results", f"{name}.json"), "w") as f:
+      json.dump(record, f, indent=1, default=float)
+      f.write("\n")
+    if fig.png:
+      dest = fig.dest or os.path.join("docs", f"{name}.png")
+      shutil.copyfile(fig.png.replace("{out}", out), os.path.join(docs, os.path.relpath(dest, "docs")))
+  print(f"[figures] {name}: {wall:.0f} s", flush=True)
+  return record
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("names", nargs="*",
+                      help=f"'all' or figure names: {', '.join(FIGURES)} (default: the cheap ones)")
+  parser.add_argument("--docs", default=os.path.join(ROOT, "docs"), help="output folder")
+  args = parser.parse_args()
+  if args.names == ["all"]:
+    names = list(FIGURES)
+  elif args.names:
+    unknown = [n for n in args.names if n not in FIGURES]
+    if unknown:
+      print(f"error: unknown figure {unknown[0]!r}; fix: use 'all' or one of {', '.join(FIGURES)}",
+            file=sys.stderr)
+      sys.exit(2)
+    names = args.names
+  else:
+    names = [n for n, f in FIGURES.items() if f.cheap]
+  for name in names:
+    run(name, FIGURES[name], args.docs)
+
+
+if __name__ == "__main__":
+  main()
