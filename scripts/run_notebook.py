@@ -1,0 +1,134 @@
+r"""Runs a notebook's code cells in order in this Python, without Jupyter; times each cell.
+
+  python scripts/run_notebook.py notebooks/quickstart.ipynb --param SIZE=gpu \
+      --timings OUT.json
+
+Parameters are assigned right after the cell tagged `parameters` (as papermill does), so
+only names that cell assigns can be set; a value is a Python literal or else a string.
+Cells share one namespace and must be plain Python (no `!` or `%` lines). The first
+failing cell stops the run with its traceback and exit code 1; the timings JSON is
+written either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def parse_params(items: list[str]) -> dict:
+  """['SIZE=gpu', 'N=4'] -> {'SIZE': 'gpu', 'N': 4}: literals where they parse, else strings."""
+  out = {}
+  for item in items:
+    name, sep, text = item.partition("=")
+    if not sep or not name.isidentifier():
+      raise ValueError(f"--param {item!r} is not NAME=VALUE; e.g. --param SIZE=tiny")
+    try:
+      out[name] = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      out[name] = text
+  return out
+
+
+def code_cells(notebook: dict) -> list[tuple[str, bool]]:
+  """(source, is the parameters cell) of every code cell, in order."""
+  out = []
+  for cell in notebook.get("cells", []):
+    if cell.get("cell_type") != "code":
+      continue
+    src = cell.get("source", "")
+    src = "".join(src) if isinstance(src, list) else src
+    out.append((src, "parameters" in cell.get("metadata", {}).get("tags", [])))
+  return out
+
+
+def assigned_names(source: str) -> set[str]:
+  """Names bound by top-level assignments of a cell."""
+  names = set()
+  for node in ast.parse(source).body:
+    targets = node.targets if isinstance(node, ast.Assign) else (
+        [node.target] if isinstance(node, ast.AnnAssign) else [])
+    names.update(t.id for t in targets if isinstance(t, ast.Name))
+  return names
+
+
+def check_params(cells: list[tuple[str, bool]], params: dict) -> None:
+  """ValueError unless every parameter is assigned by the notebook's parameters cell."""
+  if not params:
+    return
+  marked = [src for src, is_param in cells if is_param]
+  if not marked:
+    raise ValueError("the notebook has no cell tagged 'parameters', so --param cannot be used")
+  known = assigned_names(marked[0])
+  unknown = sorted(set(params) - known)
+  if unknown:
+    raise ValueError(f"--param {', '.join(unknown)} is not assigned in the parameters cell; "
+                     f"known: {', '.join(sorted(known))}")
+
+
+def first_line(source: str) -> str:
+  return next((line.strip() for line in source.splitlines() if line.strip()), "")[:80]
+
+
+def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: str | None) -> int:
+  """Executes the cells; returns 0, or 1 after the first failing cell."""
+  namespace = {"__name__": "__main__", "__file__": os.path.abspath(path)}
+  record = {"notebook": path, "params": params, "python": sys.version.split()[0],
+            "cells": [], "status": "ok"}
+  t_all = time.perf_counter()
+  status = 0
+  for i, (source, is_param) in enumerate(cells):
+    t0 = time.perf_counter()
+    print(f"--- cell {i}: {first_line(source)}", flush=True)
+    try:
+      exec(compile(source, f"<{os.path.basename(path)} cell {i}>", "exec"), namespace)
+      if is_param:
+        namespace.update(params)
+    except (Exception, SystemExit):
+      traceback.print_exc()
+      record.update(status="error", failed_cell=i)
+      status = 1
+    seconds = time.perf_counter() - t0
+    record["cells"].append({"cell": i, "first_line": first_line(source), "seconds": seconds})
+    print(f"--- cell {i}: {seconds:.2f} s", flush=True)
+    if status:
+      break
+  record["total_seconds"] = time.perf_counter() - t_all
+  print(f"--- {record['status']}: {len(record['cells'])} of {len(cells)} cells in "
+        f"{record['total_seconds']:.1f} s", flush=True)
+  if timings_path:
+    os.makedirs(os.path.dirname(os.path.abspath(timings_path)), exist_ok=True)
+    with open(timings_path, "w") as f:
+      json.dump(record, f, indent=1, default=str)
+  return status
+
+
+def main(argv: list[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("notebook", help="path of the .ipynb file")
+  ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                  help="override a name of the parameters cell (repeatable)")
+  ap.add_argument("--timings", help="write per-cell wall times as JSON here")
+  args = ap.parse_args(argv)
+  if not os.path.isfile(args.notebook):
+    print(f"error: notebook {args.notebook!r} not found; fix: pass the path of an .ipynb file",
+          file=sys.stderr)
+    return 2
+  try:
+    params = parse_params(args.param)
+    with open(args.notebook, encoding="utf-8") as f:
+      cells = code_cells(json.load(f))
+    check_params(cells, params)
+  except (ValueError, SyntaxError) as e:  # JSONDecodeError is a ValueError
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return run(args.notebook, cells, params, args.timings)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
