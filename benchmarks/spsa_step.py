@@ -4,9 +4,11 @@
       --json bench_out/spsa_step.json
 
 Measures, after warm-up (median of --reps):
-  * the jitted SOMA step (every expert x direction x sign, Adam, head update);
-  * the ideal: a plain batched forward of the same experts over the same tokens
-    (2 A n_pert B T per expert, unperturbed weights) -> `efficiency`;
+  * the jitted SOMA step (every expert x direction x sign, Adam, head update) at the
+    config's pert_chunk ("auto" resolved as training resolves it);
+  * the ideal: plain forward passes of the same experts over the same number of tokens
+    (2 A n_pert B T per expert, unperturbed weights), in pieces of 2 C B sequences so it
+    fits wherever the step fits -> `efficiency`;
   * a large f32 matmul -> `matmul_peak_gflops`, against which `achieved_gflops` is read;
   * a naive reference: a Python loop over directions calling a jitted one-direction
     estimate, then the same jitted update -> `speedup_vs_loop`.
@@ -14,6 +16,7 @@ Peak memory is XLA's buffer plan for the compiled step (arguments + outputs + te
 the same number on every backend; on GPU the allocator's peak is reported as well.
 """
 
+import dataclasses
 import functools
 import statistics
 import time
@@ -24,7 +27,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from soma_jax import cli, spsa, train
+from soma_jax import cli, memory, spsa, train
 from soma_jax import config as config_lib
 from soma_jax import model as model_lib
 
@@ -45,45 +48,57 @@ def timeit(fn, reps: int) -> float:
   return statistics.median(times)
 
 
-def plan_bytes(compiled) -> int:
-  m = compiled.memory_analysis()
-  if m is None:
-    return -1
-  return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-             - m.alias_size_in_bytes)
-
-
 def matmul_peak_gflops(n: int = 2048, reps: int = 5) -> float:
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   f = jax.jit(lambda x: x @ x)
   return 2 * n**3 / timeit(lambda: f(a), reps) / 1e9
 
 
+def ideal_forward(cfg: spsa.StepConfig):
+  """Plain forwards over 2 A K B windows per expert, 2 C B at a time (lax.map).
+
+  Each piece's windows are the accumulation batch's, shifted by the piece index so no
+  piece is loop-invariant (XLA would hoist it and time nothing).
+  """
+  k, ch, a = cfg.spsa.n_pert, cfg.spsa.chunk, cfg.spsa.accum
+  loss = functools.partial(model_lib.streamed_loss, time_block=cfg.spsa.time_block)
+  head_axis = None if cfg.model.shared_head else 0
+
+  @jax.jit
+  def fwd(body_N, head, batch_NxAxBxT1):
+    def piece(i):
+      w = batch_NxAxBxT1[:, i // (k // ch)]
+      w = jnp.tile(w + i.astype(w.dtype), (1, 2 * ch, 1))  # [N, 2 C B, T + 1]
+      return jax.vmap(loss, in_axes=(0, head_axis, 0))(body_N, head, w)
+    return jax.lax.map(piece, jnp.arange(a * k // ch))
+  return fwd
+
+
 def benchmark(c, reps: int = 5, loop: bool = True) -> dict:
   config_lib.validate(c)
-  cfg = train.step_config(c)
   n, a, k, b, t = c.n_experts, c.spsa.accum, c.spsa.n_pert, c.spsa.batch, c.data.seq_len
+  choice = train.choose_chunk(c, n)
+  cfg = train.step_config(c, choice.chunk)
   state = train.initial_state(c)
   rng = np.random.default_rng(0)
   batch = jnp.asarray(rng.integers(0, 256, (n, a, b, t + 1), dtype=np.uint8))
   ids = jnp.arange(n, dtype=jnp.int32)
 
   step = jax.jit(spsa.train_step, static_argnames="cfg")
-  compiled = step.lower(state, batch, ids, cfg=cfg).compile()
-  step_s = timeit(lambda: compiled(state, batch, ids)[0].body, reps)
-
-  # The ideal: the same experts over the same tokens in one plain forward each.
-  fwd_batch = jnp.asarray(rng.integers(0, 256, (n, 2 * a * k * b, t + 1), dtype=np.uint8))
-  head_axis = None if cfg.model.shared_head else 0
-  fwd = jax.jit(jax.vmap(model_lib.loss, in_axes=(0, head_axis, 0)))
-  fwd_s = timeit(lambda: fwd(state.body, state.head, fwd_batch), reps)
+  with memory.matmul_precision(c.precision):
+    compiled = step.lower(state, batch, ids, cfg=cfg).compile()
+    step_s = timeit(lambda: compiled(state, batch, ids)[0].body, reps)
+    fwd = ideal_forward(cfg)
+    fwd_s = timeit(lambda: fwd(state.body, state.head, batch), reps)
 
   tokens = 2 * a * k * b * t * n
   flops_per_token = model_lib.flops_per_token(cfg.model)
   out = {
       "config": {"n_experts": n, "d_t": c.model.d_t, "depth": c.model.depth, "n_pert": k,
-                 "batch": b, "accum": a, "seq_len": t, "pert_chunk": c.spsa.pert_chunk,
-                 "probe": c.spsa.probe, "params_per_expert": model_lib.body_params(cfg.model)},
+                 "batch": b, "accum": a, "seq_len": t, "pert_chunk": choice.chunk,
+                 "pert_chunk_setting": str(c.spsa.pert_chunk), "time_block": c.spsa.time_block,
+                 "precision": c.precision, "probe": c.spsa.probe,
+                 "params_per_expert": model_lib.body_params(cfg.model)},
       "backend": jax.default_backend(),
       "device": str(jax.devices()[0].device_kind),
       "step_seconds": step_s,
@@ -93,28 +108,29 @@ def benchmark(c, reps: int = 5, loop: bool = True) -> dict:
       "efficiency": fwd_s / step_s,
       "achieved_gflops": tokens * flops_per_token / step_s / 1e9,
       "matmul_peak_gflops": matmul_peak_gflops(),
-      "peak_memory_bytes": plan_bytes(compiled),
+      "peak_memory_bytes": memory.planned_bytes(compiled),
+      "device_limit_bytes": choice.limit_bytes,
   }
   out["fraction_of_matmul_peak"] = out["achieved_gflops"] / out["matmul_peak_gflops"]
   stats = jax.devices()[0].memory_stats() or {}
   if "peak_bytes_in_use" in stats:
     out["device_peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
   # Peak memory scales with pert_chunk, not n_pert: the same step at 2 n_pert.
-  c2 = c.copy_and_resolve_references()
-  with c2.unlocked():
-    c2.spsa.n_pert = 2 * k
-  cfg2 = train.step_config(c2)
-  out["peak_memory_bytes_2x_n_pert"] = plan_bytes(step.lower(state, batch, ids, cfg=cfg2).compile())
+  cfg2 = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, n_pert=2 * k))
+  out["peak_memory_bytes_2x_n_pert"] = memory.planned_bytes(
+      step.lower(state, batch, ids, cfg=cfg2).compile())
   out["memory_ratio_2x_n_pert"] = out["peak_memory_bytes_2x_n_pert"] / out["peak_memory_bytes"]
   if loop:
-    out["loop_seconds"] = naive_loop_seconds(state, batch, ids, cfg, min(reps, 3))
+    with memory.matmul_precision(c.precision):
+      out["loop_seconds"] = naive_loop_seconds(state, batch, ids, cfg, min(reps, 3))
     out["speedup_vs_loop"] = out["loop_seconds"] / step_s
   return out
 
 
 def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> float:
   """What the step replaces: one jitted call per direction and accumulation batch."""
-  one = spsa.SpsaConfig(n_pert=1, accum=1, probe=cfg.spsa.probe, pert_chunk=1)
+  one = spsa.SpsaConfig(n_pert=1, accum=1, probe=cfg.spsa.probe, pert_chunk=1,
+                        time_block=cfg.spsa.time_block)
   base_key = jax.random.key(cfg.seed)
 
   @jax.jit

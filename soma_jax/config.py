@@ -11,7 +11,7 @@ import ml_collections
 from soma_jax.errors import UserError
 
 SIZES = ("tiny", "cpu", "paper")
-METHODS = ("soma", "bptt", "eggroll")
+METHODS = ("soma", "bptt", "eggroll", "eggroll_lstm")
 PAPER_WIDTH = {1: 509, 2: 361, 8: 181, 256: 32}  # SPEC section 2 size table
 
 
@@ -39,7 +39,7 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   if n < 1:
     raise UserError(f"n={n} experts; n must be >= 1")
   c = ml_collections.ConfigDict()
-  c.method = "soma"  # soma | bptt | eggroll
+  c.method = "soma"  # soma | bptt | eggroll (the GRU of SPEC 6) | eggroll_lstm (ES on this body)
   c.n_experts = n  # N: experts, each with its own data shard, loss and Adam state
   c.experts = ""  # "" = all; "a:b" trains experts a..b-1 only, as an independent job
   c.seed = 0  # base key of every probe: (seed, step, expert, accum, direction)
@@ -48,7 +48,14 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   c.eval_every = 50  # expert validation on each expert's 1% split; drives the plateau rule
   c.ensemble_eval_every = 0  # routed ensemble validation cadence (0 = at the end only)
   c.ckpt_every = 50  # checkpoint cadence (also on SIGTERM / SIGINT)
+  # float32 matmuls of the training step: default (TF32 on recent NVIDIA GPUs; SPSA
+  # coefficients within 1.2% of full f32 at eps 1e-3, measured on an H200), high or
+  # highest (full f32, 1.5x slower there). Evaluation always runs at highest (SPEC 3.3).
+  c.precision = "default"
   c.init_from = ""  # a seed workdir: copy its body and E into every expert (SPEC 3.4)
+  # On resume, config fields allowed to differ from the saved run on purpose, e.g.
+  # "opt.lr,spsa.n_pert" (recorded in config_history.jsonl; shape fields never change).
+  c.resume_overrides = ""
 
   c.model = ml_collections.ConfigDict()
   c.model.d_t = 64  # body width
@@ -62,7 +69,10 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   c.spsa.accum = 1  # A: batches per update, each with fresh directions
   c.spsa.eps = 1e-3  # initial perturbation scale (halved with lr on a plateau)
   c.spsa.probe = "sparse"  # sparse | rademacher | gaussian
-  c.spsa.pert_chunk = 8  # directions evaluated at once (memory ~ chunk, not n_pert)
+  # Directions evaluated at once (memory ~ chunk, not n_pert): "auto" = the largest
+  # divisor of n_pert whose compiled step fits the GPU, or 2 on a CPU; or an integer.
+  c.spsa.pert_chunk = ml_collections.FieldReference("auto", field_type=object)
+  c.spsa.time_block = 64  # positions per block of the streamed SPSA loss (memory ~ this)
 
   c.opt = ml_collections.ConfigDict()
   c.opt.lr = 1e-3  # initial Adam learning rate (per expert, plateau-scheduled)
@@ -91,7 +101,8 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
 
   if size == "cpu":  # demo scale on 2 cores: minutes
     c.opt.lr = 3e-3  # a short run needs a larger step than the paper's 1e-3 (measured)
-    c.spsa.pert_chunk = 2  # on CPU small chunks stay in cache: 2.8 s vs 3.7 s at 8 (N=4)
+    c.spsa.batch = 2  # T = 1024 covers the scored targets 257..1024; B * T as at 8 x 256
+    c.data.update(seq_len=1024, val_windows=16)
   elif size == "tiny":  # unit tests: seconds
     c.model.update(d_t=8, d_e=8)
     c.spsa.update(n_pert=4, batch=2, pert_chunk=4)
@@ -103,7 +114,9 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
     wide = d_t != 32
     c.model.update(d_t=d_t, shared_head=not wide)
     c.opt.update(train_head=wide, weight_decay=1e-4 if wide else 0.0)
-    c.spsa.update(n_pert=64, batch=64, pert_chunk=16)
+    if wide:  # the wide controls (N = 1, 2, 8, monoliths) start at lr = eps = 0.0025
+      c.opt.lr = c.spsa.eps = 0.0025
+    c.spsa.update(n_pert=64, batch=64, time_block=16)  # time_block 16: n_pert 64 in one chunk
     c.data.update(seq_len=1024, val_windows=256)
     c.update(steps=100_000, log_every=50, eval_every=500, ckpt_every=1000)
     c.eggroll.update(pop=2**20, pop_chunk=4096)
@@ -121,12 +134,15 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for key in ("d_t", "d_e", "depth"):
     need(c.model[key] >= 1, f"model.{key}={c.model[key]} must be >= 1")
   s = c.spsa
-  for key in ("n_pert", "batch", "accum", "pert_chunk"):
+  for key in ("n_pert", "batch", "accum", "time_block"):
     need(s[key] >= 1, f"spsa.{key}={s[key]} must be >= 1")
+  chunk = pert_chunk(c)
+  need(chunk == "auto" or s.n_pert % min(chunk, s.n_pert) == 0,
+       f"spsa.pert_chunk={s.pert_chunk} must divide spsa.n_pert={s.n_pert} (or be auto)")
+  need(c.precision in ("default", "high", "highest"),
+       f"precision={c.precision!r}; use default, high or highest")
   need(s.probe in ("sparse", "rademacher", "gaussian"),
        f"spsa.probe={s.probe!r}; use sparse, rademacher or gaussian")
-  need(s.n_pert % min(s.pert_chunk, s.n_pert) == 0,
-       f"spsa.pert_chunk={s.pert_chunk} must divide spsa.n_pert={s.n_pert}")
   need(s.eps > 0 and c.opt.lr > 0, "spsa.eps and opt.lr must be > 0")
   need(c.data.seq_len >= 1 and 1024 % c.data.seq_len == 0,
        f"data.seq_len={c.data.seq_len} must divide 1024 (e.g. 256 or 1024)")
@@ -139,12 +155,24 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(c.model.shared_head or c.opt.train_head,
          "method=bptt with per-expert heads trains them: set opt.train_head=True")
   if c.method == "eggroll":
+    need(not c.init_from, "method=eggroll trains the GRU from its own init; set init_from=''")
+  if c.method in ("eggroll", "eggroll_lstm"):
     e = c.eggroll
     need(e.pop >= 2 and e.pop % 2 == 0, f"eggroll.pop={e.pop} must be even (antithetic pairs)")
     need(e.rank >= 1 and e.sigma > 0, "eggroll.rank must be >= 1 and eggroll.sigma > 0")
     need(e.pop % e.pop_chunk == 0 and e.pop_chunk % 2 == 0,
          f"eggroll.pop_chunk={e.pop_chunk} must be even and divide eggroll.pop={e.pop}")
   expert_range(c)
+
+
+def pert_chunk(c: ml_collections.ConfigDict) -> int | str:
+  """spsa.pert_chunk as "auto" or a positive int (command lines may give "16")."""
+  v = c.spsa.pert_chunk
+  if isinstance(v, str) and v.strip().isdigit():
+    v = int(v)
+  if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+    return v
+  raise UserError(f"spsa.pert_chunk={v!r} must be auto or a positive integer dividing n_pert")
 
 
 def expert_range(c: ml_collections.ConfigDict) -> tuple[int, int]:

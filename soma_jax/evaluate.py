@@ -37,7 +37,8 @@ def expert_params(body_N: PyTree, head: jax.Array, e, shared_head: bool):
 @functools.partial(jax.jit, static_argnames=("shared_head", "first"))
 def _target_logprobs(body_N, head, e, windows_BxW, shared_head: bool, first: int):
   body, head_e = expert_params(body_N, head, e, shared_head)
-  logits = model_lib.logits(body, head_e, windows_BxW[:, :-1])[:, first - 1:]
+  with jax.default_matmul_precision("highest"):  # evaluation never uses TF32 (SPEC 3.3)
+    logits = model_lib.logits(body, head_e, windows_BxW[:, :-1])[:, first - 1:]
   targets = windows_BxW[:, first:].astype(jnp.int32)
   return -model_lib.cross_entropy(logits, targets)
 

@@ -80,26 +80,50 @@ def lstm_cell(w_h: jax.Array | LowRank, gx_Bx4D: jax.Array, h: jax.Array, c: jax
   return jax.nn.sigmoid(o) * jnp.tanh(c), c
 
 
-def lstm(p: dict, x_TxBxD: jax.Array) -> jax.Array:
-  """Bias-free LSTM over time-major inputs from a zero state.
+def lstm(p: dict, x_TxBxD: jax.Array, carry: tuple[jax.Array, jax.Array] | None = None
+         ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  """Bias-free LSTM over time-major inputs from `carry` (h, c), zero if None.
 
-  The input-side gates are computed for all T positions first, as one large matmul;
-  only the recurrent matmul h @ w_h runs inside the scan, which reads one contiguous
-  [B, 4 d] slice per step.
+  Returns (h for every step [T, B, D], the final (h, c)). The input-side gates are
+  computed for all T positions first, as one large matmul; only the recurrent matmul
+  h @ w_h runs inside the scan, which reads one contiguous [B, 4 d] slice per step.
   """
   gx_TxBx4D = linear(x_TxBxD, p["w_x"])
-  zeros = jnp.zeros(x_TxBxD.shape[1:], x_TxBxD.dtype)
+  if carry is None:
+    zeros = jnp.zeros(x_TxBxD.shape[1:], x_TxBxD.dtype)
+    carry = (zeros, zeros)
 
   def step(carry, gx_Bx4D):
     h, c = lstm_cell(p["w_h"], gx_Bx4D, *carry)
     return (h, c), h
 
-  return jax.lax.scan(step, (zeros, zeros), gx_TxBx4D)[1]
+  carry, h_TxBxD = jax.lax.scan(step, carry, gx_TxBx4D)
+  return h_TxBxD, carry
 
 
 def mlp(p: dict, x: jax.Array) -> jax.Array:
   """d_t -> 4 d_t -> d_t with exact GELU, bias-free."""
   return linear(jax.nn.gelu(linear(x, p["w_in"]), approximate=False), p["w_out"])
+
+
+def _span(body: PyTree, embed_VxE: jax.Array, inputs_TxB: jax.Array, carry_D: list | None
+          ) -> tuple[jax.Array, list]:
+  """Decoder inputs [T, B, d_E] of a span of time-major byte inputs, from LSTM states
+  `carry_D` (one (h, c) per block; None = zero state), and the states after the span."""
+  x = jnp.take(embed_VxE, inputs_TxB.astype(jnp.int32), axis=0)
+  if "in_proj" in body:
+    x = linear(x, body["in_proj"])
+  carry_D = carry_D or [None] * len(body["blocks"])
+  new_carry_D = []
+  for blk, carry in zip(body["blocks"], carry_D):
+    h, carry = lstm(blk["lstm"], layer_norm(x, blk["ln1"]["scale"]), carry)
+    x = x + h
+    x = x + mlp(blk["mlp"], layer_norm(x, blk["ln2"]["scale"]))
+    new_carry_D.append(carry)
+  x = layer_norm(x, body["ln_f"]["scale"])
+  if "out_proj" in body:
+    x = linear(x, body["out_proj"])
+  return x, new_carry_D
 
 
 def features(body: PyTree, embed_VxE: jax.Array, inputs_BxT: jax.Array) -> jax.Array:
@@ -108,20 +132,15 @@ def features(body: PyTree, embed_VxE: jax.Array, inputs_BxT: jax.Array) -> jax.A
   Activations are time-major [T, B, d] inside, so the recurrent scan reads contiguous
   memory and no [B, T, 4 d] gate tensor is ever transposed.
   """
-  x = jnp.take(embed_VxE, inputs_BxT.T.astype(jnp.int32), axis=0)
-  if "in_proj" in body:
-    x = linear(x, body["in_proj"])
-  for blk in body["blocks"]:
-    x = x + lstm(blk["lstm"], layer_norm(x, blk["ln1"]["scale"]))
-    x = x + mlp(blk["mlp"], layer_norm(x, blk["ln2"]["scale"]))
-  x = layer_norm(x, body["ln_f"]["scale"])
-  if "out_proj" in body:
-    x = linear(x, body["out_proj"])
-  return jnp.swapaxes(x, 0, 1)
+  return jnp.swapaxes(_span(body, embed_VxE, inputs_BxT.T, None)[0], 0, 1)
 
 
 def logits(body: PyTree, embed_VxE: jax.Array, inputs_BxT: jax.Array) -> jax.Array:
-  """Next-byte logits [B, T, V] through the tied byte matrix."""
+  """Next-byte logits [B, T, V] through the tied byte matrix (a GRU body: its own head)."""
+  if "layers" in body:  # the EGGROLL GRU (soma_jax.gru); embed_VxE is unused
+    from soma_jax import gru
+
+    return gru.gru_logits(body, inputs_BxT)
   return features(body, embed_VxE, inputs_BxT) @ embed_VxE.T
 
 
@@ -136,6 +155,39 @@ def loss(body: PyTree, embed_VxE: jax.Array, window_BxT1: jax.Array) -> jax.Arra
   """Mean next-byte cross entropy (nats/byte) of one expert on windows of T + 1 bytes."""
   out = logits(body, embed_VxE, window_BxT1[:, :-1])
   return jnp.mean(cross_entropy(out, window_BxT1[:, 1:]))
+
+
+def streamed_loss(body: PyTree, embed_VxE: jax.Array, window_BxT1: jax.Array,
+                  time_block: int = 64) -> jax.Array:
+  """`loss` in time blocks: memory independent of T (the SPSA step's forward).
+
+  SPSA needs only each perturbed scalar loss, so nothing of a window is kept beyond one
+  block of `time_block` positions: each block computes its input gates, recurrences, MLP,
+  logits and summed cross entropy, then passes the LSTM states (h, c) of every layer on
+  to the next block. Peak activations are [time_block, B, 4 d_t] rather than
+  [T, B, 4 d_t]; the arithmetic is the same as `loss`, equal to float32 rounding.
+  A final block of T mod time_block positions covers any remainder.
+  """
+  if "layers" in body:  # the EGGROLL GRU (soma_jax.gru): one pass
+    return loss(body, embed_VxE, window_BxT1)
+  inputs_TxB, targets_TxB = window_BxT1[:, :-1].T, window_BxT1[:, 1:].T
+  t, b = inputs_TxB.shape
+  tb = min(time_block, t)
+  n_full = t // tb
+
+  def block(carry_D, span):
+    inputs, targets = span
+    x, carry_D = _span(body, embed_VxE, inputs, carry_D)
+    return carry_D, jnp.sum(cross_entropy(x @ embed_VxE.T, targets))
+
+  zeros = jnp.zeros((b, body["ln_f"]["scale"].shape[-1]), embed_VxE.dtype)
+  carry_D = [(zeros, zeros) for _ in body["blocks"]]
+  split = lambda a: a[:n_full * tb].reshape(n_full, tb, b)
+  carry_D, sums = jax.lax.scan(block, carry_D, (split(inputs_TxB), split(targets_TxB)))
+  total = jnp.sum(sums)
+  if t % tb:
+    total += block(carry_D, (inputs_TxB[n_full * tb:], targets_TxB[n_full * tb:]))[1]
+  return total / (b * t)
 
 
 def init_body(key: jax.Array, cfg: ModelConfig) -> PyTree:

@@ -39,12 +39,13 @@ class SpsaConfig:
   accum: int = 1  # A: batches averaged per update, each with fresh directions
   probe: str = "sparse"  # sparse | rademacher | gaussian
   pert_chunk: int = 16  # directions evaluated at once; peak memory scales with this
+  time_block: int = 64  # positions per block of the streamed loss; memory ~ this, not T
 
   def __post_init__(self):
     if self.probe not in PROBES:
       raise ValueError(f"probe must be one of {PROBES}, got {self.probe!r}")
-    if self.n_pert < 1 or self.accum < 1 or self.pert_chunk < 1:
-      raise ValueError("n_pert, accum and pert_chunk must be positive")
+    if min(self.n_pert, self.accum, self.pert_chunk, self.time_block) < 1:
+      raise ValueError("n_pert, accum, pert_chunk and time_block must be positive")
     if self.n_pert % self.chunk:
       raise ValueError(f"pert_chunk={self.pert_chunk} must divide n_pert={self.n_pert}")
 
@@ -107,13 +108,19 @@ def probe_second_moment(params: PyTree, kind: str = "sparse") -> PyTree:
 LossFn = Callable[[PyTree, jax.Array, jax.Array], jax.Array]  # (body, head, batch) -> scalar
 
 
-def _group_sum(losses_NxCx2: jax.Array, groups: Sequence[int] | None) -> jax.Array:
-  """Shared-loss variant: every expert sees the sum of its group's losses."""
+def _group_diff(losses_NxCx2: jax.Array, groups: Sequence[int] | None) -> jax.Array:
+  """[N, C] L(theta + eps z) - L(theta - eps z): each expert's own, or its group's summed loss's.
+
+  The group's difference is the sum of its experts' own differences, summed in float64 when
+  x64 is enabled: each float32 difference of two nearby losses is exact (Sterbenz), whereas
+  the float32 sum of N losses would round the difference at N times the loss's precision.
+  """
+  diff_NxC = losses_NxCx2[..., 0] - losses_NxCx2[..., 1]
   if groups is None:
-    return losses_NxCx2
-  n_groups = max(groups) + 1
+    return diff_NxC
+  wide_NxC = diff_NxC.astype(jnp.float64 if jax.config.jax_enable_x64 else diff_NxC.dtype)
   ids = jnp.asarray(groups, jnp.int32)
-  return jax.ops.segment_sum(losses_NxCx2, ids, num_segments=n_groups)[ids]
+  return jax.ops.segment_sum(wide_NxC, ids, num_segments=max(groups) + 1)[ids]
 
 
 def estimate(
@@ -125,7 +132,7 @@ def estimate(
     expert_ids_N: jax.Array,
     base_key: jax.Array,
     cfg: SpsaConfig,
-    loss_fn: LossFn = model_lib.loss,
+    loss_fn: LossFn | None = None,
     shared_head: bool = True,
     loss_groups: Sequence[int] | None = None,
     directions: tuple[jax.typing.ArrayLike, int] | None = None,
@@ -135,7 +142,9 @@ def estimate(
     g_hat_e = 1/(A K) sum_a sum_j [L_e(theta + eps z) - L_e(theta - eps z)] / (2 eps) z
 
   All K directions and both signs of accumulation batch a use that batch. Directions are
-  processed C at a time in a `lax.scan`, so memory holds C perturbed copies, not K.
+  processed C at a time in a `lax.scan`, so memory holds C perturbed copies, not K. The
+  default loss is `model.streamed_loss` in blocks of `cfg.time_block` positions, so
+  activation memory is ~ 2 N C B time_block 4 d_t floats, independent of T.
   `loss_groups` (one group id per expert) sums losses within each group before the
   difference: the shared-loss estimator. Returns (g_hat_N, loss_N), loss_N being the
   mean of the 2 A K perturbed losses of each expert.
@@ -151,6 +160,8 @@ def estimate(
     raise ValueError(f"direction count {count} must be a positive multiple of the chunk {size}")
   n_chunks = count // size
   head_axis = None if shared_head else 0
+  if loss_fn is None:
+    loss_fn = functools.partial(model_lib.streamed_loss, time_block=cfg.time_block)
 
   def draw(body, expert, a, j):
     return probe(probe_key(base_key, step, expert, a, j), body, cfg.probe)
@@ -173,8 +184,8 @@ def estimate(
         lambda body, h, b, eps, z: jax.vmap(lambda zj: perturbed_losses(body, h, b, eps, zj))(z),
         in_axes=(0, head_axis, 0, 0, 0),
     )(body_N, head, batch_NxBxT1, eps_N, z_NxC)
-    diff = _group_sum(losses_NxCx2, loss_groups)
-    coef_NxC = (diff[..., 0] - diff[..., 1]) / (2 * eps_N[:, None])
+    diff_NxC = _group_diff(losses_NxCx2, loss_groups)
+    coef_NxC = (diff_NxC / (2 * eps_N[:, None])).astype(eps_N.dtype)
     g_N = jax.tree.map(lambda g, z: g + jnp.einsum("nc,nc...->n...", coef_NxC, z), g_N, z_NxC)
     return g_N, jnp.sum(losses_NxCx2, axis=(1, 2))
 
@@ -353,6 +364,11 @@ def train_step(state: TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.A
 
 def expert_losses(body_N: PyTree, head: jax.Array, windows_NxBxT1: jax.Array,
                   shared_head: bool = True) -> jax.Array:
-  """Each expert's mean loss on its own windows, [N] (expert validation)."""
-  return jax.vmap(model_lib.loss, in_axes=(0, None if shared_head else 0, 0))(
-      body_N, head, windows_NxBxT1)
+  """Each expert's mean loss on its own windows, [N] (expert validation).
+
+  Streamed in time blocks (memory independent of T) and, like all evaluation, with full
+  float32 matmuls whatever the training precision (SPEC 3.3).
+  """
+  with jax.default_matmul_precision("highest"):
+    return jax.vmap(model_lib.streamed_loss, in_axes=(0, None if shared_head else 0, 0))(
+        body_N, head, windows_NxBxT1)

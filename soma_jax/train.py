@@ -8,11 +8,14 @@ expert, accumulation index, direction) and the batches from (seed, expert, step)
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -24,9 +27,9 @@ from absl import logging
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import config as config_lib
 from soma_jax import evaluate as eval_lib
+from soma_jax import memory, spsa
 from soma_jax import metrics as metrics_lib
 from soma_jax import model as model_lib
-from soma_jax import spsa
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 
@@ -38,15 +41,20 @@ def model_config(c: ml_collections.ConfigDict) -> model_lib.ModelConfig:
                                shared_head=c.model.shared_head)
 
 
-def step_config(c: ml_collections.ConfigDict) -> spsa.StepConfig:
+def step_config(c: ml_collections.ConfigDict, pert_chunk: int | None = None) -> spsa.StepConfig:
+  """The static step settings; `pert_chunk` resolves spsa.pert_chunk="auto" (see
+  `choose_chunk`; without it "auto" stands for the CPU's chunk, enough for shapes)."""
+  chunk = pert_chunk or config_lib.pert_chunk(c)
+  if chunk == "auto":
+    chunk = max(d for d in memory.divisors_desc(c.spsa.n_pert) if d <= memory.CPU_CHUNK)
   return spsa.StepConfig(
       model=model_config(c),
       spsa=spsa.SpsaConfig(n_pert=c.spsa.n_pert, accum=c.spsa.accum, probe=c.spsa.probe,
-                           pert_chunk=c.spsa.pert_chunk),
+                           pert_chunk=chunk, time_block=c.spsa.time_block),
       weight_decay=c.opt.weight_decay, train_head=c.opt.train_head, seed=c.seed)
 
 
-def make_step(c: ml_collections.ConfigDict):
+def make_step(c: ml_collections.ConfigDict, pert_chunk: int | None = None):
   """(jitted step(state, batch, expert_ids) -> (state, metrics), ops per update per expert).
 
   Ops follow SPEC 7: SPSA 2 A n_pert B T F; EGGROLL pop A B T F; BPTT 3 A B T F
@@ -54,9 +62,9 @@ def make_step(c: ml_collections.ConfigDict):
   """
   from soma_jax import baselines, eggroll
 
-  cfg = step_config(c)
+  cfg = step_config(c, pert_chunk)
   tokens = c.data.seq_len * c.spsa.batch * c.spsa.accum
-  f = model_lib.flops_per_token(cfg.model)
+  f = baselines.flops_per_token(c, cfg.model)
   if c.method == "soma":
     return functools.partial(_train_step, cfg=cfg), 2 * c.spsa.n_pert * tokens * f
   if c.method == "bptt":
@@ -67,6 +75,42 @@ def make_step(c: ml_collections.ConfigDict):
   step = jax.jit(baselines.eggroll_train_step, static_argnames="cfg", donate_argnames="state")
   return (functools.partial(step, cfg=baselines.EggrollStepConfig(cfg, es)),
           c.eggroll.pop * tokens * f)
+
+
+def choose_chunk(c: ml_collections.ConfigDict, n_local: int, mesh=None) -> memory.ChunkChoice:
+  """spsa.pert_chunk for this device ("auto" resolved) and the step's planned memory.
+
+  Plans the one-device step on one device's share: N / mesh.expert experts and
+  n_pert / mesh.pert directions (compile only, nothing runs).
+  """
+  if c.method != "soma":
+    return memory.ChunkChoice(1, -1, memory.device_limit_bytes(), f"method={c.method}: unused")
+  n_dev = n_local // (mesh.shape["expert"] if mesh is not None else 1)
+  k_dev = c.spsa.n_pert // (mesh.shape["pert"] if mesh is not None else 1)
+  from soma_jax import parallel
+
+  base = step_config(c)
+  state = parallel.abstract_state(base, n_dev)
+  batch = jax.ShapeDtypeStruct((n_dev, c.spsa.accum, c.spsa.batch, c.data.seq_len + 1), jnp.uint8)
+  ids = jax.ShapeDtypeStruct((n_dev,), jnp.int32)
+
+  def plan_at(chunk: int) -> int:
+    cfg = dataclasses.replace(base, spsa=dataclasses.replace(base.spsa, n_pert=k_dev,
+                                                             pert_chunk=chunk))
+    with memory.matmul_precision(c.precision):
+      return memory.planned_bytes(_train_step.lower(state, batch, ids, cfg=cfg).compile())
+
+  chunk = config_lib.pert_chunk(c)
+  limit = memory.device_limit_bytes()
+  if chunk != "auto":
+    return memory.ChunkChoice(chunk, plan_at(min(chunk, k_dev)), limit, "fixed")
+  return memory.choose_pert_chunk(plan_at, k_dev, jax.default_backend(), limit)
+
+
+def _baselines():
+  from soma_jax import baselines  # the non-SOMA methods; loaded when a run starts
+
+  return baselines
 
 
 def plateau_config(c: ml_collections.ConfigDict) -> spsa.PlateauConfig:
@@ -84,6 +128,11 @@ def initial_params(c: ml_collections.ConfigDict) -> tuple[PyTree, jax.Array]:
   """
   a, b = config_lib.expert_range(c)
   cfg = model_config(c)
+  if c.method == "eggroll":  # the paper's GRU (SPEC 6), its head inside the body
+    from soma_jax import baselines
+
+    body_N, head = baselines.init_gru_experts(c)
+    return jax.tree.map(lambda x: x[a:b], body_N), head
   if c.init_from:
     body, head = seed_params(c.init_from, cfg)
     body_N = jax.tree.map(lambda x: jnp.broadcast_to(x, (b - a,) + x.shape), body)
@@ -185,40 +234,88 @@ def _expert_val_windows(c, experts: range) -> np.ndarray:
   return np.stack([w[:v] for w in per])
 
 
-def _check_workdir(workdir: str) -> None:
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, ".write_test")
-    with open(probe, "w") as f:
-      f.write("ok")
-    os.remove(probe)
-  except OSError as e:
-    raise UserError(f"workdir {workdir!r} is not writable ({e.strerror}); "
-                    "fix: choose a writable --workdir") from None
-
-
-def train(c: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Trains (or resumes) the run in `workdir` to `c.steps`; returns a summary dict."""
-  config_lib.validate(c)
-  _check_workdir(workdir)
+def _check_inputs(c: ml_collections.ConfigDict) -> None:
   if not c.data.dir:
     raise UserError("config.data.dir is empty; fix: --config.data.dir=DIR from "
                     "experiments/prepare_data.py")
   pipeline.check_data_dir(c.data.dir, c.n_experts)
   if c.init_from and not os.path.isdir(c.init_from):
     raise UserError(f"init_from={c.init_from!r} does not exist; fix: the seed run's workdir")
-  ckpt_lib.write_config(workdir, c)
+
+
+def train(c: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Trains (or resumes) the run in `workdir` to `c.steps`; returns a summary dict.
+
+  Stages: check the inputs, lock the workdir, check a resume against the saved config
+  (nothing is written before that passes), build the step and the input pipeline,
+  restore the newest good checkpoint, then the step loop with its periodic actions.
+  """
+  config_lib.validate(c)
+  _check_inputs(c)
+  lock = ckpt_lib.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
+  with lock:
+    changed, overrides, data_sha = _open_workdir(c, workdir)
+    run = _build(c, workdir)
+    try:
+      _resume(run, overrides)
+      if jax.process_index() == 0:
+        ckpt_lib.record_start(workdir, run.start, changed, overrides, data_sha)
+      with _Stop() as stop, memory.matmul_precision(c.precision):  # the step's precision
+        summary = _step_loop(run, stop)
+    finally:
+      run.ckpt.close()
+  if summary["status"] == "done" and jax.process_index() == 0:
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=1)
+  return summary
+
+
+def _open_workdir(c: ml_collections.ConfigDict, workdir: str):
+  """(allowed changes, resume_overrides, data manifest hash); config.json written after."""
+  data_sha = ckpt_lib.manifest_sha256(c.data.dir)
+  changed, overrides = {}, []
+  if ckpt_lib.has_checkpoint(workdir) and os.path.isfile(
+      os.path.join(workdir, ckpt_lib.CONFIG_FILE)):
+    changed, overrides = ckpt_lib.check_resume(workdir, c, data_sha)
+  if jax.process_index() == 0:
+    ckpt_lib.write_config(workdir, c)
+  return changed, overrides, data_sha
+
+
+@dataclasses.dataclass
+class _Run:
+  """What the step loop works on: built by `_build`, restored by `_resume`."""
+
+  c: ml_collections.ConfigDict
+  workdir: str
+  experts: range  # the job's experts (global ids)
+  feed: list[int]  # the experts whose data this process reads
+  state: spsa.TrainState
+  step_fn: Callable
+  expert_ids: jax.Array
+  to_global: Callable
+  data: pipeline.TrainBatches
+  ckpt: ckpt_lib.Checkpointer
+  n_devices: int
+  ops_step: int  # operations of one update of the job's experts (SPEC 7)
+  tokens_step: int
+  chunk: memory.ChunkChoice
+  start: int = 0
+  totals: dict = dataclasses.field(default_factory=dict)  # restored cumulative counters
+
+
+def _build(c: ml_collections.ConfigDict, workdir: str) -> _Run:
+  """The initial state, the jitted step (`make_step`) on its devices, and the input iterator."""
   a, b = config_lib.expert_range(c)
-  experts = range(a, b)
   n_local = b - a
   step_cfg = step_config(c)
-
-  ckpt = ckpt_lib.Checkpointer(workdir, keep=c.ckpt.keep)
   state = initial_state(c)
   mesh = _mesh(c, n_local)
-  step_fn, ops_expert = make_step(c)
+  chunk = choose_chunk(c, n_local, mesh)
+  step_cfg = step_config(c, chunk.chunk)
+  step_fn, ops_expert = make_step(c, chunk.chunk)  # the step is built here, once
   if mesh is None:
-    feed = list(experts)  # this process feeds every expert of the job
+    feed = list(range(a, b))  # this process feeds every expert of the job
     expert_ids = jnp.arange(a, b, dtype=jnp.int32)
     to_global = jnp.asarray
   else:
@@ -231,91 +328,192 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict:
     state = parallel.put_state(state, mesh)
   data = pipeline.train_iterator(c.data.dir, feed, batch=c.spsa.batch, accum=c.spsa.accum,
                                  seq_len=c.data.seq_len, seed=c.seed, pooled=pooled(c))
-  # Restoring onto the current layout: a checkpoint written on another device count
-  # is resharded by orbax to the shardings of this abstract state.
-  restored = ckpt.restore_latest(ckpt_lib.abstract_like(state))
-  device_seconds = 0.0
-  if restored is not None:
-    start, state, data_state = restored
-    data.set_state(data_state["iterator"])
-    device_seconds = float(data_state.get("device_seconds", 0.0))
-    logging.info("resumed from step %d in %s", start, workdir)
-  start = int(state.step)
-
-  val_windows = to_global(_expert_val_windows(c, feed))
   ops_step = ops_expert * n_local
-  tokens_step = ops_step // model_lib.flops_per_token(step_cfg.model)
-  n_devices = 1 if mesh is None else mesh.size
+  return _Run(c=c, workdir=workdir, experts=range(a, b), feed=feed, state=state,
+              step_fn=step_fn, expert_ids=expert_ids, to_global=to_global, data=data,
+              ckpt=ckpt_lib.Checkpointer(workdir, keep=c.ckpt.keep),
+              n_devices=1 if mesh is None else mesh.size, ops_step=ops_step,
+              tokens_step=ops_step // _baselines().flops_per_token(c, step_cfg.model),
+              chunk=chunk)
 
-  writer = metrics_lib.MetricWriter(workdir, start_step=start)
-  if start == 0:
+
+def _resume(run: _Run, overrides: list[str]) -> None:
+  """Restores the newest good checkpoint (moving unreadable ones aside) into `run`.
+
+  Restoring onto the current layout: a checkpoint written on another device count is
+  resharded by orbax to the shardings of this abstract state. Fields named in
+  `resume_overrides` that live in the state (opt.lr, spsa.eps) take their new values.
+  """
+  restored = run.ckpt.restore_latest(ckpt_lib.abstract_like(run.state), heal=True)
+  if restored is None:
+    return
+  step, state, data_state = restored
+  iterator = data_state["iterator"]
+  if any(n in ("seed", "spsa", "spsa.batch") for n in overrides):  # same position, new draws
+    iterator = {**run.data.get_state(), "step": iterator["step"]}
+  run.data.set_state(iterator)
+  sched = state.sched
+  if "opt.lr" in overrides or "opt" in overrides:
+    sched = sched.replace(lr=sched.lr * 0 + run.c.opt.lr)
+  if "spsa.eps" in overrides or "spsa" in overrides:
+    sched = sched.replace(eps=sched.eps * 0 + run.c.spsa.eps)
+  run.state = state.replace(sched=sched)
+  run.start = int(step)
+  run.totals = {k: float(data_state.get(k, 0.0)) for k in _Clock.KEYS}
+  run.totals["ops"] = int(data_state.get("ops", run.ops_step * step))
+  logging.info("resumed from step %d in %s", step, run.workdir)
+
+
+class _Clock:
+  """Device-seconds (wall x devices held) of training updates only, the rest apart (SPEC 7).
+
+  `count` each update dispatched, `lap` once they have all finished; time `aside` for
+  evaluation, checkpoint saves and the first (compiling) update. Training time is
+  reported as updates x mean step seconds, so the compiling update counts at the mean
+  and only its excess is compile time.
+  """
+
+  KEYS = ("device_seconds", "compile_seconds", "eval_seconds", "ckpt_seconds")
+
+  def __init__(self, run: _Run):
+    self.n_devices, self.ops_step, self.base = run.n_devices, run.ops_step, run.totals
+    self.seconds, self.steps, self._pending = 0.0, 0, 0
+    self.apart = dict.fromkeys(self.KEYS[1:], 0.0)
+    self._t = time.perf_counter()
+
+  def count(self) -> None:
+    self._pending += 1
+
+  def lap(self) -> None:
+    now = time.perf_counter()
+    if self._pending:
+      self.seconds += now - self._t
+      self.steps += self._pending
+    self._t, self._pending = now, 0
+
+  @contextlib.contextmanager
+  def aside(self, key: str, sync=None):
+    if sync is not None:
+      jax.block_until_ready(sync)
+    self.lap()
+    yield
+    now = time.perf_counter()
+    self.apart[key] += now - self._t
+    self._t = now
+
+  def mean_step(self) -> float:
+    if self.steps:
+      return self.seconds / self.steps
+    return self.apart["compile_seconds"]  # only the compiling update so far
+
+  def totals(self, updates: int) -> dict:
+    """Cumulative ops and seconds after `updates` updates of this process."""
+    mean = self.mean_step()
+    out = {"ops": int(self.base.get("ops", 0)) + self.ops_step * updates,
+           "device_seconds": mean * updates * self.n_devices}
+    apart = dict(self.apart, compile_seconds=max(self.apart["compile_seconds"] - mean, 0.0))
+    out.update({k: v * self.n_devices for k, v in apart.items()})
+    return {k: v + self.base.get(k, 0) if k != "ops" else v for k, v in out.items()}
+
+
+def _step_loop(run: _Run, stop: _Stop) -> dict:
+  """Updates from run.start to c.steps with logging, validation and checkpoints between."""
+  c = run.c
+  writer = metrics_lib.MetricWriter(run.workdir, start_step=run.start)
+  if run.start == 0:
     writer.hparams(json.loads(c.to_json()))
-  progress = metrics_lib.Progress(c.steps, start)
-  if start >= c.steps:
-    progress.message(f"{workdir} is already trained to step {start} (steps={c.steps}); "
+  progress = metrics_lib.Progress(c.steps, run.start)
+  if run.start >= c.steps:
+    progress.message(f"{run.workdir} is already trained to step {run.start} (steps={c.steps}); "
                      "raise --config.steps to continue")
+  a, b = run.experts.start, run.experts.stop
   progress.message(
-      f"training experts {a}..{b - 1} of {c.n_experts} ({model_lib.body_params(step_cfg.model):,}"
-      f" params each) from step {start} to {c.steps} on {jax.devices()[0].platform}")
-
-  def save(step: int) -> None:
-    ckpt.save(step, state, {"iterator": data.get_state(), "device_seconds": device_seconds})
-
-  last_val = None
-  skipped_seen = None  # per-expert skip counters at the last log, to name new skips
-  t_log, steps_since_log = time.perf_counter(), 0
+      f"training experts {a}..{b - 1} of {c.n_experts} "
+      f"({_baselines().body_params(c, step_config(c).model):,} params each) from step "
+      f"{run.start} to {c.steps} on {jax.devices()[0].platform}; {run.chunk.describe()}")
+  clock = _Clock(run)
+  log = _Log(run, clock, progress)
+  pending = None  # the previous update's metrics
   status = "done"
-  with _Stop() as stop:
-    for step in range(start, c.steps):
-      batch = next(data)
-      state, m = step_fn(state, to_global(batch), expert_ids)
-      steps_since_log += 1
-      done = step + 1
-      record = None
-      if done % c.log_every == 0 or done == c.steps:
-        m_host = _to_host(m)
-        now = time.perf_counter()
-        step_seconds = (now - t_log) / steps_since_log
-        device_seconds += (now - t_log) * n_devices
-        t_log, steps_since_log = now, 0
-        record = {
-            "loss": m_host["loss"], "lr": m_host["lr"], "eps": m_host["eps"],
-            "step_seconds": step_seconds,
-            "tokens_per_second": tokens_step / step_seconds,
-            "ops": ops_step * done, "device_seconds": device_seconds,
-            "skipped": m_host["skipped"],
-        }
-        skipped_seen = _report_skips(done, m_host["skipped"], skipped_seen, experts, progress)
-      if done % c.eval_every == 0 or done == c.steps:
-        val = _val_losses(state.body, state.head, val_windows, shared_head=step_cfg.model.shared_head)
-        state = state.replace(sched=_plateau(state.sched, val, done, cfg=plateau_config(c)))
-        last_val = np.asarray(_to_host(val)).tolist()
-        record = (record or {}) | {"val_loss": last_val}
-      ensemble_due = done == c.steps or (c.ensemble_eval_every
-                                         and done % c.ensemble_eval_every == 0)
-      if ensemble_due and n_local == c.n_experts and jax.process_count() == 1:
-        ens = ensemble_validation(c, state)
-        if ens is not None:
-          record = (record or {}) | {"ensemble_val_loss": ens}
-      if record is not None:
-        writer.write(done, record)
-        if "loss" in record:
-          progress.update(done, record["loss"])
-      if done % c.ckpt_every == 0 or done == c.steps or stop.signum:
-        save(done)
-      if stop.signum:
-        status = "interrupted"
-        progress.message(f"interrupted by signal {stop.signum} at step {done}; checkpoint "
-                         "saved; run the same command again to resume")
-        break
-  ckpt.close()
+  for step in range(run.start, c.steps):
+    batch = run.to_global(next(run.data))
+    if pending is None:  # this process's first update compiles the step
+      with clock.aside("compile_seconds"):
+        run.state, m = run.step_fn(run.state, batch, run.expert_ids)
+        jax.block_until_ready(m)
+    else:
+      run.state, m = run.step_fn(run.state, batch, run.expert_ids)
+      clock.count()
+      jax.block_until_ready(pending)  # at most one update in flight: signals act within one
+    pending = m
+    done = step + 1
+    record = _periodic_evals(run, done, m, clock, log)
+    if record:
+      writer.write(done, record)
+      if "loss" in record:
+        progress.update(done, record["loss"])
+    if done % c.ckpt_every == 0 or done == c.steps or stop.signum:
+      with clock.aside("ckpt_seconds", sync=m):
+        run.ckpt.save(done, run.state, {"iterator": run.data.get_state(),
+                                        **clock.totals(done - run.start)})
+    if stop.signum:
+      status = "interrupted"
+      progress.message(f"stopping: checkpoint at step {done} ({signal.Signals(stop.signum).name})"
+                       "; run the same command again to resume")
+      break
   writer.close()
-  summary = {"status": status, "step": int(state.step), "signal": stop.signum,
-             "val_loss": last_val, "skipped": np.asarray(_to_host(state.skipped)).tolist()}
-  if status == "done":
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=1)
-  return summary
+  done = int(run.state.step)
+  return {"status": status, "step": done, "signal": stop.signum, "val_loss": log.last_val,
+          "skipped": np.asarray(_to_host(run.state.skipped)).tolist(),
+          **clock.totals(done - run.start)}
+
+
+class _Log:
+  """The metrics record of a log step, and what it remembers between log steps."""
+
+  def __init__(self, run: _Run, clock: _Clock, progress: metrics_lib.Progress):
+    self.run, self.clock, self.progress = run, clock, progress
+    self.last_val = None
+    self._skipped_seen = None  # per-expert skip counters at the last log, to name new skips
+    self._timed = (0.0, 0)  # clock (seconds, steps) at the last log
+
+  def record(self, done: int, m) -> dict:
+    m_host = _to_host(m)  # waits for every update so far
+    self.clock.lap()
+    seconds, steps = self.clock.seconds, self.clock.steps
+    if steps > self._timed[1]:
+      step_seconds = (seconds - self._timed[0]) / (steps - self._timed[1])
+    else:
+      step_seconds = self.clock.mean_step()
+    self._timed = (seconds, steps)
+    self._skipped_seen = _report_skips(done, m_host["skipped"], self._skipped_seen,
+                                       self.run.experts, self.progress)
+    return {"loss": m_host["loss"], "lr": m_host["lr"], "eps": m_host["eps"],
+            "step_seconds": step_seconds, "tokens_per_second": self.run.tokens_step / step_seconds,
+            "skipped": m_host["skipped"], **self.clock.totals(done - self.run.start)}
+
+
+def _periodic_evals(run: _Run, done: int, m, clock: _Clock, log: _Log) -> dict:
+  """The log record, expert validation (+ plateau rule) and ensemble validation due now."""
+  c = run.c
+  record = {}
+  if done % c.log_every == 0 or done == c.steps:
+    record.update(log.record(done, m))
+  if done % c.eval_every == 0 or done == c.steps:
+    with clock.aside("eval_seconds", sync=m):
+      val_windows = run.to_global(_expert_val_windows(c, run.feed))
+      val = _val_losses(run.state.body, run.state.head, val_windows,
+                        shared_head=c.model.shared_head)
+      sched = _plateau(run.state.sched, val, done, cfg=plateau_config(c))
+      run.state = run.state.replace(sched=sched)
+      log.last_val = record["val_loss"] = np.asarray(_to_host(val)).tolist()
+  ensemble_due = done == c.steps or (c.ensemble_eval_every and done % c.ensemble_eval_every == 0)
+  if ensemble_due and len(run.experts) == c.n_experts and jax.process_count() == 1:
+    with clock.aside("eval_seconds", sync=m):
+      ens = ensemble_validation(c, run.state)
+    if ens is not None:
+      record["ensemble_val_loss"] = ens
+  return record
 
 
 def _mesh(c: ml_collections.ConfigDict, n_local: int):

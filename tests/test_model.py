@@ -70,7 +70,7 @@ def test_lstm_matches_naive_loop():
   cfg = M.ModelConfig(d_t=8, d_e=8)
   body = M.init_body(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (3, 7, 8))
-  out_TxBxD = M.lstm(body["blocks"][0]["lstm"], jnp.swapaxes(x, 0, 1))
+  out_TxBxD = M.lstm(body["blocks"][0]["lstm"], jnp.swapaxes(x, 0, 1))[0]
   np.testing.assert_allclose(jnp.swapaxes(out_TxBxD, 0, 1),
                              naive_lstm(body["blocks"][0]["lstm"], x), atol=1e-5)
 
