@@ -11,6 +11,7 @@ is only replaced when the new data dir is complete.
 
 from __future__ import annotations
 
+import sys
 import time
 
 from absl import flags, logging
@@ -54,17 +55,11 @@ def main(argv):
     svd_dims=_SVD_DIMS.value,
     tfds_data_dir=_TFDS_DATA_DIR.value,
   )
-  bal = manifest["cluster_balance"]
-  logging.info(
-    "wrote %s: %d shards of %s windows (max deviation %.1f%%), %d test, %d ensemble-val windows in %.1fs",
-    _OUT.value, manifest["num_clusters"], bal["sizes"], 100 * bal["max_relative_deviation"],
-    manifest["test_windows"], manifest["ensemble_val_windows"], time.time() - t0,
-  )
+  print(prepare.summary(manifest, _OUT.value, time.time() - t0))
   for e, terms in enumerate(manifest["top_terms"]):
     logging.info("cluster %d: %s", e, " ".join(terms))
   for note in manifest["notes"]:
-    logging.info("note: %s", note)
-
+    print(f"{'warning' if 'is empty' in note else 'note'}: {note}", file=sys.stderr)
 
 if __name__ == "__main__":
   cli.run(main)

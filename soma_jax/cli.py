@@ -14,6 +14,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   """absl's parser, but a bad flag or config override is one line and exit code 2."""
   try:
     argv = flags.FLAGS(argv)
+    _check_config_files()
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)  # library info logs (orbax) only on request
     return argv
@@ -24,6 +25,17 @@ def _parse_flags(argv: list[str]) -> list[str]:
       msg = f"unknown config field {msg}; fix: check the name against the config file"
     print(f"error: {msg}", file=sys.stderr)
     sys.exit(2)
+
+
+def _check_config_files() -> None:
+  """A --config file that failed to load (missing, unreadable) is a UserError now."""
+  for name in flags.FLAGS:
+    value = flags.FLAGS[name].value
+    if type(value).__name__ == "_ErrorConfig":  # ml_collections defers the load error
+      error = str(object.__getattribute__(value, "_error")).strip().splitlines()
+      raise UserError(f"--{name}={flags.FLAGS[name].config_filename} cannot be loaded "
+                      f"({error[-1].strip() if error else 'unknown error'}); fix: pass an "
+                      "existing config file, e.g. experiments/configs/soma.py:n=4")
 
 
 def run(main: Callable[[list[str]], None]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -22,5 +23,40 @@ def exit_on_user_error(fn: Callable[..., Any]) -> Callable[..., Any]:
     except UserError as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping
+      print("interrupted", file=sys.stderr)
+      sys.exit(130)
 
   return wrapper
+
+
+def writable_dir(path: str, what: str) -> str:
+  """Creates folder `path` (with parents) or raises a UserError saying why not; returns it absolute."""
+  path = os.path.abspath(os.path.expanduser(path))
+  ancestor = path
+  while not os.path.exists(ancestor):
+    ancestor = os.path.dirname(ancestor)
+  if not os.path.isdir(ancestor):
+    raise UserError(f"cannot make folder {path!r} for {what}: {ancestor!r} is a file, not a "
+                    f"folder; fix: choose a {what} that is not under a file")
+  try:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, f".write_test.{os.getpid()}")
+    with open(probe, "w"):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    raise UserError(f"folder {path!r} for {what} is not writable ({e.strerror}); "
+                    f"fix: choose a writable {what}") from None
+  return path
+
+
+def writable_file(path: str, what: str) -> str:
+  """Checks that file `path` can be written (its folder is made); returns it absolute."""
+  path = os.path.abspath(os.path.expanduser(path))
+  if os.path.isdir(path):
+    raise UserError(f"{what}={path!r} is a folder; fix: pass a file name")
+  writable_dir(os.path.dirname(path), what)
+  if os.path.exists(path) and not os.access(path, os.W_OK):
+    raise UserError(f"{what}={path!r} is not writable; fix: choose a writable {what}")
+  return path

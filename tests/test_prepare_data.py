@@ -26,8 +26,9 @@ def test_manifest_and_files(data_prepared):
               "test_windows", "top_terms", "files", "min_df_used", "exclusions"):
     assert key in m, key
   assert m["settings"]["num_clusters"] == 3 and m["settings"]["min_df"] == 2
-  sizes = np.array([s["windows"] for s in m["shards"]])
-  assert np.all(np.abs(sizes / sizes.mean() - 1) <= 0.1 + 1e-9), sizes
+  sizes = [s["windows"] for s in m["shards"]]
+  assert m["assignment"]["windows_per_shard"] == m["cluster_balance"]["sizes"] == sizes
+  assert sum(sizes) == m["training_windows"]
   for s in m["shards"]:
     train = np.load(f"{data_prepared}/experts/{s['expert']:04d}/train.npy", mmap_mode="r")
     val = np.load(f"{data_prepared}/experts/{s['expert']:04d}/val.npy", mmap_mode="r")
@@ -167,3 +168,73 @@ def test_cli_error_is_one_line_exit_2(tmp_path):
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   assert len(lines) == 1 and lines[0].startswith("error:") and "gzip" in lines[0] and "fix:" in lines[0]
   assert not (tmp_path / "out").exists()
+
+
+def test_every_window_is_in_its_nearest_centroids_shard(data_prepared):
+  """Balance shapes the fit only: each window sits at the nearest centroid of its own features."""
+  m = pipeline.load_manifest(data_prepared)
+  router = router_lib.Router.load(f"{data_prepared}/router.npz")
+  at_nearest, total = 0, 0
+  for e in range(m["num_clusters"]):
+    for split in ("train", "val"):
+      w = np.load(f"{data_prepared}/experts/{e:04d}/{split}.npy")
+      from soma_jax.data import clustering
+
+      sims = router.featurizer.transform(clustering.decode(w[:, :1024])) @ router.centroids.T
+      at_nearest += int(np.sum(sims[:, e] >= sims.max(axis=1) - 1e-5))
+      total += len(w)
+  assert total == m["training_windows"] and at_nearest == total, (at_nearest, total)
+  assert m["assignment"]["fraction_nearest"] == 1.0
+
+
+def _mixed_textdir(root, n_binary):
+  rng = np.random.default_rng(1)
+  for i in range(24):
+    (root / "text").mkdir(parents=True, exist_ok=True)
+    (root / "text" / f"d{i}.txt").write_text(data_make_doc(list(DATA_DOMAINS)[i % 3], rng, 400))
+  (root / "lib").mkdir(parents=True, exist_ok=True)
+  for i in range(n_binary):
+    elf = b"\x7fELF\x02\x01\x01\x00" + rng.integers(0, 256, 6000, dtype=np.uint8).tobytes()
+    (root / "lib" / f"lib{i}.so").write_bytes(elf)
+    noise = rng.integers(128, 256, 6000, dtype=np.uint8).tobytes()  # no NUL, invalid UTF-8
+    (root / "lib" / f"blob{i}.bin").write_bytes(noise)
+
+
+def test_binaries_in_textdir_are_skipped_and_counted(tmp_path):
+  _mixed_textdir(tmp_path / "src", 3)
+  m = prepare.prepare(f"textdir:{tmp_path / 'src'}", 2, str(tmp_path / "out"), **SMALL)
+  assert m["documents"]["not_text_skipped"] == 6 and m["documents"]["nonempty"] == 24
+  for e in range(2):
+    w = np.load(tmp_path / "out" / "experts" / f"{e:04d}" / "train.npy")
+    assert not (w == 0).any()  # no NUL byte of the binaries reached training
+  assert "skipped 6 not text" in prepare.summary(m, "OUT", 1.0)
+  only_binaries = tmp_path / "bin"
+  (only_binaries / "lib").mkdir(parents=True)
+  (only_binaries / "lib" / "x.so").write_bytes(b"\x7fELF\x00" * 100)
+  with pytest.raises(UserError, match="1 not text"):
+    prepare.prepare(f"textdir:{only_binaries}", 2, str(tmp_path / "out2"), **SMALL)
+
+
+def test_cli_prints_summary_and_warns_on_empty_eval_sets(tmp_path, data_textdir):
+  proc = subprocess.run(
+    [sys.executable, os.path.join(ROOT, "experiments", "prepare_data.py"), f"--source=textdir:{data_textdir}",
+     "--num_clusters=2", f"--out={tmp_path / 'out'}", "--test_docs=0", "--ensemble_val_docs=3", "--min_df=2",
+     "--svd_dims=8"],
+    capture_output=True, text=True, cwd=ROOT, timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert "90 documents read" in proc.stdout and "0 test windows" in proc.stdout, proc.stdout
+  warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+  assert len(warnings) == 1 and "test set is empty" in warnings[0], proc.stderr
+
+
+def test_out_under_a_file_is_one_line(tmp_path):
+  (tmp_path / "FILE").write_text("x")
+  proc = subprocess.run(
+    [sys.executable, os.path.join(ROOT, "experiments", "prepare_data.py"), "--source=pystdlib",
+     f"--out={tmp_path / 'FILE' / 'sub'}"],
+    capture_output=True, text=True, cwd=ROOT, timeout=120,
+  )
+  assert proc.returncode == 2
+  lines = [line for line in proc.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1 and "is a file, not a folder" in lines[0] and "fix: create" not in lines[0], lines

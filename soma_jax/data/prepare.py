@@ -32,7 +32,7 @@ from absl import logging
 from soma_jax import router as router_lib
 from soma_jax.data import clustering, sources, windows
 from soma_jax.data.pipeline import MANIFEST_VERSION
-from soma_jax.errors import UserError
+from soma_jax.errors import UserError, writable_dir
 
 HELDOUT_CAP = 0.1  # test and ensemble-val each take at most this fraction of the documents
 _TRANSFORM_BATCH = 8192
@@ -71,7 +71,8 @@ class _Corpus:
     self.lengths: list[int] = []
     self.exact: list[bytes] = []
     self.normal: list[bytes] = []
-    self.empty = 0
+    self.empty = 0  # zero-length documents skipped
+    self.not_text = 0  # binary documents skipped (NUL bytes or mostly invalid UTF-8)
     self.data: np.ndarray | None = None
 
   def doc(self, i: int) -> bytes:
@@ -87,6 +88,9 @@ def _read_corpus(spec: sources.SourceSpec, path: str, max_bytes: int | None, tfd
       if not data:
         corpus.empty += 1
         continue
+      if not sources.is_text(data):
+        corpus.not_text += 1
+        continue
       corpus.ids.append(doc_id)
       corpus.offsets.append(total)
       corpus.lengths.append(len(data))
@@ -97,8 +101,9 @@ def _read_corpus(spec: sources.SourceSpec, path: str, max_bytes: int | None, tfd
       if max_bytes and total >= max_bytes:
         break
   if not corpus.ids:
-    what = f" ({corpus.empty} zero-length documents)" if corpus.empty else ""
-    raise UserError(f"source {spec} has no nonempty documents{what}; fix: point --source at a corpus with text")
+    skipped = [f"{n} {why}" for n, why in ((corpus.empty, "zero-length"), (corpus.not_text, "not text (binary)")) if n]
+    what = f" ({', '.join(skipped)} documents skipped)" if skipped else ""
+    raise UserError(f"source {spec} has no nonempty text documents{what}; fix: point --source at a corpus with text")
   corpus.data = np.memmap(path, np.uint8, mode="r", shape=(total,)) if total else np.zeros(0, np.uint8)
   return corpus
 
@@ -157,9 +162,7 @@ def _check_out(out: str) -> str:
       raise UserError(
         f"--out={out!r} is a non-empty folder that is not a prepared data dir; fix: choose an empty or new --out"
       )
-  parent = os.path.dirname(out)
-  if not os.path.isdir(parent):
-    raise UserError(f"the parent folder of --out={out!r} does not exist; fix: create {parent!r} first")
+  writable_dir(os.path.dirname(out), "--out")  # made if missing; written before any work
   return out
 
 
@@ -226,6 +229,22 @@ def prepare(
   return manifest
 
 
+def summary(manifest: dict, out: str, seconds: float) -> str:
+  """What prepare_data prints on success: documents read and skipped, shards, eval sets."""
+  d = manifest["documents"]
+  skipped = ", ".join(
+    f"{n} {why}" for n, why in ((d["zero_length_skipped"], "zero-length"), (d.get("not_text_skipped", 0), "not text"))
+    if n
+  )
+  a = manifest["assignment"]
+  return (
+    f"wrote {out} in {seconds:.1f}s: {d['nonempty']} documents read ({d['bytes']:,} bytes)"
+    f"{f', skipped {skipped}' if skipped else ''}; {manifest['training_windows']} training windows in "
+    f"{manifest['num_clusters']} shards {a['windows_per_shard']} ({a['fraction_nearest']:.0%} at the nearest "
+    f"centroid); {manifest['test_windows']} test windows, {manifest['ensemble_val_windows']} ensemble-val windows"
+  )
+
+
 def _install(tmp: str, out: str) -> None:
   """Renames the finished temporary folder to `out`, replacing a previous data dir."""
   if os.path.exists(out):
@@ -238,24 +257,51 @@ def _install(tmp: str, out: str) -> None:
 
 
 def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict) -> dict:
-  """Does all the work inside the temporary folder `tmp`."""
+  """Does all the work inside the temporary folder `tmp`: read, hold out, featurise, fit,
+  assign, write."""
   t0 = time.time()
-  k, seed = settings["num_clusters"], settings["seed"]
   work = os.path.join(tmp, "_work")
   os.makedirs(work)
   notes: list[str] = []
-
   corpus = _read_corpus(spec, os.path.join(work, "corpus.bin"), settings["max_bytes"], settings["tfds_data_dir"])
-  n_docs = len(corpus.ids)
-  logging.info("read %d documents, %d bytes (%.1fs)", n_docs, sum(corpus.lengths), time.time() - t0)
+  logging.info("read %d documents, %d bytes (%.1fs)", len(corpus.ids), sum(corpus.lengths), time.time() - t0)
+  test_ids, ens_ids, screening = _hold_out(corpus, settings, notes)
+  all_w = _spool_training_windows(corpus, set(test_ids) | set(ens_ids), os.path.join(work, "windows.bin"), settings)
+  feat, centroids, fit = _fit(all_w, settings, notes)
+  logging.info("fitted %d clusters (%.1fs)", settings["num_clusters"], time.time() - t0)
+  assign, assignment = _assign_nearest(all_w, feat, centroids)
+  router_lib.Router(feat, centroids).save(os.path.join(tmp, "router.npz"))
+  shards = _write_shards(tmp, all_w, assign, settings)
+  eval_counts = _write_eval_sets(tmp, corpus, test_ids, ens_ids)
+  doc_stats = {
+    "nonempty": len(corpus.ids),
+    "zero_length_skipped": corpus.empty,
+    "not_text_skipped": corpus.not_text,
+    "bytes": int(sum(corpus.lengths)),
+    "shorter_than_window": int(sum(n < windows.WINDOW_BYTES for n in corpus.lengths)),
+  }
+  total = int(all_w.shape[0])
+  del corpus, all_w
+  shutil.rmtree(work)
+  for name, n in (("test", eval_counts["test_windows"]), ("ensemble-val", eval_counts["ensemble_val_windows"])):
+    if n == 0:
+      notes.append(f"the {name} set is empty: evaluation on it is impossible (documents of >= {windows.WINDOW_BYTES} "
+                   "bytes are needed); fix: a larger corpus or more --test_docs / --ensemble_val_docs")
+  manifest = _manifest(tmp, spec, settings, doc_stats, total, shards, fit, assignment, eval_counts, screening, notes)
+  logging.info("prepared %d shards (%.1fs)", settings["num_clusters"], time.time() - t0)
+  return manifest
 
+
+def _hold_out(corpus: _Corpus, settings: dict, notes: list[str]) -> tuple[list[int], list[int], dict]:
+  """Test and ensemble-val documents (capped, screened); notes say what was cut and why."""
+  n_docs = len(corpus.ids)
   cap = int(HELDOUT_CAP * n_docs)
   n_test, n_ens = min(settings["test_docs"], cap), min(settings["ensemble_val_docs"], cap)
   if n_test < settings["test_docs"] or n_ens < settings["ensemble_val_docs"]:
     notes.append(
       f"test/ensemble-val documents capped at {HELDOUT_CAP:.0%} of {n_docs} documents: {n_test} test, {n_ens} ensemble-val"
     )
-  test_ids, ens_ids, exclusions, n_excluded, n_skipped = _select_heldout(corpus, n_test, n_ens, seed)
+  test_ids, ens_ids, exclusions, n_excluded, n_skipped = _select_heldout(corpus, n_test, n_ens, settings["seed"])
   if n_skipped:
     notes.append(f"{n_skipped} held-out candidates skipped to keep each split within {HELDOUT_CAP:.0%} of the corpus bytes")
   if len(test_ids) < n_test or len(ens_ids) < n_ens:
@@ -263,13 +309,15 @@ def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict) -> dict:
       f"only {len(test_ids) + len(ens_ids)} documents of >= {windows.WINDOW_BYTES} bytes passed the overlap screen "
       f"and byte budget: {len(test_ids)} test, {len(ens_ids)} ensemble-val"
     )
-  heldout = set(test_ids) | set(ens_ids)
+  return test_ids, ens_ids, {"count": n_excluded, "listed": exclusions}
 
-  # Training windows of every other document, spooled in corpus order.
-  win_path = os.path.join(work, "windows.bin")
+
+def _spool_training_windows(corpus: _Corpus, heldout: set[int], path: str, settings: dict) -> np.ndarray:
+  """uint8 [n, 1025] training windows of every other document, in corpus order (memory-mapped)."""
+  k = settings["num_clusters"]
   total = 0
-  with open(win_path, "wb") as f:
-    for i in range(n_docs):
+  with open(path, "wb") as f:
+    for i in range(len(corpus.ids)):
       if i not in heldout and corpus.lengths[i] > windows.CHUNK_BYTES:
         w = windows.training_windows(corpus.doc(i))
         f.write(w.tobytes())
@@ -279,52 +327,69 @@ def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict) -> dict:
       f"the corpus gives {total} training windows of {windows.WINDOW_BYTES} bytes, too few for {k} clusters "
       f"(each needs a train and a validation window); fix: use a larger corpus or fewer --num_clusters"
     )
-  all_w = np.memmap(win_path, np.uint8, mode="r", shape=(total, windows.WINDOW_BYTES))
+  return np.memmap(path, np.uint8, mode="r", shape=(total, windows.WINDOW_BYTES))
 
-  # Fit the featurizer and balanced k-means on a sample of clustering chunks.
+
+def _fit(all_w: np.ndarray, settings: dict, notes: list[str]) -> tuple[clustering.Featurizer, np.ndarray, dict]:
+  """Featurizer and balanced k-means centroids fitted on a sample of clustering chunks.
+
+  Balance constrains the fit only (so no centroid is starved); windows are then assigned
+  to their nearest centroid (`_assign_nearest`). Returns (featurizer, centroids, info).
+  """
+  k, seed, total = settings["num_clusters"], settings["seed"], all_w.shape[0]
   n_fit = min(settings["fit_sample"], total)
-  fit_idx = np.sort(np.random.default_rng([seed, 2]).choice(total, n_fit, replace=False))
-  fit_texts = clustering.decode(all_w[fit_idx, : windows.CHUNK_BYTES])
   if n_fit < k:
     raise UserError(f"--fit_sample={n_fit} windows cannot fit {k} clusters; fix: raise --fit_sample")
+  fit_idx = np.sort(np.random.default_rng([seed, 2]).choice(total, n_fit, replace=False))
+  fit_texts = clustering.decode(all_w[fit_idx, : windows.CHUNK_BYTES])
   feat, feat_info = clustering.fit_featurizer(
-    fit_texts,
-    max_features=settings["max_features"],
-    min_df=settings["min_df"],
-    svd_dims=settings["svd_dims"],
-    seed=seed,
+    fit_texts, max_features=settings["max_features"], min_df=settings["min_df"], svd_dims=settings["svd_dims"], seed=seed
   )
   notes.extend(feat_info.pop("notes"))
   fit_tfidf = feat.tfidf(fit_texts)
-  fit_x = feat.project(fit_tfidf)
-  logging.info("featurized %d windows, %d terms (%.1fs)", n_fit, feat_info["num_features"], time.time() - t0)
-  centroids, fit_assign, km_info = clustering.balanced_spherical_kmeans(fit_x, k, seed=seed)
-  logging.info("k-means: %d iterations (%.1fs)", km_info["iterations"], time.time() - t0)
+  centroids, fit_assign, km_info = clustering.balanced_spherical_kmeans(feat.project(fit_tfidf), k, seed=seed)
   terms = clustering.top_terms(feat, fit_tfidf, fit_assign, k)
-  del fit_texts, fit_tfidf
+  km_info["fit_windows"] = int(n_fit)
+  return feat, centroids, {"featurizer": feat_info, "kmeans": km_info, "top_terms": terms}
 
-  # Assign every window: nearest centroid under the same +-10% capacity bounds.
-  if n_fit == total:
-    assign = fit_assign
-  else:
-    sims = np.zeros((total, k), np.float32)
-    for s in range(0, total, _TRANSFORM_BATCH):
-      texts = clustering.decode(all_w[s : s + _TRANSFORM_BATCH, : windows.CHUNK_BYTES])
-      sims[s : s + len(texts)] = feat.transform(texts) @ centroids.T
-    lo, hi = clustering.balance_bounds(total, k)
-    assign = clustering.balanced_assign(sims, lo, hi)
-    km_info["fraction_not_nearest_all"] = float(np.mean(assign != np.argmax(sims, axis=1)))
-    del sims
 
-  router = router_lib.Router(feat, centroids)
-  router.save(os.path.join(tmp, "router.npz"))
+def _assign_nearest(all_w: np.ndarray, feat: clustering.Featurizer, centroids: np.ndarray) -> tuple[np.ndarray, dict]:
+  """Each window's shard: the nearest centroid of its own clustering features (SPEC 4)."""
+  total, k = all_w.shape[0], centroids.shape[0]
+  assign = np.empty(total, np.int32)
+  best_sim = np.empty(total, np.float32)
+  nearest = 0  # windows whose shard's centroid is at least as similar as every other one
+  for s in range(0, total, _TRANSFORM_BATCH):
+    texts = clustering.decode(all_w[s : s + _TRANSFORM_BATCH, : windows.CHUNK_BYTES])
+    sims = feat.transform(texts) @ centroids.T
+    a = np.argmax(sims, axis=1)
+    assign[s : s + len(texts)] = a
+    best_sim[s : s + len(texts)] = sims[np.arange(len(a)), a]
+    nearest += int(np.sum(best_sim[s : s + len(texts)] >= sims.max(axis=1)))
+  sizes = np.bincount(assign, minlength=k)
+  if sizes.min() < 2:
+    empty = [int(e) for e in np.flatnonzero(sizes < 2)]
+    raise UserError(
+      f"clusters {empty} are the nearest centroid of fewer than 2 windows (each expert needs a train and a "
+      "validation window); fix: use fewer --num_clusters or a larger corpus"
+    )
+  info = {
+    "rule": "nearest centroid of each window's clustering features",
+    "windows_per_shard": sizes.tolist(),
+    "fraction_nearest": nearest / total,
+    "mean_similarity": float(best_sim.mean()),
+  }
+  return assign, info
 
+
+def _write_shards(tmp: str, all_w: np.ndarray, assign: np.ndarray, settings: dict) -> list[dict]:
+  """experts/{e}/train.npy and val.npy (val_fraction of each shard, >= 1 window)."""
   shards = []
-  for e in range(k):
+  for e in range(settings["num_clusters"]):
     idx = np.flatnonzero(assign == e)
     n_val = max(1, int(round(settings["val_fraction"] * len(idx))))
     val_mask = np.zeros(len(idx), bool)
-    val_mask[np.random.default_rng([seed, 3, e]).choice(len(idx), n_val, replace=False)] = True
+    val_mask[np.random.default_rng([settings["seed"], 3, e]).choice(len(idx), n_val, replace=False)] = True
     train, val = all_w[idx[~val_mask]], all_w[idx[val_mask]]
     _save(os.path.join(tmp, "experts", f"{e:04d}", "train.npy"), train)
     _save(os.path.join(tmp, "experts", f"{e:04d}", "val.npy"), val)
@@ -338,8 +403,11 @@ def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict) -> dict:
         "val_bytes": int(val.size),
       }
     )
-  del all_w
+  return shards
 
+
+def _write_eval_sets(tmp: str, corpus: _Corpus, test_ids: list[int], ens_ids: list[int]) -> dict:
+  """test.npy (first window per document), ensemble_val.npy (stride 768), their doc indices."""
   test_w, test_docs = windows.stack_windows(
     [windows.first_window(corpus.doc(i))[None] for i in test_ids], list(range(len(test_ids)))
   )
@@ -352,15 +420,16 @@ def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict) -> dict:
   _save(os.path.join(tmp, "ensemble_val_docs.npy"), ens_docs)
   with open(os.path.join(tmp, "heldout_docs.json"), "w") as f:
     json.dump({"test": [corpus.ids[i] for i in test_ids], "ensemble_val": [corpus.ids[i] for i in ens_ids]}, f, indent=1)
-  doc_stats = {
-    "nonempty": n_docs,
-    "zero_length_skipped": corpus.empty,
-    "bytes": int(sum(corpus.lengths)),
-    "shorter_than_window": int(sum(n < windows.WINDOW_BYTES for n in corpus.lengths)),
+  return {
+    "ensemble_val_docs": len(ens_ids),
+    "ensemble_val_windows": int(len(ens_w)),
+    "test_docs": len(test_ids),
+    "test_windows": int(len(test_w)),
   }
-  del corpus
-  shutil.rmtree(work)
 
+
+def _manifest(tmp, spec, settings, doc_stats, total, shards, fit, assignment, eval_counts, screening, notes) -> dict:
+  """Writes manifest.json (with the SHA-256 of every file written before it) and returns it."""
   sizes = np.array([s["windows"] for s in shards])
   files = {}
   for dirpath, _, filenames in os.walk(tmp):
@@ -370,33 +439,30 @@ def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict) -> dict:
   manifest = {
     "version": MANIFEST_VERSION,
     "source": str(spec),
-    "num_clusters": k,
-    "seed": seed,
+    "num_clusters": settings["num_clusters"],
+    "seed": settings["seed"],
     "settings": settings,
     "window_bytes": windows.WINDOW_BYTES,
     "chunk_bytes": windows.CHUNK_BYTES,
     "documents": doc_stats,
     "training_windows": int(total),
     "shards": shards,
+    "assignment": assignment,
     "cluster_balance": {
       "sizes": sizes.tolist(),
       "mean": float(sizes.mean()),
       "max_relative_deviation": float(np.max(np.abs(sizes / sizes.mean() - 1.0))),
-      **km_info,
+      "fit": fit["kmeans"],
     },
-    "top_terms": terms,
-    "featurizer": feat_info,
-    "min_df_used": feat_info["min_df_used"],
-    "ensemble_val_docs": len(ens_ids),
-    "ensemble_val_windows": int(len(ens_w)),
-    "test_docs": len(test_ids),
-    "test_windows": int(len(test_w)),
-    "exclusions": {"count": n_excluded, "listed": exclusions},
+    "top_terms": fit["top_terms"],
+    "featurizer": fit["featurizer"],
+    "min_df_used": fit["featurizer"]["min_df_used"],
+    **eval_counts,
+    "exclusions": screening,
     "notes": notes,
     "files": dict(sorted(files.items())),
   }
   with open(os.path.join(tmp, "manifest.json"), "w") as f:
     json.dump(manifest, f, indent=1, sort_keys=True)
     f.write("\n")
-  logging.info("prepared %d shards (%.1fs)", k, time.time() - t0)
   return manifest

@@ -8,7 +8,8 @@ SOURCE strings (see `parse_source`):
   tfds:NAME[:FEATURE] a prepared TFDS dataset via tfds.data_source (feature default `text`).
   pystdlib           this Python's standard-library *.py files (no tests, no site-packages).
 
-Zero-length documents are yielded as-is; `prepare` skips and counts them.
+Zero-length documents are yielded as-is; `prepare` skips and counts them, and likewise
+documents that are not text (`is_text`: binaries such as .so files in a textdir).
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ from soma_jax.errors import UserError
 
 KINDS = ("fineweb_edu", "wikitext103", "textdir", "tfds", "pystdlib")
 Document = tuple[str, bytes]
+TEXT_SAMPLE_BYTES = 1 << 16  # is_text looks at this many leading bytes
+MAX_INVALID_FRACTION = 0.3  # random bytes are about half invalid UTF-8; Latin-1 text a few %
+
+
+def is_text(data: bytes) -> bool:
+  """False for binary data: a NUL byte, or more than 30% invalid UTF-8, in the first 64 KiB."""
+  head = data[:TEXT_SAMPLE_BYTES]
+  if b"\0" in head:
+    return False
+  valid = len(head.decode("utf-8", errors="ignore").encode("utf-8"))
+  return len(head) - valid <= MAX_INVALID_FRACTION * len(head)
 
 
 @dataclass(frozen=True)
