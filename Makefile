@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= demo_out
+# make demo DEVICE=gpu: the CUDA 12 build of JAX, then the GPU-sized quickstart notebook
+DEVICE ?= cpu
+CUDA_STAMP := $(VENV)/.installed-cuda12
 export XLA_PYTHON_CLIENT_PREALLOCATE = false
 
 .PHONY: install test test-all demo lint bench clean
@@ -22,8 +25,22 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q tests
 
+$(CUDA_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[cuda12]"
+	touch $(CUDA_STAMP)
+
+ifeq ($(DEVICE),gpu)
+demo: $(CUDA_STAMP)
+	$(PY) -c "import jax, sys; print(jax.devices()); jax.default_backend() == 'gpu' or sys.exit('error: JAX sees no GPU; fix: see BUILD.md (GPU)')"
+	$(PY) scripts/run_notebook.py notebooks/quickstart.ipynb --param SIZE=gpu \
+	  --param WORK=$(DEMO_DIR)/gpu --timings $(DEMO_DIR)/gpu/timings.json
+else ifeq ($(DEVICE),cpu)
 demo: $(STAMP)
 	bash scripts/demo.sh $(DEMO_DIR)
+else
+demo:
+	@echo "error: DEVICE=$(DEVICE); fix: make demo (CPU) or make demo DEVICE=gpu" >&2; exit 2
+endif
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check soma_jax experiments benchmarks tests
