@@ -18,7 +18,7 @@ from absl import app, flags, logging
 
 from soma_jax import cli, train
 from soma_jax import evaluate as eval_lib
-from soma_jax.errors import UserError
+from soma_jax.errors import UserError, writable_dir, writable_file
 from soma_jax.router import Router
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run folder (checkpoints, config)")
@@ -59,19 +59,25 @@ def main(argv):
   workdir = _WORKDIR.value
   if not os.path.isdir(workdir):
     raise UserError(f"workdir {workdir!r} does not exist; fix: pass a training run folder")
+  if _JSON.value:
+    writable_file(_JSON.value, "--json")  # before the evaluation, not after it
+  if _OUT_DIR.value:
+    writable_dir(_OUT_DIR.value, "--out_dir")
   logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
                jax.devices())
-  body_N, head, c = train.restore_params(workdir, _STEP.value)
+  step, state, _, c = train.restore_state(workdir, _STEP.value)
+  body_N, head = state.body, state.head
+  print(f"{workdir}: checkpoint at step {step}")
   data_dir = _DATA_DIR.value or c.data.dir
   windows, doc_ids = eval_lib.load_split(data_dir, _SPLIT.value)
   router = Router.load(os.path.join(data_dir, "router.npz"))
   result = eval_lib.evaluate(body_N, head, windows, doc_ids, router, _TOP_K.value,
                              c.model.shared_head, ks=_ks(c.n_experts), pairs=_PAIRS.value,
                              draws=_DRAWS.value, seed=_SEED.value)
-  result.update(split=_SPLIT.value, workdir=workdir, num_experts=c.n_experts)
+  result.update(split=_SPLIT.value, workdir=workdir, step=step, num_experts=c.n_experts)
   out_dir = _OUT_DIR.value or os.path.join(workdir, "eval")
   if "k_sweep" in result or "pairs" in result:
-    os.makedirs(out_dir, exist_ok=True)
+    writable_dir(out_dir, "--out_dir")
   if "k_sweep" in result:
     eval_lib.write_k_sweep(result["k_sweep"], os.path.join(out_dir, "k_sweep.csv"),
                            os.path.join(out_dir, "k_sweep.png"), mark_k=min(4, c.n_experts))
@@ -81,7 +87,6 @@ def main(argv):
                          os.path.join(out_dir, "pairs.png"))
     print(f"pairs: {out_dir}/pairs.csv, {out_dir}/pairs.png")
   if _JSON.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
     with open(_JSON.value, "w") as f:
       json.dump(result, f, indent=1)
   lo, hi = result["ci95"]

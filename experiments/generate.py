@@ -25,7 +25,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "training run folder (checkpoint
 _PROMPT = flags.DEFINE_string(
     "prompt", "", "text to continue; routed on its first 256 bytes, or on all of it if "
     "shorter (an empty prompt is routed on the empty string and fed one newline byte)")
-_MAX_BYTES = flags.DEFINE_integer("max_bytes", 400, "bytes to sample")
+_MAX_BYTES = flags.DEFINE_integer(
+    "max_bytes", 400, f"bytes to sample, at most {gen_lib.MAX_BYTES:,} (printed as they come)")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "sampling temperature (0 = greedy)")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "nucleus mass kept, in (0, 1]")
 _SEED = flags.DEFINE_integer("seed", 0, "sampling seed")
@@ -38,23 +39,28 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if _MAX_BYTES.value < 0 or _TOP_K.value < 1:
-    raise UserError("--max_bytes must be >= 0 and --top_k >= 1")
+  if not 0 <= _MAX_BYTES.value <= gen_lib.MAX_BYTES or _TOP_K.value < 1:
+    raise UserError(f"--max_bytes must be in 0..{gen_lib.MAX_BYTES:,} and --top_k >= 1; "
+                    "fix: pass values in range")
   if _TEMPERATURE.value < 0 or not 0 < _TOP_P.value <= 1:
     raise UserError("--temperature must be >= 0 and --top_p in (0, 1]")
   if not os.path.isdir(_WORKDIR.value):
     raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
   logging.info("devices: %s", jax.devices())
-  body_N, head, c = train.restore_params(_WORKDIR.value, _STEP.value)
+  step, state, _, c = train.restore_state(_WORKDIR.value, _STEP.value)
   router = Router.load(os.path.join(_DATA_DIR.value or c.data.dir, "router.npz"))
   prompt = _PROMPT.value.encode("utf-8", errors="surrogateescape")
-  text, routes = gen_lib.generate(body_N, head, c.model.shared_head, router, prompt,
-                                  _MAX_BYTES.value, _TEMPERATURE.value, _TOP_P.value,
-                                  _SEED.value, _TOP_K.value)
-  logging.info("routed to experts %s", routes.tolist())
-  print(f"[experts {', '.join(map(str, routes.tolist()))}]", file=sys.stderr)
-  sys.stdout.write(gen_lib.printable(prompt + text) + "\n")
-
+  routes, chunks = gen_lib.generate_stream(
+      state.body, state.head, c.model.shared_head, router, prompt, _MAX_BYTES.value,
+      _TEMPERATURE.value, _TOP_P.value, _SEED.value, _TOP_K.value)
+  print(f"[checkpoint at step {step}; experts {', '.join(map(str, routes.tolist()))}]",
+        file=sys.stderr)
+  out = gen_lib.Printable()
+  sys.stdout.write(out(prompt))
+  for chunk in chunks:
+    sys.stdout.write(out(chunk))
+    sys.stdout.flush()
+  sys.stdout.write(out(b"", final=True) + "\n")
 
 if __name__ == "__main__":
   cli.run(main)

@@ -4,12 +4,21 @@ One checkpoint is one unit: the `TrainState` (parameters, Adam moments, per-expe
 eps / plateau counters, step) and the input iterator's state, written atomically by
 orbax (a temporary folder renamed on completion), newest K kept. `config.json` in the
 workdir records the run's config; tools rebuild the state's shapes from it.
+
+A run holds `WorkdirLock` for its lifetime; on resume `check_resume` refuses any change
+to the experiment before anything is written, and `config_history.jsonl` records every
+start (allowed changes, explicit `resume_overrides`, the data manifest's hash). A
+checkpoint that fails to restore is moved aside to `checkpoints/corrupt-<step>`.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import json
 import os
+import time
 from typing import Any
 
 import jax
@@ -21,15 +30,18 @@ from soma_jax.errors import UserError
 
 CONFIG_FILE = "config.json"
 CKPT_DIR = "checkpoints"
-# Config fields that fix the shapes (and meaning) of the state; a resume must match them.
+LOCK_FILE = ".lock"
+HISTORY_FILE = "config_history.jsonl"
+CORRUPT_PREFIX = "corrupt-"  # not a step name to orbax (it parses digits or *_digits)
+# Config fields that fix the shapes (and meaning) of the state; never changed on resume.
 SHAPE_KEYS = ("method", "n_experts", "experts", "model", "spsa.accum", "data.seq_len",
               "opt.train_head", "eggroll.rank")
-
-
-def _get(cfg: dict, dotted: str) -> Any:
-  for part in dotted.split("."):
-    cfg = cfg.get(part, {}) if isinstance(cfg, dict) else {}
-  return cfg
+# Fields a resume may change freely: run length, logging and checkpoint cadence, device
+# layout, and speed / memory knobs that leave the math alone up to float rounding.
+RESUMABLE_KEYS = ("steps", "log_every", "eval_every", "ckpt_every", "ensemble_eval_every",
+                  "ckpt.keep", "mesh", "precision", "spsa.pert_chunk", "eggroll.pop_chunk",
+                  "resume_overrides")
+MANIFEST_KEY = "data.manifest_sha256"  # the data dir's manifest.json, compared on resume
 
 
 def read_config(workdir: str) -> ml_collections.ConfigDict:
@@ -45,21 +57,161 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Writes config.json, or checks a resumed run has the same shape-defining fields."""
+  """Writes config.json atomically (`resume_overrides` is recorded in the history instead)."""
   path = os.path.join(workdir, CONFIG_FILE)
   new = json.loads(config.to_json())
-  if os.path.isfile(path):
-    old = read_config(workdir).to_dict()
-    diff = [k for k in SHAPE_KEYS if _get(old, k) != _get(new, k)]
-    if diff:
-      k = diff[0]
-      raise UserError(
-          f"workdir {workdir!r} holds another run ({k}: {_get(old, k)!r} there, "
-          f"{_get(new, k)!r} now); fix: use a new --workdir or the original config")
+  if "resume_overrides" in new:
+    new["resume_overrides"] = ""
+  _write_json(path, new)
+
+
+def _write_json(path: str, obj: Any) -> None:
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
-    json.dump(new, f, indent=1, sort_keys=True)
+    json.dump(obj, f, indent=1, sort_keys=True)
   os.replace(tmp, path)
+
+
+def flatten(cfg: dict, prefix: str = "") -> dict[str, Any]:
+  """{'a': {'b': 1}} -> {'a.b': 1}."""
+  out = {}
+  for k, v in cfg.items():
+    if isinstance(v, dict):
+      out.update(flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _under(key: str, names) -> bool:
+  return any(key == n or key.startswith(n + ".") for n in names)
+
+
+def manifest_sha256(data_dir: str) -> str | None:
+  path = os.path.join(data_dir, "manifest.json")
+  if not os.path.isfile(path):
+    return None
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def parse_overrides(value: str, known: dict) -> list[str]:
+  """'opt.lr, spsa.n_pert' -> ['opt.lr', 'spsa.n_pert']; unknown or shape fields refused."""
+  names = [n.strip() for n in str(value or "").split(",") if n.strip()]
+  for n in names:
+    if not any(_under(k, [n]) for k in known):
+      raise UserError(f"resume_overrides names {n!r}, which is not a config field; "
+                      "fix: use dotted names such as opt.lr,spsa.n_pert")
+    if _under(n, SHAPE_KEYS) or any(_under(k, [n]) for k in SHAPE_KEYS):
+      raise UserError(f"resume_overrides cannot change {n!r}: it fixes the shapes of the saved "
+                      "state; fix: start a new --workdir")
+  return names
+
+
+def check_resume(workdir: str, new: ml_collections.ConfigDict,
+                 data_sha: str | None) -> tuple[dict, list[str]]:
+  """Compares a resumed run's config with the saved one; returns the changes it allows.
+
+  Returns ({dotted key: (saved, now)}, the fields named in resume_overrides). Raises UserError listing every differing field
+  that changes the experiment (anything outside RESUMABLE_KEYS) unless it is named in
+  `resume_overrides`. A moved data dir with the same manifest hash is allowed; another
+  manifest (other data, or data re-prepared in place) is a change of `data.dir`.
+  Fields present on only one side (added or removed by a code update) are not compared.
+  """
+  old_flat = flatten(read_config(workdir).to_dict())
+  new_flat = flatten(json.loads(new.to_json()))
+  old_flat[MANIFEST_KEY] = last_history(workdir).get("data_manifest_sha256")
+  new_flat[MANIFEST_KEY] = data_sha
+  overrides = parse_overrides(new_flat.get("resume_overrides", ""), new_flat)
+  changed = {k: (old_flat[k], new_flat[k]) for k in sorted(set(old_flat) & set(new_flat))
+             if old_flat[k] != new_flat[k] and old_flat[k] is not None}
+  allowed = list(RESUMABLE_KEYS) + overrides
+  if "data.dir" in changed and MANIFEST_KEY not in changed:
+    allowed.append("data.dir")  # the same prepared data, moved
+  if _under("data.dir", overrides):
+    allowed.append(MANIFEST_KEY)
+  shape = [k for k in changed if _under(k, SHAPE_KEYS)]
+  refused = [k for k in changed if not _under(k, allowed)]
+  if shape or refused:
+    listed = "; ".join(f"{k}: {changed[k][0]!r} there, {changed[k][1]!r} now"
+                       for k in sorted(set(shape) | set(refused)))
+    fix = ("use a new --workdir or the original config" if shape else
+           "resume with the saved values, use a new --workdir, or name the fields in "
+           f"--config.resume_overrides={','.join(sorted(refused))} to change them on purpose")
+    raise UserError(f"workdir {workdir!r} holds another run ({listed}); fix: {fix}")
+  return changed, overrides
+
+
+def record_start(workdir: str, step: int, changed: dict, overrides: list[str],
+                 data_sha: str | None) -> None:
+  """Appends one line to config_history.jsonl: when, from which step, what changed."""
+  record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "step": step,
+            "changed": {k: list(v) for k, v in changed.items()}, "resume_overrides": overrides,
+            "data_manifest_sha256": data_sha}
+  with open(os.path.join(workdir, HISTORY_FILE), "a") as f:
+    f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+
+
+def last_history(workdir: str) -> dict:
+  path = os.path.join(workdir, HISTORY_FILE)
+  if not os.path.isfile(path):
+    return {}
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  try:
+    return json.loads(lines[-1]) if lines else {}
+  except ValueError:
+    return {}
+
+
+def has_checkpoint(workdir: str) -> bool:
+  """Whether the workdir holds any finished checkpoint step (read without orbax)."""
+  d = os.path.join(workdir, CKPT_DIR)
+  return os.path.isdir(d) and any(n.isdigit() for n in os.listdir(d))
+
+
+class WorkdirLock:
+  """An OS lock on WORKDIR/.lock held for a run's lifetime; the kernel drops it on any exit.
+
+  A second holder fails at once with a UserError naming the running process. The lock
+  file itself is created when missing, which also proves the workdir is writable.
+  """
+
+  def __init__(self, workdir: str, what: str = "--workdir"):
+    self.workdir, self.what = workdir, what
+    self._fd = None
+
+  def __enter__(self) -> WorkdirLock:
+    from soma_jax.errors import writable_dir
+
+    writable_dir(self.workdir, self.what)
+    path = os.path.join(self.workdir, LOCK_FILE)
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+      raise UserError(f"{self.what}={self.workdir!r} is not writable ({e.strerror}); "
+                      f"fix: choose a writable {self.what}") from None
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+      os.close(fd)
+      if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+        raise UserError(f"cannot lock {path!r} ({e.strerror}); fix: use a local --workdir") \
+            from None
+      raise UserError(f"workdir {self.workdir!r} is in use by process {holder}; fix: wait for "
+                      "it to finish or stop it (Ctrl-C / kill PID), or use another --workdir") \
+          from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    self._fd = fd
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self._fd is not None:
+      fcntl.flock(self._fd, fcntl.LOCK_UN)
+      os.close(self._fd)
+      self._fd = None
 
 
 class Checkpointer:
@@ -90,12 +242,14 @@ class Checkpointer:
       raise UserError(f"could not finish writing a checkpoint under {self.directory!r} ({e}); "
                       "the previous checkpoint is kept; fix: free disk space and re-run") from e
 
-  def restore_latest(self, abstract_state: Any,
-                     max_step: int | None = None) -> tuple[int, Any, dict] | None:
+  def restore_latest(self, abstract_state: Any, max_step: int | None = None,
+                     heal: bool = False) -> tuple[int, Any, dict] | None:
     """The newest readable checkpoint as (step, state, data_state); None if there is none.
 
-    An unreadable newest checkpoint (truncated copy, bad disk) is reported and skipped
-    in favour of the one before it; it is left on disk for inspection.
+    An unreadable checkpoint (truncated copy, bad disk, a save cut short) is reported and
+    skipped in favour of the one before it. With `heal` (the trainer, which holds the
+    workdir lock) it is also moved aside to `corrupt-<step>`, so training can save that
+    step again; tools that only read leave it in place.
     """
     for step in reversed(self.steps()):
       if max_step is not None and step > max_step:
@@ -105,12 +259,28 @@ class Checkpointer:
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
         return step, out["state"], out["data"]
       except Exception as e:  # noqa: BLE001 - any failure to read means "try an older one"
-        logging.warning("checkpoint %d in %s is unreadable (%s: %s); trying an older one",
-                        step, self.directory, type(e).__name__, str(e).splitlines()[0][:200])
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        where = ""
+        if heal:
+          where = f"; moved to {self.quarantine(step)}"
+        logging.warning("checkpoint %d in %s is unreadable (%s)%s; using an older one",
+                        step, self.directory, why, where)
     if self.steps():
       raise UserError(f"no readable checkpoint in {self.directory!r} (all "
                       f"{len(self.steps())} failed); fix: restore the files or use a new workdir")
     return None
+
+  def quarantine(self, step: int) -> str:
+    """Moves checkpoint `step` to checkpoints/corrupt-<step>[.n]; returns the new path."""
+    src = os.path.join(self.directory, str(step))
+    dst = os.path.join(self.directory, f"{CORRUPT_PREFIX}{step}")
+    n = 1
+    while os.path.exists(dst):
+      dst = os.path.join(self.directory, f"{CORRUPT_PREFIX}{step}.{n}")
+      n += 1
+    os.rename(src, dst)
+    self._mngr.reload()
+    return dst
 
   def close(self) -> None:
     self.wait()

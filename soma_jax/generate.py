@@ -14,7 +14,9 @@ The model has no start-of-text byte: an empty prompt is fed one "\\n" (not print
 
 from __future__ import annotations
 
+import codecs
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -22,9 +24,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from soma_jax import model as model_lib
+from soma_jax.errors import UserError
 
 PyTree = Any
 EMPTY_PROMPT_SEED = b"\n"  # input byte for an empty prompt
+MAX_BYTES = 10_000_000  # --max_bytes limit: about 3 h at 1k bytes/s; output is streamed
+CHUNK_BYTES = 256  # bytes sampled per compiled scan (and per write to the output)
 
 
 def init_state(body: PyTree, batch_shape: tuple[int, ...] = ()) -> list[tuple[jax.Array, jax.Array]]:
@@ -83,40 +88,74 @@ def sample_byte(key: jax.Array, logp_V: jax.Array, temperature: jax.typing.Array
   return jnp.where(temperature > 0, sampled, jnp.argmax(logp_V)).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("max_bytes",))
-def _generate(bodies_K, heads_K, prompt_T, key, temperature, top_p, max_bytes: int):
-  """Reads the prompt with every selected expert, then samples max_bytes bytes."""
-  def ens_step(state_K, byte):
-    logits_KxV, state_K = jax.vmap(step, in_axes=(0, 0, 0, None))(bodies_K, heads_K, state_K, byte)
+def _ens_step(bodies_K, heads_K, state_K, byte):
+  """Every selected expert reads `byte`: ([K, V] logits, new states)."""
+  logits_KxV, state_K = jax.vmap(step, in_axes=(0, 0, 0, None))(bodies_K, heads_K, state_K, byte)
+  return logits_KxV, state_K
+
+
+@jax.jit
+def _prefill(bodies_K, heads_K, prompt_T):
+  """Reads the prompt with every selected expert: (states, [K, V] logits after it)."""
+  def f(state_K, byte):
+    logits_KxV, state_K = _ens_step(bodies_K, heads_K, state_K, byte)
     return state_K, logits_KxV
 
-  state_K = jax.vmap(init_state)(bodies_K)
-  state_K, logits_TxKxV = jax.lax.scan(ens_step, state_K, prompt_T)
-  logits_KxV = logits_TxKxV[-1]
+  state_K, logits_TxKxV = jax.lax.scan(f, jax.vmap(init_state)(bodies_K), prompt_T)
+  return state_K, logits_TxKxV[-1]
 
-  def sample(carry, i):
+
+@functools.partial(jax.jit, static_argnames=("n",))
+def _sample_chunk(bodies_K, heads_K, state_K, logits_KxV, key, first, temperature, top_p,
+                  n: int):
+  """Samples bytes first..first+n-1 (byte i keyed by fold_in(key, i)); returns the carry too."""
+  def f(carry, i):
     state_K, logits_KxV = carry
     b = sample_byte(jax.random.fold_in(key, i), mixture_logprobs(logits_KxV), temperature, top_p)
-    state_K, logits_KxV = ens_step(state_K, b)
+    logits_KxV, state_K = _ens_step(bodies_K, heads_K, state_K, b)
     return (state_K, logits_KxV), b
 
-  _, out = jax.lax.scan(sample, (state_K, logits_KxV), jnp.arange(max_bytes))
-  return out
+  (state_K, logits_KxV), out = jax.lax.scan(f, (state_K, logits_KxV), first + jnp.arange(n))
+  return state_K, logits_KxV, out
+
+
+def generate_stream(body_N: PyTree, head: jax.Array, shared_head: bool, router, prompt: bytes,
+                    max_bytes: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+                    top_k: int = 4) -> tuple[np.ndarray, Iterator[bytes]]:
+  """(routed expert ids, iterator over the continuation in chunks of up to CHUNK_BYTES).
+
+  Memory stays at one chunk whatever `max_bytes` is (at most MAX_BYTES); the bytes are
+  those of one long scan: byte i is drawn with fold_in(seed key, i).
+  """
+  if not 0 <= max_bytes <= MAX_BYTES:
+    raise UserError(f"--max_bytes={max_bytes} is outside 0..{MAX_BYTES:,}; fix: pass a smaller "
+                    "count (or generate in several runs with --prompt)")
+  routes = router.route_to([prompt], top_k, jax.tree.leaves(body_N)[0].shape[0])[0]
+  bodies_K = jax.tree.map(lambda x: x[routes], body_N)
+  heads_K = jnp.broadcast_to(head, (len(routes),) + head.shape) if shared_head else head[routes]
+  inputs = np.frombuffer(prompt or EMPTY_PROMPT_SEED, np.uint8)
+
+  def chunks() -> Iterator[bytes]:
+    if max_bytes < 1:
+      return
+    state_K, logits_KxV = _prefill(bodies_K, heads_K, jnp.asarray(inputs))
+    key, n = jax.random.key(seed), min(CHUNK_BYTES, max_bytes)  # one compiled chunk size
+    for first in range(0, max_bytes, n):
+      state_K, logits_KxV, out = _sample_chunk(
+          bodies_K, heads_K, state_K, logits_KxV, key, first, jnp.float32(temperature),
+          jnp.float32(top_p), n=n)
+      yield np.asarray(out, np.uint8).tobytes()[:max_bytes - first]
+
+  return routes, chunks()
 
 
 def generate(body_N: PyTree, head: jax.Array, shared_head: bool, router, prompt: bytes,
              max_bytes: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
              top_k: int = 4) -> tuple[bytes, np.ndarray]:
   """(sampled continuation, routed expert ids) for a prompt, from the top-k routed experts."""
-  routes = router.route_to([prompt], top_k, jax.tree.leaves(body_N)[0].shape[0])[0]
-  bodies_K = jax.tree.map(lambda x: x[routes], body_N)
-  heads_K = jnp.broadcast_to(head, (len(routes),) + head.shape) if shared_head else head[routes]
-  inputs = np.frombuffer(prompt or EMPTY_PROMPT_SEED, np.uint8)
-  if max_bytes < 1:
-    return b"", routes
-  out = _generate(bodies_K, heads_K, jnp.asarray(inputs), jax.random.key(seed),
-                  jnp.float32(temperature), jnp.float32(top_p), max_bytes)
-  return np.asarray(out, np.uint8).tobytes(), routes
+  routes, chunks = generate_stream(body_N, head, shared_head, router, prompt, max_bytes,
+                                   temperature, top_p, seed, top_k)
+  return b"".join(chunks), routes
 
 
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(32), 127) if chr(c) not in "\n\t"}
@@ -124,4 +163,14 @@ _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(32), 127) if chr(c) not in "\n\t"
 
 def printable(data: bytes) -> str:
   """UTF-8 text with each invalid byte (and control byte but newline and tab) as a \\xNN escape."""
-  return data.decode("utf-8", errors="backslashreplace").translate(_CONTROLS)
+  return Printable()(data, final=True)
+
+
+class Printable:
+  """`printable` for a stream: a UTF-8 sequence split across chunks is not escaped."""
+
+  def __init__(self):
+    self._decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+
+  def __call__(self, chunk: bytes, final: bool = False) -> str:
+    return self._decoder.decode(chunk, final).translate(_CONTROLS)

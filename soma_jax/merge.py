@@ -22,6 +22,9 @@ from soma_jax import metrics as metrics_lib
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
 
+# Cumulative counters of each job, summed over jobs: ops and device-seconds (SPEC 7).
+TOTALS = ("ops", "device_seconds", "compile_seconds", "eval_seconds", "ckpt_seconds")
+
 
 def _sha(path: str) -> str | None:
   if not os.path.isfile(path):
@@ -36,6 +39,11 @@ def merge(workdirs: list[str], out: str) -> dict:
     raise UserError("no workdirs given; fix: pass the workdirs of the experts=a:b jobs")
   if os.path.exists(os.path.join(out, ckpt_lib.CONFIG_FILE)):
     raise UserError(f"{out!r} already holds a run; fix: choose a new --out")
+  with ckpt_lib.WorkdirLock(out, "--out"):  # checks --out is writable before any work
+    return _merge_into(workdirs, out)
+
+
+def _merge_into(workdirs: list[str], out: str) -> dict:
   jobs = []
   for w in workdirs:
     c = ckpt_lib.read_config(w)
@@ -80,7 +88,6 @@ def merge(workdirs: list[str], out: str) -> dict:
   state = states[0].replace(body=body, opt=opt, head_opt=head_opt, sched=sched,
                             skipped=skipped, head=head)
 
-  os.makedirs(out, exist_ok=True)
   full = train_lib.shapes_only(ref)
   full.experts = ""
   full.init_from = ref.init_from
@@ -88,8 +95,8 @@ def merge(workdirs: list[str], out: str) -> dict:
   data_state = dict(restored[0][2])
   it = dict(data_state["iterator"])
   it["experts"] = covered
-  data_state = {"iterator": it,
-                "device_seconds": sum(float(d.get("device_seconds", 0)) for _, _, d in restored)}
+  data_state = {"iterator": it, **{k: sum(float(d.get(k, 0)) for _, _, d in restored)
+                                   for k in TOTALS}}
   step = steps.pop()
   ckpt = ckpt_lib.Checkpointer(out)
   ckpt.save(step, state, data_state)
@@ -112,7 +119,7 @@ def _merge_metrics(workdirs: list[str], out: str) -> None:
           continue
         if isinstance(vals[0], list):
           rec[key] = [x for v in vals for x in v]
-        elif key in ("ops", "device_seconds", "tokens_per_second"):
+        elif key in TOTALS or key == "tokens_per_second":
           rec[key] = sum(vals)
         elif key == "step_seconds":
           rec[key] = max(vals)

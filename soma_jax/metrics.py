@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+from absl import logging
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -27,27 +28,32 @@ class MetricWriter:
   """Appends one JSON object per logged step; TensorBoard scalars beside it.
 
   On resume from step s, records after s (written after the last checkpoint, before an
-  interruption) are dropped, so the file reads as if the run had never stopped.
+  interruption) are dropped, so the file reads as if the run had never stopped. The file
+  is reopened for every record: if it was deleted or moved during the run, it is written
+  again from the records kept in memory, with a warning, instead of going to a lost file.
   """
 
   def __init__(self, workdir: str, start_step: int = 0, tensorboard: bool = True):
     self.path = os.path.join(workdir, METRICS_FILE)
-    self._truncate_after(start_step)
-    self._file = open(self.path, "a")
+    self._lines = self._truncate_after(start_step)
     self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter
 
       self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=start_step or None)
 
-  def _truncate_after(self, step: int) -> None:
-    if not os.path.isfile(self.path):
-      return
-    with open(self.path) as f:
-      keep = [line for line in f if line.strip() and _step_of(line) <= step]
+  def _truncate_after(self, step: int) -> list[str]:
+    keep = []
+    if os.path.isfile(self.path):
+      with open(self.path) as f:
+        keep = [line for line in f if line.strip() and _step_of(line) <= step]
+    self._rewrite(keep)
+    return keep
+
+  def _rewrite(self, lines: list[str]) -> None:
     tmp = self.path + ".tmp"
     with open(tmp, "w") as f:
-      f.writelines(keep)
+      f.writelines(lines)
     os.replace(tmp, self.path)
 
   def hparams(self, config: dict) -> None:
@@ -56,8 +62,14 @@ class MetricWriter:
 
   def write(self, step: int, record: dict) -> None:
     record = {"step": int(step), **{k: _plain(v) for k, v in record.items()}}
-    self._file.write(json.dumps(record, sort_keys=True) + "\n")
-    self._file.flush()
+    line = json.dumps(record, sort_keys=True) + "\n"
+    if not os.path.isfile(self.path):
+      logging.warning("%s disappeared during the run; writing it again (%d records kept in "
+                      "memory)", self.path, len(self._lines))
+      self._rewrite(self._lines)
+    self._lines.append(line)
+    with open(self.path, "a") as f:
+      f.write(line)
     if self._tb is None:
       return
     for key, value in record.items():
@@ -71,7 +83,6 @@ class MetricWriter:
         self._tb.add_scalar(key, value, step)
 
   def close(self) -> None:
-    self._file.close()
     if self._tb is not None:
       self._tb.close()
 

@@ -15,7 +15,8 @@ from soma_jax import merge, train
 from soma_jax.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMING = ("step_seconds", "tokens_per_second", "device_seconds")
+TIMING = ("step_seconds", "tokens_per_second", "device_seconds", "compile_seconds",
+          "eval_seconds", "ckpt_seconds")
 
 
 def tiny_config(data_dir, **overrides):
@@ -124,7 +125,7 @@ def test_nonwritable_workdir(data_prepared, tmp_path):
   ro = tmp_path / "ro"
   ro.mkdir()
   (ro / "file").write_text("x")
-  with pytest.raises(UserError, match="not writable"):
+  with pytest.raises(UserError, match="is a file, not a folder"):
     train.train(tiny_config(data_prepared), str(ro / "file" / "sub"))
 
 
