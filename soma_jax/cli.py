@@ -18,6 +18,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)  # library info logs (orbax) only on request
     return argv
+  except SystemExit as e:  # absl exits 1 after printing --help; asking for help succeeds
+    help_flags = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+    sys.exit(0 if e.code == 1 and any(a in help_flags for a in argv[1:]) else e.code)
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError, UserError) as e:
     msg = str(e).strip()
     if isinstance(e, AttributeError | KeyError):
