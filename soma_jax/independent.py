@@ -1,9 +1,13 @@
 """Independent losses against their sum (the paper's Figure 4; SPEC 8).
 
-SOMA with N experts starts from one state (every expert the same body), then trains twice
-per seed with the same batches and the same directions: once as SOMA does, each expert's
+As in the paper, SOMA with N experts starts from a trained seed (SPEC 3.4: every expert
+copies the seed's body, the seed's E is frozen and shared): `train.init_from` names a seed
+workdir, or the seed run `seed_run` is trained first into OUT/seed. From that state each seed
+trains twice with the same batches and the same directions: once as SOMA does, each expert's
 estimate from its own loss (`spsa.train_step`), once from the sum of all N losses
 (`summed_train_step`, the shared-loss estimator `spsa.estimate(..., loss_groups=[0] * N)`).
+Both run with x64 enabled, so the summed loss's difference is formed in float64
+(`spsa._group_diff`; weights and forward passes stay float32), as the paper subtracts in FP64.
 The routed test loss is taken at checkpoints; the paired difference (summed minus
 independent) is reported per seed and as mean and standard deviation across seeds.
 """
@@ -21,10 +25,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from soma_jax import checkpoint as ckpt_lib
 from soma_jax import compare, report, spsa
 from soma_jax import config as config_lib
 from soma_jax import evaluate as eval_lib
-from soma_jax import model as model_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
@@ -48,25 +52,35 @@ _STEPS = {
 }
 
 
-def shared_start(c: ml_collections.ConfigDict) -> tuple[PyTree, jax.Array]:
-  """One body copied into all N experts: a seed run's (init_from) or expert 0 of a fresh init."""
-  cfg = train_lib.model_config(c)
-  if c.init_from:
-    body, head = train_lib.seed_params(c.init_from, cfg)
-  else:
-    body_1, head = model_lib.init_experts(jax.random.key(c.seed), cfg, 1)
-    body = jax.tree.map(lambda x: x[0], body_1)
-    head = head if cfg.shared_head else head[0]
-  n = c.n_experts
-  body_N = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), body)
-  return body_N, head if cfg.shared_head else jnp.broadcast_to(head, (n,) + head.shape)
+def train_seed(config: ml_collections.ConfigDict, data_dir: str, out: str) -> str:
+  """The seed run's workdir: `train.init_from`, or `seed_run` trained (or resumed) in OUT/seed."""
+  if config.train.init_from:
+    if not os.path.isdir(config.train.init_from):
+      raise UserError(f"train.init_from={config.train.init_from!r} does not exist; fix: a seed "
+                      "run's workdir, or '' to train the seed first")
+    return config.train.init_from
+  s = ml_collections.ConfigDict(config.seed_run.to_dict())
+  if s.n_experts != 1:
+    raise UserError(f"seed_run.n_experts={s.n_experts}; the seed is one expert (SPEC 3.4)")
+  s.data.dir = data_dir
+  workdir = os.path.join(out, "seed")
+  t0 = time.perf_counter()
+  train_lib.train(s, workdir)
+  print(f"[independent_vs_summed] seed run: {s.steps} updates in {time.perf_counter() - t0:.0f} s "
+        f"({workdir})", flush=True)
+  return workdir
 
 
 def train_variant(c: ml_collections.ConfigDict, variant: str, test: compare.TestSet,
                   checkpoints: list[int]) -> tuple[list[dict], np.ndarray, float]:
-  """Trains one variant from the shared start; ([{step, test}], final per-window losses, seconds)."""
+  """Trains one variant from the seed; ([{step, test}], final per-window losses, seconds).
+
+  Runs with x64 enabled: the summed loss's difference is formed in float64 (float32 weights).
+  """
+  if not c.init_from:
+    raise UserError("train.init_from is empty; fix: the seed run's workdir (SPEC 3.4)")
   cfg = train_lib.step_config(c)
-  body_N, head = shared_start(c)
+  body_N, head = train_lib.initial_params(c)  # every expert copies the seed's body
   state = spsa.init_state(jax.tree.map(jnp.array, body_N), jnp.array(head), c.opt.lr, c.spsa.eps,
                           cfg)
   data = pipeline.train_iterator(c.data.dir, list(range(c.n_experts)), batch=c.spsa.batch,
@@ -97,6 +111,7 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
   pipeline.check_data_dir(c.data.dir, c.n_experts)
   if c.n_experts < 2:
     raise UserError("train.n_experts must be >= 2: one expert's loss is its own sum")
+  c.init_from = train_seed(config, c.data.dir, out)
   every = max(1, min(config.eval_every, c.steps))
   checkpoints = sorted(set(range(0, c.steps, every)) | {c.steps})
   test = compare.TestSet(c.data.dir, config.test_windows)
@@ -106,7 +121,8 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
     c.seed = seed
     curves, final = {}, {}
     for variant in VARIANTS:
-      curves[variant], final[variant], secs = train_variant(c, variant, test, checkpoints)
+      with jax.enable_x64(True):
+        curves[variant], final[variant], secs = train_variant(c, variant, test, checkpoints)
       print(f"[independent_vs_summed] seed {seed} {variant}: {c.steps} updates in {secs:.0f} s, "
             f"test {curves[variant][-1]['test_nats_per_byte']:.4f} nats/byte", flush=True)
     diff_n = final["summed"] - final["independent"]
@@ -123,7 +139,9 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
   payload = {
       "n_experts": c.n_experts, "d_t": c.model.d_t, "n_pert": c.spsa.n_pert,
       "batch": c.spsa.batch, "seq_len": c.data.seq_len, "steps": c.steps,
-      "data_dir": c.data.dir, "seeds": seeds, "num_test_windows": int(test.windows.shape[0]),
+      "data_dir": _shown(c.data.dir, out), "init_from": _shown(c.init_from, out),
+      "seed_run": _seed_summary(c.init_from), "lr": c.opt.lr, "eps": c.spsa.eps,
+      "summed_difference_dtype": "float64", "seeds": seeds, "num_test_windows": int(test.windows.shape[0]),
       "difference": "summed - independent (test nats/byte; positive: independent is better)",
       "paired": paired, "runs": {str(s): r for s, r in per_seed.items()},
   }
@@ -132,6 +150,20 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
   _write_csv(payload, os.path.join(out, "curves.csv"))
   _plot(payload, os.path.join(out, "figure4.png"))
   return payload
+
+
+def _shown(path: str, out: str) -> str:
+  """A path as results.json shows it: under the output folder as OUT/..., else as given."""
+  rel = os.path.relpath(path, out)
+  return path if rel.startswith("..") else os.path.join("OUT", rel)
+
+
+def _seed_summary(workdir: str) -> dict:
+  """The seed run's recipe, from its workdir's config."""
+  s = ckpt_lib.read_config(workdir)
+  return {"n_experts": s.n_experts, "d_t": s.model.d_t, "steps": s.steps, "lr": s.opt.lr,
+          "eps": s.spsa.eps, "n_pert": s.spsa.n_pert, "batch": s.spsa.batch,
+          "seq_len": s.data.seq_len, "train_head": s.opt.train_head}
 
 
 def _prepare(out: str, n: int) -> str:
