@@ -1,0 +1,145 @@
+"""The memory-lean SPSA forward, XLA's plan at paper shapes, pert_chunk="auto", precision."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from soma_jax import config as config_lib
+from soma_jax import memory
+from soma_jax import model as M
+from soma_jax import spsa as S
+from soma_jax import train
+from soma_jax.errors import UserError
+
+
+def _window(b: int, t: int, seed: int = 0) -> jax.Array:
+  return jnp.asarray(np.random.default_rng(seed).integers(0, 256, (b, t + 1)), jnp.uint8)
+
+
+_streamed = jax.jit(M.streamed_loss, static_argnames="time_block")
+
+
+@pytest.mark.parametrize("d_t,t,block", [
+    (32, 64, 16),  # T a multiple of the block, no projections (d_t == d_E)
+    (48, 100, 32),  # T not a multiple: a final block of 4 positions
+    (64, 37, 8),  # width with projections, remainder 5
+    (16, 7, 64),  # T shorter than one block
+    (24, 64, 1),  # one position per block: the fused scan over time
+])
+def test_streamed_loss_equals_full_window_loss(d_t, t, block):
+  cfg = M.ModelConfig(d_t=d_t, depth=2)
+  body, head = M.init_body(jax.random.key(d_t), cfg), M.init_head(jax.random.key(1), cfg)
+  # Train-like weights: scale the gains so every block matters and the carry is non-trivial.
+  body = jax.tree.map(lambda x: x * 1.5, body)
+  w = _window(3, t, seed=t)
+  want = M.loss(body, head, w)
+  got = _streamed(body, head, w, time_block=block)
+  np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
+
+
+def test_streamed_loss_carries_state_across_blocks():
+  """Zeroing the carry between blocks (a plausible bug) changes the loss: the test bites."""
+  cfg = M.ModelConfig(d_t=16)
+  body, head = M.init_body(jax.random.key(0), cfg), M.init_head(jax.random.key(1), cfg)
+  w = _window(2, 64)
+  carried = _streamed(body, head, w, time_block=16)
+  reset = jnp.mean(jnp.stack([M.loss(body, head, w[:, i:i + 17]) for i in range(0, 64, 16)]))
+  assert abs(float(carried) - float(reset)) > 1e-4
+  np.testing.assert_allclose(carried, M.loss(body, head, w), rtol=2e-6)
+
+
+def test_expert_losses_equal_per_expert_loss():
+  cfg = M.ModelConfig(d_t=16, shared_head=False)
+  body_N, head_N = M.init_experts(jax.random.key(0), cfg, 3)
+  w = jnp.stack([_window(2, 80, seed=i) for i in range(3)])
+  got = S.expert_losses(body_N, head_N, w, shared_head=False)
+  want = [M.loss(jax.tree.map(lambda x: x[e], body_N), head_N[e], w[e]) for e in range(3)]
+  np.testing.assert_allclose(got, want, rtol=2e-6)
+
+
+def _plan(n, d_t, b, t, n_pert, chunk, time_block) -> int:
+  mc = M.paper_config(n, d_t)
+  cfg = S.StepConfig(model=mc, spsa=S.SpsaConfig(n_pert=n_pert, pert_chunk=chunk,
+                                                   time_block=time_block),
+                     train_head=not mc.shared_head)
+
+  def init():
+    body_N, head = M.init_experts(jax.random.key(0), mc, n)
+    return S.init_state(body_N, head, 1e-3, 1e-3, cfg)
+
+  state = jax.eval_shape(init)
+  batch = jax.ShapeDtypeStruct((n, 1, b, t + 1), jnp.uint8)
+  ids = jax.ShapeDtypeStruct((n,), jnp.int32)
+  step = jax.jit(S.train_step, static_argnames="cfg")
+  return memory.planned_bytes(step.lower(state, batch, ids, cfg=cfg).compile())
+
+
+def test_paper_shapes_plan_fits_16gb_and_does_not_grow_with_t():
+  """SOMA N = 2 (d_t 361), B = 64, T = 1024, n_pert = pert_chunk = 64: compile only."""
+  tb = config_lib.base_config(n=2, size="paper").spsa.time_block
+  plan_1024 = _plan(2, 361, 64, 1024, 64, 64, tb)
+  plan_256 = _plan(2, 361, 64, 256, 64, 64, tb)
+  assert 0 < plan_1024 <= 16e9, f"N=2 paper step plans {plan_1024 / 1e9:.1f} GB (> 16 GB)"
+  assert plan_1024 <= 1.3 * plan_256, (plan_1024, plan_256)
+
+
+def test_plan_grows_with_chunk():
+  small = functools.partial(_plan, 2, 16, 4, 64, 8)
+  assert small(8, 16) > small(2, 16) > 0
+
+
+def test_choose_pert_chunk_picks_largest_fitting_divisor():
+  calls = []
+
+  def plan_at(chunk):  # linear plan: 1 GB + 0.5 GB per direction
+    calls.append(chunk)
+    return int(1e9 + 0.5e9 * chunk)
+
+  choice = memory.choose_pert_chunk(plan_at, 64, "gpu", limit_bytes=int(20e9), margin=0.85)
+  assert choice.chunk == 32  # 17 GB <= 0.85 * 20 GB; 64 would need 33 GB
+  assert len(calls) <= 4, calls  # a handful of compiles, not one per divisor
+  calls.clear()
+  assert memory.choose_pert_chunk(plan_at, 64, "gpu", int(100e9)).chunk == 64
+  assert calls == [64]
+  assert memory.choose_pert_chunk(plan_at, 48, "gpu", int(10e9), margin=1.0).chunk == 16
+  assert memory.choose_pert_chunk(plan_at, 64, "cpu", None).chunk == memory.CPU_CHUNK
+  assert memory.choose_pert_chunk(plan_at, 9, "cpu", None).chunk == 1  # 2 does not divide 9
+
+
+def test_choose_pert_chunk_steps_down_when_the_line_underestimates():
+  plans = {64: 40e9, 1: 1e9, 32: 19e9, 16: 9e9}  # 32 predicted to fit (19.9) but does not
+  choice = memory.choose_pert_chunk(lambda c: int(plans.get(c, 1e9 + 0.6e9 * c)), 64, "gpu",
+                                    limit_bytes=int(20e9), margin=0.9)
+  assert choice.chunk == 16 and "fits" in choice.reason
+
+
+def test_auto_chunk_resolves_and_is_described():
+  c = config_lib.base_config(n=2, size="tiny")
+  with c.unlocked():
+    c.spsa.pert_chunk = "auto"
+  choice = train.choose_chunk(c, 2)
+  assert choice.chunk == 2 and choice.planned_bytes > 0  # the CPU's chunk
+  assert train.step_config(c, choice.chunk).spsa.pert_chunk == 2
+  assert "pert_chunk=2" in choice.describe()
+  with c.unlocked():
+    c.spsa.pert_chunk = "16"  # as a command line gives it
+  assert config_lib.pert_chunk(c) == 16
+  with c.unlocked():
+    c.spsa.pert_chunk = "big"
+  with pytest.raises(UserError, match="pert_chunk"):
+    config_lib.validate(c)
+
+
+def test_precision_reaches_the_compiled_matmuls():
+  x = jnp.ones((8, 8), jnp.float32)
+  f = jax.jit(lambda a: a @ a)
+  with memory.matmul_precision("highest"):
+    text = f.lower(x).as_text()
+  assert "HIGHEST" in text.upper()
+  with memory.matmul_precision("default"):
+    assert "HIGHEST" not in f.lower(x).as_text().upper()
+  with pytest.raises(ValueError):
+    memory.matmul_precision("tf32")
