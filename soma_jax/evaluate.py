@@ -155,8 +155,8 @@ class PairStats:
   """Running float64 moments of two routed experts' per-target losses, per expert pair.
 
   For a pair (a, b) selected together on a window, at every scored target: l_a, l_b, the
-  shared difficulty d (mean loss of the window's other selected experts; 0 when k < 3)
-  and the two-expert mixture loss l_ab. Moments are kept per unordered pair a < b.
+  shared difficulty d (the mean loss of ALL N experts at that target, as in the paper's
+  N.3) and the two-expert mixture loss l_ab. Moments are kept per unordered pair a < b.
   """
 
   _NAMES = ("n", "a", "b", "d", "aa", "bb", "dd", "ab", "ad", "bd", "mix")
@@ -166,13 +166,14 @@ class PairStats:
     self.windows = np.zeros((num_experts, num_experts), np.int64)
     self.m = np.zeros((num_experts, num_experts, len(self._NAMES)))
 
-  def update(self, logprobs_nxkxT: np.ndarray, routes_nxk: np.ndarray) -> None:
+  def update(self, logprobs_nxkxT: np.ndarray, routes_nxk: np.ndarray,
+             difficulty_nxT: np.ndarray) -> None:
+    """Adds a block's selected experts' log-probs and the all-expert mean loss per target."""
     loss = -logprobs_nxkxT.astype(np.float64)
     k = loss.shape[1]
-    total_nxT = loss.sum(axis=1)
+    d = np.asarray(difficulty_nxT, np.float64)
     for i, j in itertools.combinations(range(k), 2):
       la, lb = loss[:, i], loss[:, j]
-      d = (total_nxT - la - lb) / (k - 2) if k > 2 else np.zeros_like(la)
       mix = -(np.logaddexp(-la, -lb) - np.log(2.0))
       cols = (np.ones_like(la), la, lb, d, la * la, lb * lb, d * d, la * lb, la * d, lb * d, mix)
       mom_nxM = np.stack([c.sum(axis=1) for c in cols], axis=1)
@@ -191,7 +192,7 @@ class PairStats:
       mean = np.array([sa, sb, sd]) / n
       second = np.array([[saa, sab, sad], [sab, sbb, sbd], [sad, sbd, sdd]]) / n
       cov = second - np.outer(mean, mean)
-      if mean[2] == 0 and cov[2, 2] == 0:  # k = 2: no difficulty estimate, plain correlation
+      if self.num_experts <= 2:  # d = (l_a + l_b) / 2 leaves nothing: plain correlation
         corr = cov[0, 1] / np.sqrt(max(cov[0, 0] * cov[1, 1], 1e-300))
       else:  # partial correlation of l_a and l_b given the shared difficulty d
         prec = np.linalg.pinv(cov)
@@ -226,23 +227,31 @@ def score(body_N: PyTree, head: jax.Array, windows: np.ndarray, routes_nxK: np.n
 
   Routes are best-first, so the top-k ensemble is the first k columns. Windows go in
   blocks sized so the [block, K, 768] float32 log-probabilities stay under block_bytes.
+  With `pairs`, every expert scores every window ([block, N, 768]): the pair analysis's
+  shared difficulty is the mean loss of all N experts at each target.
   """
   n, kk = routes_nxK.shape
   ks = tuple(ks) if ks else (kk,)
   if min(ks) < 1 or max(ks) > kk:
     raise ValueError(f"ks={ks} must lie in 1..{kk}")
-  block = max(batch, block_bytes // (kk * SCORED * 4) // batch * batch)
+  n_experts = int(jax.tree.leaves(body_N)[0].shape[0])
+  width = n_experts if pairs else kk  # pairs need every expert's loss (shared difficulty)
+  block = max(batch, block_bytes // (width * SCORED * 4) // batch * batch)
   own = np.empty((n, kk))
   mix = np.empty((n, len(ks)))
-  stats = PairStats(int(jax.tree.leaves(body_N)[0].shape[0])) if pairs else None
+  stats = PairStats(n_experts) if pairs else None
   for i in range(0, n, block):
-    lp = routed_logprobs(body_N, head, windows[i:i + block], routes_nxK[i:i + block], shared_head,
-                         batch)
+    routes = routes_nxK[i:i + block]
+    if stats is None:
+      lp = routed_logprobs(body_N, head, windows[i:i + block], routes, shared_head, batch)
+    else:
+      everyone = np.broadcast_to(np.arange(n_experts, dtype=np.int32), (len(routes), n_experts))
+      lp_all = routed_logprobs(body_N, head, windows[i:i + block], everyone, shared_head, batch)
+      lp = np.take_along_axis(lp_all, routes[:, :, None], axis=1)
+      stats.update(lp, routes, -lp_all.mean(axis=1, dtype=np.float64))
     own[i:i + block] = -lp.mean(axis=2, dtype=np.float64)
     for s, k in enumerate(ks):
       mix[i:i + block, s] = mixture_nats(lp, k)
-    if stats is not None:
-      stats.update(lp, routes_nxK[i:i + block])
   return Scores(np.asarray(routes_nxK, np.int32), own, mix, ks, stats)
 
 
