@@ -3,6 +3,12 @@
 Each step has the signature of `spsa.train_step(state, batch_NxAxBxT1, expert_ids_N, cfg)`
 and returns the same metrics, so the training loop, checkpoints, expert validation,
 the plateau schedule and evaluation are shared by every method.
+
+`method=eggroll` is the paper's EGGROLL (SPEC 6): a `depth`-layer GRU of width `d_t`
+with an untied head (`soma_jax.gru`), every parameter in `TrainState.body`; its
+`TrainState.head` is an unused zero placeholder (shared, frozen), and `model.logits`
+runs the GRU for a GRU body. `method=eggroll_lstm` is the extra: the same ES on the
+SOMA LSTM body, with the delta-rule head when per-expert heads are trained.
 """
 
 from __future__ import annotations
@@ -14,8 +20,44 @@ import jax.numpy as jnp
 
 from soma_jax import bptt as bptt_lib
 from soma_jax import eggroll as eggroll_lib
+from soma_jax import gru as gru_lib
 from soma_jax import model as model_lib
 from soma_jax import spsa
+
+GRU_METHOD = "eggroll"  # the method whose model is the GRU
+
+
+def gru_config(c) -> gru_lib.GruConfig:
+  """The GRU of a method=eggroll config: width model.d_t, model.depth layers."""
+  return gru_lib.GruConfig(d=c.model.d_t, depth=c.model.depth)
+
+
+def flops_per_token(c, mcfg: model_lib.ModelConfig) -> int:
+  """Forward operations per token of the config's model (GRU or SOMA LSTM expert)."""
+  if c.method == GRU_METHOD:
+    return gru_lib.gru_flops_per_token(gru_config(c))
+  return model_lib.flops_per_token(mcfg)
+
+
+def body_params(c, mcfg: model_lib.ModelConfig) -> int:
+  """Parameters of one expert's body (a GRU's includes its embedding and head)."""
+  if c.method == GRU_METHOD:
+    return gru_lib.gru_params(gru_config(c))
+  return model_lib.body_params(mcfg)
+
+
+def ensemble_params(c, mcfg: model_lib.ModelConfig) -> int:
+  """Total trained parameters of the config's N experts (GRU or LSTM with its heads)."""
+  if c.method == GRU_METHOD:
+    return c.n_experts * gru_lib.gru_params(gru_config(c))
+  return model_lib.ensemble_params(mcfg, c.n_experts)
+
+
+def init_gru_experts(c) -> tuple[dict, jax.Array]:
+  """N GRUs from the run's seed (body_N) and the unused shared-head placeholder [V, d_E]."""
+  keys = jax.random.split(jax.random.key(c.seed), c.n_experts)
+  body_N = jax.vmap(lambda k: gru_lib.init_gru(k, gru_config(c)))(keys)
+  return body_N, jnp.zeros((model_lib.VOCAB, c.model.d_e), jnp.float32)
 
 
 def _finish(state: spsa.TrainState, body, opt, head, head_opt, loss_N, ok_N):
@@ -67,8 +109,9 @@ def eggroll_train_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array,
                        ) -> tuple[spsa.TrainState, dict]:
   """EGGROLL on each expert's body (its own population, key and loss), then Adam.
 
-  The A batches are concatenated into one batch of A*B sequences per member. With
-  per-expert heads E follows the delta rule, as in SOMA.
+  The A batches are concatenated into one batch of A*B sequences per member. A GRU body
+  carries its own head (ES trains it); an LSTM body with per-expert heads has E follow
+  the delta rule, as in SOMA.
   """
   scfg = cfg.step
   head_axis = None if scfg.model.shared_head else 0

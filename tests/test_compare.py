@@ -1,5 +1,6 @@
 """Baseline comparison (Table 4 / Figure 1) and independent vs summed losses (Figure 4)."""
 
+import csv
 import importlib.util
 import json
 import os
@@ -56,33 +57,89 @@ def test_compare_tiny_end_to_end(tmp_path, data_two_shards):
   config = load_config("compare", "tiny")
   config.data_dir = data_two_shards
   out = str(tmp_path / "out")
-  payload = compare.run(config, out)
-  for name in ("table.md", "results.json", "figure1.png"):
+  payload = compare.run(config, out, command="python experiments/compare.py --test")
+  for name in ("table.md", "results.json", "results.csv", "figure1.png"):
     assert os.path.getsize(os.path.join(out, name)) > 0, name
   with open(os.path.join(out, "results.json")) as f:
     results = json.load(f)
   assert results == json.loads(json.dumps(payload))
+  assert results["command"] == "python experiments/compare.py --test"
+  assert results["wall_seconds"] > 0 and results["seeds"] == [0, 1]
   methods = results["methods"]
-  assert set(methods) == set(config.methods.keys())
+  assert set(methods) == set(config.methods.keys()) == set(results["rows"])
   assert list(methods)[0] == config.reference
   budget = config.budget_ops
   ref_params = methods[config.reference]["params"]
+  ref_losses = [p["test_nats_per_byte"] for p in methods[config.reference]["per_seed"]]
   for name, r in methods.items():
     assert r["updates"] >= 1 and r["ops"] == r["updates"] * r["ops_per_update"], name
     # Every method spends the budget up to one update (or takes the single update it must).
     assert r["ops"] <= budget or r["updates"] == 1, name
     assert r["ops"] > budget - r["ops_per_update"], name
     assert abs(r["params"] - ref_params) <= 0.1 * ref_params, (name, r["params"], ref_params)
-    assert np.isfinite(r["test_nats_per_byte"]), name
-    lo, hi = r["ci95"]
-    assert lo <= r["test_nats_per_byte"] <= hi, name
-    assert r["curve"][0]["ops"] == 0 and r["curve"][-1]["ops"] == r["ops"], name
-    assert r["device_seconds"] > 0, name
-  assert methods[config.reference][f"minus_{config.reference}"] == 0.0
+    assert [p["seed"] for p in r["per_seed"]] == [0, 1], name
+    losses = [p["test_nats_per_byte"] for p in r["per_seed"]]
+    diffs = [p["minus_ref"] for p in r["per_seed"]]
+    np.testing.assert_allclose(diffs, np.subtract(losses, ref_losses), atol=1e-9)
+    assert r["test_nats_per_byte_mean"] == pytest.approx(np.mean(losses))
+    assert r["minus_ref_mean"] == pytest.approx(np.mean(diffs))
+    assert r["minus_ref_sd"] == pytest.approx(np.std(diffs, ddof=1))
+    assert r["ref_wins"] == sum(d > 0 for d in diffs), name
+    for p in r["per_seed"]:
+      assert np.isfinite(p["test_nats_per_byte"]), name
+      lo, hi = p["ci95"]
+      assert lo <= p["test_nats_per_byte"] <= hi, name
+      assert p["curve"][0]["ops"] == 0 and p["curve"][-1]["ops"] == r["ops"], name
+      assert p["device_seconds"] > 0, name
+  assert methods["eggroll"]["model"] == "gru" and methods["eggroll"]["depth"] == 6
+  # The seeds are different optimisation runs, not copies.
+  assert ref_losses[0] != ref_losses[1]
+  assert all(p["minus_ref"] == 0.0 for p in methods[config.reference]["per_seed"])
+  with open(os.path.join(out, "results.csv")) as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == len(methods) * 2
   table = open(os.path.join(out, "table.md")).read()
   assert all(f"| {name} |" in table for name in methods)
 
 
+def _lstm_flops_per_token(d_t, d_e=32, depth=2, v=256):
+  """F_N of SPEC 2 / 7 written out: 16 D d_t^2 body matmuls, 2 d_E d_t projections, V d_E head."""
+  return 2 * (16 * depth * d_t * d_t + (2 * d_e * d_t if d_t != d_e else 0) + v * d_e)
+
+
+def test_monoliths_are_the_papers_controls(data_two_shards):
+  """mono_k(4x): SOMA's B and windows per update, 4x its directions, 4x the ops (SPEC 7)."""
+  from soma_jax.data import pipeline
+
+  config = load_config("compare", "cpu")
+  runs = compare.plan(config, data_two_shards)
+  soma = runs["soma_n2"]
+  k = soma.spsa.n_pert
+  for mult in (1, 4, 16):
+    mono = runs[f"mono_k{k * mult}"]
+    assert (mono.method, mono.n_experts, mono.spsa.accum) == ("soma", 1, 1)
+    assert mono.spsa.n_pert == mult * k and mono.spsa.batch == soma.spsa.batch
+    assert mono.data.seq_len == soma.data.seq_len == 1024  # targets 257..1024 are trained on
+  one, four = runs[f"mono_k{k}"], runs[f"mono_k{4 * k}"]
+
+  def batches(c, steps=2):
+    it = pipeline.train_iterator(c.data.dir, [0], batch=c.spsa.batch, accum=c.spsa.accum,
+                                 seq_len=c.data.seq_len, seed=c.seed, pooled=True)
+    return [next(it) for _ in range(steps)]
+
+  soma_it = pipeline.train_iterator(soma.data.dir, [0, 1], batch=soma.spsa.batch,
+                                    accum=soma.spsa.accum, seq_len=soma.data.seq_len, seed=0)
+  soma_batch = next(soma_it)
+  for b1, b4 in zip(batches(one), batches(four), strict=True):
+    np.testing.assert_array_equal(b1, b4)  # the same sequences, whatever n_pert
+    assert b4.shape == (1,) + soma_batch.shape[1:]  # one model, SOMA's A x B x (T + 1)
+  # C = 2 T n_pert B N F_N s (SPEC 7), per update (s = 1).
+  for c in (one, four, soma):
+    expected = (2 * c.data.seq_len * c.spsa.n_pert * c.spsa.batch * c.n_experts
+                * _lstm_flops_per_token(c.model.d_t))
+    assert compare.ops_per_update(c) == expected
+  assert compare.ops_per_update(four) == 4 * compare.ops_per_update(one)
+  assert four.steps == one.steps // 4 or abs(four.steps - one.steps / 4) <= 1
 def test_summed_step_matches_shared_loss_estimate():
   """The summed variant's first update is Adam's first step along the shared-loss estimate."""
   from soma_jax import spsa
