@@ -5,7 +5,8 @@ r"""Runs a notebook's code cells in order in this Python, without Jupyter; times
 
 Parameters are assigned right after the cell tagged `parameters` (as papermill does), so
 only names that cell assigns can be set; a value is a Python literal or else a string.
-Cells share one namespace and must be plain Python (no `!` or `%` lines). The first
+Cells share one namespace and must be plain Python (no `!` or `%` lines); as in a Jupyter
+kernel, the working directory is on `sys.path`. The first
 failing cell stops the run with its traceback and exit code 1; the timings JSON is
 written either way.
 """
@@ -75,11 +76,14 @@ def first_line(source: str) -> str:
   return next((line.strip() for line in source.splitlines() if line.strip()), "")[:80]
 
 
-def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: str | None) -> int:
+def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: str | None,
+        command: str = "") -> int:
   """Executes the cells; returns 0, or 1 after the first failing cell."""
+  if os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())  # as in a Jupyter kernel: modules in the cwd import
   namespace = {"__name__": "__main__", "__file__": os.path.abspath(path)}
-  record = {"notebook": path, "params": params, "python": sys.version.split()[0],
-            "cells": [], "status": "ok"}
+  record = {"command": command, "notebook": path, "params": params,
+            "python": sys.version.split()[0], "cells": [], "status": "ok"}
   t_all = time.perf_counter()
   status = 0
   for i, (source, is_param) in enumerate(cells):
@@ -114,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                   help="override a name of the parameters cell (repeatable)")
   ap.add_argument("--timings", help="write per-cell wall times as JSON here")
+  argv = sys.argv[1:] if argv is None else argv
   args = ap.parse_args(argv)
   if not os.path.isfile(args.notebook):
     print(f"error: notebook {args.notebook!r} not found; fix: pass the path of an .ipynb file",
@@ -127,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
   except (ValueError, SyntaxError) as e:  # JSONDecodeError is a ValueError
     print(f"error: {e}", file=sys.stderr)
     return 2
-  return run(args.notebook, cells, params, args.timings)
+  command = " ".join(["python", "scripts/run_notebook.py", *argv])
+  return run(args.notebook, cells, params, args.timings, command)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 
 import nbformat
 import pytest
@@ -106,14 +107,17 @@ def test_runner_rejects_unknown_parameters_and_missing_files(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_runner_runs_the_quickstart_at_tiny_size(tmp_path):
+def test_runner_runs_the_quickstart_from_a_clone_that_is_not_installed(tmp_path):
+  """The GPU machine's case: dependencies on PYTHONPATH, soma_jax only in the working tree."""
   timings = tmp_path / "timings.json"
+  env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}  # -S: no editable finder
   proc = subprocess.run(
-      [sys.executable, RUNNER, NOTEBOOK, "--param", "SIZE=tiny", "--param",
+      [sys.executable, "-S", RUNNER, NOTEBOOK, "--param", "SIZE=tiny", "--param",
        f"WORK={tmp_path / 'work'}", "--timings", str(timings)],
-      cwd=tmp_path, capture_output=True, text=True, timeout=900)
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   record = json.loads(timings.read_text())
   assert record["status"] == "ok"
   assert len(record["cells"]) == len(_code_cells(nbformat.read(NOTEBOOK, as_version=4)))
+  assert "soma_jax is importable; nothing to install" in proc.stdout
   assert "figure: " in proc.stdout  # no IPython shell: figures are named, not displayed
