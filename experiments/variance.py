@@ -74,7 +74,7 @@ def _plot(res: dict, path: str) -> None:
     series(pts, "n", "N experts", colors[0])
     ax.set(xscale="log", yscale="log", xlabel="N experts (fixed total parameters)",
            ylabel="relative centred variance",
-           title=f"about {res['total_params']:,} parameters")
+           title=f"about {res['total_params']:,} parameters, {res['probe']} probes")
   elif study == "batch":
     series([r for r in pts if r["series"] == "tradeoff"], "batch",
            f"n_pert B = {res['budget']}", colors[0])
@@ -96,7 +96,8 @@ def _plot(res: dict, path: str) -> None:
                     key=lambda r: r["seconds_per_step"])
       series(rows, "seconds_per_step", f"{alloc} allocation", colors[i])
     ax.set(xscale="log", yscale="log", xlabel="seconds per global step (jitted train_step)",
-           ylabel="R = E||g_hat - g_ref||^2 / ||g_ref||^2", title="error against backprop")
+           ylabel="R = E||g_hat - g_ref||^2 / ||g_ref||^2",
+           title=f"error against backprop on {res['ref_batch']} disjoint windows per expert")
   ax.grid(True, which="both", alpha=0.3)
   ax.legend(fontsize=7, loc="lower left")
   fig.tight_layout()

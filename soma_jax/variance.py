@@ -36,6 +36,7 @@ import numpy as np
 
 from soma_jax import model as model_lib
 from soma_jax import spsa
+from soma_jax.errors import UserError
 
 PyTree = Any
 LossFn = Callable[[PyTree, jax.Array, jax.Array], jax.Array]
@@ -354,6 +355,51 @@ def expert_windows(n: int, count: int, seq_len: int, seed: int, data_dir: str = 
                        "byte_offsets": [s.tolist() for s in starts]}
 
 
+def disjoint_windows(n: int, count_zo: int, count_ref: int, seq_len: int, seed: int,
+                     data_dir: str = "", corpus_bytes: int = 1 << 21
+                     ) -> tuple[np.ndarray, np.ndarray, dict]:
+  """Zero-order and reference windows per expert that share no window, and their record.
+
+  Returns [N, count_zo, T + 1], [N, count_ref, T + 1]. Each expert's source is cut into
+  slots of T + 1 bytes: with `data_dir`, its expert-validation windows of shard
+  e mod num_clusters; else non-overlapping slots of its 1/N slice of the standard-library
+  corpus. One seeded permutation per expert gives the zero-order set its first count_zo
+  slots and the reference set the next count_ref, so no slot is in both.
+  """
+  rng = np.random.default_rng(seed)
+  need = count_zo + count_ref
+  if data_dir:
+    from soma_jax.data import pipeline
+
+    shards = int(pipeline.load_manifest(data_dir)["num_clusters"])
+    sources = [np.asarray(pipeline.expert_val_windows(data_dir, e % shards, seq_len))
+               for e in range(n)]
+    record = {"data_dir": data_dir, "shard_of_expert": [e % shards for e in range(n)],
+              "slot": "index into the shard's expert-validation windows"}
+  else:
+    corpus = stdlib_corpus(corpus_bytes)
+    part = len(corpus) // n
+    slots = part // (seq_len + 1)
+    sources = [corpus[e * part:e * part + slots * (seq_len + 1)].reshape(slots, seq_len + 1)
+               for e in range(n)]
+    record = {"source": "pystdlib", "corpus_bytes": len(corpus),
+              "slot": f"bytes e * {part} + slot * {seq_len + 1} onwards, {seq_len + 1} of them"}
+  zo, ref, zo_slots, ref_slots = [], [], [], []
+  for e, src in enumerate(sources):
+    if len(src) < need:
+      raise UserError(f"expert {e} has {len(src)} windows of {seq_len + 1} bytes; the study needs "
+                      f"{need} (pool + ref_batch); fix: lower pool or ref_batch, or raise "
+                      "corpus_bytes")
+    perm = rng.permutation(len(src))
+    a, b = np.sort(perm[:count_zo]), np.sort(perm[count_zo:need])
+    zo.append(src[a])
+    ref.append(src[b])
+    zo_slots.append(a.tolist())
+    ref_slots.append(b.tolist())
+  record.update(zero_order_slots=zo_slots, reference_slots=ref_slots)
+  return np.stack(zo), np.stack(ref), record
+
+
 # --------------------------------------------------------------------------- studies
 
 GROUPINGS = {"one_sum": (0, 0, 0, 0), "pairs": (0, 0, 1, 1), "separate": (0, 1, 2, 3)}
@@ -494,7 +540,7 @@ def study_experts(c, params=None) -> dict:
                  "ensemble_params": ensemble_count(n, mcfg.d_t, mcfg.d_e, mcfg.depth),
                  "measured": rel, "se": se, "predicted": pred, "n_pert": c.n_pert})
     records[str(n)] = {"probes": _probe_record(c, c.reps, c.n_pert, c.probe, n), "data": data_rec}
-  return {"points": rows, "variance_by_n": rows, "total_params": c.total_params,
+  return {"points": rows, "variance_by_n": rows, "total_params": c.total_params, "probe": c.probe,
           "first_over_last": rows[0]["measured"] / rows[-1]["measured"],
           "replay": records}
 
@@ -550,7 +596,14 @@ def study_batch(c, params=None) -> dict:
 
 
 def study_reference(c, params=None) -> dict:
-  """Total error R against the pool's backprop gradient and seconds per step (Figure 5)."""
+  """Total error R against a backprop reference gradient, and seconds per step (Figure 5).
+
+  As in the paper (App. K), g_ref is `jax.grad` of the same loss over a large batch of
+  `ref_batch` windows per expert that no zero-order batch contains (`disjoint_windows`); the
+  zero-order batches are drawn from a pool of `pool` other windows. With the pool's mean
+  gradient g and batch noise nu, the prediction is
+  R = (v ||g||^2 + ||g - g_ref||^2) / ||g_ref||^2, v = batch_prediction(d - 1, nu, n_pert, B).
+  """
   mults = list(c.alloc_mult)
   k0, b0 = c.n_pert, c.batch
   base = model_lib.ModelConfig(d_t=c.model.d_t, d_e=c.model.d_e, depth=c.model.depth)
@@ -560,27 +613,39 @@ def study_reference(c, params=None) -> dict:
     d_t = min(range(1, 4097),
               key=lambda x: abs(n * body_count(x, base.d_e, base.depth) - m_total))
     mcfg = model_lib.ModelConfig(d_t=d_t, d_e=base.d_e, depth=base.depth, shared_head=True)
-    body_N, head, shared, _, pool, data_rec, g, g2, sigma2 = _pool_setup(
-        c, n, params if n == 1 else None, mcfg)
-    a, nu = g.shape[1] - 1, batch_noise(sigma2, g2)
+    body_N, head, shared, _ = _experts(c, n, params if n == 1 else None, mcfg)
+    pool, ref, data_rec = disjoint_windows(n, c.pool, c.ref_batch, c.seq_len, c.seed,
+                                           c.data_dir, c.corpus_bytes)
+    g, sigma2 = pool_grad_stats(body_N, head, jnp.asarray(pool), shared)
+    # The mean of per-window gradients over the reference batch is jax.grad of its mean loss.
+    g_ref = pool_grad_stats(body_N, head, jnp.asarray(ref), shared)[0]
+    g_np, ref_np = np.asarray(g, np.float64), np.asarray(g_ref, np.float64)
+    g2, ref2 = np.sum(g_np**2, -1), np.sum(ref_np**2, -1)
+    offset = float(np.sum((g_np - ref_np) ** 2))  # ||g - g_ref||^2: pool vs reference batch
+    a, nu = g.shape[1] - 1, batch_noise(np.asarray(sigma2, np.float64), g2)
     grid = ([("N", k0, b0)] if n != 1 else
             [("n_pert", k0 * m, b0) for m in mults] + [("B", k0, b0 * m) for m in mults[1:]])
     j = max(k for _, k, _ in grid)
     s = max(b for _, _, b in grid)
     win, idx = _random_windows(pool, c.reps, s, c.seed)
-    st = _stats(c, body_N, head, shared, win, g[:, None], j, "rademacher")
+    st = _stats(c, body_N, head, shared, win, g_ref[:, None], j, "rademacher")
     for alloc, k, b in grid:
-      rel, se = relative(block_errors(st, k, n_groups=b), g2)
+      rel, se = relative(block_errors(st, k, n_groups=b), ref2)
       secs = step_seconds(mcfg, n, k, b, c.seq_len, c.dir_chunk, c.time_steps, c.seed)
+      pred = (batch_prediction(a, nu, k, b) * g2.sum() + offset) / ref2.sum()
       points.append({"allocation": alloc, "n": n, "d_t": d_t, "n_pert": k, "batch": b,
-                     "measured": rel, "se": se, "predicted": batch_prediction(a, nu, k, b),
-                     "nu": nu, "seconds_per_step": secs})
+                     "measured": rel, "se": se, "predicted": pred, "nu": nu,
+                     "pool_vs_reference": offset / ref2.sum(),
+                     "ref_grad_norm_sq": float(ref2.sum()), "seconds_per_step": secs})
       if n == 1 and alloc == "n_pert" and k == k0:
         points.append({**points[-1], "allocation": "N"})  # N = 1 starts the N allocation
     records[str(n)] = {"probes": _probe_record(c, c.reps, j, "rademacher", n),
-                       "data": data_rec, "pool_index_RxNxS": idx.tolist()}
+                       "data": data_rec, "pool_index_RxNxS": idx.tolist(),
+                       "pool_index": "indexes each expert's zero_order_slots"}
   return {"points": points, "body_params_total": m_total, "pool": c.pool,
-          "reference": "mean backprop gradient over each expert's pool of windows",
+          "ref_batch": c.ref_batch,
+          "reference": f"jax.grad of the loss over {c.ref_batch} windows per expert, disjoint "
+                       f"from the {c.pool}-window pool the zero-order batches come from",
           "replay": records}
 
 

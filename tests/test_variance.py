@@ -130,3 +130,37 @@ def test_experts_and_reference_studies(results):
   ref, _ = results["reference"]
   assert {p["allocation"] for p in ref["points"]} == {"n_pert", "B", "N"}
   assert all(p["seconds_per_step"] > 0 for p in ref["points"])
+
+
+def test_reference_study_uses_a_disjoint_bptt_batch(monkeypatch):
+  """g_ref is jax.grad of the loss on ref_batch windows that no zero-order batch contains."""
+  monkeypatch.setattr(V, "step_seconds", lambda *a, **k: 1.0)  # timing is not under test here
+  c = CONFIGS.get_config("reference,size=tiny")
+  c.update(alloc_mult=(1,), reps=2)  # the windows and g_ref are under test, not the errors
+  with enable_x64():
+    r = V.study_reference(c)
+    corpus = V.stdlib_corpus(c.corpus_bytes)
+    for n in c.n_list:
+      rec = r["replay"][str(n)]["data"]
+      idx_RxNxS = np.asarray(r["replay"][str(n)]["pool_index_RxNxS"])
+      part, width = len(corpus) // n, c.seq_len + 1
+      ref_NxRxT1 = []
+      for e in range(n):
+        used = set(np.asarray(rec["zero_order_slots"][e])[idx_RxNxS[:, e].ravel()].tolist())
+        ref_slots = rec["reference_slots"][e]
+        assert used and len(set(ref_slots)) == c.ref_batch and used.isdisjoint(ref_slots)
+        ref_NxRxT1.append([corpus[e * part + s * width:e * part + (s + 1) * width]
+                           for s in ref_slots])
+      point = next(p for p in r["points"] if p["n"] == n)
+      mcfg = M.ModelConfig(d_t=point["d_t"], d_e=c.model.d_e, depth=c.model.depth)
+      body_N, head, _, _ = V._experts(c, n, None, mcfg)
+      g_N = jax.vmap(jax.grad(M.loss), in_axes=(0, None, 0))(body_N, head,
+                                                             jnp.asarray(np.array(ref_NxRxT1)))
+      want = sum(float(jnp.sum(x**2)) for x in jax.tree.leaves(g_N))
+      np.testing.assert_allclose(point["ref_grad_norm_sq"], want, rtol=1e-9)
+
+
+def test_experts_study_defaults_to_sparse_probes():
+  """The paper's 118x figure uses sparse probes; dense stays an option."""
+  assert CONFIGS.get_config("experts").probe == "sparse"
+  assert CONFIGS.get_config("experts,size=tiny").probe == "sparse"

@@ -30,7 +30,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seed = 0  # fresh-init key and window selection
   c.probe_seed = 0  # base key of every direction: probe_key(key(probe_seed), step, e, 0, j)
   c.eps = 1e-3  # central-difference scale (the O(eps^2) bias is negligible at this size)
-  c.probe = "rademacher"  # probe of the experts study (the theory's dense Rademacher)
+  # Probe of the experts study: sparse, as in the paper's 118x figure (rademacher = dense).
+  c.probe = "sparse"
   c.reps = 64  # independent repeats (steps 0..reps-1); error bars are over these
   c.rep_chunk = 4  # repeats evaluated at once (memory ~ rep_chunk * dir_chunk copies)
   c.dir_chunk = 16  # directions evaluated at once (pert_chunk of spsa.estimate)
@@ -41,7 +42,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seq_len = 64  # T: targets per window
   c.data_dir = ""  # a prepared data dir (expert-validation windows); "" = stdlib text
   c.corpus_bytes = 1 << 21  # stdlib bytes read when data_dir is ""
-  c.pool = 256  # windows per expert behind batch draws and the backprop reference
+  c.pool = 256  # windows per expert behind the batch draws (zero-order batches)
+  c.ref_batch = 1024  # reference: windows per expert of the BPTT reference, disjoint from pool
   c.budget = 64  # batch study: n_pert * B held fixed along the trade-off
   c.accum_list = (1, 2, 4)  # batch study: A accumulated batches
   c.accum_batch = 4  # batch study: b windows per accumulated batch
@@ -80,5 +82,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     elif study == "batch":
       c.update(budget=16, accum_list=(1, 2), accum_batch=4, accum_n_pert=4, reps=8)
     elif study == "reference":
-      c.update(n_list=(1, 2), alloc_mult=(1, 2), n_pert=4, reps=8, time_steps=1)
+      c.update(n_list=(1, 2), alloc_mult=(1, 2), n_pert=4, reps=8, time_steps=1, ref_batch=64)
   return c
