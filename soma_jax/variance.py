@@ -432,9 +432,11 @@ def _probe_record(c, steps: int, n_dirs: int, kind: str, n: int) -> dict:
           "block": "block b of n_pert K uses directions j = b K .. (b + 1) K - 1"}
 
 
-def _stats(c, body_N, head, shared, windows, centres_NxCxD, n_dirs, kind):
+def _stats(c, body_N, head, shared, windows, centres_NxCxD, n_dirs, kind, first_step=0):
+  """probe_stats for repeats at steps first_step .. first_step + reps - 1."""
   n = jax.tree.leaves(body_N)[0].shape[0]
-  return probe_stats(body_N, head, windows, centres_NxCxD, c.eps, jnp.arange(c.reps),
+  return probe_stats(body_N, head, windows, centres_NxCxD, c.eps,
+                     jnp.arange(first_step, first_step + c.reps),
                      jnp.arange(n), jax.random.key(c.probe_seed), n_dirs=n_dirs, kind=kind,
                      shared_head=shared, dir_chunk=c.dir_chunk, rep_chunk=c.rep_chunk)
 
@@ -489,7 +491,12 @@ def _loglog_slope(x, y) -> float:
 
 
 def study_n_pert(c, params=None) -> dict:
-  """Relative centred variance against n_pert, dense and sparse probes, fixed batch."""
+  """Relative centred variance against n_pert, dense and sparse probes, fixed batch.
+
+  Every n_pert draws its own directions (repeats at steps i R .. (i + 1) R - 1 for the i-th
+  n_pert), so the points are independent measurements and the slope is not forced by
+  shared draws.
+  """
   n = c.n_experts
   body_N, head, shared, _ = _experts(c, n, params)
   win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes)
@@ -500,9 +507,10 @@ def study_n_pert(c, params=None) -> dict:
   out: dict[str, Any] = {"points": [], "d_per_expert": g.shape[1]}
   for kind in ("rademacher", "sparse"):
     q = second_moment_N(body_N, kind)
-    st = _stats(c, body_N, head, shared, win[:, None], (q * g)[:, None], k_max, kind)
     meas, pred = [], []
-    for k in c.n_pert_list:
+    for i, k in enumerate(c.n_pert_list):
+      st = _stats(c, body_N, head, shared, win[:, None], (q * g)[:, None], k_max, kind,
+                  first_step=i * c.reps)
       rel, se = relative(block_errors(st, k), g2)
       p = (dense_prediction(g.shape[1], k) if kind == "rademacher"
            else sparse_prediction(g_np, np.asarray(q, np.float64), k))
@@ -515,8 +523,10 @@ def study_n_pert(c, params=None) -> dict:
     out["slope_loglog" + key] = _loglog_slope(c.n_pert_list, meas)
     out["measured_over_predicted" + key] = [m / p for m, p in zip(meas, pred, strict=True)]
   out["n_pert_list"] = list(c.n_pert_list)
-  out["replay"] = {"probes": {kind: _probe_record(c, c.reps, k_max, kind, n)
+  out["replay"] = {"probes": {kind: _probe_record(c, c.reps * len(c.n_pert_list), k_max, kind, n)
                               for kind in ("rademacher", "sparse")},
+                   "steps_of_n_pert": {str(k): [i * c.reps, (i + 1) * c.reps]
+                                       for i, k in enumerate(c.n_pert_list)},
                    "data": data_rec, "batch": "expert e's windows, one fixed batch"}
   return out
 

@@ -54,12 +54,52 @@ def _own_loss(body_N, head, e, windows):
   return np.asarray(ce[:, ev.ROUTE_BYTES:]).mean(axis=1)
 
 
-def test_k1_equals_selected_experts_own_loss(setup):
+def _target_probs(body_N, head, e, windows):
+  """p_e(y_t) of expert e for targets 257..1024: softmax of its logits, float64 [n, 768]."""
+  body = jax.tree.map(lambda x: x[e], body_N)
+  logits = np.asarray(model_lib.logits(body, head[e], jnp.asarray(windows[:, :-1])), np.float64)
+  logits = logits[:, ev.ROUTE_BYTES:]
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  return np.take_along_axis(p, windows[:, ev.ROUTE_BYTES + 1:, None].astype(np.int64), -1)[..., 0]
+
+
+def _hand_mixture(body_N, head, windows, routes, k, combine="probabilities"):
+  """Per-window nats/byte of the routed top-k mixture, straight from softmax probabilities.
+
+  p(y_t) = (1/k) sum_{e in top k} p_e(y_t), loss = -mean_t log p(y_t) (SPEC 4).
+  combine="log-probabilities" averages log p_e instead: a planted bug (a geometric mean).
+  """
+  probs = {e: _target_probs(body_N, head, e, windows) for e in range(N)}
+  out = np.empty(len(windows))
+  for i in range(len(windows)):
+    p_kxT = np.stack([probs[e][i] for e in routes[i, :k]])
+    if combine == "probabilities":
+      out[i] = -np.mean(np.log(p_kxT.mean(0)))
+    else:
+      out[i] = -np.mean(np.log(p_kxT).mean(0))
+  return out
+
+
+def _same_loss(got, want) -> bool:
+  return np.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_routed_mixture_is_the_mean_of_softmax_probabilities(setup, k):
+  """ensemble_loss and score equal the mixture computed from the experts' softmax outputs.
+
+  For k >= 2 the same comparison rejects a mixture of log-probabilities (which, by Jensen,
+  is never below the probability mixture's loss and differs when the experts disagree).
+  """
   body_N, head, windows, routes = setup
-  got = ev.ensemble_loss(body_N, head, windows, FakeRouter(routes), 1, shared_head=False)
-  want = np.mean([_own_loss(body_N, head, routes[i, 0], windows[i:i + 1])[0]
-                  for i in range(len(windows))])
-  np.testing.assert_allclose(got, want, rtol=1e-5)
+  want = _hand_mixture(body_N, head, windows, routes, k)
+  got = ev.ensemble_loss(body_N, head, windows, FakeRouter(routes), k, shared_head=False)
+  assert _same_loss(got, want.mean()), (got, want.mean())
+  sc = ev.score(body_N, head, windows, routes, False, ks=(k,))
+  assert _same_loss(sc.mix_nxS[:, 0], want)
+  if k > 1:
+    assert not _same_loss(_hand_mixture(body_N, head, windows, routes, k, "log"), want)
 
 
 def test_mixture_never_above_mean_of_selected_losses(setup):
@@ -70,21 +110,52 @@ def test_mixture_never_above_mean_of_selected_losses(setup):
   np.testing.assert_allclose(sc.mix_nxS[:, 0], sc.own_nxK[:, 0])
 
 
-def test_k_sweep_one_pass_matches_separate_runs(setup):
+def test_k_sweep_one_pass_matches_hand_mixtures(setup):
   body_N, head, windows, routes = setup
   doc_ids = np.arange(len(windows))
   res = ev.evaluate(body_N, head, windows, doc_ids, FakeRouter(routes), 2, False,
                     ks=[1, 2, 3], pairs=True, draws=200)
   for row in res["k_sweep"]:
-    alone = ev.ensemble_loss(body_N, head, windows, FakeRouter(routes), row["k"], False)
-    # Same windows, different batch groupings: equal up to float32 summation order.
-    np.testing.assert_allclose(row["nats_per_byte"], alone, rtol=1e-6)
+    want = _hand_mixture(body_N, head, windows, routes, row["k"]).mean()
+    assert _same_loss(row["nats_per_byte"], want), (row["k"], row["nats_per_byte"], want)
+  assert _same_loss(res["nats_per_byte"], _hand_mixture(body_N, head, windows, routes, 2).mean())
   assert res["top_k"] == 2 and res["num_targets"] == 10 * 768
   assert set(res) >= {"nats_per_byte", "ci95", "bits_per_byte", "num_windows", "per_expert"}
   assert sum(r["num_windows"] for r in res["per_expert"]) == 2 * len(windows)
   for p in res["pairs"]:
     assert p["loss_reduction"] >= 0  # Jensen, per target
     assert -1 - 1e-9 <= p["error_correlation"] <= 1 + 1e-9
+
+
+def _window_bootstrap(values, doc_ids, draws=2000, seed=0):
+  """A planted bug: resamples windows, ignoring that windows of one document are correlated."""
+  del doc_ids
+  rng = np.random.default_rng(seed)
+  idx = rng.integers(0, len(values), (draws, len(values)))
+  return tuple(np.quantile(values[idx].mean(1), [0.025, 0.975]))
+
+
+def _width_ok(interval, doc_means) -> bool:
+  """The 95% width is 2 * 1.96 * sd(document means) / sqrt(documents), within 15%."""
+  lo, hi = interval
+  want = 2 * 1.96 * doc_means.std() / np.sqrt(len(doc_means))
+  return 0.85 <= (hi - lo) / want <= 1.15
+
+
+def test_bootstrap_width_follows_documents_not_windows():
+  """8 windows per document that share the document's loss: the interval is as wide as 50
+  independent values, not 400. A window-level bootstrap is sqrt(8) too narrow and is
+  rejected by the same check.
+  """
+  rng = np.random.default_rng(1)
+  docs = np.repeat(np.arange(50), 8)
+  doc_effect = rng.normal(0, 0.3, 50)
+  vals = 2.0 + doc_effect[docs] + rng.normal(0, 0.01, docs.size)
+  doc_means = np.array([vals[docs == d].mean() for d in range(50)])
+  lo, hi = ev.bootstrap_ci(vals, docs, draws=4000, seed=0)
+  assert lo < vals.mean() < hi
+  assert _width_ok((lo, hi), doc_means), (hi - lo, 2 * 1.96 * doc_means.std() / np.sqrt(50))
+  assert not _width_ok(_window_bootstrap(vals, docs), doc_means)
 
 
 def test_bootstrap_contains_mean_and_shrinks():
