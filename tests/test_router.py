@@ -34,6 +34,53 @@ def test_route_shapes_and_k_cap(data_router):
   assert np.all(r[:, 0] != r[:, 1])
 
 
+def _hand_features(router, prefixes):
+  """SPEC 4 written out: words of the first 256 bytes -> sublinear tf-idf -> L2 -> SVD ->
+  centre -> L2 (scikit-learn's token pattern and stop words; no Featurizer code)."""
+  import re
+
+  from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+  f = router.featurizer
+  col = {t: i for i, t in enumerate(f.vocabulary)}
+  out = []
+  for p in prefixes:
+    words = re.findall(r"(?u)\b\w\w+\b", bytes(p[:256]).decode("utf-8", "ignore").lower())
+    tf = np.zeros(len(col))
+    for w in words:
+      if w in col and w not in ENGLISH_STOP_WORDS:
+        tf[col[w]] += 1
+    x = np.where(tf > 0, 1 + np.log(np.maximum(tf, 1)), 0) * f.idf
+    x /= max(np.linalg.norm(x), 1e-12)
+    z = f.components.astype(np.float64) @ x - f.mean
+    out.append(z / max(np.linalg.norm(z), 1e-12))
+  return np.stack(out)
+
+
+def _nearest(router, prefixes, k):
+  """The k most cosine-similar centroids, best first (ties to the lower id)."""
+  sim = _hand_features(router, prefixes) @ router.centroids.T.astype(np.float64)
+  return np.argsort(-sim, axis=1, kind="stable")[:, :k]
+
+
+def test_route_is_the_nearest_centroids_by_hand(data_router):
+  """Routes equal a hand-written nearest-centroid assignment on the first 256 bytes.
+
+  Mixed-domain prefixes make the order of the top 3 matter. The same comparison rejects
+  the farthest centroids (an inverted sort) and routing on the last 256 bytes.
+  """
+  rng = np.random.default_rng(3)
+  names = list(DATA_DOMAINS)
+  prefixes = [(data_make_doc(names[i % 3], rng, 24) + data_make_doc(names[(i + 1) % 3], rng, 60)
+               ).encode() for i in range(18)]
+  want = _nearest(data_router, prefixes, 3)
+  np.testing.assert_array_equal(data_router.route(prefixes, 3), want)
+  np.testing.assert_array_equal(data_router.route(prefixes, 1), want[:, :1])
+  assert not np.array_equal(want[:, ::-1], want)  # an inverted sort is caught
+  tails = [p[-256:] for p in prefixes]
+  assert not np.array_equal(_nearest(data_router, tails, 3), want)  # so is the wrong 256 bytes
+
+
 def test_route_separates_domains(data_router):
   top = data_router.route(_prefixes(), 1)[:, 0].reshape(3, 4)
   assert all(len(set(row)) == 1 for row in top)
