@@ -16,146 +16,22 @@ Peak memory is XLA's buffer plan for the compiled step (arguments + outputs + te
 the same number on every backend; on GPU the allocator's peak is reported as well.
 """
 
-import dataclasses
-import functools
-import statistics
-import time
+import os
+import sys
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from soma_jax import cli, memory, spsa, train
-from soma_jax import config as config_lib
-from soma_jax import model as model_lib
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_timing import benchmark  # noqa: E402
+
+from soma_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _JSON = flags.DEFINE_string("json", None, "write the results here")
 _REPS = flags.DEFINE_integer("reps", 5, "timed repetitions (median)")
 _LOOP = flags.DEFINE_bool("loop", True, "also time the naive per-direction loop")
 flags.mark_flag_as_required("config")
-
-
-def timeit(fn, reps: int) -> float:
-  jax.block_until_ready(fn())  # warm-up (and compile)
-  times = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
-
-
-def matmul_peak_gflops(n: int = 2048, reps: int = 5) -> float:
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  return 2 * n**3 / timeit(lambda: f(a), reps) / 1e9
-
-
-def ideal_forward(cfg: spsa.StepConfig):
-  """Plain forwards over 2 A K B windows per expert, 2 C B at a time (lax.map).
-
-  Each piece's windows are the accumulation batch's, shifted by the piece index so no
-  piece is loop-invariant (XLA would hoist it and time nothing).
-  """
-  k, ch, a = cfg.spsa.n_pert, cfg.spsa.chunk, cfg.spsa.accum
-  loss = functools.partial(model_lib.streamed_loss, time_block=cfg.spsa.time_block)
-  head_axis = None if cfg.model.shared_head else 0
-
-  @jax.jit
-  def fwd(body_N, head, batch_NxAxBxT1):
-    def piece(i):
-      w = batch_NxAxBxT1[:, i // (k // ch)]
-      w = jnp.tile(w + i.astype(w.dtype), (1, 2 * ch, 1))  # [N, 2 C B, T + 1]
-      return jax.vmap(loss, in_axes=(0, head_axis, 0))(body_N, head, w)
-    return jax.lax.map(piece, jnp.arange(a * k // ch))
-  return fwd
-
-
-def benchmark(c, reps: int = 5, loop: bool = True) -> dict:
-  config_lib.validate(c)
-  n, a, k, b, t = c.n_experts, c.spsa.accum, c.spsa.n_pert, c.spsa.batch, c.data.seq_len
-  choice = train.choose_chunk(c, n)
-  cfg = train.step_config(c, choice.chunk)
-  state = train.initial_state(c)
-  rng = np.random.default_rng(0)
-  batch = jnp.asarray(rng.integers(0, 256, (n, a, b, t + 1), dtype=np.uint8))
-  ids = jnp.arange(n, dtype=jnp.int32)
-
-  step = jax.jit(spsa.train_step, static_argnames="cfg")
-  with memory.matmul_precision(c.precision):
-    compiled = step.lower(state, batch, ids, cfg=cfg).compile()
-    step_s = timeit(lambda: compiled(state, batch, ids)[0].body, reps)
-    fwd = ideal_forward(cfg)
-    fwd_s = timeit(lambda: fwd(state.body, state.head, batch), reps)
-
-  tokens = 2 * a * k * b * t * n
-  flops_per_token = model_lib.flops_per_token(cfg.model)
-  out = {
-      "config": {"n_experts": n, "d_t": c.model.d_t, "depth": c.model.depth, "n_pert": k,
-                 "batch": b, "accum": a, "seq_len": t, "pert_chunk": choice.chunk,
-                 "pert_chunk_setting": str(c.spsa.pert_chunk), "time_block": c.spsa.time_block,
-                 "precision": c.precision, "probe": c.spsa.probe,
-                 "params_per_expert": model_lib.body_params(cfg.model)},
-      "backend": jax.default_backend(),
-      "device": str(jax.devices()[0].device_kind),
-      "step_seconds": step_s,
-      "perturbed_tokens_per_second": tokens / step_s,
-      "forward_seconds": fwd_s,
-      "forward_tokens_per_second": tokens / fwd_s,
-      "efficiency": fwd_s / step_s,
-      "achieved_gflops": tokens * flops_per_token / step_s / 1e9,
-      "matmul_peak_gflops": matmul_peak_gflops(),
-      "peak_memory_bytes": memory.planned_bytes(compiled),
-      "device_limit_bytes": choice.limit_bytes,
-  }
-  out["fraction_of_matmul_peak"] = out["achieved_gflops"] / out["matmul_peak_gflops"]
-  stats = jax.devices()[0].memory_stats() or {}
-  if "peak_bytes_in_use" in stats:
-    out["device_peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
-  # Peak memory scales with pert_chunk, not n_pert: the same step at 2 n_pert.
-  cfg2 = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, n_pert=2 * k))
-  out["peak_memory_bytes_2x_n_pert"] = memory.planned_bytes(
-      step.lower(state, batch, ids, cfg=cfg2).compile())
-  out["memory_ratio_2x_n_pert"] = out["peak_memory_bytes_2x_n_pert"] / out["peak_memory_bytes"]
-  if loop:
-    with memory.matmul_precision(c.precision):
-      out["loop_seconds"] = naive_loop_seconds(state, batch, ids, cfg, min(reps, 3))
-    out["speedup_vs_loop"] = out["loop_seconds"] / step_s
-  return out
-
-
-def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> float:
-  """What the step replaces: one jitted call per direction and accumulation batch."""
-  one = spsa.SpsaConfig(n_pert=1, accum=1, probe=cfg.spsa.probe, pert_chunk=1,
-                        time_block=cfg.spsa.time_block)
-  base_key = jax.random.key(cfg.seed)
-
-  @jax.jit
-  def direction(body, head, batch_a, eps, a, j):
-    # One direction per call: its own key, the same estimator code, no vmap over K.
-    g, loss = spsa.estimate(body, head, batch_a[:, None], eps, state.step, ids,
-                            jax.random.fold_in(jax.random.fold_in(base_key, a), j), one,
-                            shared_head=cfg.model.shared_head)
-    return g, loss
-
-  tx = spsa.adam(cfg.weight_decay)
-  update = jax.jit(functools.partial(spsa.apply_updates, tx))
-
-  def run():
-    g_sum = None
-    for a in range(cfg.spsa.accum):
-      for j in range(cfg.spsa.n_pert):
-        g, _ = direction(state.body, state.head, batch[:, a], state.sched.eps, a, j)
-        g_sum = g if g_sum is None else jax.tree.map(jnp.add, g_sum, g)
-    n = cfg.spsa.accum * cfg.spsa.n_pert
-    g_sum = jax.tree.map(lambda x: x / n, g_sum)
-    ok = jnp.ones(state.sched.lr.shape, bool)
-    return update(state.body, state.opt, g_sum, state.sched.lr, ok)[0]
-
-  return timeit(run, reps)
 
 
 def main(argv):

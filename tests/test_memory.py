@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 from soma_jax import config as config_lib
-from soma_jax import memory
+from soma_jax import memory, train
 from soma_jax import model as M
 from soma_jax import spsa as S
-from soma_jax import train
 from soma_jax.errors import UserError
 
 
@@ -56,7 +55,7 @@ def test_expert_losses_equal_per_expert_loss():
   body_N, head_N = M.init_experts(jax.random.key(0), cfg, 3)
   w = jnp.stack([_window(2, 80, seed=i) for i in range(3)])
   got = S.expert_losses(body_N, head_N, w, shared_head=False)
-  want = [M.loss(jax.tree.map(lambda x: x[e], body_N), head_N[e], w[e]) for e in range(3)]
+  want = [M.loss(jax.tree.map(lambda x, e=e: x[e], body_N), head_N[e], w[e]) for e in range(3)]
   np.testing.assert_allclose(got, want, rtol=2e-6)
 
 

@@ -1,0 +1,133 @@
+"""The SOMA step at the paper's shapes on this device: one row per preset, JSON + Markdown.
+
+  python benchmarks/paper_shapes.py --json bench_out/paper_shapes.json \
+      --md bench_out/paper_shapes.md [--rows=n2,n16] [--n_pert=16] [--reps=3]
+
+Each row is `experiments/configs/soma.py:<arg>,size=paper` (B = 64, T = 1024, the
+preset's pert_chunk, "auto" by default) timed in its own process, so a row that runs out
+of memory is reported as such and the others still run. Columns: N, d_t, n_pert, the
+chunk chosen, step seconds, perturbed tokens/s (2 A n_pert B T N per step), TFLOP/s
+(SPEC 7 operations), XLA's planned memory and the device's limit.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from soma_jax import cli  # noqa: E402
+from soma_jax.errors import UserError  # noqa: E402
+
+# label: (soma.py argument, what the row is in the paper)
+ROWS = {
+    "n1": ("n=1", "monolith, N = 1 width 509 (own head)"),
+    "n2": ("n=2", "SOMA N = 2 width 361 (own heads)"),
+    "n8": ("n=8", "SOMA N = 8 width 181 (own heads)"),
+    "n16": ("n=16", "SOMA N = 16 width 32 (shared frozen head)"),
+    "n256": ("n=256", "SOMA N = 256 width 32 (shared frozen head)"),
+    "mono1024": ("mono=1024", "monolith, n_pert 1024 on B = 64"),
+}
+_ROWS = flags.DEFINE_list("rows", ["n1", "n2", "n8", "n16", "n256"],
+                          f"rows to run, from {', '.join(ROWS)}")
+_N_PERT = flags.DEFINE_integer("n_pert", 0, "directions per step (0: the preset's 64)")
+_REPS = flags.DEFINE_integer("reps", 3, "timed steps per row (median)")
+_PRECISION = flags.DEFINE_enum("precision", "default", ["default", "high", "highest"],
+                               "float32 matmul precision of the step")
+_JSON = flags.DEFINE_string("json", None, "write the table here (JSON)")
+_MD = flags.DEFINE_string("md", None, "write the table here (Markdown)")
+_ROW = flags.DEFINE_string("row", None, "internal: measure one row and print its JSON")
+_TIMEOUT = flags.DEFINE_integer("row_timeout", 900, "seconds allowed per row")
+
+
+def row_config(label: str, n_pert: int, precision: str):
+  from soma_jax import config as config_lib
+
+  c = config_lib.load_config_file(os.path.join(ROOT, "experiments/configs/soma.py"),
+                                  f"{ROWS[label][0]},size=paper")
+  with c.unlocked():
+    if n_pert:
+      c.spsa.n_pert = n_pert
+    c.precision = precision
+  return c
+
+
+def measure_row(label: str, n_pert: int, reps: int, precision: str) -> dict:
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import step_timing
+
+  out = step_timing.benchmark(row_config(label, n_pert, precision), reps, loop=False, ideals=False)
+  return {"row": label, "what": ROWS[label][1], **out}
+
+
+def run_row(label: str) -> dict:
+  """One row in a fresh process (its own allocator and peak; an OOM stays in that row)."""
+  cmd = [sys.executable, os.path.abspath(__file__), f"--row={label}",
+         f"--n_pert={_N_PERT.value}", f"--reps={_REPS.value}", f"--precision={_PRECISION.value}"]
+  t = time.perf_counter()
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT.value)
+  except subprocess.TimeoutExpired:
+    return {"row": label, "what": ROWS[label][1], "error": f"timeout {_TIMEOUT.value} s"}
+  wall = time.perf_counter() - t
+  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+  if proc.returncode or not lines:
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    oom = "RESOURCE_EXHAUSTED" in proc.stderr or "out of memory" in proc.stderr.lower()
+    return {"row": label, "what": ROWS[label][1], "wall_s": wall,
+            "error": "out of memory" if oom else tail[0][:300]}
+  return json.loads(lines[-1]) | {"wall_s": wall}
+
+
+def markdown(rows: list[dict], device: str) -> str:
+  head = ("| row | N | d_t | n_pert | chunk | step s | perturbed tokens/s | TFLOP/s | "
+          "planned memory | device limit |\n|---|---|---|---|---|---|---|---|---|---|\n")
+  gb = lambda b: f"{b / 1e9:.1f} GB" if b and b > 0 else "-"
+  lines = []
+  for r in rows:
+    if "error" in r:
+      lines.append(f"| {r['what']} | | | | | {r['error']} | | | | |")
+      continue
+    k = r["config"]
+    lines.append(
+        f"| {r['what']} | {k['n_experts']} | {k['d_t']} | {k['n_pert']} | {k['pert_chunk']} | "
+        f"{r['step_seconds']:.3f} | {r['perturbed_tokens_per_second'] / 1e6:.1f}M | "
+        f"{r['achieved_gflops'] / 1e3:.1f} | {gb(r['peak_memory_bytes'])} | "
+        f"{gb(r['device_limit_bytes'])} |")
+  return f"Device: {device}; B = 64, T = 1024.\n\n" + head + "\n".join(lines) + "\n"
+
+
+def main(argv):
+  del argv
+  if _ROW.value:
+    print(json.dumps(measure_row(_ROW.value, _N_PERT.value, _REPS.value, _PRECISION.value)))
+    return
+  unknown = [r for r in _ROWS.value if r not in ROWS]
+  if unknown:
+    raise UserError(f"--rows: unknown {unknown}; use some of {', '.join(ROWS)}")
+  import jax
+
+  device = str(jax.devices()[0].device_kind)
+  t = time.perf_counter()
+  rows = []
+  for label in _ROWS.value:
+    rows.append(run_row(label))
+    print(json.dumps(rows[-1]), flush=True)
+  result = {"command": "python benchmarks/paper_shapes.py " + " ".join(sys.argv[1:]),
+            "device": device, "wall_s": time.perf_counter() - t, "rows": rows}
+  md = markdown(rows, device)
+  print(md)
+  if _MD.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_MD.value)), exist_ok=True)
+    with open(_MD.value, "w") as f:
+      f.write(md)
+  cli.emit_json(result, _JSON.value)
+
+
+if __name__ == "__main__":
+  cli.run(main)
