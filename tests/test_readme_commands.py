@@ -1,0 +1,129 @@
+"""Every command in README's "What is here" table runs as written (as far as --help shows)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from soma_jax import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def table_commands(readme: str) -> list[list[str]]:
+  """The backticked commands of the "What is here" table's command column, split like a shell."""
+  section = readme.split("## What is here", 1)[1].split("\n## ", 1)[0]
+  out = []
+  for line in section.splitlines():
+    cols = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cols) != 2 or cols[1] in ("command", "---"):
+      continue
+    out.extend(shlex.split(span) for span in re.findall(r"`([^`]+)`", cols[1]))
+  return out
+
+
+def _commands() -> list[list[str]]:
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    return table_commands(f.read())
+
+
+def _entry_point(cmd: list[str]) -> tuple[str, ...] | None:
+  """('-m', module) or (script,) of a `python ...` command."""
+  if cmd[0] != "python":
+    return None
+  return tuple(cmd[1:3]) if cmd[1] == "-m" else (cmd[1],)
+
+
+def _flag(cmd: list[str], name: str) -> str | None:
+  return next((a.split("=", 1)[1] for a in cmd if a.startswith(f"--{name}=")), None)
+
+
+def _config_spec(spec: str) -> tuple[str, str]:
+  """'experiments/configs/soma.py:n=2' or 'soma.py:n=2' -> (path, argument)."""
+  path, _, arg = spec.partition(":")
+  if "/" not in path:
+    path = os.path.join("experiments", "configs", path)
+  return os.path.join(ROOT, path), arg
+
+
+def test_table_has_the_newcomer_commands():
+  scripts = {_entry_point(c) for c in _commands()}
+  for script in ("experiments/prepare_data.py", "experiments/train.py", "experiments/evaluate.py",
+                 "experiments/report.py", "experiments/generate.py"):
+    assert (script,) in scripts, f"{script} is missing from README's command table"
+  assert any(c[0] == "tensorboard" for c in _commands())
+
+
+def test_scripts_configs_and_fields_exist():
+  base = config_lib.base_config()
+  for cmd in _commands():
+    if cmd[0] == "pip":  # pip install -e ".[EXTRA]": the extra is in pyproject.toml
+      extra = re.fullmatch(r"\.\[(\w+)\]", cmd[-1]).group(1)
+      with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        assert re.search(rf"^{extra} = \[", f.read(), re.M), f"no extra {extra!r} in pyproject"
+      continue
+    entry = _entry_point(cmd)
+    if entry and entry[0] != "-m":
+      assert os.path.isfile(os.path.join(ROOT, entry[0])), entry[0]
+    config = base
+    specs = [a.split("=", 1)[1] for a in cmd if a.startswith("--config=")]
+    if len(cmd) == 1 and re.fullmatch(r"(experiments/configs/)?\w+\.py(:\S*)?", cmd[0]):
+      specs.append(cmd[0])  # a config named on its own, e.g. `soma.py:mono=256`
+    for spec in specs:
+      path, arg = _config_spec(spec)
+      config = config_lib.load_config_file(path, arg or None)
+    for arg in cmd:
+      key = re.match(r"--config\.([\w.]+)=", arg)
+      if key:
+        node = config
+        for part in key.group(1).split("."):
+          assert part in node, f"{arg}: no field {key.group(1)!r} in the config"
+          node = node[part]
+
+
+def test_the_session_rows_chain():
+  """Data dirs and workdirs that a command reads are written by an earlier row."""
+  written_data, written_runs = set(), set()
+  for cmd in _commands():
+    entry = _entry_point(cmd)
+    if entry == ("experiments/prepare_data.py",):
+      written_data.add(_flag(cmd, "out"))
+    for name in ("config.data.dir", "data_dir"):
+      if entry in {("experiments/train.py",), ("experiments/report.py",)} and _flag(cmd, name):
+        assert _flag(cmd, name) in written_data, f"{' '.join(cmd)} reads an unprepared data dir"
+    if entry == ("experiments/train.py",) and _flag(cmd, "config.data.dir"):
+      if _flag(cmd, "config.init_from"):
+        assert _flag(cmd, "config.init_from") in written_runs
+      written_runs.add(_flag(cmd, "workdir"))
+    elif entry in {("experiments/evaluate.py",), ("experiments/generate.py",)}:
+      assert _flag(cmd, "workdir") in written_runs, f"{' '.join(cmd)} reads an untrained workdir"
+    elif entry == ("experiments/report.py",):
+      runs = [a.split("=", 1)[1] for a in cmd[2:] if not a.startswith("-")]
+      assert runs and set(runs) <= written_runs, f"{' '.join(cmd)} reads an untrained workdir"
+  assert written_data and written_runs
+
+
+def test_every_entry_point_answers_help():
+  entries = sorted({e for e in map(_entry_point, _commands()) if e})
+  assert len(entries) >= 8
+  procs = {e: subprocess.Popen([sys.executable, *e, "--help"], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+           for e in entries}
+  failed = {}
+  for e, proc in procs.items():
+    out, _ = proc.communicate(timeout=600)
+    if proc.returncode != 0:
+      failed[" ".join(e)] = (proc.returncode, out[-500:])
+  assert not failed, failed
+
+
+def test_tensorboard_command_runs_when_the_extra_is_installed():
+  exe = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+  if not os.path.exists(exe):
+    pytest.skip('the tensorboard extra is not installed (pip install -e ".[tensorboard]")')
+  assert subprocess.run([exe, "--help"], capture_output=True, timeout=300).returncode == 0
