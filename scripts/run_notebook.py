@@ -17,6 +17,7 @@ import argparse
 import ast
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -76,6 +77,12 @@ def first_line(source: str) -> str:
   return next((line.strip() for line in source.splitlines() if line.strip()), "")[:80]
 
 
+def _cpu_seconds() -> float:
+  """CPU time of this process and its finished children (a busy machine stretches only wall time)."""
+  children = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: str | None,
         command: str = "") -> int:
   """Executes the cells; returns 0, or 1 after the first failing cell."""
@@ -87,7 +94,7 @@ def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: st
   t_all = time.perf_counter()
   status = 0
   for i, (source, is_param) in enumerate(cells):
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_seconds()
     print(f"--- cell {i}: {first_line(source)}", flush=True)
     try:
       exec(compile(source, f"<{os.path.basename(path)} cell {i}>", "exec"), namespace)
@@ -98,11 +105,13 @@ def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: st
       record.update(status="error", failed_cell=i)
       status = 1
     seconds = time.perf_counter() - t0
-    record["cells"].append({"cell": i, "first_line": first_line(source), "seconds": seconds})
+    record["cells"].append({"cell": i, "first_line": first_line(source), "seconds": seconds,
+                            "cpu_seconds": _cpu_seconds() - cpu0})
     print(f"--- cell {i}: {seconds:.2f} s", flush=True)
     if status:
       break
   record["total_seconds"] = time.perf_counter() - t_all
+  record["total_cpu_seconds"] = sum(c["cpu_seconds"] for c in record["cells"])
   print(f"--- {record['status']}: {len(record['cells'])} of {len(cells)} cells in "
         f"{record['total_seconds']:.1f} s", flush=True)
   if timings_path:
