@@ -179,3 +179,25 @@ def test_independent_vs_summed_tiny(tmp_path, data_prepared):
   first, last = payload["paired"][0], payload["paired"][-1]
   assert first["diff_mean"] == 0.0 and first["diff_std"] == 0.0
   assert len(last["per_seed"]) == 2 and last["diff_std"] >= 0.0
+
+
+@pytest.mark.parametrize("n,depth", [(1, 6), (2, 6), (1, 2)])
+def test_gru_width_for_params_matches_gru_counts(n, depth):
+  from soma_jax import gru
+
+  for d in (8, 82, 100):
+    total = n * gru.gru_params(gru.GruConfig(d=d, depth=depth))
+    assert compare.gru_width_for_params(total, n, depth) == d, (n, depth, d)
+
+
+@pytest.mark.parametrize("arg,wide", [("n=1", True), ("n=2", True), ("n=8", True),
+                                      ("mono=256", True), ("mono=1024", True), ("n=256", False)])
+def test_paper_controls_config(arg, wide):
+  """size=paper: wide controls start at lr = eps = 0.0025; monoliths keep SOMA's B = 64."""
+  c = load_config("soma", f"{arg},size=paper")
+  soma = load_config("soma", "n=256,size=paper")
+  lr = 0.0025 if wide else 1e-3
+  assert (c.opt.lr, c.spsa.eps) == (lr, lr), arg
+  assert (c.model.d_t != 32) == wide and c.spsa.batch == soma.spsa.batch == 64
+  if arg.startswith("mono="):
+    assert (c.n_experts, c.spsa.n_pert, c.spsa.accum) == (1, int(arg[5:]), 1)
