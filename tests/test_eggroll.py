@@ -175,15 +175,29 @@ def test_eggroll_descends_on_linear_regression():
   assert end < 0.2 * start, f"EGGROLL should cut the regression loss: {start:.3f} -> {end:.3f}"
 
 
-def test_step_on_gru_runs():
+def test_step_on_gru_is_the_optimiser_on_the_estimate():
+  """make_step on the GRU: params - lr * estimate(...) and the population's mean loss.
+
+  The estimate itself is checked against dense members in test_estimate_matches_dense_sum;
+  the same comparison rejects a step that ascends (params + lr * estimate).
+  """
   params = _init_gru(0, GCFG)
   window = _bytes(2, (2, 9))
   cfg = eggroll.EggrollConfig(pop=4, sigma=0.01, pop_chunk=2)
-  opt = optax.sgd(1e-3)
+  lr, key = 1e-1, jax.random.key(3)
+  opt = optax.sgd(lr)
   step = jax.jit(eggroll.make_step(gru.gru_loss, cfg, opt))
-  new, _, metrics = step(params, opt.init(params), window, jax.random.key(3), 0)
-  assert jax.tree.structure(new) == jax.tree.structure(params)
-  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(new))
+  new, _, metrics = step(params, opt.init(params), window, key, 0)
+  grads, _ = _estimate(params, window, key, 0, loss_fn=gru.gru_loss, cfg=cfg)
+  assert float(optax.tree.norm(grads)) > 0
+
+  def moved(sign):
+    return all(np.allclose(n, p - sign * lr * g, rtol=1e-5, atol=1e-7)
+               for n, p, g in zip(*map(jax.tree.leaves, (new, params, grads)), strict=True))
+
+  assert moved(1.0) and not moved(-1.0)
+  losses = _population_losses(params, window, key, 0, gru.gru_loss, cfg)
+  np.testing.assert_allclose(metrics["loss_mean"], losses.mean(), rtol=1e-6)
   assert abs(float(metrics["loss_mean"]) - math.log(256)) < 0.1
 
 
