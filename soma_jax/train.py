@@ -490,7 +490,7 @@ class _Log:
                                        self.run.experts, self.progress)
     return {"loss": m_host["loss"], "lr": m_host["lr"], "eps": m_host["eps"],
             "step_seconds": step_seconds, "tokens_per_second": self.run.tokens_step / step_seconds,
-            "skipped": m_host["skipped"], **self.clock.totals(done - self.run.start)}
+            "skipped": m_host["skipped"]}
 
 
 def _periodic_evals(run: _Run, done: int, m, clock: _Clock, log: _Log) -> dict:
@@ -513,6 +513,8 @@ def _periodic_evals(run: _Run, done: int, m, clock: _Clock, log: _Log) -> dict:
       ens = ensemble_validation(c, run.state)
     if ens is not None:
       record["ensemble_val_loss"] = ens
+  if record:
+    record.update(clock.totals(done - run.start))  # ops and seconds so far, these evals included
   return record
 
 
