@@ -430,7 +430,8 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
   progress.message(
       f"training experts {a}..{b - 1} of {c.n_experts} "
       f"({_baselines().body_params(c, step_config(c).model):,} params each) from step "
-      f"{run.start} to {c.steps} on {jax.devices()[0].platform}; {run.chunk.describe()}")
+      f"{run.start} to {c.steps} on {jax.devices()[0].platform}; {run.chunk.describe()}; "
+      f"matmul precision {c.precision}")
   clock = _Clock(run)
   log = _Log(run, clock, progress)
   pending = None  # the previous update's metrics

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Everything a lent GPU is for, in one run (the device tool lends an H200 for 15 min):
+#   1. the paper-shape table: the rows at n_pert 64, the rest at 16 (GPU to itself);
+#   2. the SOMA step against its ideals at the cpu preset (efficiency, roofline, loop);
+#   3. the test suite on the GPU and the notebook's GPU path, side by side.
+# Each part has its own time limit, so one slow part cannot starve the others. Logs and
+# JSON go to $OUT. Dry run on a CPU first: QUICK=1 OUT=/tmp/gc bash benchmarks/gpu_check.sh
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+PY=${PY:-python3}
+QUICK=${QUICK:-0}
+mkdir -p "$OUT"
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/check.log"; }
+part() {  # part NAME SECONDS CMD...: run with a limit, log its status
+  local name=$1 limit=$2; shift 2
+  log "start $name (limit ${limit}s)"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  log "end $name: exit $?"
+}
+
+log "devices: $($PY -c 'import jax; print(jax.devices(), jax.__version__)' 2>&1 | tail -1)"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >> "$OUT/check.log" 2>&1
+
+if [ "$QUICK" = 1 ]; then
+  part paper_shapes_64 300 $PY benchmarks/paper_shapes.py --rows=n16 --n_pert=2 --reps=1 \
+    --json "$OUT/paper_shapes_64.json" --md "$OUT/paper_shapes_64.md"
+  part spsa_step 300 $PY benchmarks/spsa_step.py \
+    --config=experiments/configs/soma.py:n=2,size=tiny --reps=2 --json "$OUT/spsa_step.json"
+  part pytest 300 $PY -m pytest -q -x -p no:cacheprovider tests/test_memory.py
+  exit 0
+fi
+
+part paper_shapes_64 240 $PY benchmarks/paper_shapes.py --rows=n2,n16 --reps=3 \
+  --row_timeout=150 --json "$OUT/paper_shapes_64.json" --md "$OUT/paper_shapes_64.md"
+part paper_shapes_16 150 $PY benchmarks/paper_shapes.py --rows=n1,n8,n256 --n_pert=16 --reps=2 \
+  --row_timeout=70 --json "$OUT/paper_shapes_16.json" --md "$OUT/paper_shapes_16.md"
+part spsa_step 60 $PY benchmarks/spsa_step.py \
+  --config=experiments/configs/soma.py:n=4,size=cpu --reps=3 --json "$OUT/spsa_step.json"
+# Tests and the notebook share the GPU: timings from here on are not benchmarks.
+part pytest 190 $PY -m pytest -q -m "not slow" -n 6 -p no:cacheprovider tests \
+  --deselect tests/test_notebook.py &
+part notebook 190 $PY scripts/run_notebook.py notebooks/quickstart.ipynb --param SIZE=gpu \
+  --timings "$OUT/notebook_timings.json" &
+wait
+tail -3 "$OUT/pytest.log" | tee -a "$OUT/check.log"
