@@ -13,6 +13,7 @@ import pytest
 
 from soma_jax import merge, train
 from soma_jax.errors import UserError
+from tests.conftest import exact_on_cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("step_seconds", "tokens_per_second", "device_seconds", "compile_seconds",
@@ -36,9 +37,14 @@ def metrics_without_timing(workdir):
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in f]
 
 
-def assert_same_params(w1, w2):
+def assert_same_params(w1, w2, same_program: bool = True):
+  """Bit-identical parameters; runs of two different programs (e.g. expert slices and the
+  whole job) are bit-identical on the CPU and equal to rounding on a GPU."""
   b1, h1, _ = train.restore_params(w1)
   b2, h2, _ = train.restore_params(w2)
+  if not same_program:
+    exact_on_cpu((b1, h1), (b2, h2))
+    return
   for x, y in zip(jax.tree.leaves((b1, h1)), jax.tree.leaves((b2, h2)), strict=True):
     np.testing.assert_array_equal(x, y)
 
@@ -87,7 +93,7 @@ def test_expert_slices_merged_equal_one_job(data_prepared, tmp_path):
     parts.append(w)
   merged = str(tmp_path / "merged")
   merge.merge(parts, merged)
-  assert_same_params(full, merged)
+  assert_same_params(full, merged, same_program=False)
   with pytest.raises(UserError, match="cover experts"):
     merge.merge(parts[:1], str(tmp_path / "bad"))
 
