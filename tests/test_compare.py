@@ -141,22 +141,38 @@ def test_monoliths_are_the_papers_controls(data_two_shards):
   assert compare.ops_per_update(four) == 4 * compare.ops_per_update(one)
   assert four.steps == one.steps // 4 or abs(four.steps - one.steps / 4) <= 1
 def test_summed_step_matches_shared_loss_estimate():
-  """The summed variant's first update is Adam's first step along the shared-loss estimate."""
+  """The summed variant's first update feeds Adam the shared-loss estimate written out:
+  g_e = 1/K sum_j [sum_f (L_f+ - L_f-)] / (2 eps) z_ej for every expert e.
+
+  Adam's first step is lr * sign(g) whatever g's scale, so the check reads Adam's first
+  moment (0.1 g); a group mean instead of the sum (g / 3) is rejected by the same check.
+  """
   from soma_jax import spsa
+  from tests.test_spsa import _flat, _hand_estimate, _perturbed_losses
 
   cfg = spsa.StepConfig(model=model_lib.ModelConfig(d_t=8, d_e=8, shared_head=True),
-                        spsa=spsa.SpsaConfig(n_pert=4, pert_chunk=2))
-  body_N, head = model_lib.init_experts(jax.random.key(0), cfg.model, 3)
-  batch = jax.random.randint(jax.random.key(1), (3, 1, 2, 9), 0, 256).astype(np.uint8)
-  ids = np.arange(3, dtype=np.int32)
-  state = spsa.init_state(body_N, head, 1e-3, 1e-3, cfg)
-  new, _ = independent.summed_train_step(state, batch, ids, cfg)
-  g, _ = spsa.estimate(body_N, head, batch, state.sched.eps, state.step, ids,
-                       jax.random.key(cfg.seed), cfg.spsa, loss_groups=[0, 0, 0])
-  for p0, p1, gi in zip(jax.tree.leaves(body_N), jax.tree.leaves(new.body), jax.tree.leaves(g),
-                        strict=True):
-    # Adam's first bias-corrected step is lr * sign(g) (up to its stabiliser).
-    np.testing.assert_allclose(p0 - p1, 1e-3 * np.sign(gi), atol=1e-6)
+                        spsa=spsa.SpsaConfig(n_pert=4, pert_chunk=2, probe="rademacher"))
+  with jax.enable_x64(True):
+    body_N, head = model_lib.init_experts(jax.random.key(0), cfg.model, 3)
+    body_N, head = jax.tree.map(lambda x: x.astype(np.float64), (body_N, head))
+    batch = jax.random.randint(jax.random.key(1), (3, 1, 2, 9), 0, 256).astype(np.uint8)
+    ids = np.arange(3, dtype=np.int32)
+    state = spsa.init_state(body_N, head, 1e-3, 1e-3, cfg)
+    state = state.replace(sched=jax.tree.map(  # float64 lr and eps, like the parameters
+        lambda x: x.astype(np.float64) if x.dtype == np.float32 else x, state.sched))
+    new, _ = jax.jit(independent.summed_train_step, static_argnames="cfg")(
+        state, batch, ids, cfg=cfg)
+    losses, z = _perturbed_losses(body_N, head, batch, 1e-3, 0, ids, jax.random.key(cfg.seed),
+                                  cfg.spsa)
+    mu = np.asarray(_flat(new.opt[1].mu))
+    want = _hand_estimate(losses, z, 1e-3, groups=(0, 0, 0))
+    np.testing.assert_allclose(mu, 0.1 * want, rtol=1e-6, atol=1e-12)
+    assert not np.allclose(mu, 0.1 * _hand_estimate(losses, z, 1e-3, (0, 0, 0), np.mean),
+                           rtol=1e-6, atol=1e-12)
+    for p0, p1, gi in zip(jax.tree.leaves(body_N), jax.tree.leaves(new.body),
+                          jax.tree.leaves(new.opt[1].mu), strict=True):
+      # Adam's first bias-corrected step is lr * sign(g) (up to its stabiliser).
+      np.testing.assert_allclose(p0 - p1, 1e-3 * np.sign(gi), atol=1e-6)
 
 
 def test_independent_vs_summed_tiny(tmp_path, data_prepared):
@@ -178,7 +194,20 @@ def test_independent_vs_summed_tiny(tmp_path, data_prepared):
     assert all(np.isfinite(p["test_nats_per_byte"]) for p in ind + summ)
   first, last = payload["paired"][0], payload["paired"][-1]
   assert first["diff_mean"] == 0.0 and first["diff_std"] == 0.0
-  assert len(last["per_seed"]) == 2 and last["diff_std"] >= 0.0
+  # Every paired point is summed minus independent, per seed, then mean and sd over seeds.
+  for i, point in enumerate(payload["paired"]):
+    d = [r["summed"][i]["test_nats_per_byte"] - r["independent"][i]["test_nats_per_byte"]
+         for r in payload["runs"].values()]
+    assert point["step"] == steps[i]
+    np.testing.assert_allclose(point["per_seed"], d, atol=1e-12)
+    np.testing.assert_allclose(point["diff_mean"], np.mean(d), atol=1e-12)
+    np.testing.assert_allclose(point["diff_std"], np.std(d, ddof=1), atol=1e-12)
+  for run in payload["runs"].values():  # the per-window difference averages to the same
+    np.testing.assert_allclose(run["final_diff"], run["summed"][-1]["test_nats_per_byte"]
+                               - run["independent"][-1]["test_nats_per_byte"], atol=1e-9)
+    lo, hi = run["final_diff_ci95"]
+    assert lo <= run["final_diff"] <= hi
+  assert last["diff_std"] > 0.0
 
 
 @pytest.mark.parametrize("n,depth", [(1, 6), (2, 6), (1, 2)])
