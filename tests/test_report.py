@@ -3,9 +3,14 @@
 import json
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from soma_jax import report, train
+from soma_jax import model, report, train
+from soma_jax.data import pipeline
+from soma_jax.router import Router
 from tests.test_train import tiny_config
 
 
@@ -24,8 +29,43 @@ def test_report_for_seed_and_warm_started_soma(data_prepared, tmp_path):
   assert 0 < payload["unigram_test_nats_per_byte"] < np.log(256)
   runs = payload["runs"]
   assert runs["seed"]["n_experts"] == 1 and runs["soma"]["n_experts"] == 3
-  assert all(np.isfinite(r["test_nats_per_byte"]) for r in runs.values())
-  assert "Unigram baseline" in open(os.path.join(out, "report.md")).read()
+  # The unigram baseline and each run's routed test loss, recomputed by hand.
+  assert payload["unigram_test_nats_per_byte"] == pytest.approx(_hand_unigram(data_prepared))
+  for name, workdir in (("seed", seed), ("soma", soma)):
+    want = _hand_routed_loss(workdir, data_prepared)
+    assert runs[name]["test_nats_per_byte"] == pytest.approx(want, rel=1e-5), name
+  md = open(os.path.join(out, "report.md")).read()
+  assert "Unigram baseline" in md
+  assert f"{runs['soma']['test_nats_per_byte']:.3f}" in md
+
+
+def _hand_unigram(data_dir):
+  """Add-one byte frequencies of all training shards; cross entropy on test targets 257..1024."""
+  counts = np.ones(256)
+  for e in range(pipeline.load_manifest(data_dir)["num_clusters"]):
+    counts += np.bincount(np.load(f"{data_dir}/experts/{e:04d}/train.npy").ravel(), minlength=256)
+  windows, _ = pipeline.eval_split(data_dir, "test")
+  return float(-np.log(counts / counts.sum())[windows[:, 257:]].mean())
+
+
+def _hand_routed_loss(workdir, data_dir):
+  """Top-min(4, N) experts by the router; mean of their softmax probabilities; nats/byte."""
+  body_N, head, c = train.restore_params(workdir)
+  windows, _ = pipeline.eval_split(data_dir, "test")
+  n = c.n_experts
+  routes = (np.zeros((len(windows), 1), int) if n == 1 else
+            Router.load(f"{data_dir}/router.npz").route(windows[:, :256], min(4, n)))
+  losses = []
+  for i, w in enumerate(windows):
+    p = []
+    for e in routes[i]:
+      body = jax.tree.map(lambda x, e=e: x[e], body_N)
+      h = head if c.model.shared_head else head[e]
+      logits = np.asarray(model.logits(body, h, jnp.asarray(w[None, :-1])), np.float64)[0, 256:]
+      q = np.exp(logits - logits.max(-1, keepdims=True))
+      p.append((q / q.sum(-1, keepdims=True))[np.arange(768), w[257:]])
+    losses.append(-np.log(np.mean(p, axis=0)).mean())
+  return float(np.mean(losses))
 
 
 def test_warm_start_copies_seed_into_every_expert(data_prepared, tmp_path):
