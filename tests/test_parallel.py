@@ -205,19 +205,34 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_two_processes_match_one_device(tmp_path):
-  """jax.distributed on 127.0.0.1, gloo CPU collectives (JAX's default on CPU)."""
+def _two_processes(tmp_path, cases: dict) -> tuple[dict, dict, dict]:
+  """Runs `cases` as 2 processes x 2 fake devices under jax.distributed; (result, meta, refs)."""
   out = str(tmp_path / "two.npz")
   port = _free_port()
-  cases = CASES | MIXED
   procs = [_launch(out, 2, cases, f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
                    f"--process_id={i}") for i in range(2)]
   references = _references(cases)
   for proc in procs:
     _wait(proc)
   result = dict(np.load(out))
-  meta = _meta(result)
+  return result, _meta(result), references
+
+
+def test_two_processes_ddpp_matches_one_device(tmp_path):
+  """The default suite's multi-process check: one model's directions over 2 processes x 2
+  devices (jax.distributed on 127.0.0.1, gloo all-reduce across the processes) gives the
+  one-device update; the full set of layouts runs in the slow test below."""
+  result, meta, references = _two_processes(tmp_path, {"ddpp": CASES["ddpp"]})
+  assert meta["ddpp"]["devices"] == 4 and meta["ddpp"]["local_experts"] == [0, 1]
+  assert meta["ddpp"]["collectives"]["all-reduce"] == 1
+  _assert_same(result, references, "2 processes x 2 devices")
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_device(tmp_path):
+  """jax.distributed on 127.0.0.1, gloo CPU collectives (JAX's default on CPU)."""
+  cases = CASES | MIXED
+  result, meta, references = _two_processes(tmp_path, cases)
   assert meta["fso"]["devices"] == 4 and meta["fso"]["local_experts"] == [0, 2]
   assert meta["ddpp"]["local_experts"] == [0, 1]  # both processes feed the one expert
   assert meta["fso"]["collectives"]["total"] == 0
