@@ -164,15 +164,19 @@ def test_resume_guards(data_prepared, data_textdir, tmp_path):
   assert set(last["changed"]) == {"data.dir", "steps", "log_every", "spsa.pert_chunk"}
   assert last["step"] == 2 and last["resume_overrides"] == []
 
-  c = tiny_config(data_prepared, steps=4, resume_overrides="opt.lr")
-  c.opt.lr = 0.5
+  c = tiny_config(data_prepared, steps=4, resume_overrides="opt.lr,spsa.n_pert")
+  c.opt.lr, c.spsa.n_pert = 0.5, 8
   assert train.train(c, w)["step"] == 4
   assert json.load(open(os.path.join(w, "config.json")))["opt"]["lr"] == 0.5
   last = ckpt_lib.last_history(w)
-  assert last["changed"]["opt.lr"] == [0.001, 0.5] and last["resume_overrides"] == ["opt.lr"]
+  assert last["changed"]["opt.lr"] == [0.001, 0.5] and last["changed"]["spsa.n_pert"] == [4, 8]
+  assert last["resume_overrides"] == ["opt.lr", "spsa.n_pert"]
   np.testing.assert_array_equal(train.restore_state(w)[1].sched.lr, np.full(3, 0.5, np.float32))
   with open(os.path.join(w, "metrics.jsonl")) as f:
-    assert [r["lr"] for r in map(json.loads, f)][-1] == [0.5] * 3  # training uses what it says
+    records = {r["step"]: r for r in map(json.loads, f)}
+  assert records[4]["lr"] == [0.5] * 3  # training uses what config.json says
+  ops_at_4 = 3 * train.make_step(tiny_config(data_prepared))[1]  # 3 experts, n_pert 4
+  assert records[3]["ops"] == 3 * ops_at_4 and records[4]["ops"] == 5 * ops_at_4  # not redone
 
 
 def test_removed_metrics_file_is_written_again(data_prepared, straight, tmp_path, monkeypatch):
