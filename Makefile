@@ -26,6 +26,7 @@ test-all: $(STAMP)
 	$(PY) -m pytest -q tests
 
 $(CUDA_STAMP): $(STAMP)
+	@command -v nvidia-smi >/dev/null || { echo "error: no NVIDIA driver here (nvidia-smi not found); fix: make demo (CPU), or see BUILD.md (GPU)" >&2; exit 2; }
 	$(PY) -m pip install -q -e ".[cuda12]"
 	touch $(CUDA_STAMP)
 
