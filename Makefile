@@ -9,7 +9,7 @@ DEVICE ?= cpu
 CUDA_STAMP := $(VENV)/.installed-cuda12
 export XLA_PYTHON_CLIENT_PREALLOCATE = false
 
-.PHONY: install test test-all demo lint bench clean
+.PHONY: install test test-all demo lint bench figures clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,11 +44,16 @@ demo:
 endif
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check soma_jax experiments benchmarks tests
+	$(VENV)/bin/ruff check soma_jax experiments benchmarks scripts tests
 
 bench: $(STAMP)
 	mkdir -p bench_out
 	$(PY) benchmarks/spsa_step.py --config=experiments/configs/soma.py:n=4,size=cpu --json bench_out/spsa_step.json
+
+# README's "Measured results" as docs/results/NAME.json (+ PNG): the cheap figures by
+# default; FIGURES=all adds the hour-long training comparisons.
+figures: $(STAMP)
+	$(PY) scripts/figures.py $(FIGURES)
 
 clean:
 	rm -rf $(VENV) bench_out

@@ -50,6 +50,8 @@ def _variance(study: str, size: str) -> Figure:
 
 
 FIGURES = {
+    "demo": Figure(("scripts/demo.sh", "{out}"), json="{out}/report.json",
+                   png="{out}/loss_curves.png", dest="docs/demo_loss_curves.png", cheap=False),
     "variance_tiny_shared_vs_separate": _variance("shared_vs_separate", "tiny"),
     "variance_tiny_n_pert": _variance("n_pert", "tiny"),
     "eggroll": Figure(("benchmarks/eggroll.py", "--d=128", "--depth=6", "--rank=1", "--pop=32",
@@ -79,7 +81,11 @@ FIGURES = {
 
 def command_line(fig: Figure) -> str:
   """The command as a user types it, with OUT for the scratch folder."""
-  return " ".join(["python"] + [shlex.quote(a.replace("{out}", "OUT")) for a in fig.args])
+  return " ".join(_launcher(fig) + [shlex.quote(a.replace("{out}", "OUT")) for a in fig.args])
+
+
+def _launcher(fig: Figure) -> list[str]:
+  return ["bash"] if fig.args[0].endswith(".sh") else ["python"]
 
 
 def run(name: str, fig: Figure, docs: str) -> dict:
@@ -88,12 +94,15 @@ def run(name: str, fig: Figure, docs: str) -> dict:
     args = [a.replace("{out}", out) for a in fig.args]
     print(f"[figures] {name}: {command_line(fig)}", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    launcher = [sys.executable] if _launcher(fig) == ["python"] else ["bash"]
+    env = dict(os.environ, PYTHONPATH=ROOT, PY=sys.executable)
+    proc = subprocess.run([*launcher, *args], cwd=ROOT, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode:
       raise SystemExit(f"[figures] {name} failed with exit code {proc.returncode}")
     with open(fig.json.replace("{out}", out)) as f:
-      results = json.load(f)
+      # Paths inside the results name the scratch folder OUT and the checkout ".".
+      results = json.loads(f.read().replace(out, "OUT").replace(ROOT, "."))
     record = {"name": name, "command": command_line(fig), "wall_s": round(wall, 1),
               "platform": f"{platform.machine()}, {os.cpu_count()} CPUs",
               "results": results}

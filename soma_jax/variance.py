@@ -518,6 +518,7 @@ def study_n_pert(c, params=None) -> dict:
       pred.append(p)
       out["points"].append({"probe": kind, "n_pert": k, "measured": rel, "se": se,
                             "predicted": p, "measured_over_predicted": rel / p,
+                            "measured_over_predicted_se": se / p,
                             "reps": c.reps, "blocks_per_rep": k_max // k})
     key = "" if kind == "rademacher" else "_sparse"
     out["slope_loglog" + key] = _loglog_slope(c.n_pert_list, meas)

@@ -1,0 +1,141 @@
+"""Every number in README's "Measured results" appears in a committed JSON under docs/.
+
+Numbers are compared at the precision README prints them (3.93 matches 3.9319), with
+k / M / G / T suffixes, percentages, and minutes or hours of a JSON's seconds. A line
+that carries the visible marker NOT_RERUN is skipped: it holds figures nobody has rerun
+since the code changed. Code spans (commands) and link targets are not figures, and
+neither are references such as "SPEC 7", "Figure 4" or "Table 5". The paper's own
+figures live in docs/results/paper.json (copied from SPEC.md, not measured).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOT_RERUN = "(not rerun)"
+SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+NUMBER = re.compile(
+    r"(?<![\w.])(?P<sign>[-−+]?)(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?"
+    r"(?P<exp>e[-+]?\d+)?(?P<unit>[kMGT](?![A-Za-z])|%| ?min\b| ?h\b)?")
+REFERENCE = re.compile(r"(SPEC|Figure|Table|section|Section|issue)\s*$")
+
+
+def measured_section(text: str) -> str:
+  """README's "## Measured results" section, up to the next level-2 heading."""
+  start = text.index("## Measured results")
+  end = text.find("\n## ", start + 1)
+  return text[start:] if end < 0 else text[start:end]
+
+
+def figures(section: str) -> list[tuple[str, str]]:
+  """(number as printed, its line) for every figure in the section outside NOT_RERUN lines."""
+  out = []
+  for line in section.splitlines():
+    if NOT_RERUN in line:
+      continue
+    text = re.sub(r"`[^`]*`", " ", line)  # commands
+    text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets
+    for m in NUMBER.finditer(text):
+      if REFERENCE.search(text[:m.start()]):
+        continue
+      out.append((m, line))
+  return out
+
+
+def _json_numbers(x, out: list[float]) -> None:
+  """Every number in a JSON value, including numbers inside strings (commands, labels)."""
+  if isinstance(x, bool):
+    return
+  if isinstance(x, int | float):
+    if math.isfinite(x):
+      out.append(float(x))
+  elif isinstance(x, str):
+    out.extend(float(s) for s in re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?", x))
+  elif isinstance(x, dict):
+    for v in x.values():
+      _json_numbers(v, out)
+  elif isinstance(x, list):
+    for v in x:
+      _json_numbers(v, out)
+
+
+def committed_json_numbers() -> list[float]:
+  """Numbers of every JSON file under docs/ that git tracks (uncommitted files do not count)."""
+  listed = subprocess.run(["git", "ls-files", "docs"], cwd=ROOT, capture_output=True, text=True)
+  if listed.returncode:
+    pytest.skip("not a git checkout: cannot tell committed files from others")
+  out: list[float] = []
+  for path in listed.stdout.split():
+    if path.endswith(".json"):
+      with open(os.path.join(ROOT, path)) as f:
+        _json_numbers(json.load(f), out)
+  return out
+
+
+def appears(m: re.Match, values: list[float]) -> bool:
+  """Whether some JSON value, rounded as README prints it, gives this number."""
+  sign = -1.0 if m["sign"] in ("-", "−") else 1.0
+  digits = m["int"].replace(",", "") + (m["frac"] or "") + (m["exp"] or "")
+  x = sign * float(digits)
+  decimals = len(m["frac"]) - 1 if m["frac"] else 0
+  if m["exp"]:  # 1e-13, 2.82e12: the printed mantissa's precision
+    half = 0.5 * 10.0 ** (int(m["exp"][1:]) - decimals)
+  else:
+    half = 0.5 * 10.0 ** -decimals
+  unit = (m["unit"] or "").strip()
+  candidates = {"": [(1.0, 0.0)], "%": [(100.0, 0.0), (1.0, 0.0)],
+                "min": [(1 / 60, 0.5)], "h": [(1 / 3600, 0.5)]}.get(unit, [(1 / SCALE.get(unit, 1), 0.0)])
+  for factor, slack in candidates:
+    tol = max(half, slack) * (1 + 1e-9) + 1e-12
+    if any(abs(v * factor - x) <= tol for v in values):
+      return True
+  return False
+
+
+def test_every_readme_figure_is_in_a_committed_json():
+  with open(os.path.join(ROOT, "README.md")) as f:
+    section = measured_section(f.read())
+  values = committed_json_numbers()
+  missing = sorted({f"{m.group(0)!r} in: {line.strip()[:90]}"
+                    for m, line in figures(section) if not appears(m, values)})
+  assert not missing, (
+      f"{len(missing)} README figures are in no committed docs/**/*.json; rerun them "
+      f"(make figures) or mark the line {NOT_RERUN}:\n" + "\n".join(missing))
+
+
+def test_the_check_rejects_a_stale_figure():
+  """A number no JSON holds is reported; rounding, suffixes and time units are understood."""
+  values = [3.9318, 2089.3, 67712.0, 0.161, 505.0, -1.00006, 7.97e12]
+  found = {m.group(0): appears(m, values) for m, _ in figures(
+      "## Measured results\nratio 3.93 and 3.97, slope −1.000, 67.7k tokens/s, 16%, 8 min,"
+      " 7.97T ops, 2089 (SPEC 7)\nold 9.99 " + NOT_RERUN + "\n")}
+  assert found == {"3.93": True, "3.97": False, "−1.000": True, "67.7k": True, "16%": True,
+                   "8 min": True, "7.97T": True, "2089": True}
+
+
+def test_results_files_carry_command_and_wall_time():
+  """docs/results/NAME.json of every figure scripts/figures.py knows says how it was made."""
+  path = os.path.join(ROOT, "scripts", "figures.py")
+  spec = importlib.util.spec_from_file_location("_figures_script", path)
+  figures_lib = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = figures_lib  # dataclasses look their module up
+  spec.loader.exec_module(figures_lib)
+  for name, fig in figures_lib.FIGURES.items():
+    path = os.path.join(ROOT, "docs", "results", f"{name}.json")
+    if not os.path.isfile(path):
+      continue
+    with open(path) as f:
+      record = json.load(f)
+    assert record["command"] == figures_lib.command_line(fig), path
+    assert record["wall_s"] > 0 and "results" in record, path
+  with open(os.path.join(ROOT, "docs", "results", "paper.json")) as f:
+    assert json.load(f)["command"] is None  # quoted from the paper, nothing was run
