@@ -184,7 +184,7 @@ class WorkdirLock:
   def __enter__(self) -> WorkdirLock:
     from soma_jax.errors import writable_dir
 
-    writable_dir(self.workdir, self.what)
+    writable_dir(self.workdir, self.what, probe=False)  # the lock file is the probe
     path = os.path.join(self.workdir, LOCK_FILE)
     try:
       fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

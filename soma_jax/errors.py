@@ -30,8 +30,11 @@ def exit_on_user_error(fn: Callable[..., Any]) -> Callable[..., Any]:
   return wrapper
 
 
-def writable_dir(path: str, what: str) -> str:
-  """Creates folder `path` (with parents) or raises a UserError saying why not; returns it absolute."""
+def writable_dir(path: str, what: str, probe: bool = True) -> str:
+  """Creates folder `path` (with parents) or raises a UserError saying why not; returns it absolute.
+
+  With `probe`, a file is written and removed there to prove it is writable.
+  """
   path = os.path.abspath(os.path.expanduser(path))
   ancestor = path
   while not os.path.exists(ancestor):
@@ -41,10 +44,11 @@ def writable_dir(path: str, what: str) -> str:
                     f"folder; fix: choose a {what} that is not under a file")
   try:
     os.makedirs(path, exist_ok=True)
-    probe = os.path.join(path, f".write_test.{os.getpid()}")
-    with open(probe, "w"):
-      pass
-    os.remove(probe)
+    if probe:
+      test_file = os.path.join(path, f".write_test.{os.getpid()}")
+      with open(test_file, "w"):
+        pass
+      os.remove(test_file)
   except OSError as e:
     raise UserError(f"folder {path!r} for {what} is not writable ({e.strerror}); "
                     f"fix: choose a writable {what}") from None
