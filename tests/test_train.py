@@ -152,6 +152,12 @@ def test_resume_on_a_different_device_count(data_prepared, tmp_path):
          "--config.mesh.expert=3"]
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-2000:]
+  # Device-seconds (SPEC 7): updates x mean step seconds x the 3 devices the step held; the
+  # mean is over updates 2..6 (update 1 compiles; each record here times one update).
+  with open(os.path.join(sharded, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  mean = np.mean([r["step_seconds"] for r in records[1:]])
+  assert records[-1]["device_seconds"] == pytest.approx(3 * 6 * mean, rel=1e-6)
   # Drop the last checkpoint, then resume from step 4 on a single device.
   shutil.rmtree(os.path.join(sharded, "checkpoints", "6"))
   summary = train.train(tiny_config(data_prepared, steps=6), sharded)
