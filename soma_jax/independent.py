@@ -145,11 +145,23 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
       "difference": "summed - independent (test nats/byte; positive: independent is better)",
       "paired": paired, "runs": {str(s): r for s, r in per_seed.items()},
   }
+  payload["summary"] = summarise(payload)
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(payload, f, indent=1)
   _write_csv(payload, os.path.join(out, "curves.csv"))
   _plot(payload, os.path.join(out, "figure4.png"))
   return payload
+
+
+def summarise(payload: dict) -> dict:
+  """The final checkpoint's figures: difference mean and sd over seeds, wins, mean losses."""
+  last, runs = payload["paired"][-1], list(payload["runs"].values())
+  final = {v: [r[v][-1]["test_nats_per_byte"] for r in runs] for v in VARIANTS}
+  return {"num_seeds": len(runs), "updates": last["step"], "diff_mean": last["diff_mean"],
+          "diff_std": last["diff_std"],
+          "seeds_independent_better": sum(d > 0 for d in last["per_seed"]),
+          "start_test": runs[0]["independent"][0]["test_nats_per_byte"],
+          **{f"{v}_final_mean": float(np.mean(final[v])) for v in VARIANTS}}
 
 
 def _shown(path: str, out: str) -> str:

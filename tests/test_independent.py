@@ -74,6 +74,7 @@ def test_run_trains_the_seed_first_and_starts_both_variants_there(tmp_path, data
   assert payload["seed_run"]["steps"] == config.seed_run.steps
   assert payload["seed_run"]["lr"] == payload["seed_run"]["eps"] == 0.0025
   assert payload["lr"] == payload["eps"] == 1e-3
+  assert payload["summary"]["num_seeds"] == 1 and payload["summary"]["updates"] == config.train.steps
   assert dtypes and set(dtypes) == {"float64"}, dtypes
 
   c = config.train
