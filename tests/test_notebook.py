@@ -48,7 +48,18 @@ def _outputs_text(nb) -> str:
   return "".join(parts)
 
 
-def test_notebook_runs_at_tiny_size(tmp_path):
+def _kernel_of_this_python(root, monkeypatch) -> str:
+  """A kernelspec that runs this interpreter (a user's own `python3` kernel may be another)."""
+  spec = root / "kernels" / "soma-test"
+  spec.mkdir(parents=True)
+  argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+  (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "soma-test",
+                                                "language": "python"}))
+  monkeypatch.setenv("JUPYTER_PATH", str(root))
+  return "soma-test"
+
+
+def test_notebook_runs_at_tiny_size(tmp_path, monkeypatch):
   from nbclient import NotebookClient
 
   nb = nbformat.read(NOTEBOOK, as_version=4)
@@ -56,7 +67,8 @@ def test_notebook_runs_at_tiny_size(tmp_path):
   work = tmp_path / "work"
   nb.cells.insert(where + 1, nbformat.v4.new_code_cell(
       f"SIZE = 'tiny'\nWORK = {str(work)!r}", metadata={"tags": ["injected-parameters"]}))
-  NotebookClient(nb, timeout=600, kernel_name="python3",
+  kernel = _kernel_of_this_python(tmp_path / "jupyter", monkeypatch)
+  NotebookClient(nb, timeout=600, kernel_name=kernel,
                  resources={"metadata": {"path": str(tmp_path)}}).execute()  # raises on any error
   text = _outputs_text(nb)
   assert "nothing to install" in text
