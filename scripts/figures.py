@@ -65,6 +65,8 @@ FIGURES = {
     "variance_shared_vs_separate": dataclasses.replace(
         _variance("shared_vs_separate", "cpu"), dest="docs/variance_shared_vs_separate.png"),
     "variance_n_pert": _variance("n_pert", "cpu"),
+    "variance_experts": _variance("experts", "cpu"),  # sparse probes, about 2M parameters
+    "variance_reference": _variance("reference", "cpu"),  # BPTT reference on disjoint windows
     "compare_cpu": Figure(("experiments/compare.py",
                            "--config=experiments/configs/compare.py:cpu", "--out={out}"),
                           json="{out}/results.json", png="{out}/figure1.png",
