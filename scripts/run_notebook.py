@@ -108,17 +108,21 @@ def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: st
     record["cells"].append({"cell": i, "first_line": first_line(source), "seconds": seconds,
                             "cpu_seconds": _cpu_seconds() - cpu0})
     print(f"--- cell {i}: {seconds:.2f} s", flush=True)
+    record["total_seconds"] = time.perf_counter() - t_all
+    record["total_cpu_seconds"] = sum(c["cpu_seconds"] for c in record["cells"])
+    _write(record, timings_path)  # after every cell: a run killed midway keeps what it timed
     if status:
       break
-  record["total_seconds"] = time.perf_counter() - t_all
-  record["total_cpu_seconds"] = sum(c["cpu_seconds"] for c in record["cells"])
   print(f"--- {record['status']}: {len(record['cells'])} of {len(cells)} cells in "
         f"{record['total_seconds']:.1f} s", flush=True)
-  if timings_path:
-    os.makedirs(os.path.dirname(os.path.abspath(timings_path)), exist_ok=True)
-    with open(timings_path, "w") as f:
-      json.dump(record, f, indent=1, default=str)
   return status
+
+
+def _write(record: dict, path: str | None) -> None:
+  if path:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+      json.dump(record, f, indent=1, default=str)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("notebook", help="path of the .ipynb file")
   ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                   help="override a name of the parameters cell (repeatable)")
-  ap.add_argument("--timings", help="write per-cell wall times as JSON here")
+  ap.add_argument("--timings", help="write per-cell wall and CPU times as JSON here "
+                  "(rewritten after every cell)")
   argv = sys.argv[1:] if argv is None else argv
   args = ap.parse_args(argv)
   if not os.path.isfile(args.notebook):
