@@ -90,7 +90,8 @@ def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: st
     sys.path.insert(0, os.getcwd())  # as in a Jupyter kernel: modules in the cwd import
   namespace = {"__name__": "__main__", "__file__": os.path.abspath(path)}
   record = {"command": command, "notebook": path, "params": params,
-            "python": sys.version.split()[0], "cells": [], "status": "ok"}
+            "python": sys.version.split()[0], "cells": [], "status": "ok",
+            "total_seconds": 0.0, "total_cpu_seconds": 0.0}
   t_all = time.perf_counter()
   status = 0
   for i, (source, is_param) in enumerate(cells):
