@@ -4,8 +4,10 @@
 #   2. the SOMA step against its ideals at the cpu preset (efficiency, roofline, loop);
 #   3. the test suite on the GPU and the notebook's GPU path, side by side.
 # Each part has its own time limit, so one slow part cannot starve the others. Logs and
-# JSON go to $OUT. Dry run on a CPU first: QUICK=1 OUT=/tmp/gc bash benchmarks/gpu_check.sh
+# JSON go to $OUT. `bash benchmarks/gpu_check.sh [all|bench|tests]` (default all).
+# Dry run on a CPU first: QUICK=1 OUT=/tmp/gc bash benchmarks/gpu_check.sh
 set -uo pipefail
+WHAT=${1:-all}
 OUT=${OUT:-gpu_out}
 PY=${PY:-python3}
 QUICK=${QUICK:-0}
@@ -30,16 +32,22 @@ if [ "$QUICK" = 1 ]; then
   exit 0
 fi
 
-part paper_shapes_64 240 $PY benchmarks/paper_shapes.py --rows=n2,n16 --reps=3 \
-  --row_timeout=150 --json "$OUT/paper_shapes_64.json" --md "$OUT/paper_shapes_64.md"
-part paper_shapes_16 150 $PY benchmarks/paper_shapes.py --rows=n1,n8,n256 --n_pert=16 --reps=2 \
-  --row_timeout=70 --json "$OUT/paper_shapes_16.json" --md "$OUT/paper_shapes_16.md"
-part spsa_step 60 $PY benchmarks/spsa_step.py \
-  --config=experiments/configs/soma.py:n=4,size=cpu --reps=3 --json "$OUT/spsa_step.json"
+# Compiled programs are shared between a row's chunk planning and its timed step.
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+if [ "$WHAT" != tests ]; then
+  part paper_shapes_64 270 $PY benchmarks/paper_shapes.py --rows=n2,n16 --reps=3 \
+    --row_timeout=135 --json "$OUT/paper_shapes_64.json" --md "$OUT/paper_shapes_64.md"
+  part paper_shapes_16 165 $PY benchmarks/paper_shapes.py --rows=n1,n8,n256 --n_pert=16 \
+    --reps=2 --row_timeout=55 --json "$OUT/paper_shapes_16.json" --md "$OUT/paper_shapes_16.md"
+  part spsa_step 75 $PY benchmarks/spsa_step.py \
+    --config=experiments/configs/soma.py:n=4,size=cpu --reps=3 --json "$OUT/spsa_step.json"
+fi
+[ "$WHAT" = bench ] && exit 0
 # Tests and the notebook share the GPU: timings from here on are not benchmarks.
-part pytest 190 $PY -m pytest -q -m "not slow" -n 6 -p no:cacheprovider tests \
+part pytest ${TEST_LIMIT:-190} $PY -m pytest -q -m "not slow" -n 6 -p no:cacheprovider tests \
   --deselect tests/test_notebook.py &
-part notebook 190 $PY scripts/run_notebook.py notebooks/quickstart.ipynb --param SIZE=gpu \
+part notebook ${TEST_LIMIT:-190} $PY scripts/run_notebook.py notebooks/quickstart.ipynb --param SIZE=gpu \
   --timings "$OUT/notebook_timings.json" &
 wait
 tail -3 "$OUT/pytest.log" | tee -a "$OUT/check.log"
