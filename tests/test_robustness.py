@@ -55,6 +55,7 @@ def test_truncated_newest_checkpoint_is_moved_aside_and_passed(data_prepared, st
     for name in files:
       path = os.path.join(dirpath, name)
       os.truncate(path, os.path.getsize(path) // 2)
+  assert train.restore_state(w)[0] == 4 and os.path.isdir(damaged)  # tools read, never move
   summary = train.train(tiny_config(data_prepared), w)  # resumes at 4, saves 6 and 8 again
   assert summary["status"] == "done" and summary["step"] == 8
   assert os.path.isdir(os.path.join(w, "checkpoints", "corrupt-6"))
@@ -179,7 +180,8 @@ def test_resume_guards(data_prepared, data_textdir, tmp_path):
   assert records[3]["ops"] == 3 * ops_at_4 and records[4]["ops"] == 5 * ops_at_4  # not redone
 
 
-def test_removed_metrics_file_is_written_again(data_prepared, straight, tmp_path, monkeypatch):
+def test_removed_metrics_file_is_written_again(data_prepared, straight, tmp_path, monkeypatch,
+                                              caplog):
   w = str(tmp_path / "w")
   real_next = pipeline.TrainBatches.__next__
 
@@ -191,6 +193,7 @@ def test_removed_metrics_file_is_written_again(data_prepared, straight, tmp_path
   monkeypatch.setattr(pipeline.TrainBatches, "__next__", next_and_remove)
   train.train(tiny_config(data_prepared), w)
   assert metrics_without_timing(straight) == metrics_without_timing(w)
+  assert "metrics.jsonl disappeared during the run" in caplog.text
 
 
 def test_device_seconds_count_training_steps_only(data_prepared, tmp_path, monkeypatch):
