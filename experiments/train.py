@@ -2,6 +2,11 @@
 
   python experiments/train.py --config=experiments/configs/soma.py:n=2,size=cpu \
       --config.data.dir=DATA --workdir=runs/soma_n2
+
+One run per workdir at a time (a second exits 2 naming the first). A resume may change the
+run length, cadences, device layout and speed settings; any other change is refused with the
+list of fields, unless named in --config.resume_overrides=opt.lr,... (recorded in the
+workdir's config_history.jsonl). SIGTERM / Ctrl-C stop within one update with a checkpoint.
 """
 
 import jax
