@@ -151,7 +151,7 @@ def test_summed_step_matches_shared_loss_estimate():
   from tests.test_spsa import _flat, _hand_estimate, _perturbed_losses
 
   cfg = spsa.StepConfig(model=model_lib.ModelConfig(d_t=8, d_e=8, shared_head=True),
-                        spsa=spsa.SpsaConfig(n_pert=4, pert_chunk=2, probe="rademacher"))
+                        spsa=spsa.SpsaConfig(n_pert=2, pert_chunk=2, probe="rademacher"))
   with jax.enable_x64(True):
     body_N, head = model_lib.init_experts(jax.random.key(0), cfg.model, 3)
     body_N, head = jax.tree.map(lambda x: x.astype(np.float64), (body_N, head))
