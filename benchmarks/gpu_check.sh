@@ -4,7 +4,8 @@
 #   2. the SOMA step against its ideals at the cpu preset (efficiency, roofline, loop);
 #   3. the test suite on the GPU and the notebook's GPU path, side by side.
 # Each part has its own time limit, so one slow part cannot starve the others. Logs and
-# JSON go to $OUT. `bash benchmarks/gpu_check.sh [all|bench|tests]` (default all).
+# JSON go to $OUT. `bash benchmarks/gpu_check.sh [all|bench|tests|sweep]` (default all;
+# sweep = the time_block / unroll variants of the two target rows, then the tests).
 # Dry run on a CPU first: QUICK=1 OUT=/tmp/gc bash benchmarks/gpu_check.sh
 set -uo pipefail
 WHAT=${1:-all}
@@ -38,7 +39,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 # Compiled programs are shared between a row's chunk planning and its timed step.
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
-if [ "$WHAT" != tests ]; then
+if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
   part paper_shapes_64 270 $PY benchmarks/paper_shapes.py --rows=n2,n16 --reps=3 \
     --row_timeout=135 --json "$OUT/paper_shapes_64.json" --md "$OUT/paper_shapes_64.md"
   part paper_shapes_16 165 $PY benchmarks/paper_shapes.py --rows=n1,n8,n256 --n_pert=16 \
@@ -46,11 +47,19 @@ if [ "$WHAT" != tests ]; then
   part spsa_step 75 $PY benchmarks/spsa_step.py \
     --config=experiments/configs/soma.py:n=4,size=cpu --reps=3 --json "$OUT/spsa_step.json"
 fi
+if [ "$WHAT" = sweep ]; then  # the streamed loss's speed knobs at the two rows
+  for v in "64 1" "16 8"; do
+    set -- $v
+    part "sweep_tb$1_u$2" 150 $PY benchmarks/paper_shapes.py --rows=n2,n16 --reps=3 \
+      --time_block="$1" --unroll="$2" --row_timeout=75 --json "$OUT/sweep_tb$1_u$2.json" \
+      --md "$OUT/sweep_tb$1_u$2.md"
+  done
+fi
 [ "$WHAT" = bench ] && exit 0
 # Tests and the notebook share the GPU: timings from here on are not benchmarks.
 part pytest ${TEST_LIMIT:-190} $PY -m pytest -q -m "not slow" -n 6 -p no:cacheprovider tests \
   --deselect tests/test_notebook.py &
-part notebook ${TEST_LIMIT:-190} $PY scripts/run_notebook.py notebooks/quickstart.ipynb --param SIZE=gpu \
+part notebook ${TEST_LIMIT:-190} $PY scripts/run_notebook.py notebooks/quickstart.ipynb --param SIZE=gpu --param STEPS=${NB_STEPS:-0} \
   --timings "$OUT/notebook_timings.json" &
 wait
 tail -3 "$OUT/pytest.log" | tee -a "$OUT/check.log"

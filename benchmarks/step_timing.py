@@ -41,7 +41,8 @@ def ideal_forward(cfg: spsa.StepConfig):
   piece is loop-invariant (XLA would hoist it and time nothing).
   """
   k, ch, a = cfg.spsa.n_pert, cfg.spsa.chunk, cfg.spsa.accum
-  loss = functools.partial(model_lib.streamed_loss, time_block=cfg.spsa.time_block)
+  loss = functools.partial(model_lib.streamed_loss, time_block=cfg.spsa.time_block,
+                           unroll=cfg.spsa.unroll)
   head_axis = None if cfg.model.shared_head else 0
 
   @jax.jit
@@ -76,6 +77,7 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
       "config": {"n_experts": n, "d_t": c.model.d_t, "depth": c.model.depth, "n_pert": k,
                  "batch": b, "accum": a, "seq_len": t, "pert_chunk": choice.chunk,
                  "pert_chunk_setting": str(c.spsa.pert_chunk), "time_block": c.spsa.time_block,
+                 "unroll": c.spsa.unroll,
                  "precision": c.precision, "probe": c.spsa.probe,
                  "params_per_expert": model_lib.body_params(cfg.model)},
       "backend": jax.default_backend(),
@@ -113,7 +115,7 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
 def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> float:
   """What the step replaces: one jitted call per direction and accumulation batch."""
   one = spsa.SpsaConfig(n_pert=1, accum=1, probe=cfg.spsa.probe, pert_chunk=1,
-                        time_block=cfg.spsa.time_block)
+                        time_block=cfg.spsa.time_block, unroll=cfg.spsa.unroll)
   base_key = jax.random.key(cfg.seed)
 
   @jax.jit

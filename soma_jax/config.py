@@ -73,6 +73,7 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   # divisor of n_pert whose compiled step fits the GPU, or 2 on a CPU; or an integer.
   c.spsa.pert_chunk = ml_collections.FieldReference("auto", field_type=object)
   c.spsa.time_block = 64  # positions per block of the streamed SPSA loss (memory ~ this)
+  c.spsa.unroll = 1  # LSTM steps per loop iteration in that loss (speed only, same math)
 
   c.opt = ml_collections.ConfigDict()
   c.opt.lr = 1e-3  # initial Adam learning rate (per expert, plateau-scheduled)
@@ -134,7 +135,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for key in ("d_t", "d_e", "depth"):
     need(c.model[key] >= 1, f"model.{key}={c.model[key]} must be >= 1")
   s = c.spsa
-  for key in ("n_pert", "batch", "accum", "time_block"):
+  for key in ("n_pert", "batch", "accum", "time_block", "unroll"):
     need(s[key] >= 1, f"spsa.{key}={s[key]} must be >= 1")
   chunk = pert_chunk(c)
   need(chunk == "auto" or s.n_pert % min(chunk, s.n_pert) == 0,

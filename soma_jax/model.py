@@ -80,8 +80,8 @@ def lstm_cell(w_h: jax.Array | LowRank, gx_Bx4D: jax.Array, h: jax.Array, c: jax
   return jax.nn.sigmoid(o) * jnp.tanh(c), c
 
 
-def lstm(p: dict, x_TxBxD: jax.Array, carry: tuple[jax.Array, jax.Array] | None = None
-         ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+def lstm(p: dict, x_TxBxD: jax.Array, carry: tuple[jax.Array, jax.Array] | None = None,
+         unroll: int = 1) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
   """Bias-free LSTM over time-major inputs from `carry` (h, c), zero if None.
 
   Returns (h for every step [T, B, D], the final (h, c)). The input-side gates are
@@ -97,7 +97,7 @@ def lstm(p: dict, x_TxBxD: jax.Array, carry: tuple[jax.Array, jax.Array] | None 
     h, c = lstm_cell(p["w_h"], gx_Bx4D, *carry)
     return (h, c), h
 
-  carry, h_TxBxD = jax.lax.scan(step, carry, gx_TxBx4D)
+  carry, h_TxBxD = jax.lax.scan(step, carry, gx_TxBx4D, unroll=unroll)
   return h_TxBxD, carry
 
 
@@ -106,8 +106,8 @@ def mlp(p: dict, x: jax.Array) -> jax.Array:
   return linear(jax.nn.gelu(linear(x, p["w_in"]), approximate=False), p["w_out"])
 
 
-def _span(body: PyTree, embed_VxE: jax.Array, inputs_TxB: jax.Array, carry_D: list | None
-          ) -> tuple[jax.Array, list]:
+def _span(body: PyTree, embed_VxE: jax.Array, inputs_TxB: jax.Array, carry_D: list | None,
+          unroll: int = 1) -> tuple[jax.Array, list]:
   """Decoder inputs [T, B, d_E] of a span of time-major byte inputs, from LSTM states
   `carry_D` (one (h, c) per block; None = zero state), and the states after the span."""
   x = jnp.take(embed_VxE, inputs_TxB.astype(jnp.int32), axis=0)
@@ -116,7 +116,7 @@ def _span(body: PyTree, embed_VxE: jax.Array, inputs_TxB: jax.Array, carry_D: li
   carry_D = carry_D or [None] * len(body["blocks"])
   new_carry_D = []
   for blk, carry in zip(body["blocks"], carry_D):
-    h, carry = lstm(blk["lstm"], layer_norm(x, blk["ln1"]["scale"]), carry)
+    h, carry = lstm(blk["lstm"], layer_norm(x, blk["ln1"]["scale"]), carry, unroll)
     x = x + h
     x = x + mlp(blk["mlp"], layer_norm(x, blk["ln2"]["scale"]))
     new_carry_D.append(carry)
@@ -158,7 +158,7 @@ def loss(body: PyTree, embed_VxE: jax.Array, window_BxT1: jax.Array) -> jax.Arra
 
 
 def streamed_loss(body: PyTree, embed_VxE: jax.Array, window_BxT1: jax.Array,
-                  time_block: int = 64) -> jax.Array:
+                  time_block: int = 64, unroll: int = 1) -> jax.Array:
   """`loss` in time blocks: memory independent of T (the SPSA step's forward).
 
   SPSA needs only each perturbed scalar loss, so nothing of a window is kept beyond one
@@ -166,7 +166,8 @@ def streamed_loss(body: PyTree, embed_VxE: jax.Array, window_BxT1: jax.Array,
   logits and summed cross entropy, then passes the LSTM states (h, c) of every layer on
   to the next block. Peak activations are [time_block, B, 4 d_t] rather than
   [T, B, 4 d_t]; the arithmetic is the same as `loss`, equal to float32 rounding.
-  A final block of T mod time_block positions covers any remainder.
+  A final block of T mod time_block positions covers any remainder. `unroll` time steps
+  run per iteration of the recurrence (fewer loop iterations on a GPU; same arithmetic).
   """
   if "layers" in body:  # the EGGROLL GRU (soma_jax.gru): one pass
     return loss(body, embed_VxE, window_BxT1)
@@ -177,7 +178,7 @@ def streamed_loss(body: PyTree, embed_VxE: jax.Array, window_BxT1: jax.Array,
 
   def block(carry_D, span):
     inputs, targets = span
-    x, carry_D = _span(body, embed_VxE, inputs, carry_D)
+    x, carry_D = _span(body, embed_VxE, inputs, carry_D, unroll)
     return carry_D, jnp.sum(cross_entropy(x @ embed_VxE.T, targets))
 
   zeros = jnp.zeros((b, body["ln_f"]["scale"].shape[-1]), embed_VxE.dtype)

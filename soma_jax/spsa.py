@@ -40,12 +40,13 @@ class SpsaConfig:
   probe: str = "sparse"  # sparse | rademacher | gaussian
   pert_chunk: int = 16  # directions evaluated at once; peak memory scales with this
   time_block: int = 64  # positions per block of the streamed loss; memory ~ this, not T
+  unroll: int = 1  # LSTM time steps per loop iteration of the streamed loss (speed only)
 
   def __post_init__(self):
     if self.probe not in PROBES:
       raise ValueError(f"probe must be one of {PROBES}, got {self.probe!r}")
-    if min(self.n_pert, self.accum, self.pert_chunk, self.time_block) < 1:
-      raise ValueError("n_pert, accum, pert_chunk and time_block must be positive")
+    if min(self.n_pert, self.accum, self.pert_chunk, self.time_block, self.unroll) < 1:
+      raise ValueError("n_pert, accum, pert_chunk, time_block and unroll must be positive")
     if self.n_pert % self.chunk:
       raise ValueError(f"pert_chunk={self.pert_chunk} must divide n_pert={self.n_pert}")
 
@@ -161,7 +162,8 @@ def estimate(
   n_chunks = count // size
   head_axis = None if shared_head else 0
   if loss_fn is None:
-    loss_fn = functools.partial(model_lib.streamed_loss, time_block=cfg.time_block)
+    loss_fn = functools.partial(model_lib.streamed_loss, time_block=cfg.time_block,
+                                unroll=cfg.unroll)
 
   def draw(body, expert, a, j):
     return probe(probe_key(base_key, step, expert, a, j), body, cfg.probe)

@@ -50,7 +50,8 @@ def step_config(c: ml_collections.ConfigDict, pert_chunk: int | None = None) -> 
   return spsa.StepConfig(
       model=model_config(c),
       spsa=spsa.SpsaConfig(n_pert=c.spsa.n_pert, accum=c.spsa.accum, probe=c.spsa.probe,
-                           pert_chunk=chunk, time_block=c.spsa.time_block),
+                           pert_chunk=chunk, time_block=c.spsa.time_block,
+                           unroll=c.spsa.unroll),
       weight_decay=c.opt.weight_decay, train_head=c.opt.train_head, seed=c.seed)
 
 

@@ -142,3 +142,13 @@ def test_precision_reaches_the_compiled_matmuls():
     assert "HIGHEST" not in f.lower(x).as_text().upper()
   with pytest.raises(ValueError):
     memory.matmul_precision("tf32")
+
+
+@pytest.mark.parametrize("unroll", [2, 5])
+def test_unroll_does_not_change_the_loss(unroll):
+  cfg = M.ModelConfig(d_t=16)
+  body, head = M.init_body(jax.random.key(0), cfg), M.init_head(jax.random.key(1), cfg)
+  w = _window(2, 40)
+  got = jax.jit(M.streamed_loss, static_argnames=("time_block", "unroll"))(
+      body, head, w, time_block=16, unroll=unroll)
+  np.testing.assert_allclose(got, M.loss(body, head, w), rtol=2e-6)
