@@ -182,8 +182,8 @@ def test_unbiased_against_jax_grad():
     cfg = S.SpsaConfig(n_pert=16384, probe="rademacher", pert_chunk=4096)
     g_hat, _ = jax.jit(S.estimate, static_argnames="cfg")(
         body_N, head, batch, jnp.array([1e-4]), 0, jnp.arange(1), jax.random.key(7), cfg=cfg)
-    g = _flat(_exact_grad(body_N, head, batch))[0]
-    g_hat = _flat(g_hat)[0]
+    g = np.asarray(_flat(_exact_grad(body_N, head, batch))[0])
+    g_hat = np.asarray(_flat(g_hat)[0])
   d = g.shape[0]
   expected = np.sqrt((d - 1) / cfg.n_pert)
   err = _relative_error(g_hat, g)
