@@ -58,7 +58,7 @@ fi
 [ "$WHAT" = bench ] && exit 0
 # Tests and the notebook share the GPU: timings from here on are not benchmarks.
 part pytest ${TEST_LIMIT:-190} $PY -m pytest -q -m "not slow" -n 6 -p no:cacheprovider tests \
-  --deselect tests/test_notebook.py &
+  --ignore=tests/test_notebook.py &
 part notebook ${TEST_LIMIT:-190} $PY scripts/run_notebook.py notebooks/quickstart.ipynb --param SIZE=gpu --param STEPS=${NB_STEPS:-0} \
   --timings "$OUT/notebook_timings.json" &
 wait
