@@ -64,10 +64,7 @@ FIGURES = {
                        "--json={out}/scaling.json"), json="{out}/scaling.json"),
     "variance_shared_vs_separate": dataclasses.replace(
         _variance("shared_vs_separate", "cpu"), dest="docs/variance_shared_vs_separate.png"),
-    # 16 repeats instead of the config's 64: every n_pert draws its own directions, so the
-    # full study costs 7 times the shared-direction one (about 15 min on 2 idle cores).
-    "variance_n_pert": dataclasses.replace(
-        _variance("n_pert", "cpu"), args=_variance("n_pert", "cpu").args + ("--config.reps=16",)),
+    "variance_n_pert": _variance("n_pert", "cpu"),
     "variance_experts": _variance("experts", "cpu"),  # sparse probes, about 2M parameters
     "variance_reference": _variance("reference", "cpu"),  # BPTT reference on disjoint windows
     "compare_cpu": Figure(("experiments/compare.py",
