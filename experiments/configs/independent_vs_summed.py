@@ -5,7 +5,7 @@ seed, same batches and directions, several seeds, routed test loss at checkpoint
       --config=experiments/configs/independent_vs_summed.py:cpu --out=runs/indep_vs_summed
 
 Argument: cpu (width-32 experts sharing the seed's frozen E, as the paper's width-32
-ensembles; about 35 minutes on 2 busy CPU cores) or tiny (tests). Like the paper, both
+ensembles; 44 min measured on 2 busy CPU cores) or tiny (tests). Like the paper, both
 variants start from a seed run (SPEC 3.4 step 1: one width-32 expert, SPSA on the body, the
 delta rule on E, lr = eps = 0.0025) and train at lr = eps = 1e-3. `seed_run` is trained first
 into OUT/seed unless --config.train.init_from=runs/seed names an existing seed workdir.
