@@ -273,3 +273,23 @@ def test_gru_eggroll_trains_checkpoints_and_evaluates(data_prepared, tmp_path):
   windows = jnp.asarray(train._expert_val_windows(c, range(1)))
   val = spsa.expert_losses(body_N, head, windows, shared_head=True)
   np.testing.assert_allclose(np.asarray(val), summary["val_loss"], rtol=1e-5)
+
+
+def test_eggroll_lstm_extra_runs_es_on_the_soma_expert(data_prepared):
+  """eggroll.py:model=lstm is ES on the SOMA LSTM body (method=eggroll_lstm), not the GRU."""
+  from soma_jax import train
+  from soma_jax.config import load_config_file
+  from soma_jax.data import pipeline
+
+  c = load_config_file("experiments/configs/eggroll.py", "n=1,size=tiny,model=lstm")
+  c.data.dir = data_prepared
+  assert c.method == "eggroll_lstm"
+  state = train.initial_state(c)
+  assert "blocks" in state.body
+  step_fn, ops = train.make_step(c)
+  tokens = c.data.seq_len * c.spsa.batch * c.spsa.accum
+  assert ops == c.eggroll.pop * tokens * model.flops_per_token(train.model_config(c))
+  batch = next(pipeline.train_iterator(data_prepared, [0], batch=c.spsa.batch, accum=1,
+                                       seq_len=c.data.seq_len, seed=0, pooled=True))
+  new, metrics = step_fn(state, jnp.asarray(batch), jnp.zeros((1,), jnp.int32))
+  assert np.isfinite(np.asarray(metrics["loss"])).all() and int(new.step) == 1
