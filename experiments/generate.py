@@ -48,6 +48,9 @@ def main(argv):
     raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
   logging.info("devices: %s", jax.devices())
   step, state, _, c = train.restore_state(_WORKDIR.value, _STEP.value)
+  if c.method == "eggroll":
+    raise UserError(f"{_WORKDIR.value!r} is a method=eggroll run (the paper's GRU); generate.py "
+                    "samples LSTM experts only; fix: pass a soma, bptt or eggroll_lstm run")
   router = Router.load(os.path.join(_DATA_DIR.value or c.data.dir, "router.npz"))
   prompt = _PROMPT.value.encode("utf-8", errors="surrogateescape")
   routes, chunks = gen_lib.generate_stream(
