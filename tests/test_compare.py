@@ -73,6 +73,7 @@ def test_compare_tiny_end_to_end(tmp_path, data_two_shards):
   ref_losses = [p["test_nats_per_byte"] for p in methods[config.reference]["per_seed"]]
   for name, r in methods.items():
     assert r["updates"] >= 1 and r["ops"] == r["updates"] * r["ops_per_update"], name
+    assert r["ops_per_update"] == _spec7_ops_per_update(r, config.methods[name]), name
     # Every method spends the budget up to one update (or takes the single update it must).
     assert r["ops"] <= budget or r["updates"] == 1, name
     assert r["ops"] > budget - r["ops_per_update"], name
@@ -100,6 +101,17 @@ def test_compare_tiny_end_to_end(tmp_path, data_two_shards):
   assert len(rows) == len(methods) * 2
   table = open(os.path.join(out, "table.md")).read()
   assert all(f"| {name} |" in table for name in methods)
+
+
+def _spec7_ops_per_update(r, m) -> int:
+  """SPEC 7 written out per update: SPSA 2 T n_pert B A N F; BPTT 3 T B A N F (a forward and
+  a backward of twice its cost); EGGROLL pop T B A F with the GRU's F = 2 (6 D d^2 + d V)."""
+  tokens = r["seq_len"] * r["batch"] * m.spsa.accum
+  if r["model"] == "gru":
+    return r["directions_per_update"] * tokens * 2 * (6 * r["depth"] * r["d_t"] ** 2 + r["d_t"] * 256)
+  f = _lstm_flops_per_token(r["d_t"], m.model.d_e, r["depth"])
+  passes = 2 * m.spsa.n_pert if r["method"] == "soma" else 3
+  return passes * tokens * r["n_experts"] * f
 
 
 def _lstm_flops_per_token(d_t, d_e=32, depth=2, v=256):
