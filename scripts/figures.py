@@ -1,6 +1,6 @@
 r"""Regenerates the figures and numbers of README's "Measured results" into docs/.
 
-  python scripts/figures.py            # the cheap figures (about 15 min on 2 CPU cores)
+  python scripts/figures.py            # the cheap figures (about 5 min on 2 CPU cores)
   python scripts/figures.py all        # every figure, including hour-long training runs
   python scripts/figures.py eggroll variance_tiny_n_pert   # named figures only
 
