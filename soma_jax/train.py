@@ -49,9 +49,10 @@ def step_config(c: ml_collections.ConfigDict, pert_chunk: int | None = None) -> 
     chunk = max(d for d in memory.divisors_desc(c.spsa.n_pert) if d <= memory.CPU_CHUNK)
   return spsa.StepConfig(
       model=model_config(c),
+      # .get: configs saved before time_block / unroll existed still restore.
       spsa=spsa.SpsaConfig(n_pert=c.spsa.n_pert, accum=c.spsa.accum, probe=c.spsa.probe,
-                           pert_chunk=chunk, time_block=c.spsa.time_block,
-                           unroll=c.spsa.unroll),
+                           pert_chunk=chunk, time_block=c.spsa.get("time_block", 64),
+                           unroll=c.spsa.get("unroll", 1)),
       weight_decay=c.opt.weight_decay, train_head=c.opt.train_head, seed=c.seed)
 
 
@@ -98,7 +99,7 @@ def choose_chunk(c: ml_collections.ConfigDict, n_local: int, mesh=None) -> memor
   def plan_at(chunk: int) -> int:
     cfg = dataclasses.replace(base, spsa=dataclasses.replace(base.spsa, n_pert=k_dev,
                                                              pert_chunk=chunk))
-    with memory.matmul_precision(c.precision):
+    with memory.matmul_precision(c.get("precision", "default")):
       return memory.planned_bytes(_train_step.lower(state, batch, ids, cfg=cfg).compile())
 
   chunk = config_lib.pert_chunk(c)
