@@ -6,9 +6,10 @@
 Measures, after warm-up (median of --reps):
   * the jitted SOMA step (every expert x direction x sign, Adam, head update) at the
     config's pert_chunk ("auto" resolved as training resolves it);
-  * the ideal: plain forward passes of the same experts over the same number of tokens
-    (2 A n_pert B T per expert, unperturbed weights), in pieces of 2 C B sequences so it
-    fits wherever the step fits -> `efficiency`;
+  * the ideal: the 2 A n_pert plain forward passes of B sequences (unperturbed weights)
+    that one update stands for -> `efficiency`; and plain forwards of 2 C B sequences at
+    once, as wide as the step's chunk -> `efficiency_vs_batched` (a stronger ideal: one
+    weight matrix shared by all rows, which perturbed copies cannot share);
   * a large f32 matmul -> `matmul_peak_gflops`, against which `achieved_gflops` is read;
   * a naive reference: a Python loop over directions calling a jitted one-direction
     estimate, then the same jitted update -> `speedup_vs_loop`.

@@ -34,13 +34,17 @@ def matmul_peak_gflops(n: int = 2048, reps: int = 5) -> float:
   return 2 * n**3 / timeit(lambda: f(a), reps) / 1e9
 
 
-def ideal_forward(cfg: spsa.StepConfig):
-  """Plain forwards over 2 A K B windows per expert, 2 C B at a time (lax.map).
+def ideal_forward(cfg: spsa.StepConfig, together: int = 1):
+  """Plain forwards over 2 A K B windows per expert, `together` x B windows at a time.
 
-  Each piece's windows are the accumulation batch's, shifted by the piece index so no
-  piece is loop-invariant (XLA would hoist it and time nothing).
+  together = 1: the 2 A n_pert plain forward passes of B windows that an update replaces
+  (`efficiency`); together = 2 C: plain forwards as wide as the step's chunk, a stronger
+  ideal that shares one weight matrix over 2 C B rows (`efficiency_vs_batched`). Each
+  piece's windows are the accumulation batch's, shifted by the piece index so no piece is
+  loop-invariant (XLA would hoist it and time nothing).
   """
-  k, ch, a = cfg.spsa.n_pert, cfg.spsa.chunk, cfg.spsa.accum
+  k, a = cfg.spsa.n_pert, cfg.spsa.accum
+  per_batch = 2 * k // together  # pieces per accumulation batch
   loss = functools.partial(model_lib.streamed_loss, time_block=cfg.spsa.time_block,
                            unroll=cfg.spsa.unroll)
   head_axis = None if cfg.model.shared_head else 0
@@ -48,10 +52,10 @@ def ideal_forward(cfg: spsa.StepConfig):
   @jax.jit
   def fwd(body_N, head, batch_NxAxBxT1):
     def piece(i):
-      w = batch_NxAxBxT1[:, i // (k // ch)]
-      w = jnp.tile(w + i.astype(w.dtype), (1, 2 * ch, 1))  # [N, 2 C B, T + 1]
+      w = batch_NxAxBxT1[:, i // per_batch]
+      w = jnp.tile(w + i.astype(w.dtype), (1, together, 1))  # [N, together B, T + 1]
       return jax.vmap(loss, in_axes=(0, head_axis, 0))(body_N, head, w)
-    return jax.lax.map(piece, jnp.arange(a * k // ch))
+    return jax.lax.map(piece, jnp.arange(a * per_batch))
   return fwd
 
 
@@ -96,9 +100,12 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
   with memory.matmul_precision(c.precision):
     fwd = ideal_forward(cfg)
     fwd_s = timeit(lambda: fwd(state.body, state.head, batch), reps)
+    wide = ideal_forward(cfg, together=2 * cfg.spsa.chunk)
+    wide_s = timeit(lambda: wide(state.body, state.head, batch), reps)
     out["matmul_peak_gflops"] = matmul_peak_gflops(4096 if jax.default_backend() == "gpu" else 2048)
   out.update(forward_seconds=fwd_s, forward_tokens_per_second=tokens / fwd_s,
-             efficiency=fwd_s / step_s)
+             efficiency=fwd_s / step_s, batched_forward_seconds=wide_s,
+             efficiency_vs_batched=wide_s / step_s)
   out["fraction_of_matmul_peak"] = out["achieved_gflops"] / out["matmul_peak_gflops"]
   # Peak memory scales with pert_chunk, not n_pert: the same step at 2 n_pert.
   cfg2 = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, n_pert=2 * k))
