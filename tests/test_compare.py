@@ -23,6 +23,15 @@ def load_config(name, arg):
   return module.get_config(arg)
 
 
+def ivs_tiny_config(data_dir: str, num_seeds: int):
+  """experiments/configs/independent_vs_summed.py at size tiny on the 3-shard fixture."""
+  config = load_config("independent_vs_summed", "tiny")
+  config.data_dir = data_dir
+  config.train.n_experts = 3  # the shared fixture has three shards
+  config.num_seeds = num_seeds
+  return config
+
+
 @pytest.fixture(scope="module")
 def data_two_shards(tmp_path_factory, data_textdir):
   from soma_jax.data import prepare
@@ -188,10 +197,7 @@ def test_summed_step_matches_shared_loss_estimate():
 
 
 def test_independent_vs_summed_tiny(tmp_path, data_prepared):
-  config = load_config("independent_vs_summed", "tiny")
-  config.data_dir = data_prepared
-  config.train.n_experts = 3  # the shared fixture has three shards
-  config.num_seeds = 2
+  config = ivs_tiny_config(data_prepared, num_seeds=2)
   out = str(tmp_path / "ivs")
   payload = independent.run(config, out)
   for name in ("results.json", "curves.csv", "figure4.png"):

@@ -8,7 +8,7 @@ import numpy as np
 
 from soma_jax import compare, independent, spsa
 from soma_jax import train as train_lib
-from tests.test_compare import load_config
+from tests.test_compare import ivs_tiny_config
 
 
 def test_summed_difference_is_not_rounded_away_by_the_float32_sum():
@@ -63,10 +63,7 @@ def test_run_trains_the_seed_first_and_starts_both_variants_there(tmp_path, data
 
   monkeypatch.setattr(spsa, "_group_diff", recording)
   independent._STEPS["summed"].clear_cache()  # retrace, so the recorder sees the step
-  config = load_config("independent_vs_summed", "tiny")
-  config.data_dir = data_prepared
-  config.train.n_experts = 3  # the shared fixture has three shards
-  config.num_seeds = 1
+  config = ivs_tiny_config(data_prepared, num_seeds=1)
   out = str(tmp_path / "ivs")
   payload = independent.run(config, out)
   seed_dir = os.path.join(out, "seed")
