@@ -65,8 +65,7 @@ def row_config(label: str, n_pert: int, precision: str, time_block: int = 0, unr
 
 def measure_row(label: str, n_pert: int, reps: int, precision: str, time_block: int = 0,
                 unroll: int = 0) -> dict:
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  import step_timing
+  import step_timing  # beside this script, on sys.path when it runs
 
   c = row_config(label, n_pert, precision, time_block, unroll)
   out = step_timing.benchmark(c, reps, loop=False, ideals=False)

@@ -26,7 +26,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 
-from soma_jax.errors import UserError
+from soma_jax.errors import UserError, writable_dir
 
 CONFIG_FILE = "config.json"
 CKPT_DIR = "checkpoints"
@@ -182,8 +182,6 @@ class WorkdirLock:
     self._fd = None
 
   def __enter__(self) -> WorkdirLock:
-    from soma_jax.errors import writable_dir
-
     writable_dir(self.workdir, self.what, probe=False)  # the lock file is the probe
     path = os.path.join(self.workdir, LOCK_FILE)
     try:

@@ -26,6 +26,7 @@ from absl import logging
 from soma_jax import baselines, report
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import evaluate as eval_lib
+from soma_jax import gru as gru_lib
 from soma_jax import metrics as metrics_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
@@ -67,12 +68,13 @@ def gru_width_for_params(total: int, n: int, depth: int = 6) -> int:
 
   A GRU (soma_jax.gru) holds 6 depth d^2 + (2 V + 4 depth + 1) d parameters: embedding
   and untied head V d each, per layer w_x, w_h (3 d^2 each), bias 3 d and a gain d,
-  and a final gain d.
+  and a final gain d. The root of that quadratic gives two candidates; the GRU's own
+  count (`gru.gru_params`) picks between them.
   """
-  count = lambda d: n * (6 * depth * d * d + (2 * V + 4 * depth + 1) * d)
   a, b = 6 * depth * n, n * (2 * V + 4 * depth + 1)
   root = (-b + math.sqrt(b * b + 4 * a * total)) / (2 * a)
-  return min({max(1, math.floor(root)), max(1, math.ceil(root))},
+  count = lambda d: n * gru_lib.gru_params(gru_lib.GruConfig(d=d, depth=depth))
+  return min(sorted({max(1, math.floor(root)), max(1, math.ceil(root))}),
              key=lambda d: abs(count(d) - total))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from soma_jax import memory
 from soma_jax.errors import UserError
 
 SIZES = ("tiny", "cpu", "paper")
@@ -143,8 +144,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   chunk = pert_chunk(c)
   need(chunk == "auto" or s.n_pert % min(chunk, s.n_pert) == 0,
        f"spsa.pert_chunk={s.pert_chunk} must divide spsa.n_pert={s.n_pert} (or be auto)")
-  need(c.precision in ("default", "high", "highest"),
-       f"precision={c.precision!r}; use default, high or highest")
+  need(c.precision in memory.PRECISIONS,
+       f"precision={c.precision!r}; use one of {', '.join(memory.PRECISIONS)}")
   need(s.probe in ("sparse", "rademacher", "gaussian"),
        f"spsa.probe={s.probe!r}; use sparse, rademacher or gaussian")
   need(s.eps > 0 and c.opt.lr > 0, "spsa.eps and opt.lr must be > 0")

@@ -45,6 +45,11 @@ def divisors_desc(n: int) -> list[int]:
   return [c for c in range(n, 0, -1) if n % c == 0]
 
 
+def cpu_chunk(n_pert: int) -> int:
+  """The CPU's chunk: the largest divisor of n_pert up to CPU_CHUNK."""
+  return max(c for c in divisors_desc(n_pert) if c <= CPU_CHUNK)
+
+
 @dataclasses.dataclass(frozen=True)
 class ChunkChoice:
   chunk: int
@@ -70,7 +75,7 @@ def choose_pert_chunk(plan_at: Callable[[int], int], n_pert: int, platform: str,
   """
   divs = divisors_desc(n_pert)
   if platform == "cpu" or not limit_bytes:
-    chunk = max(c for c in divs if c <= CPU_CHUNK)
+    chunk = cpu_chunk(n_pert)
     why = "auto: small chunks run fastest on the CPU" if platform == "cpu" else \
         "auto: device limit unknown, CPU default"
     return ChunkChoice(chunk, plan_at(chunk), limit_bytes, why)

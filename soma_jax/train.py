@@ -24,10 +24,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from soma_jax import baselines, memory, spsa
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import config as config_lib
 from soma_jax import evaluate as eval_lib
-from soma_jax import memory, spsa
 from soma_jax import metrics as metrics_lib
 from soma_jax import model as model_lib
 from soma_jax.data import pipeline
@@ -46,7 +46,7 @@ def step_config(c: ml_collections.ConfigDict, pert_chunk: int | None = None) -> 
   `choose_chunk`; without it "auto" stands for the CPU's chunk, enough for shapes)."""
   chunk = pert_chunk or config_lib.pert_chunk(c)
   if chunk == "auto":
-    chunk = max(d for d in memory.divisors_desc(c.spsa.n_pert) if d <= memory.CPU_CHUNK)
+    chunk = memory.cpu_chunk(c.spsa.n_pert)
   return spsa.StepConfig(
       model=model_config(c),
       # .get: configs saved before time_block / unroll existed still restore.
@@ -62,7 +62,7 @@ def make_step(c: ml_collections.ConfigDict, pert_chunk: int | None = None):
   Ops follow SPEC 7: SPSA 2 A n_pert B T F; EGGROLL pop A B T F; BPTT 3 A B T F
   (forward plus a backward pass of about twice its cost).
   """
-  from soma_jax import baselines, eggroll
+  from soma_jax import eggroll
 
   cfg = step_config(c, pert_chunk)
   tokens = c.data.seq_len * c.spsa.batch * c.spsa.accum
@@ -109,12 +109,6 @@ def choose_chunk(c: ml_collections.ConfigDict, n_local: int, mesh=None) -> memor
   return memory.choose_pert_chunk(plan_at, k_dev, jax.default_backend(), limit)
 
 
-def _baselines():
-  from soma_jax import baselines  # the non-SOMA methods; loaded when a run starts
-
-  return baselines
-
-
 def plateau_config(c: ml_collections.ConfigDict) -> spsa.PlateauConfig:
   return spsa.PlateauConfig(patience=c.opt.patience, floor=c.opt.floor)
 
@@ -131,8 +125,6 @@ def initial_params(c: ml_collections.ConfigDict) -> tuple[PyTree, jax.Array]:
   a, b = config_lib.expert_range(c)
   cfg = model_config(c)
   if c.method == "eggroll":  # the paper's GRU (SPEC 6), its head inside the body
-    from soma_jax import baselines
-
     body_N, head = baselines.init_gru_experts(c)
     return jax.tree.map(lambda x: x[a:b], body_N), head
   if c.init_from:
@@ -302,6 +294,7 @@ class _Run:
   ops_step: int  # operations of one update of the job's experts (SPEC 7)
   tokens_step: int
   chunk: memory.ChunkChoice
+  val_windows: jax.Array  # [N, V, T + 1]: the same expert-validation windows at every eval
   start: int = 0
   totals: dict = dataclasses.field(default_factory=dict)  # restored cumulative counters
 
@@ -310,7 +303,6 @@ def _build(c: ml_collections.ConfigDict, workdir: str) -> _Run:
   """The initial state, the jitted step (`make_step`) on its devices, and the input iterator."""
   a, b = config_lib.expert_range(c)
   n_local = b - a
-  step_cfg = step_config(c)
   state = initial_state(c)
   mesh = _mesh(c, n_local)
   chunk = choose_chunk(c, n_local, mesh)
@@ -335,8 +327,8 @@ def _build(c: ml_collections.ConfigDict, workdir: str) -> _Run:
               step_fn=step_fn, expert_ids=expert_ids, to_global=to_global, data=data,
               ckpt=ckpt_lib.Checkpointer(workdir, keep=c.ckpt.keep),
               n_devices=1 if mesh is None else mesh.size, ops_step=ops_step,
-              tokens_step=ops_step // _baselines().flops_per_token(c, step_cfg.model),
-              chunk=chunk)
+              tokens_step=ops_step // baselines.flops_per_token(c, step_cfg.model),
+              chunk=chunk, val_windows=to_global(_expert_val_windows(c, feed)))
 
 
 def _resume(run: _Run, overrides: list[str]) -> None:
@@ -356,9 +348,9 @@ def _resume(run: _Run, overrides: list[str]) -> None:
   run.data.set_state(iterator)
   sched = state.sched
   if "opt.lr" in overrides or "opt" in overrides:
-    sched = sched.replace(lr=sched.lr * 0 + run.c.opt.lr)
+    sched = sched.replace(lr=jnp.full_like(sched.lr, run.c.opt.lr))
   if "spsa.eps" in overrides or "spsa" in overrides:
-    sched = sched.replace(eps=sched.eps * 0 + run.c.spsa.eps)
+    sched = sched.replace(eps=jnp.full_like(sched.eps, run.c.spsa.eps))
   run.state = state.replace(sched=sched)
   run.start = int(step)
   run.totals = {k: float(data_state.get(k, 0.0)) for k in _Clock.KEYS}
@@ -431,7 +423,7 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
   a, b = run.experts.start, run.experts.stop
   progress.message(
       f"training experts {a}..{b - 1} of {c.n_experts} "
-      f"({_baselines().body_params(c, step_config(c).model):,} params each) from step "
+      f"({baselines.body_params(c, step_config(c).model):,} params each) from step "
       f"{run.start} to {c.steps} on {jax.devices()[0].platform}; {run.chunk.describe()}; "
       f"matmul precision {c.precision}")
   clock = _Clock(run)
@@ -504,8 +496,7 @@ def _periodic_evals(run: _Run, done: int, m, clock: _Clock, log: _Log) -> dict:
     record.update(log.record(done, m))
   if done % c.eval_every == 0 or done == c.steps:
     with clock.aside("eval_seconds", sync=m):
-      val_windows = run.to_global(_expert_val_windows(c, run.feed))
-      val = _val_losses(run.state.body, run.state.head, val_windows,
+      val = _val_losses(run.state.body, run.state.head, run.val_windows,
                         shared_head=c.model.shared_head)
       sched = _plateau(run.state.sched, val, done, cfg=plateau_config(c))
       run.state = run.state.replace(sched=sched)
