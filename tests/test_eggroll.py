@@ -276,7 +276,12 @@ def test_gru_eggroll_trains_checkpoints_and_evaluates(data_prepared, tmp_path):
 
 
 def test_eggroll_lstm_extra_runs_es_on_the_soma_expert(data_prepared):
-  """eggroll.py:model=lstm is ES on the SOMA LSTM body (method=eggroll_lstm), not the GRU."""
+  """eggroll.py:model=lstm is ES on the SOMA LSTM body (method=eggroll_lstm), not the GRU.
+
+  One update is Adam's first step, lr * sign(g + wd theta), on eggroll.estimate of
+  model.loss with the expert's head (key fold_in(seed, expert id), step 0), and its loss is
+  the population's mean loss; a step that ascends would move every weight the other way.
+  """
   from soma_jax import train
   from soma_jax.config import load_config_file
   from soma_jax.data import pipeline
@@ -291,5 +296,18 @@ def test_eggroll_lstm_extra_runs_es_on_the_soma_expert(data_prepared):
   assert ops == c.eggroll.pop * tokens * model.flops_per_token(train.model_config(c))
   batch = next(pipeline.train_iterator(data_prepared, [0], batch=c.spsa.batch, accum=1,
                                        seq_len=c.data.seq_len, seed=0, pooled=True))
+  body0 = jax.tree.map(lambda x: np.asarray(x[0]), state.body)  # before the donated step
+  head0, lr = np.asarray(state.head[0]), float(state.sched.lr[0])  # own heads: expert 0
   new, metrics = step_fn(state, jnp.asarray(batch), jnp.zeros((1,), jnp.int32))
-  assert np.isfinite(np.asarray(metrics["loss"])).all() and int(new.step) == 1
+  assert int(new.step) == 1
+  es = eggroll.EggrollConfig(pop=c.eggroll.pop, sigma=c.eggroll.sigma, rank=c.eggroll.rank,
+                             pop_chunk=c.eggroll.pop_chunk)
+  windows = jnp.asarray(batch[0]).reshape(-1, batch.shape[-1])  # the A*B sequences
+  g, m = jax.jit(eggroll.estimate, static_argnums=(4, 5))(
+      body0, windows, jax.random.fold_in(jax.random.key(c.seed), 0), 0,
+      lambda b, w: model.loss(b, jnp.asarray(head0), w), es)
+  np.testing.assert_allclose(np.asarray(metrics["loss"])[0], m["loss_mean"], rtol=1e-6)
+  wd = c.opt.weight_decay
+  for p0, p1, gi in zip(*map(jax.tree.leaves, (body0, new.body, g)), strict=True):
+    # Adam's first bias-corrected step is lr * sign(g) (up to its stabiliser).
+    np.testing.assert_allclose(p0 - np.asarray(p1)[0], lr * np.sign(gi + wd * p0), atol=1e-6)
