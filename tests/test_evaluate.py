@@ -34,46 +34,48 @@ class FakeRouter:
     return self.route(prefixes, k)
 
 
-@pytest.fixture(scope="module")
-def setup():
+def disagreeing_experts(n: int, n_windows: int):
+  """(body_N, own heads, random windows, a best-first permutation of the n experts per window).
+
+  The heads differ per expert so the experts disagree.
+  """
   cfg = model_lib.ModelConfig(d_t=8, d_e=8, shared_head=False)
-  body_N, head = model_lib.init_experts(jax.random.key(0), cfg, N)
-  # Different heads per expert so the experts disagree.
+  body_N, head = model_lib.init_experts(jax.random.key(0), cfg, n)
   head = head + 0.3 * jax.random.normal(jax.random.key(1), head.shape)
   rng = np.random.default_rng(0)
-  windows = rng.integers(0, 256, (10, windows_lib.WINDOW_BYTES), dtype=np.uint8)
-  routes = np.stack([rng.permutation(N) for _ in range(10)]).astype(np.int32)
+  windows = rng.integers(0, 256, (n_windows, windows_lib.WINDOW_BYTES), dtype=np.uint8)
+  routes = np.stack([rng.permutation(n) for _ in range(n_windows)]).astype(np.int32)
   return body_N, head, windows, routes
 
 
-def _own_loss(body_N, head, e, windows):
-  """Expert e's mean cross entropy on targets 257..1024, computed straight from the model."""
-  body = jax.tree.map(lambda x: x[e], body_N)
-  logits = model_lib.logits(body, head[e], jnp.asarray(windows[:, :-1]))
-  ce = model_lib.cross_entropy(logits, jnp.asarray(windows[:, 1:]))
-  return np.asarray(ce[:, ev.ROUTE_BYTES:]).mean(axis=1)
+@pytest.fixture(scope="module")
+def setup():
+  return disagreeing_experts(N, 10)
 
 
-def _target_probs(body_N, head, e, windows):
+def target_probs(body_N, head, shared_head, e, windows):
   """p_e(y_t) of expert e for targets 257..1024: softmax of its logits, float64 [n, 768]."""
   body = jax.tree.map(lambda x: x[e], body_N)
-  logits = np.asarray(model_lib.logits(body, head[e], jnp.asarray(windows[:, :-1])), np.float64)
+  head_e = head if shared_head else head[e]
+  logits = np.asarray(model_lib.logits(body, head_e, jnp.asarray(windows[:, :-1])), np.float64)
   logits = logits[:, ev.ROUTE_BYTES:]
   p = np.exp(logits - logits.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
   return np.take_along_axis(p, windows[:, ev.ROUTE_BYTES + 1:, None].astype(np.int64), -1)[..., 0]
 
 
-def _hand_mixture(body_N, head, windows, routes, k, combine="probabilities"):
-  """Per-window nats/byte of the routed top-k mixture, straight from softmax probabilities.
+def hand_mixture(body_N, head, shared_head, windows, routes_nxk, combine="probabilities"):
+  """Per-window nats/byte of the routed mixture of each window's listed experts.
 
-  p(y_t) = (1/k) sum_{e in top k} p_e(y_t), loss = -mean_t log p(y_t) (SPEC 4).
-  combine="log-probabilities" averages log p_e instead: a planted bug (a geometric mean).
+  p(y_t) = (1/k) sum_{e in routes} p_e(y_t), loss = -mean_t log p(y_t) (SPEC 4), straight
+  from softmax probabilities. combine="log-probabilities" averages log p_e instead: a
+  planted bug (a geometric mean).
   """
-  probs = {e: _target_probs(body_N, head, e, windows) for e in range(N)}
+  probs = {e: target_probs(body_N, head, shared_head, e, windows)
+           for e in np.unique(routes_nxk)}
   out = np.empty(len(windows))
   for i in range(len(windows)):
-    p_kxT = np.stack([probs[e][i] for e in routes[i, :k]])
+    p_kxT = np.stack([probs[e][i] for e in routes_nxk[i]])
     if combine == "probabilities":
       out[i] = -np.mean(np.log(p_kxT.mean(0)))
     else:
@@ -93,13 +95,13 @@ def test_routed_mixture_is_the_mean_of_softmax_probabilities(setup, k):
   is never below the probability mixture's loss and differs when the experts disagree).
   """
   body_N, head, windows, routes = setup
-  want = _hand_mixture(body_N, head, windows, routes, k)
+  want = hand_mixture(body_N, head, False, windows, routes[:, :k])
   got = ev.ensemble_loss(body_N, head, windows, FakeRouter(routes), k, shared_head=False)
   assert _same_loss(got, want.mean()), (got, want.mean())
   sc = ev.score(body_N, head, windows, routes, False, ks=(k,))
   assert _same_loss(sc.mix_nxS[:, 0], want)
   if k > 1:
-    assert not _same_loss(_hand_mixture(body_N, head, windows, routes, k, "log"), want)
+    assert not _same_loss(hand_mixture(body_N, head, False, windows, routes[:, :k], "log"), want)
 
 
 def test_mixture_never_above_mean_of_selected_losses(setup):
@@ -115,10 +117,12 @@ def test_k_sweep_one_pass_matches_hand_mixtures(setup):
   doc_ids = np.arange(len(windows))
   res = ev.evaluate(body_N, head, windows, doc_ids, FakeRouter(routes), 2, False,
                     ks=[1, 2, 3], pairs=True, draws=200)
+  want = {}
   for row in res["k_sweep"]:
-    want = _hand_mixture(body_N, head, windows, routes, row["k"]).mean()
-    assert _same_loss(row["nats_per_byte"], want), (row["k"], row["nats_per_byte"], want)
-  assert _same_loss(res["nats_per_byte"], _hand_mixture(body_N, head, windows, routes, 2).mean())
+    k = row["k"]
+    want[k] = hand_mixture(body_N, head, False, windows, routes[:, :k]).mean()
+    assert _same_loss(row["nats_per_byte"], want[k]), (k, row["nats_per_byte"], want[k])
+  assert _same_loss(res["nats_per_byte"], want[2])
   assert res["top_k"] == 2 and res["num_targets"] == 10 * 768
   assert set(res) >= {"nats_per_byte", "ci95", "bits_per_byte", "num_windows", "per_expert"}
   assert sum(r["num_windows"] for r in res["per_expert"]) == 2 * len(windows)
@@ -198,7 +202,8 @@ def test_wikitext_scored_targets_tile_each_article(tmp_path, setup):
     assert scored == text[ev.ROUTE_BYTES + 1:ev.ROUTE_BYTES + 1 + 768 * len(w)]
   # target_logprobs column j scores byte 257 + j from inputs 0..256 + j.
   lp = ev.target_logprobs(body_N, head, 0, windows[:2], False)
-  np.testing.assert_allclose(-lp.mean(axis=1), _own_loss(body_N, head, 0, windows[:2]), rtol=1e-5)
+  own = -np.log(target_probs(body_N, head, False, 0, windows[:2])).mean(axis=1)
+  np.testing.assert_allclose(-lp.mean(axis=1), own, rtol=1e-5)
   w_doc, d_doc = ev.load_split("", f"wikitext103:{path}")
   np.testing.assert_array_equal(w_doc, windows)
   np.testing.assert_array_equal(d_doc, seg)

@@ -1,37 +1,22 @@
 """`evaluate --pairs`: shared difficulty is the mean loss of ALL experts (paper N.3)."""
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from soma_jax import evaluate as ev
-from soma_jax import model as model_lib
-from soma_jax.data import windows as windows_lib
+from tests.test_evaluate import disagreeing_experts, target_probs
 
 N = 4
 
 
 @pytest.fixture(scope="module")
 def experts():
-  cfg = model_lib.ModelConfig(d_t=8, d_e=8, shared_head=False)
-  body_N, head = model_lib.init_experts(jax.random.key(0), cfg, N)
-  head = head + 0.3 * jax.random.normal(jax.random.key(1), head.shape)  # experts disagree
-  rng = np.random.default_rng(0)
-  windows = rng.integers(0, 256, (12, windows_lib.WINDOW_BYTES), dtype=np.uint8)
-  routes = np.stack([rng.permutation(N) for _ in range(12)]).astype(np.int32)
-  return body_N, head, windows, routes
+  return disagreeing_experts(N, 12)
 
 
 def _target_losses(body_N, head, windows):
   """[N, n, 768] every expert's cross entropy at every scored target, straight from the model."""
-  out = []
-  for e in range(N):
-    body = jax.tree.map(lambda x, e=e: x[e], body_N)
-    logits = model_lib.logits(body, head[e], jnp.asarray(windows[:, :-1]))
-    out.append(np.asarray(model_lib.cross_entropy(logits, jnp.asarray(windows[:, 1:])),
-                          np.float64)[:, ev.ROUTE_BYTES:])
-  return np.stack(out)
+  return -np.log(np.stack([target_probs(body_N, head, False, e, windows) for e in range(N)]))
 
 
 def _residual(y, x):

@@ -3,14 +3,13 @@
 import json
 import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from soma_jax import model, report, train
+from soma_jax import report, train
 from soma_jax.data import pipeline
 from soma_jax.router import Router
+from tests.test_evaluate import hand_mixture
 from tests.test_train import tiny_config
 
 
@@ -55,17 +54,7 @@ def _hand_routed_loss(workdir, data_dir):
   n = c.n_experts
   routes = (np.zeros((len(windows), 1), int) if n == 1 else
             Router.load(f"{data_dir}/router.npz").route(windows[:, :256], min(4, n)))
-  losses = []
-  for i, w in enumerate(windows):
-    p = []
-    for e in routes[i]:
-      body = jax.tree.map(lambda x, e=e: x[e], body_N)
-      h = head if c.model.shared_head else head[e]
-      logits = np.asarray(model.logits(body, h, jnp.asarray(w[None, :-1])), np.float64)[0, 256:]
-      q = np.exp(logits - logits.max(-1, keepdims=True))
-      p.append((q / q.sum(-1, keepdims=True))[np.arange(768), w[257:]])
-    losses.append(-np.log(np.mean(p, axis=0)).mean())
-  return float(np.mean(losses))
+  return float(hand_mixture(body_N, head, c.model.shared_head, windows, routes).mean())
 
 
 def test_warm_start_copies_seed_into_every_expert(data_prepared, tmp_path):
