@@ -108,6 +108,13 @@ def test_compare_tiny_end_to_end(tmp_path, data_two_shards):
   with open(os.path.join(out, "results.csv")) as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == len(methods) * 2
+  assert {(row["method"], int(row["seed"])) for row in rows} == {(m, s) for m in methods
+                                                                  for s in (0, 1)}
+  for row in rows:  # each row is its method's seed in results.json, column by column
+    p = methods[row["method"]]["per_seed"][int(row["seed"])]
+    got = [float(row[k]) for k in ("test_nats_per_byte", "ci95_lo", "ci95_hi", "minus_ref",
+                                   "minus_ref_ci95_lo", "minus_ref_ci95_hi")]
+    assert got == [p["test_nats_per_byte"], *p["ci95"], p["minus_ref"], *p["minus_ref_ci95"]]
   table = open(os.path.join(out, "table.md")).read()
   assert all(f"| {name} |" in table for name in methods)
 
