@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from soma_jax import router as router_lib
-from soma_jax.data import pipeline, prepare
+from soma_jax.data import clustering, pipeline, prepare
 from soma_jax.errors import UserError
 from tests.conftest import DATA_DOMAINS, data_make_doc
 
@@ -178,8 +178,6 @@ def test_every_window_is_in_its_nearest_centroids_shard(data_prepared):
   for e in range(m["num_clusters"]):
     for split in ("train", "val"):
       w = np.load(f"{data_prepared}/experts/{e:04d}/{split}.npy")
-      from soma_jax.data import clustering
-
       sims = router.featurizer.transform(clustering.decode(w[:, :1024])) @ router.centroids.T
       at_nearest += int(np.sum(sims[:, e] >= sims.max(axis=1) - 1e-5))
       total += len(w)
