@@ -124,10 +124,15 @@ def _spec7_ops_per_update(r, m) -> int:
   a backward of twice its cost); EGGROLL pop T B A F with the GRU's F = 2 (6 D d^2 + d V)."""
   tokens = r["seq_len"] * r["batch"] * m.spsa.accum
   if r["model"] == "gru":
-    return r["directions_per_update"] * tokens * 2 * (6 * r["depth"] * r["d_t"] ** 2 + r["d_t"] * 256)
+    return r["directions_per_update"] * tokens * gru_flops_per_token(r["d_t"], r["depth"])
   f = _lstm_flops_per_token(r["d_t"], m.model.d_e, r["depth"])
   passes = 2 * m.spsa.n_pert if r["method"] == "soma" else 3
   return passes * tokens * r["n_experts"] * f
+
+
+def gru_flops_per_token(d, depth, v=256):
+  """F of SPEC 7 for the GRU written out: 6 D d^2 gate matmuls and the d V head, 2 ops each."""
+  return 2 * (6 * depth * d * d + d * v)
 
 
 def _lstm_flops_per_token(d_t, d_e=32, depth=2, v=256):

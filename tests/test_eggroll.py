@@ -14,6 +14,7 @@ import pytest
 
 from soma_jax import eggroll, gru, model
 from soma_jax.model import LowRank
+from tests.test_compare import gru_flops_per_token
 
 GCFG = gru.GruConfig(d=8, depth=1)
 WHOLE = eggroll.EggrollConfig(pop=16, sigma=0.1, rank=2)
@@ -227,8 +228,7 @@ def test_method_eggroll_is_the_papers_gru(data_prepared):
   assert body_N["head"].shape == (1, c.model.d_t, 256)
   _, ops = train.make_step(c)
   tokens = c.data.seq_len * c.spsa.batch * c.spsa.accum
-  f = 2 * (6 * 6 * c.model.d_t ** 2 + c.model.d_t * 256)  # SPEC 7: matmul ops per GRU token
-  assert ops == c.eggroll.pop * tokens * f
+  assert ops == c.eggroll.pop * tokens * gru_flops_per_token(c.model.d_t, 6)
 
 
 def test_gru_eggroll_loss_falls_by_the_es_update(data_prepared):
