@@ -19,7 +19,7 @@ from soma_jax import merge, train
 from soma_jax import model as model_lib
 from soma_jax.data import pipeline, prepare
 from soma_jax.errors import UserError
-from tests.test_train import ROOT, assert_same_params, metrics_without_timing, tiny_config
+from tests.test_train import ROOT, assert_resumes_like, metrics_without_timing, tiny_config
 
 TRAIN_CLI = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
              "--config=" + os.path.join(ROOT, "experiments", "configs", "soma.py") + ":n=3,size=tiny"]
@@ -56,12 +56,9 @@ def test_truncated_newest_checkpoint_is_moved_aside_and_passed(data_prepared, st
       path = os.path.join(dirpath, name)
       os.truncate(path, os.path.getsize(path) // 2)
   assert train.restore_state(w)[0] == 4 and os.path.isdir(damaged)  # tools read, never move
-  summary = train.train(tiny_config(data_prepared), w)  # resumes at 4, saves 6 and 8 again
-  assert summary["status"] == "done" and summary["step"] == 8
+  assert_resumes_like(straight, w, data_prepared)  # resumes at 4, saves 6 and 8 again
   assert os.path.isdir(os.path.join(w, "checkpoints", "corrupt-6"))
   assert 8 in ckpt_lib.Checkpointer(w).steps()
-  assert_same_params(straight, w)
-  assert metrics_without_timing(straight) == metrics_without_timing(w)
   assert train.train(tiny_config(data_prepared), w)["step"] == 8  # and a rerun is clean
 
 
@@ -82,10 +79,7 @@ def test_enospc_mid_save_keeps_the_previous_checkpoint(data_prepared, straight, 
   monkeypatch.undo()
   assert ckpt_lib.Checkpointer(w).steps() == [2]
   assert train.restore_state(w)[0] == 2
-  summary = train.train(tiny_config(data_prepared), w)
-  assert summary["status"] == "done" and summary["step"] == 8
-  assert_same_params(straight, w)
-  assert metrics_without_timing(straight) == metrics_without_timing(w)
+  assert_resumes_like(straight, w, data_prepared)
 
 
 def wait_for(predicate, what, timeout=240):

@@ -49,6 +49,14 @@ def assert_same_params(w1, w2, same_program: bool = True):
     np.testing.assert_array_equal(x, y)
 
 
+def assert_resumes_like(straight, w, data_dir):
+  """Training w on to step 8 ends done, with straight's parameters and metrics exactly."""
+  summary = train.train(tiny_config(data_dir), w)
+  assert summary["status"] == "done" and summary["step"] == 8
+  assert_same_params(straight, w)
+  assert metrics_without_timing(straight) == metrics_without_timing(w)
+
+
 KILLER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {configs!r})
@@ -77,10 +85,7 @@ def test_resume_after_kill9_is_bit_identical(data_prepared, tmp_path):
   proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
   assert proc.returncode == -9, proc.stderr[-2000:]
   assert max(r["step"] for r in metrics_without_timing(resumed)) < 8
-  summary = train.train(tiny_config(data_prepared), resumed)
-  assert summary["status"] == "done" and summary["step"] == 8
-  assert_same_params(straight, resumed)
-  assert metrics_without_timing(straight) == metrics_without_timing(resumed)
+  assert_resumes_like(straight, resumed, data_prepared)
 
 
 def test_expert_slices_merged_equal_one_job(data_prepared, tmp_path):
