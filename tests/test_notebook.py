@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -79,6 +80,11 @@ def test_notebook_runs_at_tiny_size(tmp_path, monkeypatch):
   for path in ("seed/summary.json", "soma_n2/summary.json", "report/report.md",
                "report/loss_curves.png", "variance/shared_vs_separate.png"):
     assert (runs / path).is_file(), path
+  # The printed test loss is the SOMA run's routed loss as the report computes it, not the seed's.
+  printed = float(re.search(r"test: (\d+\.\d+) nats/byte", text).group(1))
+  losses = json.loads((runs / "report" / "report.json").read_text())["runs"]
+  assert printed == pytest.approx(losses["soma_n2"]["test_nats_per_byte"], abs=6e-4)
+  assert printed != pytest.approx(losses["seed"]["test_nats_per_byte"], abs=6e-4)
 
 
 def _write_notebook(path, sources: list[str], params_at: int = 0) -> str:
