@@ -1,7 +1,6 @@
 """Baseline comparison (Table 4 / Figure 1) and independent vs summed losses (Figure 4)."""
 
 import csv
-import importlib.util
 import json
 import os
 
@@ -11,16 +10,14 @@ import pytest
 
 from soma_jax import compare, independent
 from soma_jax import model as model_lib
+from soma_jax.config import load_config_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_config(name, arg):
-  spec = importlib.util.spec_from_file_location(
-      f"_cfg_{name}", os.path.join(ROOT, "experiments", "configs", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  """get_config(arg) of experiments/configs/NAME.py, wherever pytest runs from."""
+  return load_config_file(os.path.join(ROOT, "experiments", "configs", f"{name}.py"), arg)
 
 
 def ivs_tiny_config(data_dir: str, num_seeds: int):

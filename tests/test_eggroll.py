@@ -14,7 +14,7 @@ import pytest
 
 from soma_jax import eggroll, gru, model
 from soma_jax.model import LowRank
-from tests.test_compare import gru_flops_per_token
+from tests.test_compare import gru_flops_per_token, load_config
 
 GCFG = gru.GruConfig(d=8, depth=1)
 WHOLE = eggroll.EggrollConfig(pop=16, sigma=0.1, rank=2)
@@ -210,9 +210,7 @@ def test_config_validation():
 
 
 def _gru_method_config(data_dir, **over):
-  from soma_jax.config import load_config_file
-
-  c = load_config_file("experiments/configs/eggroll.py", "n=1,size=tiny")
+  c = load_config("eggroll", "n=1,size=tiny")
   c.data.dir = data_dir
   c.update(over)
   return c
@@ -283,10 +281,9 @@ def test_eggroll_lstm_extra_runs_es_on_the_soma_expert(data_prepared):
   the population's mean loss; a step that ascends would move every weight the other way.
   """
   from soma_jax import train
-  from soma_jax.config import load_config_file
   from soma_jax.data import pipeline
 
-  c = load_config_file("experiments/configs/eggroll.py", "n=1,size=tiny,model=lstm")
+  c = load_config("eggroll", "n=1,size=tiny,model=lstm")
   c.data.dir = data_prepared
   assert c.method == "eggroll_lstm"
   state = train.initial_state(c)
