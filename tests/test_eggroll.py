@@ -279,8 +279,9 @@ def test_eggroll_lstm_extra_runs_es_on_the_soma_expert(data_prepared):
   One update is Adam's first step, lr * sign(g + wd theta), on eggroll.estimate of
   model.loss with the expert's head (key fold_in(seed, expert id), step 0), and its loss is
   the population's mean loss; a step that ascends would move every weight the other way.
+  The own head takes Adam's first step along the delta rule (spsa.head_grad).
   """
-  from soma_jax import train
+  from soma_jax import spsa, train
   from soma_jax.data import pipeline
 
   c = load_config("eggroll", "n=1,size=tiny,model=lstm")
@@ -305,6 +306,10 @@ def test_eggroll_lstm_extra_runs_es_on_the_soma_expert(data_prepared):
       lambda b, w: model.loss(b, jnp.asarray(head0), w), es)
   np.testing.assert_allclose(np.asarray(metrics["loss"])[0], m["loss_mean"], rtol=1e-6)
   wd = c.opt.weight_decay
-  for p0, p1, gi in zip(*map(jax.tree.leaves, (body0, new.body, g)), strict=True):
-    # Adam's first bias-corrected step is lr * sign(g) (up to its stabiliser).
-    np.testing.assert_allclose(p0 - np.asarray(p1)[0], lr * np.sign(gi + wd * p0), atol=1e-6)
+  # The own head follows SOMA's delta rule: Adam's first step along spsa.head_grad.
+  g_head = jax.jit(spsa.head_grad)(body0, jnp.asarray(head0), jnp.asarray(batch[0]))
+  for p0, p1, gi in zip(*map(jax.tree.leaves, ((body0, head0), (new.body, new.head), (g, g_head))),
+                        strict=True):
+    # Adam's first bias-corrected step: lr g / (|g| + 1e-8), about lr * sign(g).
+    gw = np.asarray(gi, np.float64) + wd * p0
+    np.testing.assert_allclose(p0 - np.asarray(p1)[0], lr * gw / (np.abs(gw) + 1e-8), atol=1e-6)
