@@ -3,7 +3,8 @@
   python benchmarks/spsa_step.py --config=experiments/configs/soma.py:n=4,size=cpu \
       --json bench_out/spsa_step.json
 
-Measures, after warm-up (median of --reps):
+Measures, after warm-up, the median of --reps rounds, each round timing the step and
+both ideals once (interleaved, so their ratios do not drift with the machine):
   * the jitted SOMA step (every expert x direction x sign, Adam, head update) at the
     config's pert_chunk ("auto" resolved as training resolves it);
   * the ideal: the 2 A n_pert plain forward passes of B sequences (unperturbed weights)
@@ -30,7 +31,7 @@ from soma_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _JSON = flags.DEFINE_string("json", None, "write the results here")
-_REPS = flags.DEFINE_integer("reps", 5, "timed repetitions (median)")
+_REPS = flags.DEFINE_integer("reps", 7, "timed rounds (median)")
 _LOOP = flags.DEFINE_bool("loop", True, "also time the naive per-direction loop")
 flags.mark_flag_as_required("config")
 

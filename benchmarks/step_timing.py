@@ -19,13 +19,24 @@ from soma_jax import model as model_lib
 
 
 def timeit(fn, reps: int) -> float:
-  jax.block_until_ready(fn())  # warm-up (and compile)
-  times = []
+  return interleaved({"fn": fn}, reps)["fn"]
+
+
+def interleaved(fns: dict, reps: int) -> dict:
+  """Median seconds of each function, timed in `reps` rounds that run every function once.
+
+  Interleaving makes ratios between the functions robust to the machine's drift (another
+  job, clock changes) in a way that timing one function's reps after another's is not.
+  """
+  for fn in fns.values():
+    jax.block_until_ready(fn())  # warm-up (and compile)
+  times = {name: [] for name in fns}
   for _ in range(reps):
-    t = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
+    for name, fn in fns.items():
+      t = time.perf_counter()
+      jax.block_until_ready(fn())
+      times[name].append(time.perf_counter() - t)
+  return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def matmul_peak_gflops(n: int = 2048, reps: int = 5) -> float:
@@ -73,7 +84,13 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
   step = jax.jit(spsa.train_step, static_argnames="cfg")
   with memory.matmul_precision(c.precision):
     compiled = step.lower(state, batch, ids, cfg=cfg).compile()
-    step_s = timeit(lambda: compiled(state, batch, ids)[0].body, reps)
+    fns = {"step": lambda: compiled(state, batch, ids)[0].body}
+    if ideals:  # timed in the same rounds as the step, so their ratios are robust
+      fwd, wide = ideal_forward(cfg), ideal_forward(cfg, together=2 * cfg.spsa.chunk)
+      fns["forward"] = lambda: fwd(state.body, state.head, batch)
+      fns["batched_forward"] = lambda: wide(state.body, state.head, batch)
+    seconds = interleaved(fns, reps)
+  step_s = seconds["step"]
 
   tokens = 2 * a * k * b * t * n
   flops_per_token = model_lib.flops_per_token(cfg.model)
@@ -97,11 +114,8 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
     out["device_peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
   if not ideals:
     return out
+  fwd_s, wide_s = seconds["forward"], seconds["batched_forward"]
   with memory.matmul_precision(c.precision):
-    fwd = ideal_forward(cfg)
-    fwd_s = timeit(lambda: fwd(state.body, state.head, batch), reps)
-    wide = ideal_forward(cfg, together=2 * cfg.spsa.chunk)
-    wide_s = timeit(lambda: wide(state.body, state.head, batch), reps)
     out["matmul_peak_gflops"] = matmul_peak_gflops(4096 if jax.default_backend() == "gpu" else 2048)
   out.update(forward_seconds=fwd_s, forward_tokens_per_second=tokens / fwd_s,
              efficiency=fwd_s / step_s, batched_forward_seconds=wide_s,

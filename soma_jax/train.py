@@ -46,7 +46,7 @@ def step_config(c: ml_collections.ConfigDict, pert_chunk: int | None = None) -> 
   `choose_chunk`; without it "auto" stands for the CPU's chunk, enough for shapes)."""
   chunk = pert_chunk or config_lib.pert_chunk(c)
   if chunk == "auto":
-    chunk = memory.cpu_chunk(c.spsa.n_pert)
+    chunk = memory.cpu_chunk(c.spsa.n_pert, c.n_experts)
   return spsa.StepConfig(
       model=model_config(c),
       # .get: configs saved before time_block / unroll existed still restore.
@@ -106,7 +106,8 @@ def choose_chunk(c: ml_collections.ConfigDict, n_local: int, mesh=None) -> memor
   limit = memory.device_limit_bytes()
   if chunk != "auto":
     return memory.ChunkChoice(chunk, plan_at(min(chunk, k_dev)), limit, "fixed")
-  return memory.choose_pert_chunk(plan_at, k_dev, jax.default_backend(), limit)
+  return memory.choose_pert_chunk(plan_at, k_dev, jax.default_backend(), limit,
+                                  n_experts=n_dev)
 
 
 def plateau_config(c: ml_collections.ConfigDict) -> spsa.PlateauConfig:

@@ -104,8 +104,11 @@ def test_choose_pert_chunk_picks_largest_fitting_divisor():
   assert memory.choose_pert_chunk(plan_at, 64, "gpu", int(100e9)).chunk == 64
   assert calls == [64]
   assert memory.choose_pert_chunk(plan_at, 48, "gpu", int(10e9), margin=1.0).chunk == 16
-  assert memory.choose_pert_chunk(plan_at, 64, "cpu", None).chunk == memory.CPU_CHUNK
-  assert memory.choose_pert_chunk(plan_at, 9, "cpu", None).chunk == 1  # 2 does not divide 9
+  # CPU: about CPU_COPIES = 8 perturbed copies (2 N C) per iteration, whatever the plan.
+  cpu = lambda k, n: memory.choose_pert_chunk(plan_at, k, "cpu", None, n_experts=n).chunk
+  assert [cpu(64, n) for n in (1, 2, 4, 8)] == [4, 2, 1, 1]
+  assert cpu(9, 1) == 3  # 4 does not divide 9
+  assert cpu(7, 1) == 1
 
 
 def test_choose_pert_chunk_steps_down_when_the_line_underestimates():

@@ -66,6 +66,14 @@ def naive_lstm(p, x_BxTxD):
   return jnp.stack(outs, 1)
 
 
+def test_gate_activations_are_sigmoid_sigmoid_tanh_sigmoid():
+  """One tanh over all four gates equals sigmoid / tanh applied gate by gate, saturation included."""
+  x = jnp.linspace(-40.0, 40.0, 3 * 4 * 16).reshape(3, 64)
+  ig, fg, gg, og = jnp.split(x, 4, -1)
+  want = jnp.concatenate([jax.nn.sigmoid(ig), jax.nn.sigmoid(fg), jnp.tanh(gg), jax.nn.sigmoid(og)], -1)
+  np.testing.assert_allclose(M.gate_activations(x), want, rtol=0, atol=2e-7)
+
+
 def test_lstm_matches_naive_loop():
   cfg = M.ModelConfig(d_t=8, d_e=8)
   body = M.init_body(jax.random.key(0), cfg)
