@@ -78,6 +78,12 @@ FIGURES = {
         dest="docs/independent_vs_summed_cpu.png", cheap=False),
     "bench": Figure(("benchmarks/spsa_step.py", "--config=experiments/configs/soma.py:n=4,size=cpu",
                      "--json={out}/spsa_step.json"), json="{out}/spsa_step.json", cheap=False),
+    # The CPU's chunk rule (memory.cpu_chunk) and the cpu preset's time block come from these.
+    **{f"step_sweep_cpu_n{n}": Figure(
+        ("benchmarks/step_sweep.py", f"--config=experiments/configs/soma.py:n={n},size=cpu",
+         "--pert_chunk=1,2,4", f"--time_block={blocks}", "--json={out}/sweep.json"),
+        json="{out}/sweep.json", cheap=False)
+       for n, blocks in ((1, "128"), (2, "128"), (4, "64,128"), (8, "128"))},
 }
 
 

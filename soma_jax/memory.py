@@ -5,9 +5,9 @@ chunk C: 2 N C perturbed copies of the weights and their activations) and not wi
 (`model.streamed_loss`). On a GPU the fastest step is the largest chunk that fits, so
 "auto" compiles the step (no run) and reads XLA's buffer plan against the device's
 `bytes_limit`. On a CPU small chunks measure fastest: about 8 perturbed copies of the
-weights per loop iteration (2 N C), e.g. at the cpu preset (width 64, T = 1024, 2 cores)
-N = 1 runs 0.173 s per step at C = 4 vs 0.185 s at C = 1, N = 2 0.356 s at C = 2,
-N = 4 0.66 s at C = 1 vs 0.73 s at C = 2, N = 8 1.55 s at C = 1 vs 1.80 s at C = 4.
+weights per loop iteration (2 N C). At the cpu preset on 2 cores that is C = 4, 2, 1, 1
+for N = 1, 2, 4, 8, the fastest of C = 1, 2, 4 in each case
+(`benchmarks/step_sweep.py`, docs/results/step_sweep_cpu_n*.json).
 """
 
 from __future__ import annotations
