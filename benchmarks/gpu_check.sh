@@ -4,8 +4,9 @@
 #   2. the SOMA step against its ideals at the cpu preset (efficiency, roofline, loop);
 #   3. the test suite on the GPU and the notebook's GPU path, side by side.
 # Each part has its own time limit, so one slow part cannot starve the others. Logs and
-# JSON go to $OUT. `bash benchmarks/gpu_check.sh [all|bench|tests|sweep]` (default all;
-# sweep = the time_block / unroll variants of the two target rows, then the tests).
+# JSON go to $OUT. `bash benchmarks/gpu_check.sh [all|bench|tests|sweep|profile]` (default
+# all; sweep = the time_block / unroll variants of the two target rows, then the tests;
+# profile = where the step's time goes at the two target rows, kernels ranked).
 # Dry run on a CPU first: QUICK=1 OUT=/tmp/gc bash benchmarks/gpu_check.sh
 set -uo pipefail
 WHAT=${1:-all}
@@ -30,6 +31,8 @@ if [ "$QUICK" = 1 ]; then
   part spsa_step 300 $PY benchmarks/spsa_step.py \
     --config=experiments/configs/soma.py:n=2,size=tiny --reps=2 --json "$OUT/spsa_step.json"
   part pytest 300 $PY -m pytest -q -x -p no:cacheprovider tests/test_memory.py
+  part profile_n2 120 $PY benchmarks/profile_step.py --steps=1 --top=10 \
+    --config=experiments/configs/soma.py:n=2,size=tiny --json "$OUT/profile_n2.json"
   exit 0
 fi
 
@@ -54,6 +57,13 @@ if [ "$WHAT" = sweep ]; then  # the streamed loss's speed knobs at the issue's t
       --time_block="$1" --unroll="$2" --row_timeout=75 --json "$OUT/sweep_tb$1_u$2.json" \
       --md "$OUT/sweep_tb$1_u$2.md"
   done
+fi
+if [ "$WHAT" = profile ]; then  # one step each, n_pert 64 in one chunk, the presets' blocks
+  for n in 2 16; do
+    part "profile_n$n" 200 $PY benchmarks/profile_step.py --steps=1 --top=60 \
+      --config=experiments/configs/soma.py:n=$n,size=paper --json "$OUT/profile_n$n.json"
+  done
+  exit 0
 fi
 [ "$WHAT" = bench ] && exit 0
 # Tests and the notebook share the GPU: timings from here on are not benchmarks.

@@ -11,22 +11,16 @@ not divide n_pert is skipped with a note. Settings change speed and memory only;
 estimate is the same up to float summation order.
 """
 
-import dataclasses
-import itertools
 import os
 import sys
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timing import interleaved  # noqa: E402
+from step_timing import sweep  # noqa: E402
 
-from soma_jax import cli, memory, spsa, train  # noqa: E402
-from soma_jax import config as config_lib  # noqa: E402
+from soma_jax import cli  # noqa: E402
 from soma_jax.errors import UserError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
@@ -45,41 +39,6 @@ def positive_ints(name: str, values: list[str]) -> list[int]:
   if not out or min(out) < 1:
     raise UserError(f"--{name}={','.join(values)} must be positive integers, e.g. 1,2,4")
   return out
-
-
-def sweep(c, chunks: list[int], blocks: list[int], reps: int) -> dict:
-  config_lib.validate(c)
-  n, a, k, b, t = c.n_experts, c.spsa.accum, c.spsa.n_pert, c.spsa.batch, c.data.seq_len
-  state = train.initial_state(c)
-  batch = jnp.asarray(np.random.default_rng(0).integers(0, 256, (n, a, b, t + 1), np.uint8))
-  ids = jnp.arange(n, dtype=jnp.int32)
-  step = jax.jit(spsa.train_step, static_argnames="cfg")
-  rows, fns = {}, {}
-  skipped = [f"pert_chunk={chunk} does not divide n_pert={k}" for chunk in chunks if k % chunk]
-  for chunk, block in itertools.product([ch for ch in chunks if k % ch == 0], blocks):
-    cfg = train.step_config(c, chunk)
-    cfg = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, time_block=block))
-    with memory.matmul_precision(c.precision):
-      compiled = step.lower(state, batch, ids, cfg=cfg).compile()
-    name = f"pert_chunk={chunk},time_block={block}"
-    fns[name] = lambda compiled=compiled: compiled(state, batch, ids)[0].body
-    rows[name] = {"pert_chunk": chunk, "time_block": block,
-                  "planned_bytes": memory.planned_bytes(compiled)}
-  if not fns:
-    raise UserError("no combination to time: " + "; ".join(skipped))
-  with memory.matmul_precision(c.precision):
-    seconds = interleaved(fns, reps)
-  best = min(seconds.values())
-  tokens = 2 * a * k * b * t * n
-  for name, row in rows.items():
-    row.update(step_seconds=seconds[name], perturbed_tokens_per_second=tokens / seconds[name],
-               relative_to_fastest=seconds[name] / best)
-  auto = train.choose_chunk(c, n)
-  return {"config": {"n_experts": n, "d_t": c.model.d_t, "n_pert": k, "batch": b, "accum": a,
-                     "seq_len": t, "precision": c.precision},
-          "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
-          "reps": reps, "auto_pert_chunk": auto.chunk,
-          "rows": sorted(rows.values(), key=lambda r: r["step_seconds"]), "skipped": skipped}
 
 
 def main(argv):

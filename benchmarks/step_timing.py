@@ -6,6 +6,7 @@ See spsa_step.py for what each figure means. No flags here: importable by both C
 
 import dataclasses
 import functools
+import itertools
 import statistics
 import time
 
@@ -16,6 +17,7 @@ import numpy as np
 from soma_jax import config as config_lib
 from soma_jax import memory, spsa, train
 from soma_jax import model as model_lib
+from soma_jax.errors import UserError
 
 
 def timeit(fn, reps: int) -> float:
@@ -162,3 +164,39 @@ def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> fl
     return update(state.body, state.opt, g_sum, state.sched.lr, ok)[0]
 
   return timeit(run, reps)
+
+
+def sweep(c, chunks: list[int], blocks: list[int], reps: int) -> dict:
+  """step_sweep.py's table: every dividing (pert_chunk, time_block), timed in the same rounds."""
+  config_lib.validate(c)
+  n, a, k, b, t = c.n_experts, c.spsa.accum, c.spsa.n_pert, c.spsa.batch, c.data.seq_len
+  state = train.initial_state(c)
+  batch = jnp.asarray(np.random.default_rng(0).integers(0, 256, (n, a, b, t + 1), np.uint8))
+  ids = jnp.arange(n, dtype=jnp.int32)
+  step = jax.jit(spsa.train_step, static_argnames="cfg")
+  rows, fns = {}, {}
+  skipped = [f"pert_chunk={chunk} does not divide n_pert={k}" for chunk in chunks if k % chunk]
+  for chunk, block in itertools.product([ch for ch in chunks if k % ch == 0], blocks):
+    cfg = train.step_config(c, chunk)
+    cfg = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, time_block=block))
+    with memory.matmul_precision(c.precision):
+      compiled = step.lower(state, batch, ids, cfg=cfg).compile()
+    name = f"pert_chunk={chunk},time_block={block}"
+    fns[name] = lambda compiled=compiled: compiled(state, batch, ids)[0].body
+    rows[name] = {"pert_chunk": chunk, "time_block": block,
+                  "planned_bytes": memory.planned_bytes(compiled)}
+  if not fns:
+    raise UserError("no combination to time: " + "; ".join(skipped))
+  with memory.matmul_precision(c.precision):
+    seconds = interleaved(fns, reps)
+  best = min(seconds.values())
+  tokens = 2 * a * k * b * t * n
+  for name, row in rows.items():
+    row.update(step_seconds=seconds[name], perturbed_tokens_per_second=tokens / seconds[name],
+               relative_to_fastest=seconds[name] / best)
+  auto = train.choose_chunk(c, n)
+  return {"config": {"n_experts": n, "d_t": c.model.d_t, "n_pert": k, "batch": b, "accum": a,
+                     "seq_len": t, "precision": c.precision},
+          "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
+          "reps": reps, "auto_pert_chunk": auto.chunk,
+          "rows": sorted(rows.values(), key=lambda r: r["step_seconds"]), "skipped": skipped}

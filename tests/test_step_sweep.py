@@ -10,12 +10,12 @@ from soma_jax import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import step_sweep  # noqa: E402
+import step_timing  # noqa: E402
 
 
 def test_sweep_times_each_dividing_combination_and_ranks_them():
   c = config_lib.base_config(n=2, size="tiny")  # n_pert 4
-  out = step_sweep.sweep(c, chunks=[1, 3, 4], blocks=[8, 16], reps=2)
+  out = step_timing.sweep(c, chunks=[1, 3, 4], blocks=[8, 16], reps=2)
   combos = {(r["pert_chunk"], r["time_block"]) for r in out["rows"]}
   assert combos == {(1, 8), (1, 16), (4, 8), (4, 16)}
   assert out["skipped"] == ["pert_chunk=3 does not divide n_pert=4"]

@@ -1,0 +1,106 @@
+"""The profiler's trace of the SOMA step, summed into ranked ops (profile_step.py's core).
+
+No flags here: importable by tests and other scripts.
+"""
+
+import collections
+import glob
+import gzip
+import json
+import os
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from soma_jax import config as config_lib
+from soma_jax import memory, spsa, train
+from soma_jax.errors import UserError
+
+# Events that wrap others (whole executions, waits, Python frames) would count time twice.
+WRAPPERS = ("ThunkExecutor", "$", "PjitFunction", "CommonPjRt", "PjRt", "TfrtCpu", "Await")
+
+
+def self_times(events: list[dict]) -> list[tuple[dict, float]]:
+  """(event, its duration minus that of the events nested in it on its thread), in us.
+
+  A loop's event holds its body's ops; counting both would count the body twice.
+  """
+  out = []
+  by_thread = collections.defaultdict(list)
+  for e in events:
+    by_thread[(e.get("pid"), e.get("tid"))].append(e)
+  for evs in by_thread.values():
+    evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+    stack: list[list] = []  # [event, end, child time]
+    def close(entry):
+      out.append((entry[0], entry[0]["dur"] - entry[2]))
+    for e in evs:
+      while stack and e["ts"] >= stack[-1][1]:
+        close(stack.pop())
+      if stack:
+        stack[-1][2] += e["dur"]
+      stack.append([e, e["ts"] + e["dur"], 0.0])
+    while stack:
+      close(stack.pop())
+  return out
+
+
+def summarize(trace: dict, steps: int, top: int) -> dict:
+  """{process: {"total_ms_per_step", "ops": [{"name", "ms_per_step", "calls_per_step",
+  "share"}]}}, ranked by self time (an op's time minus the ops nested in it)."""
+  names = {e["pid"]: e["args"]["name"] for e in trace.get("traceEvents", [])
+           if e.get("ph") == "M" and e.get("name") == "process_name" and "args" in e}
+  ms = collections.defaultdict(collections.Counter)
+  calls = collections.defaultdict(collections.Counter)
+  spans = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and "ts" in e]
+  for e, self_us in self_times(spans):
+    if str(e.get("name", "")).startswith(WRAPPERS):
+      continue
+    proc = names.get(e.get("pid"), str(e.get("pid")))
+    ms[proc][e["name"]] += self_us / 1e3
+    calls[proc][e["name"]] += 1
+  out = {}
+  for proc, counter in ms.items():
+    total = sum(counter.values())
+    out[proc] = {"total_ms_per_step": total / steps, "ops": [
+        {"name": name, "ms_per_step": t / steps, "calls_per_step": calls[proc][name] / steps,
+         "share": t / total if total else 0.0}
+        for name, t in counter.most_common(top)]}
+  return out
+
+
+def profile(c, steps: int, top: int, trace_dir: str | None) -> dict:
+  if steps < 1 or top < 1:
+    raise UserError(f"--steps={steps} and --top={top} must be >= 1")
+  config_lib.validate(c)
+  n, a, b, t = c.n_experts, c.spsa.accum, c.spsa.batch, c.data.seq_len
+  choice = train.choose_chunk(c, n)
+  cfg = train.step_config(c, choice.chunk)
+  state = train.initial_state(c)
+  batch = jnp.asarray(np.random.default_rng(0).integers(0, 256, (n, a, b, t + 1), np.uint8))
+  ids = jnp.arange(n, dtype=jnp.int32)
+  with memory.matmul_precision(c.precision):
+    step = jax.jit(spsa.train_step, static_argnames="cfg").lower(state, batch, ids, cfg=cfg).compile()
+    run = lambda: jax.block_until_ready(step(state, batch, ids)[0].body)
+    run()  # warm-up: allocations and autotuning stay out of the trace
+    with tempfile.TemporaryDirectory() as tmp:
+      where = trace_dir or tmp
+      jax.profiler.start_trace(where)
+      for _ in range(steps):
+        run()
+      jax.profiler.stop_trace()
+      files = sorted(glob.glob(os.path.join(where, "**", "*.trace.json.gz"), recursive=True),
+                     key=os.path.getmtime)
+      if not files:
+        raise UserError(f"jax.profiler wrote no *.trace.json.gz under {where}; fix: install "
+                        "a JAX whose profiler writes Perfetto traces (jax >= 0.4.30)")
+      with gzip.open(files[-1]) as f:
+        trace = json.load(f)
+  return {"config": {"n_experts": n, "d_t": c.model.d_t, "n_pert": c.spsa.n_pert, "batch": b,
+                     "seq_len": t, "pert_chunk": choice.chunk, "time_block": cfg.spsa.time_block,
+                     "precision": c.precision},
+          "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
+          "steps": steps, "trace": files[-1] if trace_dir else None,
+          "processes": summarize(trace, steps, top)}
