@@ -10,7 +10,10 @@ the GPU's kernels apart from the host's threads; each op gets its total millisec
 step (self time: minus the ops nested in it, so a loop counts only its own overhead), its
 calls per step and its share of that process's time. Read it with the step's
 shapes in mind: on a GPU, a recurrent matmul called T times per block and layer shows as
-one kernel with T x blocks x layers calls.
+one kernel with T x blocks x layers calls. On a CPU, whose recurrence runs tens of
+thousands of tiny ops per step, the profiler drops a few percent of the events (the N = 4
+cpu preset's recurrent matmul showed 15.7k of its 16.4k calls per step), so read calls
+and milliseconds there as close, not exact.
 """
 
 import os
