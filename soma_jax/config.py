@@ -105,7 +105,7 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   if size == "cpu":  # demo scale on 2 cores: minutes
     c.opt.lr = 3e-3  # a short run needs a larger step than the paper's 1e-3 (measured)
     c.spsa.batch = 2  # T = 1024 covers the scored targets 257..1024; B * T as at 8 x 256
-    # Measured on 2 cores at N = 4: 0.73 s per step at time_block 128 vs 0.78 s at 64.
+    # 2 cores, N = 4, chunk 1: 0.74 s per step at 128 vs 0.79 s at 64 (step_sweep_cpu_n4.json)
     c.spsa.time_block = 128
     c.data.update(seq_len=1024, val_windows=16)
   elif size == "tiny":  # unit tests: seconds

@@ -75,9 +75,9 @@ def gate_activations(gates_Bx4D: jax.Array) -> jax.Array:
   """sigmoid(i), sigmoid(f), tanh(g), sigmoid(o) of the LSTM gates, as one tanh.
 
   sigmoid(x) = (1 + tanh(x / 2)) / 2, so a single elementwise pass over the contiguous
-  4 d gates does all four: on a CPU that vectorises where four sliced activations do not
-  (4x less time in the recurrence's elementwise work at the cpu preset); on a GPU it is
-  the same fused kernel with the same number of transcendentals.
+  4 d gates does all four. XLA's CPU backend vectorises that pass where it did not
+  vectorise four sliced activations (about 4x faster at width 64, B = 2, in a one-off
+  measurement); on a GPU it is one fused kernel either way, with as many transcendentals.
   """
   d = gates_Bx4D.shape[-1] // 4
   is_g = jnp.arange(4 * d) // d == 2
