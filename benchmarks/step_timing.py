@@ -176,15 +176,25 @@ def sweep(c, chunks: list[int], blocks: list[int], reps: int) -> dict:
   step = jax.jit(spsa.train_step, static_argnames="cfg")
   rows, fns = {}, {}
   skipped = [f"pert_chunk={chunk} does not divide n_pert={k}" for chunk in chunks if k % chunk]
+  limit = memory.device_limit_bytes()
   for chunk, block in itertools.product([ch for ch in chunks if k % ch == 0], blocks):
     cfg = train.step_config(c, chunk)
     cfg = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, time_block=block))
+    name = f"pert_chunk={chunk},time_block={block}"
     with memory.matmul_precision(c.precision):
       compiled = step.lower(state, batch, ids, cfg=cfg).compile()
-    name = f"pert_chunk={chunk},time_block={block}"
+      plan = memory.planned_bytes(compiled)
+      if limit and plan > memory.MARGIN * limit:  # would not fit: "auto" would not pick it
+        skipped.append(f"{name} plans {plan / 1e9:.1f} GB, over {memory.MARGIN} x the "
+                       f"device's {limit / 1e9:.1f} GB")
+        continue
+      try:
+        jax.block_until_ready(compiled(state, batch, ids)[0].body)
+      except jax.errors.JaxRuntimeError as e:  # out of memory despite the plan
+        skipped.append(f"{name} failed: {str(e).splitlines()[0][:200]}")
+        continue
     fns[name] = lambda compiled=compiled: compiled(state, batch, ids)[0].body
-    rows[name] = {"pert_chunk": chunk, "time_block": block,
-                  "planned_bytes": memory.planned_bytes(compiled)}
+    rows[name] = {"pert_chunk": chunk, "time_block": block, "planned_bytes": plan}
   if not fns:
     raise UserError("no combination to time: " + "; ".join(skipped))
   with memory.matmul_precision(c.precision):

@@ -38,3 +38,14 @@ def test_bad_values_exit_2_with_one_line(flag):
       cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
   assert proc.returncode == 2, proc.stderr
   assert proc.stderr.strip().count("\n") == 0 and "positive integers" in proc.stderr
+
+
+def test_sweep_skips_combinations_that_would_not_fit_the_device(monkeypatch):
+  c = config_lib.base_config(n=2, size="tiny")
+  full = step_timing.sweep(c, chunks=[1, 4], blocks=[8], reps=1)
+  plan = {r["pert_chunk"]: r["planned_bytes"] for r in full["rows"]}
+  limit = (plan[1] + plan[4]) / 2 / step_timing.memory.MARGIN  # chunk 1 fits, 4 does not
+  monkeypatch.setattr(step_timing.memory, "device_limit_bytes", lambda: int(limit))
+  out = step_timing.sweep(c, chunks=[1, 4], blocks=[8], reps=1)
+  assert [r["pert_chunk"] for r in out["rows"]] == [1]
+  assert len(out["skipped"]) == 1 and out["skipped"][0].startswith("pert_chunk=4,time_block=8 plans")
