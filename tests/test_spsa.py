@@ -292,7 +292,12 @@ def test_subset_job_draws_the_same_directions():
 def test_step_compiles_once():
   state = _state()
   batch = jax.random.randint(jax.random.key(1), (3, 1, 2, 9), 0, 256).astype(jnp.uint8)
-  step = jax.jit(S.train_step, static_argnames="cfg")
+  # A function of its own: jit wrappers of S.train_step itself share one cache across
+  # tests (other tests' shapes would count here).
+  def train_step(state, batch, ids, cfg):
+    return S.train_step(state, batch, ids, cfg)
+
+  step = jax.jit(train_step, static_argnames="cfg")
   for lr in (1e-3, 5e-4, 2e-3):
     state = state.replace(sched=state.sched.replace(lr=jnp.full((3,), lr, jnp.float32),
                                                     eps=jnp.full((3,), lr, jnp.float32)))
