@@ -11,9 +11,9 @@ step (self time: minus the ops nested in it, so a loop counts only its own overh
 calls per step and its share of that process's time. Read it with the step's
 shapes in mind: on a GPU, a recurrent matmul called T times per block and layer shows as
 one kernel with T x blocks x layers calls. On a CPU, whose recurrence runs tens of
-thousands of tiny ops per step, the profiler drops a few percent of the events (the N = 4
-cpu preset's recurrent matmul showed 15.7k of its 16.4k calls per step), so read calls
-and milliseconds there as close, not exact.
+thousands of tiny ops per step, the profiler can drop a few percent of the events (the
+N = 4 cpu preset's recurrent matmul showed 15.7k of its 16.4k calls per step at --steps=2,
+all of them at --steps=1), so read calls and milliseconds there as close, not exact.
 """
 
 import os
@@ -43,6 +43,8 @@ def main(argv):
   result = profile(_CONFIG.value, _STEPS.value, _TOP.value, _TRACE_DIR.value)
   for proc, p in result["processes"].items():
     print(f"{proc}: {p['total_ms_per_step']:.1f} ms per step in ranked ops", file=sys.stderr)
+    print("  " + ", ".join(f"{k} {100 * v['share']:.0f}%" for k, v in p["categories"].items()),
+          file=sys.stderr)
     for op in p["ops"][:8]:
       print(f"  {op['ms_per_step']:9.2f} ms {op['calls_per_step']:9.0f} calls  {op['name'][:70]}",
             file=sys.stderr)

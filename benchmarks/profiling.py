@@ -22,6 +22,24 @@ from soma_jax.errors import UserError
 WRAPPERS = ("ThunkExecutor", "$", "PjitFunction", "CommonPjRt", "PjRt", "TfrtCpu", "Await")
 
 
+# Coarse kinds of ops, by name (first match wins): GPU kernel names (cuBLAS, CUTLASS,
+# Triton, XLA fusions) and XLA:CPU thunks (YNNPACK dots, loop fusions).
+CATEGORIES = (
+    ("matmul", ("gemm", "cublas", "cutlass", "xmma", "nvjet", "ynn_fusion", "dot", "matmul")),
+    ("random bits", ("threefry", "rng", "random")),
+    ("copies and layout", ("copy", "memcpy", "memset", "transpose", "dynamic-update-slice",
+                           "dynamic_update_slice", "concatenate")),
+    ("reductions", ("reduce",)),
+    ("elementwise fusions", ("fusion", "loop_", "wrapped_")),
+    ("loop control", ("while", "cond")),
+)
+
+
+def category(name: str) -> str:
+  low = name.lower()
+  return next((cat for cat, keys in CATEGORIES if any(k in low for k in keys)), "other")
+
+
 def self_times(events: list[dict]) -> list[tuple[dict, float]]:
   """(event, its duration minus that of the events nested in it on its thread), in us.
 
@@ -48,8 +66,9 @@ def self_times(events: list[dict]) -> list[tuple[dict, float]]:
 
 
 def summarize(trace: dict, steps: int, top: int) -> dict:
-  """{process: {"total_ms_per_step", "ops": [{"name", "ms_per_step", "calls_per_step",
-  "share"}]}}, ranked by self time (an op's time minus the ops nested in it)."""
+  """{process: {"total_ms_per_step", "categories": {kind: {"ms_per_step", "share"}},
+  "ops": [{"name", "category", "ms_per_step", "calls_per_step", "share"}]}}, ranked by self
+  time (an op's time minus the ops nested in it); categories sum every op, not just the top."""
   names = {e["pid"]: e["args"]["name"] for e in trace.get("traceEvents", [])
            if e.get("ph") == "M" and e.get("name") == "process_name" and "args" in e}
   ms = collections.defaultdict(collections.Counter)
@@ -64,10 +83,17 @@ def summarize(trace: dict, steps: int, top: int) -> dict:
   out = {}
   for proc, counter in ms.items():
     total = sum(counter.values())
-    out[proc] = {"total_ms_per_step": total / steps, "ops": [
-        {"name": name, "ms_per_step": t / steps, "calls_per_step": calls[proc][name] / steps,
-         "share": t / total if total else 0.0}
-        for name, t in counter.most_common(top)]}
+    share = lambda t, total=total: t / total if total else 0.0
+    kinds = collections.Counter()
+    for name, t in counter.items():
+      kinds[category(name)] += t
+    out[proc] = {
+        "total_ms_per_step": total / steps,
+        "categories": {k: {"ms_per_step": t / steps, "share": share(t)}
+                       for k, t in kinds.most_common()},
+        "ops": [{"name": name, "category": category(name), "ms_per_step": t / steps,
+                 "calls_per_step": calls[proc][name] / steps, "share": share(t)}
+                for name, t in counter.most_common(top)]}
   return out
 
 

@@ -34,8 +34,22 @@ def test_summary_counts_nested_ops_once_and_per_step():
   assert out["/host:CPU"]["total_ms_per_step"] == pytest.approx(630 / 1e3 / 2)
   assert sum(op["share"] for op in host.values()) == pytest.approx(1.0)
   assert [op["name"] for op in out["/host:CPU"]["ops"]][0] == "dot"  # ranked
-  assert out["/device:GPU:0"]["ops"] == [
-      {"name": "gemm_kernel", "ms_per_step": 0.02, "calls_per_step": 0.5, "share": 1.0}]
+  assert out["/device:GPU:0"]["ops"] == [{"name": "gemm_kernel", "category": "matmul",
+                                          "ms_per_step": 0.02, "calls_per_step": 0.5, "share": 1.0}]
+  kinds = out["/host:CPU"]["categories"]
+  assert set(kinds) == {"matmul", "loop control", "other"}  # dot; while.1; tanh
+  assert kinds["matmul"]["ms_per_step"] == pytest.approx(560 / 1e3 / 2)
+  assert sum(k["share"] for k in kinds.values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("ynn_fusion.17", "matmul"), ("cutlass_80_tensorop_s1688gemm_128x128", "matmul"),
+    ("sm90_xmma_gemm_f32f32_tf32f32", "matmul"), ("threefry2x32", "random bits"),
+    ("bitcast_dynamic-update-slice_fusion.3", "copies and layout"),
+    ("input_reduce_fusion", "reductions"), ("multiply_tanh_fusion.2", "elementwise fusions"),
+    ("while.250", "loop control"), ("ParseArguments", "other")])
+def test_categories_of_kernel_names(name, kind):
+  assert profiling.category(name) == kind
 
 
 def test_profiles_a_tiny_step(tmp_path):
