@@ -120,6 +120,9 @@ def main(argv):
   unknown = [r for r in _ROWS.value if r not in ROWS]
   if unknown:
     raise UserError(f"--rows: unknown {unknown}; use some of {', '.join(ROWS)}")
+  if _REPS.value < 1 or min(_N_PERT.value, _TIME_BLOCK.value, _UNROLL.value) < 0:
+    raise UserError("--reps must be >= 1, and --n_pert, --time_block, --unroll >= 0 "
+                    "(0: the preset's value)")
   import jax
 
   device = str(jax.devices()[0].device_kind)

@@ -30,6 +30,8 @@ def interleaved(fns: dict, reps: int) -> dict:
   Interleaving makes ratios between the functions robust to the machine's drift (another
   job, clock changes) in a way that timing one function's reps after another's is not.
   """
+  if reps < 1:
+    raise UserError(f"--reps={reps} must be >= 1 (timed rounds; the median is reported)")
   for fn in fns.values():
     jax.block_until_ready(fn())  # warm-up (and compile)
   times = {name: [] for name in fns}

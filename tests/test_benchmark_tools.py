@@ -1,4 +1,4 @@
-"""benchmarks/step_sweep.py: every combination timed in the same rounds, bad input exits 2."""
+"""benchmarks/ tools: step_sweep times every combination in the same rounds; bad input exits 2."""
 
 import os
 import subprocess
@@ -30,14 +30,21 @@ def test_sweep_times_each_dividing_combination_and_ranks_them():
   assert r["perturbed_tokens_per_second"] == pytest.approx(tokens / r["step_seconds"])
 
 
-@pytest.mark.parametrize("flag", ["--pert_chunk=a", "--time_block=0"])
-def test_bad_values_exit_2_with_one_line(flag):
+@pytest.mark.parametrize("script,flag,says", [
+    ("step_sweep.py", "--pert_chunk=a", "positive integers"),
+    ("step_sweep.py", "--time_block=0", "positive integers"),
+    ("step_sweep.py", "--reps=0", "must be >= 1"),
+    ("spsa_step.py", "--reps=0", "must be >= 1"),
+    ("paper_shapes.py", "--reps=0", "must be >= 1"),
+    ("profile_step.py", "--steps=0", "must be >= 1"),
+])
+def test_bad_values_exit_2_with_one_line(script, flag, says):
+  config = [] if script == "paper_shapes.py" else ["--config=experiments/configs/soma.py:n=2,size=tiny"]
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "benchmarks", "step_sweep.py"),
-       "--config=experiments/configs/soma.py:n=2,size=tiny", flag],
+      [sys.executable, os.path.join(ROOT, "benchmarks", script), *config, flag],
       cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
   assert proc.returncode == 2, proc.stderr
-  assert proc.stderr.strip().count("\n") == 0 and "positive integers" in proc.stderr
+  assert proc.stderr.strip().count("\n") == 0 and says in proc.stderr, proc.stderr
 
 
 def test_sweep_skips_combinations_that_would_not_fit_the_device(monkeypatch):
