@@ -113,7 +113,7 @@ def profile(c, steps: int, top: int, trace_dir: str | None) -> dict:
     run()  # warm-up: allocations and autotuning stay out of the trace
     with tempfile.TemporaryDirectory() as tmp:
       where = trace_dir or tmp
-      jax.profiler.start_trace(where)
+      jax.profiler.start_trace(where, create_perfetto_trace=True)  # the *.trace.json.gz read below
       for _ in range(steps):
         run()
       jax.profiler.stop_trace()
