@@ -22,10 +22,11 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_RERUN = "(not rerun)"
-SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "kB": 1e3, "MB": 1e6, "GB": 1e9}
+LONG_INDEX_LIST = 32  # longer all-integer lists are index arrays (slots, ids), not figures
 NUMBER = re.compile(
     r"(?<![\w.])(?P<sign>[-−+]?)(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?"
-    r"(?P<exp>e[-+]?\d+)?(?P<unit>[kMGT](?![A-Za-z])|%| ?min\b| ?h\b)?")
+    r"(?P<exp>e[-+]?\d+)?(?P<unit>[kMGT](?![A-Za-z])| ?[kMG]B\b|%| ?min\b| ?h\b)?")
 REFERENCE = re.compile(r"(SPEC|Figure|Table|section|Section|issue)\s*$")
 
 
@@ -64,6 +65,8 @@ def _json_numbers(x, out: list[float]) -> None:
     for v in x.values():
       _json_numbers(v, out)
   elif isinstance(x, list):
+    if len(x) > LONG_INDEX_LIST and all(isinstance(v, int) and not isinstance(v, bool) for v in x):
+      return  # every small integer would match one of these by chance
     for v in x:
       _json_numbers(v, out)
 
@@ -92,8 +95,11 @@ def appears(m: re.Match, values: list[float]) -> bool:
   else:
     half = 0.5 * 10.0 ** -decimals
   unit = (m["unit"] or "").strip()
+  # Sizes match bytes or a JSON field already in that unit (e.g. planned_memory_gb).
+  sizes = {u: [(1 / SCALE[u], 0.0), (1.0, 0.0)] for u in ("kB", "MB", "GB")}
   candidates = {"": [(1.0, 0.0)], "%": [(100.0, 0.0), (1.0, 0.0)],
-                "min": [(1 / 60, 0.5)], "h": [(1 / 3600, 0.5)]}.get(unit, [(1 / SCALE.get(unit, 1), 0.0)])
+                "min": [(1 / 60, 0.5)], "h": [(1 / 3600, 0.5)], **sizes}.get(
+                    unit, [(1 / SCALE.get(unit, 1), 0.0)])
   for factor, slack in candidates:
     tol = max(half, slack) * (1 + 1e-9) + 1e-12
     if any(abs(v * factor - x) <= tol for v in values):
@@ -114,12 +120,17 @@ def test_every_readme_figure_is_in_a_committed_json():
 
 def test_the_check_rejects_a_stale_figure():
   """A number no JSON holds is reported; rounding, suffixes and time units are understood."""
-  values = [3.9318, 2089.3, 67712.0, 0.161, 505.0, -1.00006, 7.97e12]
+  values = [3.9318, 2089.3, 67712.0, 0.161, 505.0, -1.00006, 7.97e12, 50751508.0, 10.9]
   found = {m.group(0): appears(m, values) for m, _ in figures(
       "## Measured results\nratio 3.93 and 3.97, slope −1.000, 67.7k tokens/s, 16%, 8 min,"
-      " 7.97T ops, 2089 (SPEC 7)\nold 9.99 " + NOT_RERUN + "\n")}
+      " 7.97T ops, 2089 (SPEC 7), 51 MB, 52 MB, 10.9 GB\nold 9.99 " + NOT_RERUN + "\n")}
   assert found == {"3.93": True, "3.97": False, "−1.000": True, "67.7k": True, "16%": True,
-                   "8 min": True, "7.97T": True, "2089": True}
+                   "8 min": True, "7.97T": True, "2089": True, "51 MB": True, "52 MB": False,
+                   "10.9 GB": True}
+  # Long integer lists are index arrays: their entries would match any small figure.
+  out: list[float] = []
+  _json_numbers({"slots": list(range(LONG_INDEX_LIST + 1)), "steps": [1, 2], "n": 53}, out)
+  assert out == [1.0, 2.0, 53.0]
 
 
 def test_results_files_carry_command_and_wall_time():
