@@ -104,6 +104,7 @@ def test_runner_injects_parameters_and_times_every_cell(tmp_path, capsys):
   assert record["status"] == "ok" and record["params"] == {"SIZE": "gpu", "N": 4}
   assert [c["cell"] for c in record["cells"]] == [0, 1, 2]
   assert all(c["seconds"] >= 0 and c["cpu_seconds"] >= 0 for c in record["cells"])
+  assert 0 < sum(c["seconds"] for c in record["cells"]) <= record["total_seconds"]
   assert record["command"].endswith("--param SIZE=gpu --param N=4 --timings " + str(timings))
   assert "done 4" in capsys.readouterr().out
 
