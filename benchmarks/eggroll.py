@@ -23,15 +23,18 @@ the three kinds interleaved.
 
 from __future__ import annotations
 
-import statistics
-import time
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
 from absl import flags, logging
 
-from soma_jax import cli, eggroll, gru
-from soma_jax.model import LowRank
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_timing import interleaved  # noqa: E402
+
+from soma_jax import cli, eggroll, gru  # noqa: E402
+from soma_jax.model import LowRank  # noqa: E402
 
 _D = flags.DEFINE_integer("d", 256, "GRU width.")
 _DEPTH = flags.DEFINE_integer("depth", 6, "GRU layers.")
@@ -42,19 +45,6 @@ _BATCH = flags.DEFINE_integer("batch", 8, "Sequences per member B.")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 128, "Targets per sequence T.")
 _REPS = flags.DEFINE_integer("reps", 5, "Timed calls; the median is reported.")
 _JSON = flags.DEFINE_string("json", None, "Write the results here as JSON.")
-
-
-def _median_seconds(fns, reps: int) -> list[float]:
-  """Median wall time of each `fn()`, calls interleaved so load drift hits all alike."""
-  for fn in fns:
-    jax.block_until_ready(fn())  # compile + warm-up, not timed
-  times = [[] for _ in fns]
-  for _ in range(reps):
-    for fn, ts in zip(fns, times, strict=True):
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn())
-      ts.append(time.perf_counter() - t0)
-  return [statistics.median(ts) for ts in times]
 
 
 def measure(d: int, depth: int, pop: int, batch: int, seq_len: int, rank: int = 1,
@@ -87,10 +77,10 @@ def measure(d: int, depth: int, pop: int, batch: int, seq_len: int, rank: int = 
 
   windows_KxSxT1 = jnp.tile(window_BxT1, (n_chunks, cfg.chunk, 1))
   tokens = pop * batch * seq_len
-  t_pop, t_ideal, t_merged = _median_seconds(
-      [lambda: population(params, window_BxT1, jax.random.key(2)),
-       lambda: no_lowrank(params, window_BxT1, jax.random.key(2)),
-       lambda: merged(params, windows_KxSxT1)], reps)
+  seconds = interleaved({"pop": lambda: population(params, window_BxT1, jax.random.key(2)),
+                         "no_lowrank": lambda: no_lowrank(params, window_BxT1, jax.random.key(2)),
+                         "merged": lambda: merged(params, windows_KxSxT1)}, reps)
+  t_pop, t_ideal, t_merged = seconds["pop"], seconds["no_lowrank"], seconds["merged"]
   return {
       "efficiency": t_ideal / t_pop,
       "efficiency_vs_merged": t_merged / t_pop,

@@ -39,7 +39,7 @@ fi
 # Several JAX processes share the GPU below (pytest workers and the notebook): without this
 # each one would try to take 75% of its memory at start-up (the Makefile exports it too).
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
-# Compiled programs are shared between a row's chunk planning and its timed step.
+# Compiled programs persist across the processes below (a rerun compiles nothing twice).
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then

@@ -11,11 +11,9 @@ import os
 import tempfile
 
 import jax
-import jax.numpy as jnp
-import numpy as np
+from step_timing import describe, step_inputs  # beside this module (benchmarks/ on sys.path)
 
-from soma_jax import config as config_lib
-from soma_jax import memory, spsa, train
+from soma_jax import memory, train
 from soma_jax.errors import UserError
 
 # Events that wrap others (whole executions, waits, Python frames) would count time twice.
@@ -100,16 +98,12 @@ def summarize(trace: dict, steps: int, top: int) -> dict:
 def profile(c, steps: int, top: int, trace_dir: str | None) -> dict:
   if steps < 1 or top < 1:
     raise UserError(f"--steps={steps} and --top={top} must be >= 1")
-  config_lib.validate(c)
-  n, a, b, t = c.n_experts, c.spsa.accum, c.spsa.batch, c.data.seq_len
-  choice = train.choose_chunk(c, n)
+  inputs = step_inputs(c)
+  choice = train.choose_chunk(c, c.n_experts)
   cfg = train.step_config(c, choice.chunk)
-  state = train.initial_state(c)
-  batch = jnp.asarray(np.random.default_rng(0).integers(0, 256, (n, a, b, t + 1), np.uint8))
-  ids = jnp.arange(n, dtype=jnp.int32)
+  step = inputs.runner(inputs.compile(cfg))
+  run = lambda: jax.block_until_ready(step())
   with memory.matmul_precision(c.precision):
-    step = jax.jit(spsa.train_step, static_argnames="cfg").lower(state, batch, ids, cfg=cfg).compile()
-    run = lambda: jax.block_until_ready(step(state, batch, ids)[0].body)
     run()  # warm-up: allocations and autotuning stay out of the trace
     with tempfile.TemporaryDirectory() as tmp:
       where = trace_dir or tmp
@@ -124,9 +118,6 @@ def profile(c, steps: int, top: int, trace_dir: str | None) -> dict:
                         "a JAX whose profiler writes Perfetto traces (jax >= 0.4.30)")
       with gzip.open(files[-1]) as f:
         trace = json.load(f)
-  return {"config": {"n_experts": n, "d_t": c.model.d_t, "n_pert": c.spsa.n_pert, "batch": b,
-                     "seq_len": t, "pert_chunk": choice.chunk, "time_block": cfg.spsa.time_block,
-                     "precision": c.precision},
-          "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
-          "steps": steps, "trace": files[-1] if trace_dir else None,
-          "processes": summarize(trace, steps, top)}
+  return describe(c, pert_chunk=choice.chunk, time_block=cfg.spsa.time_block) | {
+      "steps": steps, "trace": files[-1] if trace_dir else None,
+      "processes": summarize(trace, steps, top)}

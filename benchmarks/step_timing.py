@@ -12,6 +12,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from soma_jax import config as config_lib
@@ -49,6 +50,50 @@ def matmul_peak_gflops(n: int = 2048, reps: int = 5) -> float:
   return 2 * n**3 / timeit(lambda: f(a), reps) / 1e9
 
 
+# Not donating: the benchmarks time one state again and again.
+_STEP = jax.jit(spsa.train_step, static_argnames="cfg")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInputs:
+  """A config's initial state, random bytes [N, A, B, T + 1] and expert ids: what every
+  benchmark of the step compiles and runs it on."""
+
+  c: ml_collections.ConfigDict
+  state: spsa.TrainState
+  batch: jax.Array
+  ids: jax.Array
+
+  def compile(self, cfg: spsa.StepConfig):
+    """The step compiled at the config's matmul precision (no run)."""
+    with memory.matmul_precision(self.c.precision):
+      return _STEP.lower(self.state, self.batch, self.ids, cfg=cfg).compile()
+
+  def runner(self, compiled):
+    return lambda: compiled(self.state, self.batch, self.ids)[0].body
+
+  @property
+  def tokens(self) -> int:
+    """Perturbed tokens per step: 2 A K B T N."""
+    s = self.c.spsa
+    return 2 * s.accum * s.n_pert * s.batch * self.c.data.seq_len * self.c.n_experts
+
+
+def step_inputs(c: ml_collections.ConfigDict) -> StepInputs:
+  config_lib.validate(c)
+  n, a, b, t = c.n_experts, c.spsa.accum, c.spsa.batch, c.data.seq_len
+  batch = np.random.default_rng(0).integers(0, 256, (n, a, b, t + 1), dtype=np.uint8)
+  return StepInputs(c, train.initial_state(c), jnp.asarray(batch), jnp.arange(n, dtype=jnp.int32))
+
+
+def describe(c: ml_collections.ConfigDict, **config) -> dict:
+  """The fields every benchmark record starts with: the shapes, the backend, the device."""
+  return {"config": {"n_experts": c.n_experts, "d_t": c.model.d_t, "n_pert": c.spsa.n_pert,
+                     "batch": c.spsa.batch, "accum": c.spsa.accum, "seq_len": c.data.seq_len,
+                     "precision": c.precision, **config},
+          "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind)}
+
+
 def ideal_forward(cfg: spsa.StepConfig, together: int = 1):
   """Plain forwards over 2 A K B windows per expert, `together` x B windows at a time.
 
@@ -76,45 +121,34 @@ def ideal_forward(cfg: spsa.StepConfig, together: int = 1):
 
 def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
   """The figures above; `ideals=False` times the step alone (paper_shapes.py's rows)."""
-  config_lib.validate(c)
-  n, a, k, b, t = c.n_experts, c.spsa.accum, c.spsa.n_pert, c.spsa.batch, c.data.seq_len
-  choice = train.choose_chunk(c, n)
+  inputs = step_inputs(c)
+  state, batch = inputs.state, inputs.batch
+  choice = train.choose_chunk(c, c.n_experts)
   cfg = train.step_config(c, choice.chunk)
-  state = train.initial_state(c)
-  rng = np.random.default_rng(0)
-  batch = jnp.asarray(rng.integers(0, 256, (n, a, b, t + 1), dtype=np.uint8))
-  ids = jnp.arange(n, dtype=jnp.int32)
-
-  step = jax.jit(spsa.train_step, static_argnames="cfg")
+  compiled = inputs.compile(cfg)
+  fns = {"step": inputs.runner(compiled)}
+  if ideals:  # timed in the same rounds as the step, so their ratios are robust
+    fwd, wide = ideal_forward(cfg), ideal_forward(cfg, together=2 * cfg.spsa.chunk)
+    fns["forward"] = lambda: fwd(state.body, state.head, batch)
+    fns["batched_forward"] = lambda: wide(state.body, state.head, batch)
   with memory.matmul_precision(c.precision):
-    compiled = step.lower(state, batch, ids, cfg=cfg).compile()
-    fns = {"step": lambda: compiled(state, batch, ids)[0].body}
-    if ideals:  # timed in the same rounds as the step, so their ratios are robust
-      fwd, wide = ideal_forward(cfg), ideal_forward(cfg, together=2 * cfg.spsa.chunk)
-      fns["forward"] = lambda: fwd(state.body, state.head, batch)
-      fns["batched_forward"] = lambda: wide(state.body, state.head, batch)
     seconds = interleaved(fns, reps)
-  step_s = seconds["step"]
-
-  tokens = 2 * a * k * b * t * n
-  flops_per_token = model_lib.flops_per_token(cfg.model)
-  out = {
-      "config": {"n_experts": n, "d_t": c.model.d_t, "depth": c.model.depth, "n_pert": k,
-                 "batch": b, "accum": a, "seq_len": t, "pert_chunk": choice.chunk,
-                 "pert_chunk_setting": str(c.spsa.pert_chunk), "time_block": c.spsa.time_block,
-                 "unroll": c.spsa.unroll,
-                 "precision": c.precision, "probe": c.spsa.probe,
-                 "params_per_expert": model_lib.body_params(cfg.model)},
-      "backend": jax.default_backend(),
-      "device": str(jax.devices()[0].device_kind),
-      "step_seconds": step_s,
-      "perturbed_tokens_per_second": tokens / step_s,
-      "achieved_gflops": tokens * flops_per_token / step_s / 1e9,
-      "peak_memory_bytes": memory.planned_bytes(compiled),
-      "device_limit_bytes": choice.limit_bytes,
-  }
+  step_s, tokens = seconds["step"], inputs.tokens
+  out = describe(c, depth=c.model.depth, pert_chunk=choice.chunk,
+                 pert_chunk_setting=str(c.spsa.pert_chunk), time_block=cfg.spsa.time_block,
+                 unroll=cfg.spsa.unroll, probe=c.spsa.probe,
+                 params_per_expert=model_lib.body_params(cfg.model))
+  out.update(
+      reps=reps,
+      step_seconds=step_s,
+      perturbed_tokens_per_second=tokens / step_s,
+      achieved_gflops=tokens * model_lib.flops_per_token(cfg.model) / step_s / 1e9,
+      # The timed step's plan (not donating its state; training's donating step may plan less).
+      peak_memory_bytes=memory.planned_bytes(compiled),
+      device_limit_bytes=choice.limit_bytes,
+  )
   stats = jax.devices()[0].memory_stats() or {}
-  if "peak_bytes_in_use" in stats:
+  if "peak_bytes_in_use" in stats:  # the process's peak so far: the step and any ideals
     out["device_peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
   if not ideals:
     return out
@@ -126,13 +160,12 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
              efficiency_vs_batched=wide_s / step_s)
   out["fraction_of_matmul_peak"] = out["achieved_gflops"] / out["matmul_peak_gflops"]
   # Peak memory scales with pert_chunk, not n_pert: the same step at 2 n_pert.
-  cfg2 = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, n_pert=2 * k))
-  out["peak_memory_bytes_2x_n_pert"] = memory.planned_bytes(
-      step.lower(state, batch, ids, cfg=cfg2).compile())
+  cfg2 = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, n_pert=2 * c.spsa.n_pert))
+  out["peak_memory_bytes_2x_n_pert"] = memory.planned_bytes(inputs.compile(cfg2))
   out["memory_ratio_2x_n_pert"] = out["peak_memory_bytes_2x_n_pert"] / out["peak_memory_bytes"]
   if loop:
     with memory.matmul_precision(c.precision):
-      out["loop_seconds"] = naive_loop_seconds(state, batch, ids, cfg, min(reps, 3))
+      out["loop_seconds"] = naive_loop_seconds(state, batch, inputs.ids, cfg, min(reps, 3))
     out["speedup_vs_loop"] = out["loop_seconds"] / step_s
   return out
 
@@ -170,12 +203,8 @@ def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> fl
 
 def sweep(c, chunks: list[int], blocks: list[int], reps: int) -> dict:
   """step_sweep.py's table: every dividing (pert_chunk, time_block), timed in the same rounds."""
-  config_lib.validate(c)
-  n, a, k, b, t = c.n_experts, c.spsa.accum, c.spsa.n_pert, c.spsa.batch, c.data.seq_len
-  state = train.initial_state(c)
-  batch = jnp.asarray(np.random.default_rng(0).integers(0, 256, (n, a, b, t + 1), np.uint8))
-  ids = jnp.arange(n, dtype=jnp.int32)
-  step = jax.jit(spsa.train_step, static_argnames="cfg")
+  inputs = step_inputs(c)
+  k = c.spsa.n_pert
   rows, fns = {}, {}
   skipped = [f"pert_chunk={chunk} does not divide n_pert={k}" for chunk in chunks if k % chunk]
   limit = memory.device_limit_bytes()
@@ -183,32 +212,29 @@ def sweep(c, chunks: list[int], blocks: list[int], reps: int) -> dict:
     cfg = train.step_config(c, chunk)
     cfg = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, time_block=block))
     name = f"pert_chunk={chunk},time_block={block}"
-    with memory.matmul_precision(c.precision):
-      compiled = step.lower(state, batch, ids, cfg=cfg).compile()
-      plan = memory.planned_bytes(compiled)
-      if limit and plan > memory.MARGIN * limit:  # would not fit: "auto" would not pick it
-        skipped.append(f"{name} plans {plan / 1e9:.1f} GB, over {memory.MARGIN} x the "
-                       f"device's {limit / 1e9:.1f} GB")
-        continue
-      try:
-        jax.block_until_ready(compiled(state, batch, ids)[0].body)
-      except jax.errors.JaxRuntimeError as e:  # out of memory despite the plan
-        skipped.append(f"{name} failed: {str(e).splitlines()[0][:200]}")
-        continue
-    fns[name] = lambda compiled=compiled: compiled(state, batch, ids)[0].body
+    compiled = inputs.compile(cfg)
+    plan = memory.planned_bytes(compiled)
+    if limit and plan > memory.MARGIN * limit:  # would not fit: "auto" would not pick it
+      skipped.append(f"{name} plans {plan / 1e9:.1f} GB, over {memory.MARGIN} x the "
+                     f"device's {limit / 1e9:.1f} GB")
+      continue
+    try:
+      with memory.matmul_precision(c.precision):
+        jax.block_until_ready(inputs.runner(compiled)())
+    except jax.errors.JaxRuntimeError as e:  # out of memory despite the plan
+      skipped.append(f"{name} failed: {str(e).splitlines()[0][:200]}")
+      continue
+    fns[name] = inputs.runner(compiled)
     rows[name] = {"pert_chunk": chunk, "time_block": block, "planned_bytes": plan}
   if not fns:
     raise UserError("no combination to time: " + "; ".join(skipped))
   with memory.matmul_precision(c.precision):
     seconds = interleaved(fns, reps)
   best = min(seconds.values())
-  tokens = 2 * a * k * b * t * n
   for name, row in rows.items():
-    row.update(step_seconds=seconds[name], perturbed_tokens_per_second=tokens / seconds[name],
+    row.update(step_seconds=seconds[name],
+               perturbed_tokens_per_second=inputs.tokens / seconds[name],
                relative_to_fastest=seconds[name] / best)
-  auto = train.choose_chunk(c, n)
-  return {"config": {"n_experts": n, "d_t": c.model.d_t, "n_pert": k, "batch": b, "accum": a,
-                     "seq_len": t, "precision": c.precision},
-          "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
-          "reps": reps, "auto_pert_chunk": auto.chunk,
-          "rows": sorted(rows.values(), key=lambda r: r["step_seconds"]), "skipped": skipped}
+  return describe(c) | {"reps": reps, "auto_pert_chunk": train.choose_chunk(c, c.n_experts).chunk,
+                        "rows": sorted(rows.values(), key=lambda r: r["step_seconds"]),
+                        "skipped": skipped}

@@ -56,3 +56,37 @@ def test_sweep_skips_combinations_that_would_not_fit_the_device(monkeypatch):
   out = step_timing.sweep(c, chunks=[1, 4], blocks=[8], reps=1)
   assert [r["pert_chunk"] for r in out["rows"]] == [1]
   assert len(out["skipped"]) == 1 and out["skipped"][0].startswith("pert_chunk=4,time_block=8 plans")
+
+
+def test_ideal_forwards_cover_the_steps_tokens_with_plain_losses():
+  import jax
+  import numpy as np
+
+  from soma_jax import model as M
+  from soma_jax import train
+
+  c = config_lib.base_config(n=2, size="tiny")  # n_pert 4, A 1, B 2, T 32, own heads
+  inputs = step_timing.step_inputs(c)
+  cfg = train.step_config(c, pert_chunk=2)
+  s = inputs.state
+  plain = step_timing.ideal_forward(cfg)(s.body, s.head, inputs.batch)
+  wide = step_timing.ideal_forward(cfg, together=4)(s.body, s.head, inputs.batch)
+  assert plain.shape == (2 * 4, 2) and wide.shape == (4 // 2, 2)  # [pieces, N]
+  b_t_n = c.spsa.batch * c.data.seq_len * c.n_experts
+  assert plain.shape[0] * b_t_n == wide.shape[0] * 4 * b_t_n == inputs.tokens
+  # Piece 0 is each expert's plain loss on its own (unshifted) windows.
+  want = jax.vmap(M.loss)(s.body, s.head, inputs.batch[:, 0])
+  np.testing.assert_allclose(plain[0], want, rtol=1e-5)
+  assert not np.allclose(plain[1], want)  # later pieces see shifted bytes, not a hoisted copy
+
+
+def test_benchmark_reports_ratios_of_the_times_it_measured():
+  c = config_lib.base_config(n=2, size="tiny")
+  out = step_timing.benchmark(c, reps=1, loop=False)
+  assert out["reps"] == 1 and out["config"]["pert_chunk"] == 4  # the tiny preset fixes it
+  assert out["efficiency"] == out["forward_seconds"] / out["step_seconds"]
+  assert out["efficiency_vs_batched"] == out["batched_forward_seconds"] / out["step_seconds"]
+  step_inputs = step_timing.step_inputs(c)
+  assert out["perturbed_tokens_per_second"] == pytest.approx(step_inputs.tokens / out["step_seconds"])
+  assert out["memory_ratio_2x_n_pert"] == out["peak_memory_bytes_2x_n_pert"] / out["peak_memory_bytes"]
+  assert out["memory_ratio_2x_n_pert"] < 1.5  # memory ~ chunk, not n_pert (2 if it grew with K)
