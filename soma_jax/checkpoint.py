@@ -83,26 +83,31 @@ def flatten(cfg: dict, prefix: str = "") -> dict[str, Any]:
   return out
 
 
-def _under(key: str, names) -> bool:
+def under(key: str, names) -> bool:
+  """Whether dotted config `key` is one of `names` or inside one (opt.lr is under opt)."""
   return any(key == n or key.startswith(n + ".") for n in names)
 
 
-def manifest_sha256(data_dir: str) -> str | None:
-  path = os.path.join(data_dir, "manifest.json")
+def file_sha256(path: str) -> str | None:
+  """The file's SHA-256, or None if it does not exist."""
   if not os.path.isfile(path):
     return None
   with open(path, "rb") as f:
     return hashlib.sha256(f.read()).hexdigest()
 
 
+def manifest_sha256(data_dir: str) -> str | None:
+  return file_sha256(os.path.join(data_dir, "manifest.json"))
+
+
 def parse_overrides(value: str, known: dict) -> list[str]:
   """'opt.lr, spsa.n_pert' -> ['opt.lr', 'spsa.n_pert']; unknown or shape fields refused."""
   names = [n.strip() for n in str(value or "").split(",") if n.strip()]
   for n in names:
-    if not any(_under(k, [n]) for k in known):
+    if not any(under(k, [n]) for k in known):
       raise UserError(f"resume_overrides names {n!r}, which is not a config field; "
                       "fix: use dotted names such as opt.lr,spsa.n_pert")
-    if _under(n, SHAPE_KEYS) or any(_under(k, [n]) for k in SHAPE_KEYS):
+    if under(n, SHAPE_KEYS) or any(under(k, [n]) for k in SHAPE_KEYS):
       raise UserError(f"resume_overrides cannot change {n!r}: it fixes the shapes of the saved "
                       "state; fix: start a new --workdir")
   return names
@@ -128,10 +133,10 @@ def check_resume(workdir: str, new: ml_collections.ConfigDict,
   allowed = list(RESUMABLE_KEYS) + overrides
   if "data.dir" in changed and MANIFEST_KEY not in changed:
     allowed.append("data.dir")  # the same prepared data, moved
-  if _under("data.dir", overrides):
+  if under("data.dir", overrides):
     allowed.append(MANIFEST_KEY)
-  shape = [k for k in changed if _under(k, SHAPE_KEYS)]
-  refused = [k for k in changed if not _under(k, allowed)]
+  shape = [k for k in changed if under(k, SHAPE_KEYS)]
+  refused = [k for k in changed if not under(k, allowed)]
   if shape or refused:
     listed = "; ".join(f"{k}: {changed[k][0]!r} there, {changed[k][1]!r} now"
                        for k in sorted(set(shape) | set(refused)))

@@ -8,7 +8,6 @@ and writes a workdir that `evaluate.py` (or further training) reads like any oth
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
@@ -24,13 +23,6 @@ from soma_jax.errors import UserError
 
 # Cumulative counters of each job, summed over jobs: ops and device-seconds (SPEC 7).
 TOTALS = ("ops", "device_seconds", "compile_seconds", "eval_seconds", "ckpt_seconds")
-
-
-def _sha(path: str) -> str | None:
-  if not os.path.isfile(path):
-    return None
-  with open(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()
 
 
 def merge(workdirs: list[str], out: str) -> dict:
@@ -51,15 +43,19 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
     jobs.append((a, b, w, c))
   jobs.sort(key=lambda j: j[0])
   ref = jobs[0][3]
-  base = {k: v for k, v in ref.to_dict().items() if k != "experts"}
-  router = _sha(os.path.join(ref.data.dir, "router.npz"))
+  # Slices may differ where a resume may (device layout, speed knobs, run length), not
+  # in anything that changes the experiment.
+  same = lambda c: {k: v for k, v in ckpt_lib.flatten(c.to_dict()).items()
+                    if not ckpt_lib.under(k, ("experts",) + ckpt_lib.RESUMABLE_KEYS)}
+  base = same(ref)
+  router = ckpt_lib.file_sha256(os.path.join(ref.data.dir, "router.npz"))
   for _, _, w, c in jobs:
-    mine = {k: v for k, v in c.to_dict().items() if k != "experts"}
+    mine = same(c)
     if mine != base:
       diff = sorted(k for k in set(mine) | set(base) if mine.get(k) != base.get(k))
       raise UserError(f"{w!r} has a different config ({', '.join(diff)}) from "
                       f"{jobs[0][2]!r}; fix: merge only slices of one run")
-    if _sha(os.path.join(c.data.dir, "router.npz")) != router:
+    if ckpt_lib.file_sha256(os.path.join(c.data.dir, "router.npz")) != router:
       raise UserError(f"{w!r} was trained with a different router; fix: merge jobs that "
                       "used the same data dir")
   covered = [e for a, b, _, _ in jobs for e in range(a, b)]

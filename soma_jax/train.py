@@ -99,13 +99,14 @@ def choose_chunk(c: ml_collections.ConfigDict, n_local: int, mesh=None) -> memor
   def plan_at(chunk: int) -> int:
     cfg = dataclasses.replace(base, spsa=dataclasses.replace(base.spsa, n_pert=k_dev,
                                                              pert_chunk=chunk))
-    with memory.matmul_precision(c.get("precision", "default")):
+    with memory.matmul_precision(c.precision):
       return memory.planned_bytes(_train_step.lower(state, batch, ids, cfg=cfg).compile())
 
   chunk = config_lib.pert_chunk(c)
   limit = memory.device_limit_bytes()
-  if chunk != "auto":
-    return memory.ChunkChoice(chunk, plan_at(min(chunk, k_dev)), limit, "fixed")
+  if chunk != "auto":  # clamped as the step clamps it, so training reuses this compile
+    chunk = min(chunk, k_dev)
+    return memory.ChunkChoice(chunk, plan_at(chunk), limit, "fixed")
   return memory.choose_pert_chunk(plan_at, k_dev, jax.default_backend(), limit,
                                   n_experts=n_dev)
 
@@ -125,7 +126,7 @@ def initial_params(c: ml_collections.ConfigDict) -> tuple[PyTree, jax.Array]:
   """
   a, b = config_lib.expert_range(c)
   cfg = model_config(c)
-  if c.method == "eggroll":  # the paper's GRU (SPEC 6), its head inside the body
+  if c.method == baselines.GRU_METHOD:  # the paper's GRU (SPEC 6), its head inside the body
     body_N, head = baselines.init_gru_experts(c)
     return jax.tree.map(lambda x: x[a:b], body_N), head
   if c.init_from:
@@ -284,7 +285,6 @@ class _Run:
   c: ml_collections.ConfigDict
   workdir: str
   experts: range  # the job's experts (global ids)
-  feed: list[int]  # the experts whose data this process reads
   state: spsa.TrainState
   step_fn: Callable
   expert_ids: jax.Array
@@ -324,7 +324,7 @@ def _build(c: ml_collections.ConfigDict, workdir: str) -> _Run:
   data = pipeline.train_iterator(c.data.dir, feed, batch=c.spsa.batch, accum=c.spsa.accum,
                                  seq_len=c.data.seq_len, seed=c.seed, pooled=pooled(c))
   ops_step = ops_expert * n_local
-  return _Run(c=c, workdir=workdir, experts=range(a, b), feed=feed, state=state,
+  return _Run(c=c, workdir=workdir, experts=range(a, b), state=state,
               step_fn=step_fn, expert_ids=expert_ids, to_global=to_global, data=data,
               ckpt=ckpt_lib.Checkpointer(workdir, keep=c.ckpt.keep),
               n_devices=1 if mesh is None else mesh.size, ops_step=ops_step,
@@ -344,13 +344,14 @@ def _resume(run: _Run, overrides: list[str]) -> None:
     return
   step, state, data_state = restored
   iterator = data_state["iterator"]
-  if any(n in ("seed", "spsa", "spsa.batch") for n in overrides):  # same position, new draws
+  overridden = lambda key: ckpt_lib.under(key, overrides)
+  if overridden("seed") or overridden("spsa.batch"):  # same position, new draws
     iterator = {**run.data.get_state(), "step": iterator["step"]}
   run.data.set_state(iterator)
   sched = state.sched
-  if "opt.lr" in overrides or "opt" in overrides:
+  if overridden("opt.lr"):
     sched = sched.replace(lr=jnp.full_like(sched.lr, run.c.opt.lr))
-  if "spsa.eps" in overrides or "spsa" in overrides:
+  if overridden("spsa.eps"):
     sched = sched.replace(eps=jnp.full_like(sched.eps, run.c.spsa.eps))
   run.state = state.replace(sched=sched)
   run.start = int(step)

@@ -131,6 +131,8 @@ def test_auto_chunk_resolves_and_is_described():
   with c.unlocked():
     c.spsa.pert_chunk = "16"  # as a command line gives it
   assert config_lib.pert_chunk(c) == 16
+  # Clamped to n_pert = 4 as the step clamps it: the plan is the program training runs.
+  assert train.choose_chunk(c, 2).chunk == 4
   with c.unlocked():
     c.spsa.pert_chunk = "big"
   with pytest.raises(UserError, match="pert_chunk"):

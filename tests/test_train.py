@@ -94,13 +94,21 @@ def test_expert_slices_merged_equal_one_job(data_prepared, tmp_path):
   parts = []
   for rng in ("0:1", "1:3"):
     w = str(tmp_path / rng.replace(":", "-"))
-    train.train(tiny_config(data_prepared, steps=4, experts=rng), w)
+    c = tiny_config(data_prepared, steps=4, experts=rng)
+    c.log_every = 1 if rng == "1:3" else c.log_every  # free to differ, as on resume
+    train.train(c, w)
     parts.append(w)
   merged = str(tmp_path / "merged")
   merge.merge(parts, merged)
   assert_same_params(full, merged, same_program=False)
   with pytest.raises(UserError, match="cover experts"):
     merge.merge(parts[:1], str(tmp_path / "bad"))
+  other = str(tmp_path / "other-lr")
+  c = tiny_config(data_prepared, steps=4, experts="1:3")
+  c.opt.lr = 2 * c.opt.lr  # another experiment: refused
+  train.train(c, other)
+  with pytest.raises(UserError, match=r"different config \(opt\.lr\)"):
+    merge.merge([parts[0], other], str(tmp_path / "bad-lr"))
 
 
 def test_incompatible_workdir_and_data_refused(data_prepared, tmp_path):
