@@ -16,7 +16,7 @@ import sys
 import jax
 from absl import app, flags, logging
 
-from soma_jax import cli, train
+from soma_jax import baselines, cli, train
 from soma_jax import generate as gen_lib
 from soma_jax.errors import UserError
 from soma_jax.router import Router
@@ -48,7 +48,7 @@ def main(argv):
     raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
   logging.info("devices: %s", jax.devices())
   step, state, _, c = train.restore_state(_WORKDIR.value, _STEP.value)
-  if c.method == "eggroll":
+  if c.method == baselines.GRU_METHOD:
     raise UserError(f"{_WORKDIR.value!r} is a method=eggroll run (the paper's GRU); generate.py "
                     "samples LSTM experts only; fix: pass a soma, bptt or eggroll_lstm run")
   router = Router.load(os.path.join(_DATA_DIR.value or c.data.dir, "router.npz"))

@@ -48,8 +48,8 @@ def body_params(c, mcfg: model_lib.ModelConfig) -> int:
 
 def ensemble_params(c, mcfg: model_lib.ModelConfig) -> int:
   """Total trained parameters of the config's N experts (GRU or LSTM with its heads)."""
-  if c.method == GRU_METHOD:
-    return c.n_experts * gru_lib.gru_params(gru_config(c))
+  if c.method == GRU_METHOD:  # the body holds the GRU's own head
+    return c.n_experts * body_params(c, mcfg)
   return model_lib.ensemble_params(mcfg, c.n_experts)
 
 

@@ -250,10 +250,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
       print(f"[compare] seed {seed} {name}: N={c.n_experts} d_t={c.model.d_t} "
             f"params={total_params(c):,} updates={c.steps} ops/update={ops_update:.3g}", flush=True)
       t0 = time.perf_counter()
-      summary = train_lib.train(c, workdir)
-      if summary["status"] != "done":
-        raise UserError(f"{name} (seed {seed}) stopped early ({summary['status']}); rerun the "
-                        "same command to resume")
+      train_lib.train_to_end(c, workdir, f"{name} (seed {seed})")
       wall = time.perf_counter() - t0
       curve, losses[name] = _curve(workdir, c, test, ops_update)
       curves.setdefault(name, []).append(curve)

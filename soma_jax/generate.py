@@ -28,7 +28,7 @@ from soma_jax.errors import UserError
 
 PyTree = Any
 EMPTY_PROMPT_SEED = b"\n"  # input byte for an empty prompt
-MAX_BYTES = 10_000_000  # --max_bytes limit: about 3 h at 1k bytes/s; output is streamed
+MAX_BYTES = 10_000_000  # --max_bytes limit: a bound on output size (output is streamed)
 CHUNK_BYTES = 256  # bytes sampled per compiled scan (and per write to the output)
 
 
@@ -90,8 +90,7 @@ def sample_byte(key: jax.Array, logp_V: jax.Array, temperature: jax.typing.Array
 
 def _ens_step(bodies_K, heads_K, state_K, byte):
   """Every selected expert reads `byte`: ([K, V] logits, new states)."""
-  logits_KxV, state_K = jax.vmap(step, in_axes=(0, 0, 0, None))(bodies_K, heads_K, state_K, byte)
-  return logits_KxV, state_K
+  return jax.vmap(step, in_axes=(0, 0, 0, None))(bodies_K, heads_K, state_K, byte)
 
 
 @jax.jit

@@ -65,7 +65,7 @@ def train_seed(config: ml_collections.ConfigDict, data_dir: str, out: str) -> st
   s.data.dir = data_dir
   workdir = os.path.join(out, "seed")
   t0 = time.perf_counter()
-  train_lib.train(s, workdir)
+  train_lib.train_to_end(s, workdir, "the seed run")
   print(f"[independent_vs_summed] seed run: {s.steps} updates in {time.perf_counter() - t0:.0f} s "
         f"({workdir})", flush=True)
   return workdir
@@ -77,25 +77,26 @@ def train_variant(c: ml_collections.ConfigDict, variant: str, test: compare.Test
 
   Runs with x64 enabled: the summed loss's difference is formed in float64 (float32 weights).
   """
-  if not c.init_from:
-    raise UserError("train.init_from is empty; fix: the seed run's workdir (SPEC 3.4)")
-  cfg = train_lib.step_config(c)
-  body_N, head = train_lib.initial_params(c)  # every expert copies the seed's body
-  state = spsa.init_state(jax.tree.map(jnp.array, body_N), jnp.array(head), c.opt.lr, c.spsa.eps,
-                          cfg)
-  data = pipeline.train_iterator(c.data.dir, list(range(c.n_experts)), batch=c.spsa.batch,
-                                 accum=c.spsa.accum, seq_len=c.data.seq_len, seed=c.seed)
-  expert_ids = jnp.arange(c.n_experts, dtype=jnp.int32)
-  step_fn = _STEPS[variant]
-  curve, last = [], None
-  t0 = time.perf_counter()
-  for step in range(c.steps + 1):
-    if step in checkpoints:
-      last = test.losses(state.body, state.head, c.n_experts, c.model.shared_head)
-      curve.append({"step": step, "test_nats_per_byte": float(last.mean())})
-    if step < c.steps:
-      state, _ = step_fn(state, jnp.asarray(next(data)), expert_ids, cfg=cfg)
-  return curve, last, time.perf_counter() - t0
+  with jax.enable_x64(True):
+    if not c.init_from:
+      raise UserError("train.init_from is empty; fix: the seed run's workdir (SPEC 3.4)")
+    cfg = train_lib.step_config(c)
+    body_N, head = train_lib.initial_params(c)  # every expert copies the seed's body
+    state = spsa.init_state(jax.tree.map(jnp.array, body_N), jnp.array(head), c.opt.lr, c.spsa.eps,
+                            cfg)
+    data = pipeline.train_iterator(c.data.dir, list(range(c.n_experts)), batch=c.spsa.batch,
+                                   accum=c.spsa.accum, seq_len=c.data.seq_len, seed=c.seed)
+    expert_ids = jnp.arange(c.n_experts, dtype=jnp.int32)
+    step_fn = _STEPS[variant]
+    curve, last = [], None
+    t0 = time.perf_counter()
+    for step in range(c.steps + 1):
+      if step in checkpoints:
+        last = test.losses(state.body, state.head, c.n_experts, c.model.shared_head)
+        curve.append({"step": step, "test_nats_per_byte": float(last.mean())})
+      if step < c.steps:
+        state, _ = step_fn(state, jnp.asarray(next(data)), expert_ids, cfg=cfg)
+    return curve, last, time.perf_counter() - t0
 
 
 def run(config: ml_collections.ConfigDict, out: str) -> dict:
@@ -121,8 +122,7 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
     c.seed = seed
     curves, final = {}, {}
     for variant in VARIANTS:
-      with jax.enable_x64(True):
-        curves[variant], final[variant], secs = train_variant(c, variant, test, checkpoints)
+      curves[variant], final[variant], secs = train_variant(c, variant, test, checkpoints)
       print(f"[independent_vs_summed] seed {seed} {variant}: {c.steps} updates in {secs:.0f} s, "
             f"test {curves[variant][-1]['test_nats_per_byte']:.4f} nats/byte", flush=True)
     diff_n = final["summed"] - final["independent"]

@@ -239,6 +239,16 @@ def _check_inputs(c: ml_collections.ConfigDict) -> None:
     raise UserError(f"init_from={c.init_from!r} does not exist; fix: the seed run's workdir")
 
 
+def train_to_end(c: ml_collections.ConfigDict, workdir: str, what: str) -> dict:
+  """`train`, for experiments that go on with the trained run: a run stopped early (Ctrl-C,
+  SIGTERM) is a UserError naming `what`, never a half-trained input to the next stage."""
+  summary = train(c, workdir)
+  if summary["status"] != "done":
+    raise UserError(f"{what} stopped early ({summary['status']}); rerun the same command to "
+                    "resume")
+  return summary
+
+
 def train(c: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (or resumes) the run in `workdir` to `c.steps`; returns a summary dict.
 

@@ -179,3 +179,12 @@ def test_resume_on_a_different_device_count(data_prepared, tmp_path):
   b2, h2, _ = train.restore_params(straight)
   for x, y in zip(jax.tree.leaves((b1, h1)), jax.tree.leaves((b2, h2)), strict=True):
     np.testing.assert_allclose(x, y, atol=1e-4)
+
+
+def test_train_to_end_refuses_a_run_stopped_early(monkeypatch):
+  """compare / independent_vs_summed go on with a run only if it reached c.steps."""
+  monkeypatch.setattr(train, "train", lambda c, w: {"status": "interrupted", "step": 3})
+  with pytest.raises(UserError, match="the seed run stopped early \\(interrupted\\); rerun"):
+    train.train_to_end(None, "w", "the seed run")
+  monkeypatch.setattr(train, "train", lambda c, w: {"status": "done", "step": 8})
+  assert train.train_to_end(None, "w", "the seed run")["step"] == 8
