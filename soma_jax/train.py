@@ -318,7 +318,7 @@ def _build(c: ml_collections.ConfigDict, workdir: str) -> _Run:
   mesh = _mesh(c, n_local)
   chunk = choose_chunk(c, n_local, mesh)
   step_cfg = step_config(c, chunk.chunk)
-  step_fn, ops_expert = make_step(c, chunk.chunk)  # the step is built here, once
+  step_fn, ops_expert = make_step(c, chunk.chunk)  # one device's step; a mesh's replaces it
   if mesh is None:
     feed = list(range(a, b))  # this process feeds every expert of the job
     expert_ids = jnp.arange(a, b, dtype=jnp.int32)
@@ -435,7 +435,7 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
   a, b = run.experts.start, run.experts.stop
   progress.message(
       f"training experts {a}..{b - 1} of {c.n_experts} "
-      f"({baselines.body_params(c, step_config(c).model):,} params each) from step "
+      f"({baselines.body_params(c, model_config(c)):,} params each) from step "
       f"{run.start} to {c.steps} on {jax.devices()[0].platform}; {run.chunk.describe()}; "
       f"matmul precision {c.precision}")
   clock = _Clock(run)
