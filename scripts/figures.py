@@ -28,7 +28,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join("docs", "results")
 
 
 @dataclasses.dataclass(frozen=True)

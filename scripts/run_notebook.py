@@ -93,7 +93,6 @@ def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: st
             "python": sys.version.split()[0], "cells": [], "status": "ok",
             "total_seconds": 0.0, "total_cpu_seconds": 0.0}
   t_all = time.perf_counter()
-  status = 0
   for i, (source, is_param) in enumerate(cells):
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
     print(f"--- cell {i}: {first_line(source)}", flush=True)
@@ -104,7 +103,6 @@ def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: st
     except (Exception, SystemExit):
       traceback.print_exc()
       record.update(status="error", failed_cell=i)
-      status = 1
     seconds = time.perf_counter() - t0
     record["cells"].append({"cell": i, "first_line": first_line(source), "seconds": seconds,
                             "cpu_seconds": _cpu_seconds() - cpu0})
@@ -112,11 +110,11 @@ def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: st
     record["total_seconds"] = time.perf_counter() - t_all
     record["total_cpu_seconds"] = sum(c["cpu_seconds"] for c in record["cells"])
     _write(record, timings_path)  # after every cell: a run killed midway keeps what it timed
-    if status:
+    if record["status"] != "ok":
       break
   print(f"--- {record['status']}: {len(record['cells'])} of {len(cells)} cells in "
         f"{record['total_seconds']:.1f} s", flush=True)
-  return status
+  return int(record["status"] != "ok")
 
 
 def _write(record: dict, path: str | None) -> None:
