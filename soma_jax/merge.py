@@ -22,7 +22,7 @@ from soma_jax import train as train_lib
 from soma_jax.errors import UserError
 
 # Cumulative counters of each job, summed over jobs: ops and device-seconds (SPEC 7).
-TOTALS = ("ops", "device_seconds", "compile_seconds", "eval_seconds", "ckpt_seconds")
+TOTALS = ("ops",) + train_lib.TIMERS
 
 
 def merge(workdirs: list[str], out: str) -> dict:

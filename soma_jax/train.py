@@ -239,6 +239,10 @@ def _check_inputs(c: ml_collections.ConfigDict) -> None:
     raise UserError(f"init_from={c.init_from!r} does not exist; fix: the seed run's workdir")
 
 
+# Cumulative seconds each run keeps in its checkpoints (SPEC 7 device-seconds, and apart).
+TIMERS = ("device_seconds", "compile_seconds", "eval_seconds", "ckpt_seconds")
+
+
 def train_to_end(c: ml_collections.ConfigDict, workdir: str, what: str) -> dict:
   """`train`, for experiments that go on with the trained run: a run stopped early (Ctrl-C,
   SIGTERM) is a UserError naming `what`, never a half-trained input to the next stage."""
@@ -379,7 +383,7 @@ class _Clock:
   and only its excess is compile time.
   """
 
-  KEYS = ("device_seconds", "compile_seconds", "eval_seconds", "ckpt_seconds")
+  KEYS = TIMERS
 
   def __init__(self, run: _Run):
     self.n_devices, self.ops_step, self.base = run.n_devices, run.ops_step, run.totals
