@@ -11,6 +11,8 @@ both ideals once (interleaved, so their ratios do not drift with the machine):
     that one update stands for -> `efficiency`; and plain forwards of 2 C B sequences at
     once, as wide as the step's chunk -> `efficiency_vs_batched` (a stronger ideal: one
     weight matrix shared by all rows, which perturbed copies cannot share);
+  * the SPSA estimate alone, without Adam and the head's delta rule -> `estimate_efficiency`
+    (the forward ideal over it): where the step's time beyond the ideal goes;
   * a large f32 matmul -> `matmul_peak_gflops`, against which `achieved_gflops` is read;
   * a naive reference: a Python loop over directions calling a jitted one-direction
     estimate, then the same jitted update -> `speedup_vs_loop`.

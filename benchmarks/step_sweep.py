@@ -1,7 +1,9 @@
-"""Which pert_chunk and time_block run the SOMA step fastest here: one table, JSON + text.
+"""Which pert_chunk, time_block and spsa.signs run the SOMA step fastest here: one table,
+JSON + text.
 
   python benchmarks/step_sweep.py --config=experiments/configs/soma.py:n=4,size=cpu \
-      --pert_chunk=1,2,4 --time_block=64,128 --json bench_out/step_sweep.json
+      --pert_chunk=1,2,4 --time_block=128,256 --signs=together,apart \
+      --json bench_out/step_sweep.json
 
 Compiles the step once per combination (the config's other settings unchanged), then
 times every combination in the same --reps interleaved rounds, so the comparison does not
@@ -26,6 +28,7 @@ from soma_jax.errors import UserError  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _CHUNKS = flags.DEFINE_list("pert_chunk", ["1", "2", "4"], "spsa.pert_chunk values")
 _BLOCKS = flags.DEFINE_list("time_block", ["64", "128"], "spsa.time_block values")
+_SIGNS = flags.DEFINE_list("signs", ["together", "apart"], "spsa.signs values")
 _REPS = flags.DEFINE_integer("reps", 5, "timed rounds (median)")
 _JSON = flags.DEFINE_string("json", None, "write the results here")
 flags.mark_flag_as_required("config")
@@ -43,13 +46,18 @@ def positive_ints(name: str, values: list[str]) -> list[int]:
 
 def main(argv):
   del argv
+  signs = tuple(_SIGNS.value)
+  if not signs or not set(signs) <= {"together", "apart"}:
+    raise UserError(f"--signs={','.join(signs)} must name together and/or apart")
   result = sweep(_CONFIG.value, positive_ints("pert_chunk", _CHUNKS.value),
-                 positive_ints("time_block", _BLOCKS.value), _REPS.value)
+                 positive_ints("time_block", _BLOCKS.value), _REPS.value, signs)
   for r in result["rows"]:
     print(f"pert_chunk {r['pert_chunk']:>4}  time_block {r['time_block']:>4}  "
+          f"signs {r['signs']:>8}  "
           f"{r['step_seconds']:.3f} s  x{r['relative_to_fastest']:.2f}  "
           f"{r['planned_bytes'] / 1e6:.0f} MB planned", file=sys.stderr)
-  print(f"auto picks pert_chunk={result['auto_pert_chunk']} here", file=sys.stderr)
+  print(f"auto picks pert_chunk={result['auto_pert_chunk']}, signs {result['auto_signs']} "
+        "here", file=sys.stderr)
   cli.emit_json(result, _JSON.value)
 
 

@@ -119,6 +119,16 @@ def ideal_forward(cfg: spsa.StepConfig, together: int = 1):
   return fwd
 
 
+def estimate_only(cfg: spsa.StepConfig):
+  """The step's SPSA estimate without the update: (state, batch, ids) -> its mean loss."""
+  @jax.jit
+  def est(state, batch_NxAxBxT1, ids_N):
+    return spsa.estimate(state.body, state.head, batch_NxAxBxT1, state.sched.eps, state.step,
+                         ids_N, jax.random.key(cfg.seed), cfg.spsa,
+                         shared_head=cfg.model.shared_head)[1]
+  return est
+
+
 def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
   """The figures above; `ideals=False` times the step alone (paper_shapes.py's rows)."""
   inputs = step_inputs(c)
@@ -131,6 +141,8 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
     fwd, wide = ideal_forward(cfg), ideal_forward(cfg, together=2 * cfg.spsa.chunk)
     fns["forward"] = lambda: fwd(state.body, state.head, batch)
     fns["batched_forward"] = lambda: wide(state.body, state.head, batch)
+    est = estimate_only(cfg)
+    fns["estimate"] = lambda: est(state, batch, inputs.ids)
   with memory.matmul_precision(c.precision):
     seconds = interleaved(fns, reps)
   step_s, tokens = seconds["step"], inputs.tokens
@@ -152,12 +164,16 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
     out["device_peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
   if not ideals:
     return out
-  fwd_s, wide_s = seconds["forward"], seconds["batched_forward"]
+  fwd_s, wide_s, est_s = seconds["forward"], seconds["batched_forward"], seconds["estimate"]
   with memory.matmul_precision(c.precision):
     out["matmul_peak_gflops"] = matmul_peak_gflops(4096 if jax.default_backend() == "gpu" else 2048)
   out.update(forward_seconds=fwd_s, forward_tokens_per_second=tokens / fwd_s,
              efficiency=fwd_s / step_s, batched_forward_seconds=wide_s,
-             efficiency_vs_batched=wide_s / step_s)
+             efficiency_vs_batched=wide_s / step_s,
+             # The SPSA estimate alone (probes, perturbed forwards, the sum over directions):
+             # what the step adds beyond it is the update (Adam; the delta-rule head's own
+             # unperturbed forward when it trains the head).
+             estimate_seconds=est_s, estimate_efficiency=fwd_s / est_s)
   out["fraction_of_matmul_peak"] = out["achieved_gflops"] / out["matmul_peak_gflops"]
   # Peak memory scales with pert_chunk, not n_pert: the same step at 2 n_pert.
   cfg2 = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, n_pert=2 * c.spsa.n_pert))
@@ -173,7 +189,8 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
 def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> float:
   """What the step replaces: one jitted call per direction and accumulation batch."""
   one = spsa.SpsaConfig(n_pert=1, accum=1, probe=cfg.spsa.probe, pert_chunk=1,
-                        time_block=cfg.spsa.time_block, unroll=cfg.spsa.unroll)
+                        time_block=cfg.spsa.time_block, unroll=cfg.spsa.unroll,
+                        signs_together=cfg.spsa.signs_together)
   base_key = jax.random.key(cfg.seed)
 
   @jax.jit
@@ -201,17 +218,21 @@ def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> fl
   return timeit(run, reps)
 
 
-def sweep(c, chunks: list[int], blocks: list[int], reps: int) -> dict:
-  """step_sweep.py's table: every dividing (pert_chunk, time_block), timed in the same rounds."""
+def sweep(c, chunks: list[int], blocks: list[int], reps: int,
+          signs: tuple[str, ...] = ("together",)) -> dict:
+  """step_sweep.py's table: every dividing (pert_chunk, time_block, spsa.signs), timed in
+  the same rounds."""
   inputs = step_inputs(c)
   k = c.spsa.n_pert
   rows, fns = {}, {}
   skipped = [f"pert_chunk={chunk} does not divide n_pert={k}" for chunk in chunks if k % chunk]
   limit = memory.device_limit_bytes()
-  for chunk, block in itertools.product([ch for ch in chunks if k % ch == 0], blocks):
+  for chunk, block, sign in itertools.product([ch for ch in chunks if k % ch == 0], blocks,
+                                              signs):
     cfg = train.step_config(c, chunk)
-    cfg = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, time_block=block))
-    name = f"pert_chunk={chunk},time_block={block}"
+    cfg = dataclasses.replace(cfg, spsa=dataclasses.replace(
+        cfg.spsa, time_block=block, signs_together=sign == "together"))
+    name = f"pert_chunk={chunk},time_block={block},signs={sign}"
     compiled = inputs.compile(cfg)
     plan = memory.planned_bytes(compiled)
     if limit and plan > memory.MARGIN * limit:  # would not fit: "auto" would not pick it
@@ -225,7 +246,8 @@ def sweep(c, chunks: list[int], blocks: list[int], reps: int) -> dict:
       skipped.append(f"{name} failed: {str(e).splitlines()[0][:200]}")
       continue
     fns[name] = inputs.runner(compiled)
-    rows[name] = {"pert_chunk": chunk, "time_block": block, "planned_bytes": plan}
+    rows[name] = {"pert_chunk": chunk, "time_block": block, "signs": sign,
+                  "planned_bytes": plan}
   if not fns:
     raise UserError("no combination to time: " + "; ".join(skipped))
   with memory.matmul_precision(c.precision):
@@ -236,5 +258,6 @@ def sweep(c, chunks: list[int], blocks: list[int], reps: int) -> dict:
                perturbed_tokens_per_second=inputs.tokens / seconds[name],
                relative_to_fastest=seconds[name] / best)
   return describe(c) | {"reps": reps, "auto_pert_chunk": train.choose_chunk(c, c.n_experts).chunk,
+                        "auto_signs": "together" if train.signs_together(c) else "apart",
                         "rows": sorted(rows.values(), key=lambda r: r["step_seconds"]),
                         "skipped": skipped}

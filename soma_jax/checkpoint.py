@@ -40,7 +40,7 @@ SHAPE_KEYS = ("method", "n_experts", "experts", "model", "spsa.accum", "data.seq
 # layout, and speed / memory knobs that leave the math alone up to float rounding.
 RESUMABLE_KEYS = ("steps", "log_every", "eval_every", "ckpt_every", "ensemble_eval_every",
                   "ckpt.keep", "mesh", "precision", "spsa.pert_chunk", "spsa.time_block",
-                  "spsa.unroll", "eggroll.pop_chunk", "resume_overrides")
+                  "spsa.unroll", "spsa.signs", "eggroll.pop_chunk", "resume_overrides")
 MANIFEST_KEY = "data.manifest_sha256"  # the data dir's manifest.json, compared on resume
 
 

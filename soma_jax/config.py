@@ -13,6 +13,7 @@ from soma_jax.errors import UserError
 
 SIZES = ("tiny", "cpu", "paper")
 METHODS = ("soma", "bptt", "eggroll", "eggroll_lstm")
+SIGNS = ("auto", "together", "apart")  # spsa.signs
 PAPER_WIDTH = {1: 509, 2: 361, 8: 181, 256: 32}  # SPEC section 2 size table
 
 
@@ -72,10 +73,14 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   c.spsa.probe = "sparse"  # sparse | rademacher | gaussian
   # Directions evaluated at once (memory ~ chunk, not n_pert): "auto" = the largest
   # divisor of n_pert whose compiled step fits the GPU, or on a CPU the chunk giving
-  # about 8 perturbed copies per iteration (memory.cpu_chunk); or an integer.
+  # about 4 perturbed copies per iteration (memory.cpu_chunk); or an integer.
   c.spsa.pert_chunk = ml_collections.FieldReference("auto", field_type=object)
   c.spsa.time_block = 64  # positions per block of the streamed SPSA loss (memory ~ this)
   c.spsa.unroll = 1  # LSTM steps per loop iteration in that loss (speed only, same math)
+  # The two signs of a direction: "together" (one vmapped pass, 2 C copies per expert per
+  # iteration), "apart" (theta + eps z, then theta - eps z: half the working set) or "auto"
+  # (apart on a CPU, together elsewhere). Speed only: equal to float32 rounding.
+  c.spsa.signs = "auto"
 
   c.opt = ml_collections.ConfigDict()
   c.opt.lr = 1e-3  # initial Adam learning rate (per expert, plateau-scheduled)
@@ -105,8 +110,9 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   if size == "cpu":  # demo scale on 2 cores: minutes
     c.opt.lr = 3e-3  # a short run needs a larger step than the paper's 1e-3 (measured)
     c.spsa.batch = 2  # T = 1024 covers the scored targets 257..1024; B * T as at 8 x 256
-    # 2 cores, N = 4, chunk 1: 0.74 s per step at 128 vs 0.79 s at 64 (step_sweep_cpu_n4.json)
-    c.spsa.time_block = 128
+    # 2 cores: the fastest step at N = 1, 2, 4 and 8 used 256 rather than 128
+    # (docs/results/step_sweep_cpu_n*.json)
+    c.spsa.time_block = 256
     c.data.update(seq_len=1024, val_windows=16)
   elif size == "tiny":  # unit tests: seconds
     c.model.update(d_t=8, d_e=8)
@@ -147,6 +153,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   chunk = pert_chunk(c)
   need(chunk == "auto" or s.n_pert % min(chunk, s.n_pert) == 0,
        f"spsa.pert_chunk={s.pert_chunk} must divide spsa.n_pert={s.n_pert} (or be auto)")
+  need(s.get("signs", "auto") in SIGNS,
+       f"spsa.signs={s.get('signs')!r}; use one of {', '.join(SIGNS)}")
   need(c.precision in memory.PRECISIONS,
        f"precision={c.precision!r}; use one of {', '.join(memory.PRECISIONS)}")
   need(s.probe in ("sparse", "rademacher", "gaussian"),

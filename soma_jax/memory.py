@@ -18,7 +18,10 @@ from collections.abc import Callable
 
 import jax
 
-CPU_COPIES = 8  # perturbed weight copies per iteration (2 N C) that run fastest on a CPU
+# Perturbed weight copies per loop iteration (N C with the signs apart, the CPU's default)
+# that run fastest on a CPU: 4 at N = 1, 2, 4 (and the fewest, 8, at N = 8), measured
+# against 2 to 32 copies on 2 cores (docs/results/step_sweep_cpu_n*.json).
+CPU_COPIES = 4
 MARGIN = 0.85  # plan at most this fraction of the device limit (allocator slack, metrics)
 PRECISIONS = ("default", "high", "highest")
 
@@ -47,9 +50,12 @@ def divisors_desc(n: int) -> list[int]:
   return [c for c in range(n, 0, -1) if n % c == 0]
 
 
-def cpu_chunk(n_pert: int, n_experts: int) -> int:
-  """The CPU's chunk: the largest divisor C of n_pert with 2 N C <= CPU_COPIES, or 1."""
-  return max(c for c in divisors_desc(n_pert) if c == 1 or 2 * n_experts * c <= CPU_COPIES)
+def cpu_chunk(n_pert: int, n_experts: int, signs_together: bool = True) -> int:
+  """The CPU's chunk: the largest divisor C of n_pert whose perturbed copies per loop
+  iteration (2 N C with both signs together, N C with the signs apart) are at most
+  CPU_COPIES, or 1."""
+  per_direction = n_experts * (2 if signs_together else 1)
+  return max(c for c in divisors_desc(n_pert) if c == 1 or per_direction * c <= CPU_COPIES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +74,7 @@ class ChunkChoice:
 
 def choose_pert_chunk(plan_at: Callable[[int], int], n_pert: int, platform: str,
                       limit_bytes: int | None, margin: float = MARGIN,
-                      n_experts: int = 1) -> ChunkChoice:
+                      n_experts: int = 1, signs_together: bool = True) -> ChunkChoice:
   """The largest divisor of n_pert whose step plans within margin x limit (GPU/TPU), or
   the CPU's small chunk for `n_experts` experts on the device. `plan_at(chunk)` compiles
   the step and returns planned bytes.
@@ -79,7 +85,7 @@ def choose_pert_chunk(plan_at: Callable[[int], int], n_pert: int, platform: str,
   """
   divs = divisors_desc(n_pert)
   if platform == "cpu" or not limit_bytes:
-    chunk = cpu_chunk(n_pert, n_experts)
+    chunk = cpu_chunk(n_pert, n_experts, signs_together)
     why = "auto: small chunks run fastest on the CPU" if platform == "cpu" else \
         "auto: device limit unknown, CPU default"
     return ChunkChoice(chunk, plan_at(chunk), limit_bytes, why)

@@ -41,6 +41,10 @@ class SpsaConfig:
   pert_chunk: int = 16  # directions evaluated at once; peak memory scales with this
   time_block: int = 64  # positions per block of the streamed loss; memory ~ this, not T
   unroll: int = 1  # LSTM time steps per loop iteration of the streamed loss (speed only)
+  # Both signs of a direction in one vmapped pass (2 C perturbed copies per expert per
+  # iteration: wide work for a GPU), or theta + eps z then theta - eps z (C copies: half the
+  # working set, faster on a CPU). The same arithmetic either way (speed only).
+  signs_together: bool = True
 
   def __post_init__(self):
     if self.probe not in PROBES:
@@ -173,7 +177,7 @@ def estimate(
     signs = jnp.array([1.0, -1.0], eps.dtype)
     def one(s):
       return loss_fn(jax.tree.map(lambda p, d: p + s * eps * d, body, z), head_e, batch)
-    return jax.vmap(one)(signs)
+    return jax.vmap(one)(signs) if cfg.signs_together else jax.lax.map(one, signs)
 
   def chunk(g_N, a, c):
     dirs_C = start + c * size + jnp.arange(size)

@@ -41,18 +41,26 @@ def model_config(c: ml_collections.ConfigDict) -> model_lib.ModelConfig:
                                shared_head=c.model.shared_head)
 
 
+def signs_together(c: ml_collections.ConfigDict) -> bool:
+  """spsa.signs resolved: "auto" evaluates the two signs apart on a CPU (half the working
+  set per loop iteration, measured faster there) and together on other backends."""
+  signs = c.spsa.get("signs", "auto")
+  return jax.default_backend() != "cpu" if signs == "auto" else signs == "together"
+
+
 def step_config(c: ml_collections.ConfigDict, pert_chunk: int | None = None) -> spsa.StepConfig:
   """The static step settings; `pert_chunk` resolves spsa.pert_chunk="auto" (see
   `choose_chunk`; without it "auto" stands for the CPU's chunk, enough for shapes)."""
   chunk = pert_chunk or config_lib.pert_chunk(c)
+  together = signs_together(c)
   if chunk == "auto":
-    chunk = memory.cpu_chunk(c.spsa.n_pert, c.n_experts)
+    chunk = memory.cpu_chunk(c.spsa.n_pert, c.n_experts, together)
   return spsa.StepConfig(
       model=model_config(c),
-      # .get: configs saved before time_block / unroll existed still restore.
+      # .get: configs saved before time_block / unroll / signs existed still restore.
       spsa=spsa.SpsaConfig(n_pert=c.spsa.n_pert, accum=c.spsa.accum, probe=c.spsa.probe,
                            pert_chunk=chunk, time_block=c.spsa.get("time_block", 64),
-                           unroll=c.spsa.get("unroll", 1)),
+                           unroll=c.spsa.get("unroll", 1), signs_together=together),
       weight_decay=c.opt.weight_decay, train_head=c.opt.train_head, seed=c.seed)
 
 
@@ -108,7 +116,7 @@ def choose_chunk(c: ml_collections.ConfigDict, n_local: int, mesh=None) -> memor
     chunk = min(chunk, k_dev)
     return memory.ChunkChoice(chunk, plan_at(chunk), limit, "fixed")
   return memory.choose_pert_chunk(plan_at, k_dev, jax.default_backend(), limit,
-                                  n_experts=n_dev)
+                                  n_experts=n_dev, signs_together=base.spsa.signs_together)
 
 
 def plateau_config(c: ml_collections.ConfigDict) -> spsa.PlateauConfig:
@@ -437,11 +445,12 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
     progress.message(f"{run.workdir} is already trained to step {run.start} (steps={c.steps}); "
                      "raise --config.steps to continue")
   a, b = run.experts.start, run.experts.stop
+  signs = f"signs {'together' if signs_together(c) else 'apart'}; " if c.method == "soma" else ""
   progress.message(
       f"training experts {a}..{b - 1} of {c.n_experts} "
       f"({baselines.body_params(c, model_config(c)):,} params each) from step "
       f"{run.start} to {c.steps} on {jax.devices()[0].platform}; {run.chunk.describe()}; "
-      f"matmul precision {c.precision}")
+      f"{signs}matmul precision {c.precision}")
   clock = _Clock(run)
   log = _Log(run, clock, progress)
   pending = None  # the previous update's metrics

@@ -15,15 +15,17 @@ import step_timing  # noqa: E402
 
 def test_sweep_times_each_dividing_combination_and_ranks_them():
   c = config_lib.base_config(n=2, size="tiny")  # n_pert 4
-  out = step_timing.sweep(c, chunks=[1, 3, 4], blocks=[8, 16], reps=2)
-  combos = {(r["pert_chunk"], r["time_block"]) for r in out["rows"]}
-  assert combos == {(1, 8), (1, 16), (4, 8), (4, 16)}
+  out = step_timing.sweep(c, chunks=[1, 3, 4], blocks=[8, 16], reps=2,
+                          signs=("together", "apart"))
+  combos = {(r["pert_chunk"], r["time_block"], r["signs"]) for r in out["rows"]}
+  assert combos == {(k, t, s) for k in (1, 4) for t in (8, 16) for s in ("together", "apart")}
   assert out["skipped"] == ["pert_chunk=3 does not divide n_pert=4"]
   seconds = [r["step_seconds"] for r in out["rows"]]
   assert seconds == sorted(seconds)
   assert out["rows"][0]["relative_to_fastest"] == 1.0
   assert all(r["relative_to_fastest"] >= 1.0 and r["planned_bytes"] > 0 for r in out["rows"])
-  by_chunk = {r["pert_chunk"]: r["planned_bytes"] for r in out["rows"] if r["time_block"] == 8}
+  by_chunk = {r["pert_chunk"]: r["planned_bytes"] for r in out["rows"]
+              if r["time_block"] == 8 and r["signs"] == "together"}
   assert by_chunk[4] > by_chunk[1]  # more directions at once plan more memory
   tokens = 2 * 4 * c.spsa.batch * c.data.seq_len * 2
   r = out["rows"][0]
@@ -34,6 +36,7 @@ def test_sweep_times_each_dividing_combination_and_ranks_them():
     ("step_sweep.py", "--pert_chunk=a", "positive integers"),
     ("step_sweep.py", "--time_block=0", "positive integers"),
     ("step_sweep.py", "--reps=0", "must be >= 1"),
+    ("step_sweep.py", "--signs=both", "must name together and/or apart"),
     ("spsa_step.py", "--reps=0", "must be >= 1"),
     ("paper_shapes.py", "--reps=0", "must be >= 1"),
     ("profile_step.py", "--steps=0", "must be >= 1"),
@@ -55,7 +58,8 @@ def test_sweep_skips_combinations_that_would_not_fit_the_device(monkeypatch):
   monkeypatch.setattr(step_timing.memory, "device_limit_bytes", lambda: int(limit))
   out = step_timing.sweep(c, chunks=[1, 4], blocks=[8], reps=1)
   assert [r["pert_chunk"] for r in out["rows"]] == [1]
-  assert len(out["skipped"]) == 1 and out["skipped"][0].startswith("pert_chunk=4,time_block=8 plans")
+  assert len(out["skipped"]) == 1 and out["skipped"][0].startswith(
+      "pert_chunk=4,time_block=8,signs=together plans")
 
 
 def test_ideal_forwards_cover_the_steps_tokens_with_plain_losses():
@@ -86,6 +90,7 @@ def test_benchmark_reports_ratios_of_the_times_it_measured():
   assert out["reps"] == 1 and out["config"]["pert_chunk"] == 4  # the tiny preset fixes it
   assert out["efficiency"] == out["forward_seconds"] / out["step_seconds"]
   assert out["efficiency_vs_batched"] == out["batched_forward_seconds"] / out["step_seconds"]
+  assert out["estimate_efficiency"] == out["forward_seconds"] / out["estimate_seconds"]
   step_inputs = step_timing.step_inputs(c)
   assert out["perturbed_tokens_per_second"] == pytest.approx(step_inputs.tokens / out["step_seconds"])
   assert out["memory_ratio_2x_n_pert"] == out["peak_memory_bytes_2x_n_pert"] / out["peak_memory_bytes"]

@@ -104,9 +104,13 @@ def test_choose_pert_chunk_picks_largest_fitting_divisor():
   assert memory.choose_pert_chunk(plan_at, 64, "gpu", int(100e9)).chunk == 64
   assert calls == [64]
   assert memory.choose_pert_chunk(plan_at, 48, "gpu", int(10e9), margin=1.0).chunk == 16
-  # CPU: about CPU_COPIES = 8 perturbed copies (2 N C) per iteration, whatever the plan.
-  cpu = lambda k, n: memory.choose_pert_chunk(plan_at, k, "cpu", None, n_experts=n).chunk
+  # CPU: about CPU_COPIES = 4 perturbed copies per iteration (N C with the signs apart,
+  # 2 N C together), whatever the plan; one direction when even that is more.
+  def cpu(k, n, together=False):
+    return memory.choose_pert_chunk(plan_at, k, "cpu", None, n_experts=n,
+                                    signs_together=together).chunk
   assert [cpu(64, n) for n in (1, 2, 4, 8)] == [4, 2, 1, 1]
+  assert [cpu(64, n, together=True) for n in (1, 2, 4)] == [2, 1, 1]
   assert cpu(9, 1) == 3  # 4 does not divide 9
   assert cpu(7, 1) == 1
 
@@ -123,8 +127,10 @@ def test_auto_chunk_resolves_and_is_described():
   with c.unlocked():
     c.spsa.pert_chunk = "auto"
   choice = train.choose_chunk(c, 2)
-  # The CPU's small chunk; on a GPU all 4 directions fit at once.
-  assert choice.chunk == (2 if jax.default_backend() == "cpu" else 4)
+  # The CPU's small chunk (signs apart there); on a GPU all 4 directions fit at once.
+  on_cpu = jax.default_backend() == "cpu"
+  assert train.signs_together(c) == (not on_cpu)
+  assert choice.chunk == (memory.cpu_chunk(4, 2, signs_together=False) if on_cpu else 4)
   assert choice.planned_bytes > 0
   assert train.step_config(c, choice.chunk).spsa.pert_chunk == choice.chunk
   assert f"pert_chunk={choice.chunk}" in choice.describe()
@@ -137,6 +143,14 @@ def test_auto_chunk_resolves_and_is_described():
     c.spsa.pert_chunk = "big"
   with pytest.raises(UserError, match="pert_chunk"):
     config_lib.validate(c)
+  with c.unlocked():
+    c.spsa.pert_chunk, c.spsa.signs = "auto", "both"
+  with pytest.raises(UserError, match="spsa.signs='both'; use one of auto, together, apart"):
+    config_lib.validate(c)
+  for signs, together in (("together", True), ("apart", False)):
+    with c.unlocked():
+      c.spsa.signs = signs
+    assert train.step_config(c).spsa.signs_together is together
 
 
 def test_precision_reaches_the_compiled_matmuls():

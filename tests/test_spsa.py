@@ -248,6 +248,32 @@ def test_chunking_does_not_change_the_estimate():
   np.testing.assert_allclose(l1, l2, rtol=1e-5)
 
 
+def test_signs_apart_equal_signs_together():
+  """spsa.signs is speed only: + then - equals both signs in one vmapped pass, to float32
+  rounding, and really runs the two signs one after the other (a loop of length 2)."""
+  body_N, head, batch = _setup(n=2, a=2)
+  args = (body_N, head, batch, jnp.full((2,), 1e-3), 3, jnp.arange(2), jax.random.key(0))
+  together = S.SpsaConfig(n_pert=4, accum=2, pert_chunk=2)
+  apart = dataclasses.replace(together, signs_together=False)
+  g1, l1 = S.estimate(*args, together)
+  g2, l2 = S.estimate(*args, apart)
+  np.testing.assert_allclose(_flat(g2), _flat(g1), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(l2, l1, rtol=1e-6)
+
+  def scan_lengths(jaxpr) -> list[int]:  # every scan's length, nested ones included
+    out = []
+    for e in jaxpr.eqns:
+      if e.primitive.name == "scan":
+        out.append(e.params["length"])
+      for p in e.params.values():
+        if hasattr(p, "jaxpr"):  # a ClosedJaxpr (scan, pjit) or a Jaxpr
+          out += scan_lengths(p.jaxpr if hasattr(p.jaxpr, "eqns") else p)
+    return out
+
+  lengths = lambda cfg: scan_lengths(jax.make_jaxpr(lambda *a: S.estimate(*a, cfg))(*args).jaxpr)
+  assert 2 not in lengths(together) and 2 in lengths(apart)
+
+
 def _step_cfg(**kw):
   return S.StepConfig(model=dataclasses.replace(TINY, shared_head=False),
                       spsa=S.SpsaConfig(n_pert=4, pert_chunk=2), train_head=True, **kw)
