@@ -5,7 +5,7 @@
 #   3. the test suite on the GPU and the notebook's GPU path, side by side.
 # Each part has its own time limit, so one slow part cannot starve the others. Logs and
 # JSON go to $OUT. `bash benchmarks/gpu_check.sh [all|bench|tests|sweep|profile]` (default
-# all; sweep = the time_block / unroll variants of the two target rows, then the tests;
+# all; sweep = the time_block / unroll / signs variants of the two target rows, then the tests;
 # profile = where the step's time goes at the two target rows, kernels ranked).
 # Dry run on a CPU first: QUICK=1 OUT=/tmp/gc bash benchmarks/gpu_check.sh
 set -uo pipefail
@@ -57,6 +57,10 @@ if [ "$WHAT" = sweep ]; then  # the streamed loss's speed knobs at the issue's t
       --time_block="$1" --unroll="$2" --row_timeout=75 --json "$OUT/sweep_tb$1_u$2.json" \
       --md "$OUT/sweep_tb$1_u$2.md"
   done
+  # spsa.signs=apart (+ then -; a CPU's default) against the GPU's default, together.
+  part sweep_signs_apart 150 $PY benchmarks/paper_shapes.py --rows=n2,n16 --reps=3 \
+    --signs=apart --row_timeout=75 --json "$OUT/sweep_signs_apart.json" \
+    --md "$OUT/sweep_signs_apart.md"
 fi
 if [ "$WHAT" = profile ]; then  # one step each, n_pert 64 in one chunk, the presets' blocks
   for n in 2 16; do

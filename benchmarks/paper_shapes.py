@@ -41,13 +41,15 @@ _PRECISION = flags.DEFINE_enum("precision", "default", ["default", "high", "high
                                "float32 matmul precision of the step")
 _TIME_BLOCK = flags.DEFINE_integer("time_block", 0, "spsa.time_block (0: the preset's)")
 _UNROLL = flags.DEFINE_integer("unroll", 0, "spsa.unroll (0: the preset's)")
+_SIGNS = flags.DEFINE_enum("signs", "auto", ["auto", "together", "apart"], "spsa.signs")
 _JSON = flags.DEFINE_string("json", None, "write the table here (JSON)")
 _MD = flags.DEFINE_string("md", None, "write the table here (Markdown)")
 _ROW = flags.DEFINE_string("row", None, "internal: measure one row and print its JSON")
 _TIMEOUT = flags.DEFINE_integer("row_timeout", 900, "seconds allowed per row")
 
 
-def row_config(label: str, n_pert: int, precision: str, time_block: int = 0, unroll: int = 0):
+def row_config(label: str, n_pert: int, precision: str, time_block: int = 0, unroll: int = 0,
+               signs: str = "auto"):
   from soma_jax import config as config_lib
 
   c = config_lib.load_config_file(os.path.join(ROOT, "experiments/configs/soma.py"),
@@ -59,15 +61,16 @@ def row_config(label: str, n_pert: int, precision: str, time_block: int = 0, unr
       c.spsa.time_block = time_block
     if unroll:
       c.spsa.unroll = unroll
+    c.spsa.signs = signs
     c.precision = precision
   return c
 
 
 def measure_row(label: str, n_pert: int, reps: int, precision: str, time_block: int = 0,
-                unroll: int = 0) -> dict:
+                unroll: int = 0, signs: str = "auto") -> dict:
   import step_timing  # beside this script, on sys.path when it runs
 
-  c = row_config(label, n_pert, precision, time_block, unroll)
+  c = row_config(label, n_pert, precision, time_block, unroll, signs)
   out = step_timing.benchmark(c, reps, loop=False, ideals=False)
   return {"row": label, "what": ROWS[label][1], **out}
 
@@ -76,7 +79,8 @@ def run_row(label: str) -> dict:
   """One row in a fresh process (its own allocator and peak; an OOM stays in that row)."""
   cmd = [sys.executable, os.path.abspath(__file__), f"--row={label}",
          f"--n_pert={_N_PERT.value}", f"--reps={_REPS.value}", f"--precision={_PRECISION.value}",
-         f"--time_block={_TIME_BLOCK.value}", f"--unroll={_UNROLL.value}"]
+         f"--time_block={_TIME_BLOCK.value}", f"--unroll={_UNROLL.value}",
+         f"--signs={_SIGNS.value}"]
   t = time.perf_counter()
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT.value)
@@ -93,7 +97,7 @@ def run_row(label: str) -> dict:
 
 
 def markdown(rows: list[dict], device: str) -> str:
-  head = ("| row | N | d_t | n_pert | chunk | time block / unroll | step s | perturbed tokens/s "
+  head = ("| row | N | d_t | n_pert | chunk | time block / unroll / signs | step s | perturbed tokens/s "
           "| TFLOP/s | planned memory | device limit |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
   gb = lambda b: f"{b / 1e9:.1f} GB" if b and b > 0 else "-"
   lines = []
@@ -104,7 +108,7 @@ def markdown(rows: list[dict], device: str) -> str:
     k = r["config"]
     lines.append(
         f"| {r['what']} | {k['n_experts']} | {k['d_t']} | {k['n_pert']} | {k['pert_chunk']} | "
-        f"{k['time_block']} / {k['unroll']} | "
+        f"{k['time_block']} / {k['unroll']} / {k.get('signs', 'together')} | "
         f"{r['step_seconds']:.3f} | {r['perturbed_tokens_per_second'] / 1e6:.1f}M | "
         f"{r['achieved_gflops'] / 1e3:.1f} | {gb(r['peak_memory_bytes'])} | "
         f"{gb(r['device_limit_bytes'])} |")
@@ -115,7 +119,7 @@ def main(argv):
   del argv
   if _ROW.value:
     print(json.dumps(measure_row(_ROW.value, _N_PERT.value, _REPS.value, _PRECISION.value,
-                                 _TIME_BLOCK.value, _UNROLL.value)))
+                                 _TIME_BLOCK.value, _UNROLL.value, _SIGNS.value)))
     return
   unknown = [r for r in _ROWS.value if r not in ROWS]
   if unknown:

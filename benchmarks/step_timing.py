@@ -149,6 +149,7 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
   out = describe(c, depth=c.model.depth, pert_chunk=choice.chunk,
                  pert_chunk_setting=str(c.spsa.pert_chunk), time_block=cfg.spsa.time_block,
                  unroll=cfg.spsa.unroll, probe=c.spsa.probe,
+                 signs="together" if cfg.spsa.signs_together else "apart",
                  params_per_expert=model_lib.body_params(cfg.model))
   out.update(
       reps=reps,

@@ -4,9 +4,10 @@ The SPSA step's memory grows with the number of directions evaluated at once (th
 chunk C: 2 N C perturbed copies of the weights and their activations) and not with T
 (`model.streamed_loss`). On a GPU the fastest step is the largest chunk that fits, so
 "auto" compiles the step (no run) and reads XLA's buffer plan against the device's
-`bytes_limit`. On a CPU small chunks measure fastest: about 8 perturbed copies of the
-weights per loop iteration (2 N C). At the cpu preset on 2 cores that is C = 4, 2, 1, 1
-for N = 1, 2, 4, 8, the fastest of C = 1, 2, 4 in each case
+`bytes_limit`. On a CPU small chunks measure fastest: about 4 perturbed copies of the
+weights per loop iteration (N C, the two signs of a direction apart). At the cpu preset
+on 2 cores that is C = 4, 2, 1, 1 for N = 1, 2, 4, 8: the fastest of C = 1, 2, 4 with the
+signs apart or together at N = 2, 4, 8, and 1% behind the fastest at N = 1
 (`benchmarks/step_sweep.py`, docs/results/step_sweep_cpu_n*.json).
 """
 
@@ -18,9 +19,9 @@ from collections.abc import Callable
 
 import jax
 
-# Perturbed weight copies per loop iteration (N C with the signs apart, the CPU's default)
-# that run fastest on a CPU: 4 at N = 1, 2, 4 (and the fewest, 8, at N = 8), measured
-# against 2 to 32 copies on 2 cores (docs/results/step_sweep_cpu_n*.json).
+# Perturbed weight copies per loop iteration (N C with the signs apart, 2 N C together)
+# that run fastest on a CPU: 4 at N = 1, 2, 4; at N = 8 one direction (8 copies) was
+# fastest. Measured from 1 to 64 copies on 2 cores (docs/results/step_sweep_cpu_n*.json).
 CPU_COPIES = 4
 MARGIN = 0.85  # plan at most this fraction of the device limit (allocator slack, metrics)
 PRECISIONS = ("default", "high", "highest")
