@@ -120,12 +120,13 @@ def ideal_forward(cfg: spsa.StepConfig, together: int = 1):
 
 
 def estimate_only(cfg: spsa.StepConfig):
-  """The step's SPSA estimate without the update: (state, batch, ids) -> its mean loss."""
+  """The step's SPSA estimate without the update: (state, batch, ids) -> (g_hat, mean loss).
+  Both are returned, so XLA cannot drop the sum over directions as dead code."""
   @jax.jit
   def est(state, batch_NxAxBxT1, ids_N):
     return spsa.estimate(state.body, state.head, batch_NxAxBxT1, state.sched.eps, state.step,
                          ids_N, jax.random.key(cfg.seed), cfg.spsa,
-                         shared_head=cfg.model.shared_head)[1]
+                         shared_head=cfg.model.shared_head)
   return est
 
 
