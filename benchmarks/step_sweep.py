@@ -20,7 +20,7 @@ from absl import flags
 from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timing import sweep  # noqa: E402
+from step_timing import positive_ints, sweep  # noqa: E402
 
 from soma_jax import cli  # noqa: E402
 from soma_jax.errors import UserError  # noqa: E402
@@ -32,16 +32,6 @@ _SIGNS = flags.DEFINE_list("signs", ["together", "apart"], "spsa.signs values")
 _REPS = flags.DEFINE_integer("reps", 5, "timed rounds (median)")
 _JSON = flags.DEFINE_string("json", None, "write the results here")
 flags.mark_flag_as_required("config")
-
-
-def positive_ints(name: str, values: list[str]) -> list[int]:
-  try:
-    out = [int(v) for v in values]
-  except ValueError:
-    out = []
-  if not out or min(out) < 1:
-    raise UserError(f"--{name}={','.join(values)} must be positive integers, e.g. 1,2,4")
-  return out
 
 
 def main(argv):

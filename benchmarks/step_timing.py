@@ -21,6 +21,17 @@ from soma_jax import model as model_lib
 from soma_jax.errors import UserError
 
 
+def positive_ints(name: str, values: list[str]) -> list[int]:
+  """A list flag's values as positive integers, or a UserError naming --name."""
+  try:
+    out = [int(v) for v in values]
+  except ValueError:
+    out = []
+  if not out or min(out) < 1:
+    raise UserError(f"--{name}={','.join(values)} must be positive integers, e.g. 1,2,4")
+  return out
+
+
 def timeit(fn, reps: int) -> float:
   return interleaved({"fn": fn}, reps)["fn"]
 

@@ -84,6 +84,12 @@ FIGURES = {
          "--json={out}/sweep.json"),
         json="{out}/sweep.json", cheap=False)
        for n in (1, 2, 4, 8)},
+    # XLA's plan at the paper's shapes, compiled on the CPU (what fits a 16 GB GPU).
+    **{f"plan_paper_n{n}": Figure(
+        ("benchmarks/plan_memory.py", f"--config=experiments/configs/soma.py:n={n},size=paper",
+         "--pert_chunk=16,32,64", "--signs=together,apart", "--json={out}/plan.json"),
+        json="{out}/plan.json")
+       for n in (2, 16)},
 }
 
 

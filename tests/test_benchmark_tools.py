@@ -37,6 +37,8 @@ def test_sweep_times_each_dividing_combination_and_ranks_them():
     ("step_sweep.py", "--time_block=0", "positive integers"),
     ("step_sweep.py", "--reps=0", "must be >= 1"),
     ("step_sweep.py", "--signs=both", "must name together and/or apart"),
+    ("plan_memory.py", "--signs=both", "must name together and/or apart"),
+    ("plan_memory.py", "--pert_chunk=0", "positive integers"),
     ("spsa_step.py", "--reps=0", "must be >= 1"),
     ("paper_shapes.py", "--reps=0", "must be >= 1"),
     ("profile_step.py", "--steps=0", "must be >= 1"),

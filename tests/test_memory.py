@@ -59,10 +59,11 @@ def test_expert_losses_equal_per_expert_loss():
   np.testing.assert_allclose(got, want, rtol=2e-6)
 
 
-def _plan(n, d_t, b, t, n_pert, chunk, time_block) -> int:
+def _plan(n, d_t, b, t, n_pert, chunk, time_block, signs_together=True) -> int:
   mc = M.paper_config(n, d_t)
   cfg = S.StepConfig(model=mc, spsa=S.SpsaConfig(n_pert=n_pert, pert_chunk=chunk,
-                                                   time_block=time_block),
+                                                   time_block=time_block,
+                                                   signs_together=signs_together),
                      train_head=not mc.shared_head)
 
   def init():
@@ -83,6 +84,15 @@ def test_paper_shapes_plan_fits_16gb_and_does_not_grow_with_t():
   plan_256 = _plan(2, 361, 64, 256, 64, 64, tb)
   assert 0 < plan_1024 <= 16e9, f"N=2 paper step plans {plan_1024 / 1e9:.1f} GB (> 16 GB)"
   assert plan_1024 <= 1.3 * plan_256, (plan_1024, plan_256)
+
+
+def test_signs_apart_plan_less_than_together():
+  """+ then - keeps C perturbed copies live, not 2 C: the plan's per-direction part halves."""
+  together = [_plan(2, 32, 8, 64, 8, chunk, 16) for chunk in (1, 8)]
+  apart = [_plan(2, 32, 8, 64, 8, chunk, 16, signs_together=False) for chunk in (1, 8)]
+  assert apart[1] < together[1]
+  slope = lambda p: p[1] - p[0]  # bytes per 7 more directions in the chunk
+  assert 0.3 < slope(apart) / slope(together) < 0.8, (apart, together)  # 0.60 measured
 
 
 def test_plan_grows_with_chunk():
