@@ -57,8 +57,9 @@ if [ "$WHAT" = sweep ]; then  # the streamed loss's speed knobs at the issue's t
       --time_block="$1" --unroll="$2" --row_timeout=75 --json "$OUT/sweep_tb$1_u$2.json" \
       --md "$OUT/sweep_tb$1_u$2.md"
   done
-  # spsa.signs=apart (+ then -; a CPU's default) against the GPU's default, together.
-  part sweep_signs_apart 150 $PY benchmarks/paper_shapes.py --rows=n2,n16 --reps=3 \
+  # spsa.signs=apart (+ then -; a CPU's default); the GPU's default, together, at the same
+  # settings is `bench`'s paper_shapes_64.json (run `bench` first).
+  part sweep_signs_apart 170 $PY benchmarks/paper_shapes.py --rows=n2,n16 --reps=3 \
     --signs=apart --row_timeout=75 --json "$OUT/sweep_signs_apart.json" \
     --md "$OUT/sweep_signs_apart.md"
 fi

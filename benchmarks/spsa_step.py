@@ -9,7 +9,7 @@ both ideals once (interleaved, so their ratios do not drift with the machine):
     config's pert_chunk ("auto" resolved as training resolves it);
   * the ideal: the 2 A n_pert plain forward passes of B sequences (unperturbed weights)
     that one update stands for -> `efficiency`; and plain forwards of 2 C B sequences at
-    once, as wide as the step's chunk -> `efficiency_vs_batched` (a stronger ideal: one
+    once, a chunk's both signs -> `efficiency_vs_batched` (a stronger ideal: one
     weight matrix shared by all rows, which perturbed copies cannot share);
   * the SPSA estimate alone, without Adam and the head's delta rule -> `estimate_efficiency`
     (the forward ideal over it): where the step's time beyond the ideal goes;

@@ -20,10 +20,9 @@ from absl import flags
 from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timing import positive_ints, sweep  # noqa: E402
+from step_timing import positive_ints, signs_values, sweep  # noqa: E402
 
 from soma_jax import cli  # noqa: E402
-from soma_jax.errors import UserError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _CHUNKS = flags.DEFINE_list("pert_chunk", ["1", "2", "4"], "spsa.pert_chunk values")
@@ -36,11 +35,9 @@ flags.mark_flag_as_required("config")
 
 def main(argv):
   del argv
-  signs = tuple(_SIGNS.value)
-  if not signs or not set(signs) <= {"together", "apart"}:
-    raise UserError(f"--signs={','.join(signs)} must name together and/or apart")
   result = sweep(_CONFIG.value, positive_ints("pert_chunk", _CHUNKS.value),
-                 positive_ints("time_block", _BLOCKS.value), _REPS.value, signs)
+                 positive_ints("time_block", _BLOCKS.value), _REPS.value,
+                 signs_values(_SIGNS.value))
   for r in result["rows"]:
     print(f"pert_chunk {r['pert_chunk']:>4}  time_block {r['time_block']:>4}  "
           f"signs {r['signs']:>8}  "

@@ -32,6 +32,14 @@ def positive_ints(name: str, values: list[str]) -> list[int]:
   return out
 
 
+def signs_values(values: list[str]) -> tuple[str, ...]:
+  """A --signs list flag: spsa.signs settings to compare, or a UserError."""
+  allowed = [s for s in config_lib.SIGNS if s != "auto"]
+  if not values or not set(values) <= set(allowed):
+    raise UserError(f"--signs={','.join(values)} must name {' and/or '.join(allowed)}")
+  return tuple(values)
+
+
 def timeit(fn, reps: int) -> float:
   return interleaved({"fn": fn}, reps)["fn"]
 
@@ -109,7 +117,7 @@ def ideal_forward(cfg: spsa.StepConfig, together: int = 1):
   """Plain forwards over 2 A K B windows per expert, `together` x B windows at a time.
 
   together = 1: the 2 A n_pert plain forward passes of B windows that an update replaces
-  (`efficiency`); together = 2 C: plain forwards as wide as the step's chunk, a stronger
+  (`efficiency`); together = 2 C: plain forwards as wide as a chunk's both signs, a stronger
   ideal that shares one weight matrix over 2 C B rows (`efficiency_vs_batched`). Each
   piece's windows are the accumulation batch's, shifted by the piece index so no piece is
   loop-invariant (XLA would hoist it and time nothing).
@@ -161,7 +169,7 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
   out = describe(c, depth=c.model.depth, pert_chunk=choice.chunk,
                  pert_chunk_setting=str(c.spsa.pert_chunk), time_block=cfg.spsa.time_block,
                  unroll=cfg.spsa.unroll, probe=c.spsa.probe,
-                 signs="together" if cfg.spsa.signs_together else "apart",
+                 signs=cfg.spsa.signs,
                  params_per_expert=model_lib.body_params(cfg.model))
   out.update(
       reps=reps,
@@ -271,6 +279,6 @@ def sweep(c, chunks: list[int], blocks: list[int], reps: int,
                perturbed_tokens_per_second=inputs.tokens / seconds[name],
                relative_to_fastest=seconds[name] / best)
   return describe(c) | {"reps": reps, "auto_pert_chunk": train.choose_chunk(c, c.n_experts).chunk,
-                        "auto_signs": "together" if train.signs_together(c) else "apart",
+                        "auto_signs": train.step_config(c).spsa.signs,
                         "rows": sorted(rows.values(), key=lambda r: r["step_seconds"]),
                         "skipped": skipped}

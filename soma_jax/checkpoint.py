@@ -36,11 +36,13 @@ CORRUPT_PREFIX = "corrupt-"  # not a step name to orbax (it parses digits or *_d
 # Config fields that fix the shapes (and meaning) of the state; never changed on resume.
 SHAPE_KEYS = ("method", "n_experts", "experts", "model", "spsa.accum", "data.seq_len",
               "opt.train_head", "eggroll.rank")
-# Fields a resume may change freely: run length, logging and checkpoint cadence, device
-# layout, and speed / memory knobs that leave the math alone up to float rounding.
+# Device layout and speed / memory knobs: they leave the math alone up to float rounding.
+SPEED_KEYS = ("mesh", "spsa.pert_chunk", "spsa.time_block", "spsa.unroll", "spsa.signs",
+              "eggroll.pop_chunk")
+# Fields a resume may change freely: run length, logging and checkpoint cadence, precision
+# and the speed knobs.
 RESUMABLE_KEYS = ("steps", "log_every", "eval_every", "ckpt_every", "ensemble_eval_every",
-                  "ckpt.keep", "mesh", "precision", "spsa.pert_chunk", "spsa.time_block",
-                  "spsa.unroll", "spsa.signs", "eggroll.pop_chunk", "resume_overrides")
+                  "ckpt.keep", "precision", "resume_overrides") + SPEED_KEYS
 MANIFEST_KEY = "data.manifest_sha256"  # the data dir's manifest.json, compared on resume
 
 
@@ -86,6 +88,11 @@ def flatten(cfg: dict, prefix: str = "") -> dict[str, Any]:
 def under(key: str, names) -> bool:
   """Whether dotted config `key` is one of `names` or inside one (opt.lr is under opt)."""
   return any(key == n or key.startswith(n + ".") for n in names)
+
+
+def fields_except(c, names) -> dict[str, Any]:
+  """A config's flattened fields, less those under `names`."""
+  return {k: v for k, v in flatten(c.to_dict()).items() if not under(k, names)}
 
 
 def file_sha256(path: str) -> str | None:

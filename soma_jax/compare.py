@@ -140,7 +140,9 @@ def _check_existing(workdir: str, c: ml_collections.ConfigDict) -> None:
   if not os.path.isfile(os.path.join(workdir, "config.json")):
     return
   old = ckpt_lib.read_config(workdir)
-  if json.loads(old.to_json()) != json.loads(c.to_json()):
+  # Speed knobs may differ (a run made before spsa.signs existed still continues).
+  same = lambda cfg: json.loads(json.dumps(ckpt_lib.fields_except(cfg, ckpt_lib.SPEED_KEYS)))
+  if same(old) != same(c):
     raise UserError(f"{workdir!r} holds a run with a different config (budget, size or data); "
                     "fix: choose a new --out or delete that folder")
 

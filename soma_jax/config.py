@@ -78,7 +78,7 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   c.spsa.time_block = 64  # positions per block of the streamed SPSA loss (memory ~ this)
   c.spsa.unroll = 1  # LSTM steps per loop iteration in that loss (speed only, same math)
   # The two signs of a direction: "together" (one vmapped pass, 2 C copies per expert per
-  # iteration), "apart" (theta + eps z, then theta - eps z: half the working set) or "auto"
+  # iteration), "apart" (theta + eps z, then theta - eps z: C copies at a time) or "auto"
   # (apart on a CPU, together elsewhere). Speed only: equal to float32 rounding.
   c.spsa.signs = "auto"
 

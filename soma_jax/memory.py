@@ -1,7 +1,8 @@
 """Device memory: XLA's plan for a compiled step, the device's limit, `pert_chunk="auto"`.
 
 The SPSA step's memory grows with the number of directions evaluated at once (the
-chunk C: 2 N C perturbed copies of the weights and their activations) and not with T
+chunk C: 2 N C perturbed copies of the weights and their activations, N C with the signs
+of a direction evaluated apart) and not with T
 (`model.streamed_loss`). On a GPU the fastest step is the largest chunk that fits, so
 "auto" compiles the step (no run) and reads XLA's buffer plan against the device's
 `bytes_limit`. On a CPU small chunks measure fastest: about 4 perturbed copies of the

@@ -45,8 +45,7 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
   ref = jobs[0][3]
   # Slices may differ where a resume may (device layout, speed knobs, run length), not
   # in anything that changes the experiment.
-  same = lambda c: {k: v for k, v in ckpt_lib.flatten(c.to_dict()).items()
-                    if not ckpt_lib.under(k, ("experts",) + ckpt_lib.RESUMABLE_KEYS)}
+  same = lambda c: ckpt_lib.fields_except(c, ("experts",) + ckpt_lib.RESUMABLE_KEYS)
   base = same(ref)
   router = ckpt_lib.file_sha256(os.path.join(ref.data.dir, "router.npz"))
   for _, _, w, c in jobs:

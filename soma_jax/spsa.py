@@ -42,8 +42,8 @@ class SpsaConfig:
   time_block: int = 64  # positions per block of the streamed loss; memory ~ this, not T
   unroll: int = 1  # LSTM time steps per loop iteration of the streamed loss (speed only)
   # Both signs of a direction in one vmapped pass (2 C perturbed copies per expert per
-  # iteration: wide work for a GPU), or theta + eps z then theta - eps z (C copies: half the
-  # working set, faster on a CPU). The same arithmetic either way (speed only).
+  # iteration: wide work for a GPU), or theta + eps z then theta - eps z (C copies at a
+  # time, faster on a CPU). The same arithmetic either way, equal to float32 rounding.
   signs_together: bool = True
 
   def __post_init__(self):
@@ -57,6 +57,11 @@ class SpsaConfig:
   @property
   def chunk(self) -> int:
     return min(self.pert_chunk, self.n_pert)
+
+  @property
+  def signs(self) -> str:
+    """The spsa.signs setting this resolves: "together" or "apart"."""
+    return "together" if self.signs_together else "apart"
 
 
 # ----------------------------------------------------------------------------- probes
@@ -149,7 +154,8 @@ def estimate(
   All K directions and both signs of accumulation batch a use that batch. Directions are
   processed C at a time in a `lax.scan`, so memory holds C perturbed copies, not K. The
   default loss is `model.streamed_loss` in blocks of `cfg.time_block` positions, so
-  activation memory is ~ 2 N C B time_block 4 d_t floats, independent of T.
+  activation memory is ~ 2 N C B time_block 4 d_t floats (N C B ... with the signs apart,
+  `cfg.signs_together=False`), independent of T.
   `loss_groups` (one group id per expert) sums losses within each group before the
   difference: the shared-loss estimator. Returns (g_hat_N, loss_N), loss_N being the
   mean of the 2 A K perturbed losses of each expert.

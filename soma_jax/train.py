@@ -445,7 +445,7 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
     progress.message(f"{run.workdir} is already trained to step {run.start} (steps={c.steps}); "
                      "raise --config.steps to continue")
   a, b = run.experts.start, run.experts.stop
-  signs = f"signs {'together' if signs_together(c) else 'apart'}; " if c.method == "soma" else ""
+  signs = f"signs {step_config(c).spsa.signs}; " if c.method == "soma" else ""
   progress.message(
       f"training experts {a}..{b - 1} of {c.n_experts} "
       f"({baselines.body_params(c, model_config(c)):,} params each) from step "

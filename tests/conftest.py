@@ -81,9 +81,12 @@ def equal_to_rounding(actual, desired, close: float = 1e-5, outliers: float = 0.
   12,408 weights (bodies and heads) were 7.0e-5, 4.3e-5 and 8.4e-6."""
   import jax
 
+  assert jax.tree.structure(actual) == jax.tree.structure(desired)
+  for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(desired), strict=True):
+    assert np.shape(a) == np.shape(b), (np.shape(a), np.shape(b))
   x = np.concatenate([np.ravel(a) for a in jax.tree.leaves(actual)])
   y = np.concatenate([np.ravel(b) for b in jax.tree.leaves(desired)])
   diff = np.abs(x - y)
-  assert x.shape == y.shape and diff.max() <= atol, f"max difference {diff.max():.3g} > {atol}"
+  assert diff.max() <= atol, f"max difference {diff.max():.3g} > {atol}"
   far = np.mean(diff > close)
   assert far <= outliers, f"{far:.2%} of weights differ by more than {close} ({outliers:.0%} allowed)"

@@ -41,6 +41,7 @@ def test_sweep_times_each_dividing_combination_and_ranks_them():
     ("plan_memory.py", "--pert_chunk=0", "positive integers"),
     ("spsa_step.py", "--reps=0", "must be >= 1"),
     ("paper_shapes.py", "--reps=0", "must be >= 1"),
+    ("paper_shapes.py", "--signs=both", "should be one of <auto|together|apart>"),
     ("profile_step.py", "--steps=0", "must be >= 1"),
 ])
 def test_bad_values_exit_2_with_one_line(script, flag, says):
@@ -97,3 +98,43 @@ def test_benchmark_reports_ratios_of_the_times_it_measured():
   assert out["perturbed_tokens_per_second"] == pytest.approx(step_inputs.tokens / out["step_seconds"])
   assert out["memory_ratio_2x_n_pert"] == out["peak_memory_bytes_2x_n_pert"] / out["peak_memory_bytes"]
   assert out["memory_ratio_2x_n_pert"] < 1.5  # memory ~ chunk, not n_pert (2 if it grew with K)
+
+
+def test_plan_memory_plans_each_dividing_chunk_and_signs():
+  import plan_memory
+
+  from soma_jax.errors import UserError
+
+  c = config_lib.base_config(n=2, size="tiny")  # n_pert 4
+  out = plan_memory.plans(c, [1, 3, 4], ("together", "apart"))
+  assert [(r["pert_chunk"], r["signs"]) for r in out["rows"]] == [
+      (1, "together"), (1, "apart"), (4, "together"), (4, "apart")]
+  assert out["skipped"] == ["pert_chunk=3 does not divide n_pert=4"]
+  plan = {(r["pert_chunk"], r["signs"]): r["planned_bytes"] for r in out["rows"]}
+  assert plan[4, "together"] > plan[1, "together"] and plan[4, "apart"] < plan[4, "together"]
+  assert c.spsa.pert_chunk == 4 and c.spsa.signs == "auto"  # the caller's config unchanged
+  with pytest.raises(UserError, match="nothing to plan"):
+    plan_memory.plans(c, [3], ("apart",))
+  with c.unlocked():
+    c.method = "bptt"
+  with pytest.raises(UserError, match="only the SOMA step"):
+    plan_memory.plans(c, [1], ("apart",))
+
+
+def test_estimate_only_is_the_steps_estimate():
+  """The benchmark's estimate returns g_hat (not just the loss, which let XLA drop the sum
+  over directions as dead code) and it is spsa.estimate's."""
+  import jax
+  import numpy as np
+
+  from soma_jax import spsa, train
+
+  c = config_lib.base_config(n=2, size="tiny")
+  inputs = step_timing.step_inputs(c)
+  cfg = train.step_config(c)
+  s = inputs.state
+  g, loss = step_timing.estimate_only(cfg)(s, inputs.batch, inputs.ids)
+  want = spsa.estimate(s.body, s.head, inputs.batch, s.sched.eps, s.step, inputs.ids,
+                       jax.random.key(cfg.seed), cfg.spsa, shared_head=cfg.model.shared_head)
+  for x, y in zip(jax.tree.leaves((g, loss)), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)

@@ -257,3 +257,26 @@ def test_paper_controls_config(arg, wide):
   assert (c.model.d_t != 32) == wide and c.spsa.batch == soma.spsa.batch == 64
   if arg.startswith("mono="):
     assert (c.n_experts, c.spsa.n_pert, c.spsa.accum) == (1, int(arg[5:]), 1)
+
+
+def test_an_existing_run_continues_only_under_the_same_experiment(tmp_path):
+  """compare.py --out again: speed knobs may differ (or be missing in an older run's
+  config.json); anything else, e.g. the run length a budget fixes, is refused."""
+  from soma_jax import checkpoint
+  from soma_jax.config import base_config
+  from soma_jax.errors import UserError
+
+  c = base_config(n=2, size="tiny")
+  w = str(tmp_path)
+  checkpoint.write_config(w, c)
+  faster = c.copy_and_resolve_references()
+  faster.spsa.update(signs="apart", time_block=8, pert_chunk=2)
+  compare._check_existing(w, faster)
+  older = c.copy_and_resolve_references()
+  del older.spsa["signs"]  # a run made before the field existed
+  checkpoint.write_config(w, older)
+  compare._check_existing(w, c)
+  longer = c.copy_and_resolve_references()
+  longer.steps += 1
+  with pytest.raises(UserError, match="different config"):
+    compare._check_existing(w, longer)

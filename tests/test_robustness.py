@@ -153,10 +153,11 @@ def test_resume_guards(data_prepared, data_textdir, tmp_path):
   moved = str(tmp_path / "moved_data")  # the same prepared data at another path is fine
   shutil.copytree(data_prepared, moved)
   c = tiny_config(moved, steps=3, log_every=3)
-  c.spsa.pert_chunk = 2
+  c.spsa.pert_chunk, c.spsa.signs = 2, "together"  # speed knobs may change on resume
   assert train.train(c, w)["step"] == 3
   last = ckpt_lib.last_history(w)
-  assert set(last["changed"]) == {"data.dir", "steps", "log_every", "spsa.pert_chunk"}
+  assert set(last["changed"]) == {"data.dir", "steps", "log_every", "spsa.pert_chunk",
+                                  "spsa.signs"}
   assert last["step"] == 2 and last["resume_overrides"] == []
 
   c = tiny_config(data_prepared, steps=4, resume_overrides="opt.lr,spsa.n_pert")

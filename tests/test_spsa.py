@@ -271,7 +271,8 @@ def test_signs_apart_equal_signs_together():
     return out
 
   lengths = lambda cfg: scan_lengths(jax.make_jaxpr(lambda *a: S.estimate(*a, cfg))(*args).jaxpr)
-  assert 2 not in lengths(together) and 2 in lengths(apart)
+  # One more scan of length 2 (+, then -) than evaluating both signs at once.
+  assert lengths(apart).count(2) == lengths(together).count(2) + 1
 
 
 def _step_cfg(**kw):
