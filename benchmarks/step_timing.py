@@ -1,6 +1,8 @@
-"""Timing of the SOMA step and its ideals, shared by spsa_step.py and paper_shapes.py.
+"""Timing and planned memory of the SOMA step, shared by the benchmarks/ CLIs (spsa_step,
+paper_shapes, step_sweep, plan_memory, profile_step).
 
-See spsa_step.py for what each figure means. No flags here: importable by both CLIs.
+See spsa_step.py for what each figure means. No flags here: importable by every CLI and
+by the tests (a module defining absl flags could not be imported beside another).
 """
 
 
@@ -282,3 +284,22 @@ def sweep(c, chunks: list[int], blocks: list[int], reps: int,
                         "auto_signs": train.step_config(c).spsa.signs,
                         "rows": sorted(rows.values(), key=lambda r: r["step_seconds"]),
                         "skipped": skipped}
+
+
+def plans(c: ml_collections.ConfigDict, chunks: list[int], signs: tuple[str, ...]) -> dict:
+  """plan_memory.py's table: one row per dividing pert_chunk x signs, XLA's planned bytes."""
+  config_lib.validate(c)
+  if c.method != "soma":
+    raise UserError(f"method={c.method}: only the SOMA step has a pert_chunk to plan")
+  k = c.spsa.n_pert
+  skipped = [f"pert_chunk={chunk} does not divide n_pert={k}" for chunk in chunks if k % chunk]
+  rows = []
+  for chunk, sign in itertools.product([ch for ch in chunks if k % ch == 0], signs):
+    ci = c.copy_and_resolve_references()  # the caller's config stays as it was
+    ci.spsa.update(pert_chunk=chunk, signs=sign)
+    choice = train.choose_chunk(ci, ci.n_experts)
+    rows.append({"pert_chunk": chunk, "signs": sign, "planned_bytes": choice.planned_bytes})
+  if not rows:
+    raise UserError("nothing to plan: " + "; ".join(skipped))
+  return describe(c, time_block=c.spsa.time_block) | {
+      "device_limit_bytes": memory.device_limit_bytes(), "rows": rows, "skipped": skipped}

@@ -101,12 +101,10 @@ def test_benchmark_reports_ratios_of_the_times_it_measured():
 
 
 def test_plan_memory_plans_each_dividing_chunk_and_signs():
-  import plan_memory
-
   from soma_jax.errors import UserError
 
   c = config_lib.base_config(n=2, size="tiny")  # n_pert 4
-  out = plan_memory.plans(c, [1, 3, 4], ("together", "apart"))
+  out = step_timing.plans(c, [1, 3, 4], ("together", "apart"))
   assert [(r["pert_chunk"], r["signs"]) for r in out["rows"]] == [
       (1, "together"), (1, "apart"), (4, "together"), (4, "apart")]
   assert out["skipped"] == ["pert_chunk=3 does not divide n_pert=4"]
@@ -114,11 +112,11 @@ def test_plan_memory_plans_each_dividing_chunk_and_signs():
   assert plan[4, "together"] > plan[1, "together"] and plan[4, "apart"] < plan[4, "together"]
   assert c.spsa.pert_chunk == 4 and c.spsa.signs == "auto"  # the caller's config unchanged
   with pytest.raises(UserError, match="nothing to plan"):
-    plan_memory.plans(c, [3], ("apart",))
+    step_timing.plans(c, [3], ("apart",))
   with c.unlocked():
     c.method = "bptt"
   with pytest.raises(UserError, match="only the SOMA step"):
-    plan_memory.plans(c, [1], ("apart",))
+    step_timing.plans(c, [1], ("apart",))
 
 
 def test_estimate_only_is_the_steps_estimate():
