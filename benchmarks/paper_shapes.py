@@ -21,7 +21,8 @@ from absl import flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from soma_jax import cli  # noqa: E402
+from soma_jax import cli, memory  # noqa: E402  (importing jax starts no backend)
+from soma_jax import config as config_lib  # noqa: E402
 from soma_jax.errors import UserError  # noqa: E402
 
 # label: (soma.py argument, what the row is in the paper)
@@ -37,11 +38,11 @@ _ROWS = flags.DEFINE_list("rows", ["n1", "n2", "n8", "n16", "n256"],
                           f"rows to run, from {', '.join(ROWS)}")
 _N_PERT = flags.DEFINE_integer("n_pert", 0, "directions per step (0: the preset's 64)")
 _REPS = flags.DEFINE_integer("reps", 3, "timed steps per row (median)")
-_PRECISION = flags.DEFINE_enum("precision", "default", ["default", "high", "highest"],
+_PRECISION = flags.DEFINE_enum("precision", "default", list(memory.PRECISIONS),
                                "float32 matmul precision of the step")
 _TIME_BLOCK = flags.DEFINE_integer("time_block", 0, "spsa.time_block (0: the preset's)")
 _UNROLL = flags.DEFINE_integer("unroll", 0, "spsa.unroll (0: the preset's)")
-_SIGNS = flags.DEFINE_enum("signs", "auto", ["auto", "together", "apart"], "spsa.signs")
+_SIGNS = flags.DEFINE_enum("signs", "auto", list(config_lib.SIGNS), "spsa.signs")
 _JSON = flags.DEFINE_string("json", None, "write the table here (JSON)")
 _MD = flags.DEFINE_string("md", None, "write the table here (Markdown)")
 _ROW = flags.DEFINE_string("row", None, "internal: measure one row and print its JSON")
@@ -50,8 +51,6 @@ _TIMEOUT = flags.DEFINE_integer("row_timeout", 900, "seconds allowed per row")
 
 def row_config(label: str, n_pert: int, precision: str, time_block: int = 0, unroll: int = 0,
                signs: str = "auto"):
-  from soma_jax import config as config_lib
-
   c = config_lib.load_config_file(os.path.join(ROOT, "experiments/configs/soma.py"),
                                   f"{ROWS[label][0]},size=paper")
   with c.unlocked():
@@ -108,7 +107,7 @@ def markdown(rows: list[dict], device: str) -> str:
     k = r["config"]
     lines.append(
         f"| {r['what']} | {k['n_experts']} | {k['d_t']} | {k['n_pert']} | {k['pert_chunk']} | "
-        f"{k['time_block']} / {k['unroll']} / {k.get('signs', 'together')} | "
+        f"{k['time_block']} / {k['unroll']} / {k['signs']} | "
         f"{r['step_seconds']:.3f} | {r['perturbed_tokens_per_second'] / 1e6:.1f}M | "
         f"{r['achieved_gflops'] / 1e3:.1f} | {gb(r['peak_memory_bytes'])} | "
         f"{gb(r['device_limit_bytes'])} |")

@@ -17,7 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timing import plans, positive_ints, signs_values  # noqa: E402
+from step_timing import plans, signs_values  # noqa: E402
 
 from soma_jax import cli  # noqa: E402
 
@@ -30,7 +30,7 @@ flags.mark_flag_as_required("config")
 
 def main(argv):
   del argv
-  result = plans(_CONFIG.value, positive_ints("pert_chunk", _CHUNKS.value),
+  result = plans(_CONFIG.value, cli.positive_ints("pert_chunk", _CHUNKS.value),
                  signs_values(_SIGNS.value))
   for r in result["rows"]:
     b = r["planned_bytes"]

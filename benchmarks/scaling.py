@@ -20,6 +20,7 @@ import tempfile
 
 from absl import app, flags
 
+from soma_jax.cli import positive_ints
 from soma_jax.errors import UserError, exit_on_user_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,12 +74,7 @@ def measure(devices: list[int], platform: str, per_device: int, seconds: float, 
 @exit_on_user_error
 def main(argv):
   del argv
-  try:
-    devices = sorted(int(d) for d in _DEVICES.value)
-  except ValueError as e:
-    raise UserError(f"--devices={','.join(_DEVICES.value)} must be integers, e.g. 1,2,4") from e
-  if not devices or devices[0] < 1:
-    raise UserError("--devices must be positive integers, e.g. 1,2,4")
+  devices = sorted(positive_ints("devices", _DEVICES.value))
   result = measure(devices, _PLATFORM.value, _PER_DEVICE.value, _SECONDS.value, _D_T.value,
                    _SEQ_LEN.value)
   for r in result["runs"]:

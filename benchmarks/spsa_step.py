@@ -17,7 +17,8 @@ both ideals once (interleaved, so their ratios do not drift with the machine):
   * a naive reference: a Python loop over directions calling a jitted one-direction
     estimate, then the same jitted update -> `speedup_vs_loop`.
 Peak memory is XLA's buffer plan for the compiled step (arguments + outputs + temporaries),
-the same number on every backend; on GPU the allocator's peak is reported as well.
+the same number on every backend; on GPU the allocator's peak over the step and its ideals
+is reported as well (`process_peak_bytes_in_use`).
 """
 
 import os

@@ -20,7 +20,7 @@ from absl import flags
 from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timing import positive_ints, signs_values, sweep  # noqa: E402
+from step_timing import signs_values, sweep  # noqa: E402
 
 from soma_jax import cli  # noqa: E402
 
@@ -35,8 +35,8 @@ flags.mark_flag_as_required("config")
 
 def main(argv):
   del argv
-  result = sweep(_CONFIG.value, positive_ints("pert_chunk", _CHUNKS.value),
-                 positive_ints("time_block", _BLOCKS.value), _REPS.value,
+  result = sweep(_CONFIG.value, cli.positive_ints("pert_chunk", _CHUNKS.value),
+                 cli.positive_ints("time_block", _BLOCKS.value), _REPS.value,
                  signs_values(_SIGNS.value))
   for r in result["rows"]:
     print(f"pert_chunk {r['pert_chunk']:>4}  time_block {r['time_block']:>4}  "

@@ -23,17 +23,6 @@ from soma_jax import model as model_lib
 from soma_jax.errors import UserError
 
 
-def positive_ints(name: str, values: list[str]) -> list[int]:
-  """A list flag's values as positive integers, or a UserError naming --name."""
-  try:
-    out = [int(v) for v in values]
-  except ValueError:
-    out = []
-  if not out or min(out) < 1:
-    raise UserError(f"--{name}={','.join(values)} must be positive integers, e.g. 1,2,4")
-  return out
-
-
 def signs_values(values: list[str]) -> tuple[str, ...]:
   """A --signs list flag: spsa.signs settings to compare, or a UserError."""
   allowed = [s for s in config_lib.SIGNS if s != "auto"]
@@ -46,7 +35,7 @@ def timeit(fn, reps: int) -> float:
   return interleaved({"fn": fn}, reps)["fn"]
 
 
-def interleaved(fns: dict, reps: int) -> dict:
+def interleaved(fns: dict, reps: int, warm: bool = True) -> dict:
   """Median seconds of each function, timed in `reps` rounds that run every function once.
 
   Interleaving makes ratios between the functions robust to the machine's drift (another
@@ -54,8 +43,8 @@ def interleaved(fns: dict, reps: int) -> dict:
   """
   if reps < 1:
     raise UserError(f"--reps={reps} must be >= 1 (timed rounds; the median is reported)")
-  for fn in fns.values():
-    jax.block_until_ready(fn())  # warm-up (and compile)
+  for fn in fns.values() if warm else ():  # warm-up (and compile)
+    jax.block_until_ready(fn())
   times = {name: [] for name in fns}
   for _ in range(reps):
     for name, fn in fns.items():
@@ -183,8 +172,10 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
       device_limit_bytes=choice.limit_bytes,
   )
   stats = jax.devices()[0].memory_stats() or {}
-  if "peak_bytes_in_use" in stats:  # the process's peak so far: the step and any ideals
-    out["device_peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
+  if "peak_bytes_in_use" in stats:  # the allocator's peak so far: the step's alone without
+    # the ideals (paper_shapes.py's rows, one process each), else the step's and the ideals'
+    key = "process_peak_bytes_in_use" if ideals else "device_peak_bytes_in_use"
+    out[key] = int(stats["peak_bytes_in_use"])
   if not ideals:
     return out
   fwd_s, wide_s, est_s = seconds["forward"], seconds["batched_forward"], seconds["estimate"]
@@ -274,7 +265,7 @@ def sweep(c, chunks: list[int], blocks: list[int], reps: int,
   if not fns:
     raise UserError("no combination to time: " + "; ".join(skipped))
   with memory.matmul_precision(c.precision):
-    seconds = interleaved(fns, reps)
+    seconds = interleaved(fns, reps, warm=False)  # each ran once above, the out-of-memory probe
   best = min(seconds.values())
   for name, row in rows.items():
     row.update(step_seconds=seconds[name],

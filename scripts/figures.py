@@ -84,6 +84,10 @@ FIGURES = {
          "--json={out}/sweep.json"),
         json="{out}/sweep.json", cheap=False)
        for n in (1, 2, 4, 8)},
+    "bench_repeats": Figure(("scripts/bench_repeats.py", "--runs=3", "--json={out}/repeats.json"),
+                            json="{out}/repeats.json", cheap=False),
+    "merge_rounding_cpu": Figure(("scripts/merge_rounding.py", "--json={out}/merge.json"),
+                                 json="{out}/merge.json"),
     # XLA's plan at the paper's shapes, compiled on the CPU (what fits a 16 GB GPU).
     **{f"plan_paper_n{n}": Figure(
         ("benchmarks/plan_memory.py", f"--config=experiments/configs/soma.py:n={n},size=paper",

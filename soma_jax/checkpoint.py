@@ -90,9 +90,12 @@ def under(key: str, names) -> bool:
   return any(key == n or key.startswith(n + ".") for n in names)
 
 
-def fields_except(c, names) -> dict[str, Any]:
-  """A config's flattened fields, less those under `names`."""
-  return {k: v for k, v in flatten(c.to_dict()).items() if not under(k, names)}
+def config_changes(old: ml_collections.ConfigDict, new: ml_collections.ConfigDict) -> dict:
+  """{dotted key: (old value, new value)} for the fields that differ. Fields present on only
+  one side (added or removed by a code update) or unset (None) in `old` are not compared."""
+  old_flat, new_flat = (flatten(json.loads(c.to_json())) for c in (old, new))
+  return {k: (old_flat[k], new_flat[k]) for k in sorted(set(old_flat) & set(new_flat))
+          if old_flat[k] != new_flat[k] and old_flat[k] is not None}
 
 
 def file_sha256(path: str) -> str | None:
@@ -130,13 +133,11 @@ def check_resume(workdir: str, new: ml_collections.ConfigDict,
   manifest (other data, or data re-prepared in place) is a change of `data.dir`.
   Fields present on only one side (added or removed by a code update) are not compared.
   """
-  old_flat = flatten(read_config(workdir).to_dict())
-  new_flat = flatten(json.loads(new.to_json()))
-  old_flat[MANIFEST_KEY] = last_history(workdir).get("data_manifest_sha256")
-  new_flat[MANIFEST_KEY] = data_sha
-  overrides = parse_overrides(new_flat.get("resume_overrides", ""), new_flat)
-  changed = {k: (old_flat[k], new_flat[k]) for k in sorted(set(old_flat) & set(new_flat))
-             if old_flat[k] != new_flat[k] and old_flat[k] is not None}
+  changed = config_changes(read_config(workdir), new)
+  old_sha = last_history(workdir).get("data_manifest_sha256")
+  if old_sha is not None and old_sha != data_sha:
+    changed[MANIFEST_KEY] = (old_sha, data_sha)
+  overrides = parse_overrides(new.get("resume_overrides", ""), flatten(json.loads(new.to_json())))
   allowed = list(RESUMABLE_KEYS) + overrides
   if "data.dir" in changed and MANIFEST_KEY not in changed:
     allowed.append("data.dir")  # the same prepared data, moved

@@ -50,6 +50,17 @@ def run(main: Callable[[list[str]], None]) -> None:
   app.run(exit_on_user_error(main), flags_parser=_parse_flags)
 
 
+def positive_ints(name: str, values: list[str]) -> list[int]:
+  """A list flag's values as positive integers, or a UserError naming --name."""
+  try:
+    out = [int(v) for v in values]
+  except ValueError:
+    out = []
+  if not out or min(out) < 1:
+    raise UserError(f"--{name}={','.join(values)} must be positive integers, e.g. 1,2,4")
+  return out
+
+
 def emit_json(result: dict, path: str | None) -> None:
   """Prints a result as JSON and, when `path` is given, writes it there (folders made)."""
   import json

@@ -139,10 +139,8 @@ def plan(config: ml_collections.ConfigDict, data_dir: str, seed: int = 0
 def _check_existing(workdir: str, c: ml_collections.ConfigDict) -> None:
   if not os.path.isfile(os.path.join(workdir, "config.json")):
     return
-  old = ckpt_lib.read_config(workdir)
-  # Speed knobs may differ (a run made before spsa.signs existed still continues).
-  same = lambda cfg: json.loads(json.dumps(ckpt_lib.fields_except(cfg, ckpt_lib.SPEED_KEYS)))
-  if same(old) != same(c):
+  changes = ckpt_lib.config_changes(ckpt_lib.read_config(workdir), c)
+  if any(not ckpt_lib.under(k, ckpt_lib.SPEED_KEYS) for k in changes):  # speed knobs may differ
     raise UserError(f"{workdir!r} holds a run with a different config (budget, size or data); "
                     "fix: choose a new --out or delete that folder")
 

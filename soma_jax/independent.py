@@ -77,9 +77,9 @@ def train_variant(c: ml_collections.ConfigDict, variant: str, test: compare.Test
 
   Runs with x64 enabled: the summed loss's difference is formed in float64 (float32 weights).
   """
+  if not c.init_from:
+    raise UserError("train.init_from is empty; fix: the seed run's workdir (SPEC 3.4)")
   with jax.enable_x64(True):
-    if not c.init_from:
-      raise UserError("train.init_from is empty; fix: the seed run's workdir (SPEC 3.4)")
     cfg = train_lib.step_config(c)
     body_N, head = train_lib.initial_params(c)  # every expert copies the seed's body
     state = spsa.init_state(jax.tree.map(jnp.array, body_N), jnp.array(head), c.opt.lr, c.spsa.eps,

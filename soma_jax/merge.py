@@ -43,15 +43,13 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
     jobs.append((a, b, w, c))
   jobs.sort(key=lambda j: j[0])
   ref = jobs[0][3]
-  # Slices may differ where a resume may (device layout, speed knobs, run length), not
-  # in anything that changes the experiment.
-  same = lambda c: ckpt_lib.fields_except(c, ("experts",) + ckpt_lib.RESUMABLE_KEYS)
-  base = same(ref)
+  # Slices may differ where a resume may (run length, log / eval / checkpoint cadence,
+  # precision, device layout, speed knobs), not in anything that changes the experiment.
   router = ckpt_lib.file_sha256(os.path.join(ref.data.dir, "router.npz"))
   for _, _, w, c in jobs:
-    mine = same(c)
-    if mine != base:
-      diff = sorted(k for k in set(mine) | set(base) if mine.get(k) != base.get(k))
+    diff = [k for k in ckpt_lib.config_changes(ref, c)
+            if not ckpt_lib.under(k, ("experts",) + ckpt_lib.RESUMABLE_KEYS)]
+    if diff:
       raise UserError(f"{w!r} has a different config ({', '.join(diff)}) from "
                       f"{jobs[0][2]!r}; fix: merge only slices of one run")
     if ckpt_lib.file_sha256(os.path.join(c.data.dir, "router.npz")) != router:

@@ -42,8 +42,8 @@ def model_config(c: ml_collections.ConfigDict) -> model_lib.ModelConfig:
 
 
 def signs_together(c: ml_collections.ConfigDict) -> bool:
-  """spsa.signs resolved: "auto" evaluates the two signs apart on a CPU (half the working
-  set per loop iteration, measured faster there) and together on other backends."""
+  """spsa.signs resolved: "auto" evaluates the two signs apart on a CPU (half as many
+  perturbed copies per loop iteration, measured faster there) and together elsewhere."""
   signs = c.spsa.get("signs", "auto")
   return jax.default_backend() != "cpu" if signs == "auto" else signs == "together"
 
@@ -53,8 +53,9 @@ def step_config(c: ml_collections.ConfigDict, pert_chunk: int | None = None) -> 
   `choose_chunk`; without it "auto" stands for the CPU's chunk, enough for shapes)."""
   chunk = pert_chunk or config_lib.pert_chunk(c)
   together = signs_together(c)
-  if chunk == "auto":
-    chunk = memory.cpu_chunk(c.spsa.n_pert, c.n_experts, together)
+  if chunk == "auto":  # the job's experts on one device, as `choose_chunk` counts them
+    a, b = config_lib.expert_range(c)
+    chunk = memory.cpu_chunk(c.spsa.n_pert, b - a, together)
   return spsa.StepConfig(
       model=model_config(c),
       # .get: configs saved before time_block / unroll / signs existed still restore.
@@ -377,7 +378,7 @@ def _resume(run: _Run, overrides: list[str]) -> None:
     sched = sched.replace(eps=jnp.full_like(sched.eps, run.c.spsa.eps))
   run.state = state.replace(sched=sched)
   run.start = int(step)
-  run.totals = {k: float(data_state.get(k, 0.0)) for k in _Clock.KEYS}
+  run.totals = {k: float(data_state.get(k, 0.0)) for k in TIMERS}
   run.totals["ops"] = int(data_state.get("ops", run.ops_step * step))
   logging.info("resumed from step %d in %s", step, run.workdir)
 
@@ -391,12 +392,10 @@ class _Clock:
   and only its excess is compile time.
   """
 
-  KEYS = TIMERS
-
   def __init__(self, run: _Run):
     self.n_devices, self.ops_step, self.base = run.n_devices, run.ops_step, run.totals
     self.seconds, self.steps, self._pending = 0.0, 0, 0
-    self.apart = dict.fromkeys(self.KEYS[1:], 0.0)
+    self.apart = dict.fromkeys((k for k in TIMERS if k != "device_seconds"), 0.0)
     self._t = time.perf_counter()
 
   def count(self) -> None:

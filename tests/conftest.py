@@ -67,18 +67,20 @@ def pytest_configure(config):
     os.environ["XLA_FLAGS"] = (flags + " --xla_gpu_deterministic_ops=true").strip()
 
 
-def equal_to_rounding(actual, desired, close: float = 1e-5, outliers: float = 0.01,
-                      atol: float = 1e-4):
+def equal_to_rounding(actual, desired, close: float = 1e-5, outliers: float = 0.001,
+                      atol: float = 1e-2):
   """Two different programs training the same thing (expert slices vs the whole job):
   equal to float32 rounding, as Adam carries it. XLA compiles each number of experts on its
   own and may pick kernels that round differently, on the CPU as on a GPU; Adam's first
   updates are about lr * sign(g), so a coordinate whose estimate nearly cancels can move by
-  a visible fraction of lr. Hence: all but `outliers` of the weights within `close`, and
-  every weight within `atol` (lr = 1e-3 in the tests: a slice given wrong directions or
-  batches moves nearly every weight by ~lr). Measured after 4 tiny updates, slices +
+  a visible fraction of lr, or flip its step (2 lr). Hence: all but `outliers` of the
+  weights within `close` (a slice given wrong directions or batches moves nearly every
+  weight by ~lr = 1e-3, the tests' rate), and every weight within `atol`, 2 lr for each of
+  up to 5 updates. Measured after 4 tiny updates, slices +
   merge vs one job: 1 of 768 body weights 2.8e-6 apart on an H200 (JAX 0.11, full f32,
   deterministic ops); on the CPU with spsa.signs apart, the largest differences of the
-  12,408 weights (bodies and heads) were 7.0e-5, 4.3e-5 and 8.4e-6."""
+  12,408 weights (bodies and heads) of this test's fixture were 7.0e-5, 4.3e-5 and 8.4e-6
+  (scripts/merge_rounding.py measures the built-in corpus)."""
   import jax
 
   assert jax.tree.structure(actual) == jax.tree.structure(desired)
@@ -87,6 +89,6 @@ def equal_to_rounding(actual, desired, close: float = 1e-5, outliers: float = 0.
   x = np.concatenate([np.ravel(a) for a in jax.tree.leaves(actual)])
   y = np.concatenate([np.ravel(b) for b in jax.tree.leaves(desired)])
   diff = np.abs(x - y)
-  assert diff.max() <= atol, f"max difference {diff.max():.3g} > {atol}"
   far = np.mean(diff > close)
-  assert far <= outliers, f"{far:.2%} of weights differ by more than {close} ({outliers:.0%} allowed)"
+  assert far <= outliers, f"{far:.2%} of weights differ by more than {close} ({outliers:.1%} allowed)"
+  assert diff.max() <= atol, f"max difference {diff.max():.3g} > {atol}"

@@ -23,6 +23,7 @@ GOLDEN = {
     "body_update_sum": [-0.011998827, -0.069998032],
     "body_update_norm": [0.044135737, 0.044271478],
     "head_update_norm": [0.045251877, 0.045252462],
+    "head_update_sum": [0.015965184, -0.083981782],
 }
 TEXT = b"def main(argv):\n  del argv\n  print('one SOMA update, pinned')\n" * 4
 
@@ -49,7 +50,10 @@ def one_update() -> dict:
           "estimate_norm": np.sqrt(sum((x ** 2).sum(1) for x in g)).tolist(),
           "body_update_sum": sum(d.sum(1) for d in delta).tolist(),
           "body_update_norm": np.sqrt(sum((d ** 2).sum(1) for d in delta)).tolist(),
-          "head_update_norm": np.sqrt((d_head ** 2).sum(1)).tolist()}
+          "head_update_norm": np.sqrt((d_head ** 2).sum(1)).tolist(),
+          # Adam's first step is ~lr x sign(g) whatever g's size: the norm cannot see a
+          # flipped head gradient, the signed sum can.
+          "head_update_sum": d_head.sum(1).tolist()}
 
 
 # Relative tolerances on the CPU. The estimate divides a difference of two nearby float32

@@ -420,6 +420,22 @@ def test_delta_rule_equals_gradient_with_features_fixed():
   np.testing.assert_allclose(S.delta_rule_grad(h, e, y), ref, rtol=1e-5, atol=1e-7)
 
 
+def test_head_grad_is_the_gradient_with_features_fixed_averaged_over_batches():
+  """The head's delta rule on an expert's A batches: the autodiff gradient of its mean
+  cross entropy with respect to E, the body's features held fixed (SPEC 3.2)."""
+  cfg = M.ModelConfig(d_t=8, d_e=4)
+  body, e = M.init_body(jax.random.key(0), cfg), M.init_head(jax.random.key(1), cfg)
+  batch = jax.random.randint(jax.random.key(2), (3, 2, 9), 0, 256).astype(jnp.uint8)
+  h = [M.features(body, e, w[:, :-1]) for w in batch]  # fixed: computed once, at this E
+
+  def loss(e_):
+    return jnp.mean(jnp.stack([jnp.mean(M.cross_entropy(hi @ e_.T, w[:, 1:]))
+                               for hi, w in zip(h, batch)]))
+
+  np.testing.assert_allclose(S.head_grad(body, e, batch), jax.grad(loss)(e),
+                             rtol=1e-5, atol=1e-7)
+
+
 def test_plateau_halves_lr_and_eps_together():
   cfg = S.PlateauConfig(patience=10, floor=1e-5)
   p = S.plateau_init(jnp.array([1e-3, 1e-3]), jnp.array([1e-3, 1e-3]))
