@@ -33,7 +33,7 @@ $(CUDA_STAMP): $(STAMP)
 ifeq ($(DEVICE),gpu)
 demo: $(CUDA_STAMP)
 	$(PY) -c "import jax, sys; print(jax.devices()); jax.default_backend() == 'gpu' or sys.exit('error: JAX sees no GPU; fix: see BUILD.md (GPU)')"
-	$(PY) scripts/run_notebook.py notebooks/quickstart.ipynb --param SIZE=gpu \
+	$(PY) -m scripts.run_notebook notebooks/quickstart.ipynb --param SIZE=gpu \
 	  --param WORK=$(DEMO_DIR)/gpu --timings $(DEMO_DIR)/gpu/timings.json
 else ifeq ($(DEVICE),cpu)
 demo: $(STAMP)
@@ -48,12 +48,12 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	mkdir -p bench_out
-	$(PY) benchmarks/spsa_step.py --config=experiments/configs/soma.py:n=4,size=cpu --json bench_out/spsa_step.json
+	$(PY) -m benchmarks.spsa_step --config=experiments/configs/soma.py:n=4,size=cpu --json bench_out/spsa_step.json
 
 # README's "Measured results" as docs/results/NAME.json (+ PNG): the cheap figures by
 # default; FIGURES=all adds the hour-long training comparisons.
 figures: $(STAMP)
-	$(PY) scripts/figures.py $(FIGURES)
+	$(PY) -m scripts.figures $(FIGURES)
 
 clean:
 	rm -rf $(VENV) bench_out

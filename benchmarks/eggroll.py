@@ -1,6 +1,6 @@
 r"""EGGROLL population forward throughput against two unperturbed ideals, with JSON output.
 
-  python benchmarks/eggroll.py --d=256 --depth=6 --pop=64 --batch=8 --seq_len=128 \
+  python -m benchmarks.eggroll --d=256 --depth=6 --pop=64 --batch=8 --seq_len=128 \
       --json=bench_out/eggroll.json
 
 Times `eggroll.population_losses` on the GRU (rank-r low-rank members, vmapped over
@@ -23,18 +23,13 @@ the three kinds interleaved.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import jax
 import jax.numpy as jnp
 from absl import flags, logging
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timing import interleaved  # noqa: E402
-
-from soma_jax import cli, eggroll, gru  # noqa: E402
-from soma_jax.model import LowRank  # noqa: E402
+from benchmarks.step_timing import interleaved
+from soma_jax import cli, eggroll, gru
+from soma_jax.model import LowRank
 
 _D = flags.DEFINE_integer("d", 256, "GRU width.")
 _DEPTH = flags.DEFINE_integer("depth", 6, "GRU layers.")

@@ -1,6 +1,6 @@
 r"""Teacher-forced scoring throughput of the routed ensemble vs a monolith (SPEC 7).
 
-  python benchmarks/inference.py --workdir=runs/soma_n4 --json=bench_out/inference.json
+  python -m benchmarks.inference --workdir=runs/soma_n4 --json=bench_out/inference.json
 
 A batch of requests (1,025-byte windows from the run's test split) is routed on the first
 256 bytes, grouped by selected expert so each expert runs once per group, scored on the

@@ -1,6 +1,6 @@
 r"""Throughput of the training input pipeline (batches/s), with JSON output.
 
-  python benchmarks/input_pipeline.py --data_dir=/tmp/soma_data --n=4 --batch=16 \
+  python -m benchmarks.input_pipeline --data_dir=/tmp/soma_data --n=4 --batch=16 \
       --accum=1 --seq_len=256 --json=bench_out/input_pipeline.json
 
 Without --data_dir it first prepares a temporary data dir from pystdlib.

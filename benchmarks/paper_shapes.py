@@ -1,6 +1,6 @@
 """The SOMA step at the paper's shapes on this device: one row per preset, JSON + Markdown.
 
-  python benchmarks/paper_shapes.py --json bench_out/paper_shapes.json \
+  python -m benchmarks.paper_shapes --json bench_out/paper_shapes.json \
       --md bench_out/paper_shapes.md [--rows=n2,n16] [--n_pert=16] [--reps=3]
 
 Each row is `experiments/configs/soma.py:<arg>,size=paper` (B = 64, T = 1024, the
@@ -18,12 +18,11 @@ import time
 
 from absl import flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from soma_jax import cli, memory  # importing jax starts no backend
+from soma_jax import config as config_lib
+from soma_jax.errors import UserError
 
-from soma_jax import cli, memory  # noqa: E402  (importing jax starts no backend)
-from soma_jax import config as config_lib  # noqa: E402
-from soma_jax.errors import UserError  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # label: (soma.py argument, what the row is in the paper)
 ROWS = {
@@ -67,7 +66,7 @@ def row_config(label: str, n_pert: int, precision: str, time_block: int = 0, unr
 
 def measure_row(label: str, n_pert: int, reps: int, precision: str, time_block: int = 0,
                 unroll: int = 0, signs: str = "auto") -> dict:
-  import step_timing  # beside this script, on sys.path when it runs
+  from benchmarks import step_timing  # imported here: the parent process never times a step
 
   c = row_config(label, n_pert, precision, time_block, unroll, signs)
   out = step_timing.benchmark(c, reps, loop=False, ideals=False)
@@ -76,13 +75,13 @@ def measure_row(label: str, n_pert: int, reps: int, precision: str, time_block: 
 
 def run_row(label: str) -> dict:
   """One row in a fresh process (its own allocator and peak; an OOM stays in that row)."""
-  cmd = [sys.executable, os.path.abspath(__file__), f"--row={label}",
+  cmd = [sys.executable, "-m", "benchmarks.paper_shapes", f"--row={label}",
          f"--n_pert={_N_PERT.value}", f"--reps={_REPS.value}", f"--precision={_PRECISION.value}",
          f"--time_block={_TIME_BLOCK.value}", f"--unroll={_UNROLL.value}",
          f"--signs={_SIGNS.value}"]
   t = time.perf_counter()
   try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT.value)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT.value, cwd=ROOT)
   except subprocess.TimeoutExpired:
     return {"row": label, "what": ROWS[label][1], "error": f"timeout {_TIMEOUT.value} s"}
   wall = time.perf_counter() - t
@@ -134,7 +133,7 @@ def main(argv):
     rows.append(run_row(label))
     print(json.dumps(rows[-1]), flush=True)
   device = next((r["device"] for r in rows if "device" in r), "unknown (no row ran)")
-  result = {"command": "python benchmarks/paper_shapes.py " + " ".join(sys.argv[1:]),
+  result = {"command": "python -m benchmarks.paper_shapes " + " ".join(sys.argv[1:]),
             "device": device, "wall_s": time.perf_counter() - t, "rows": rows}
   md = markdown(rows, device)
   print(md)

@@ -1,6 +1,6 @@
 """XLA's planned memory of the SOMA step, compile only: will a config fit a GPU before you rent one?
 
-  python benchmarks/plan_memory.py --config=experiments/configs/soma.py:n=16,size=paper \
+  python -m benchmarks.plan_memory --config=experiments/configs/soma.py:n=16,size=paper \
       --pert_chunk=16,32,64 --signs=together,apart --json bench_out/plan.json
 
 For every pert_chunk x spsa.signs, compiles the training step exactly as `train.py` would
@@ -10,16 +10,13 @@ compares with a GPU's limit. Compiled on the CPU the plan is that of XLA's CPU b
 close to but not the same as a GPU's (fusion differs); run it on the GPU for its own.
 """
 
-import os
 import sys
 
 from absl import flags
 from ml_collections import config_flags
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timing import plans, signs_values  # noqa: E402
-
-from soma_jax import cli  # noqa: E402
+from benchmarks.step_timing import plans, signs_values
+from soma_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _CHUNKS = flags.DEFINE_list("pert_chunk", ["16", "64"], "spsa.pert_chunk values")

@@ -1,6 +1,6 @@
 """Where the SOMA step's time goes on this device: the profiler's ops, ranked, as JSON.
 
-  python benchmarks/profile_step.py --config=experiments/configs/soma.py:n=2,size=paper \
+  python -m benchmarks.profile_step --config=experiments/configs/soma.py:n=2,size=paper \
       --json bench_out/profile.json [--steps=2] [--trace_dir=bench_out/trace] [--top=40]
 
 Compiles the step as training does ("auto" chunk resolved, the config's precision), runs it
@@ -25,9 +25,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profiling import profile  # noqa: E402
-
+from benchmarks.profiling import profile  # noqa: E402
 from soma_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)

@@ -11,8 +11,8 @@ import os
 import tempfile
 
 import jax
-from step_timing import describe, step_inputs  # beside this module (benchmarks/ on sys.path)
 
+from benchmarks.step_timing import describe, step_inputs
 from soma_jax import memory, train
 from soma_jax.errors import UserError
 

@@ -1,6 +1,6 @@
 r"""FSO weak scaling: steps/s with a fixed number of experts per device, 1 -> 2 -> 4 devices.
 
-  python benchmarks/scaling.py --devices=1,2,4 --experts_per_device=2 --json=bench_out/scaling.json
+  python -m benchmarks.scaling --devices=1,2,4 --experts_per_device=2 --json=bench_out/scaling.json
 
 Each device count runs in its own process (tests/parallel_worker.py --bench) with
 XLA_FLAGS=--xla_force_host_platform_device_count=D on CPU, or on the real accelerators

@@ -1,6 +1,6 @@
 """Speed and memory of the SOMA step, measured against its ideals in one run.
 
-  python benchmarks/spsa_step.py --config=experiments/configs/soma.py:n=4,size=cpu \
+  python -m benchmarks.spsa_step --config=experiments/configs/soma.py:n=4,size=cpu \
       --json bench_out/spsa_step.json
 
 Measures, after warm-up, the median of --reps rounds, each round timing the step and
@@ -21,16 +21,12 @@ the same number on every backend; on GPU the allocator's peak over the step and 
 is reported as well (`process_peak_bytes_in_use`).
 """
 
-import os
-import sys
 
 from absl import flags
 from ml_collections import config_flags
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timing import benchmark  # noqa: E402
-
-from soma_jax import cli  # noqa: E402
+from benchmarks.step_timing import benchmark
+from soma_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _JSON = flags.DEFINE_string("json", None, "write the results here")

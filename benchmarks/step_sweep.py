@@ -1,7 +1,7 @@
 """Which pert_chunk, time_block and spsa.signs run the SOMA step fastest here: one table,
 JSON + text.
 
-  python benchmarks/step_sweep.py --config=experiments/configs/soma.py:n=4,size=cpu \
+  python -m benchmarks.step_sweep --config=experiments/configs/soma.py:n=4,size=cpu \
       --pert_chunk=1,2,4 --time_block=128,256 --signs=together,apart \
       --json bench_out/step_sweep.json
 
@@ -13,16 +13,13 @@ not divide n_pert is skipped with a note. Settings change speed and memory only;
 estimate is the same up to float summation order.
 """
 
-import os
 import sys
 
 from absl import flags
 from ml_collections import config_flags
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timing import signs_values, sweep  # noqa: E402
-
-from soma_jax import cli  # noqa: E402
+from benchmarks.step_timing import signs_values, sweep
+from soma_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _CHUNKS = flags.DEFINE_list("pert_chunk", ["1", "2", "4"], "spsa.pert_chunk values")

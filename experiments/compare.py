@@ -14,7 +14,8 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from soma_jax import cli, compare
+from soma_jax import cli
+from soma_jax.studies import compare
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/configs/compare.py:cpu|tiny",
                                           lock_config=True)

@@ -10,7 +10,8 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from soma_jax import cli, independent
+from soma_jax import cli
+from soma_jax.studies import independent
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "experiments/configs/independent_vs_summed.py:cpu|tiny", lock_config=True)

@@ -6,8 +6,9 @@
 
 from absl import flags
 
-from soma_jax import cli, report
+from soma_jax import cli
 from soma_jax.errors import UserError
+from soma_jax.studies import report
 
 _DATA = flags.DEFINE_string("data_dir", None, "prepared data dir the runs trained on")
 _OUT = flags.DEFINE_string("out", None, "folder for report.md / loss_curves.png / report.json")

@@ -22,11 +22,9 @@ from ml_collections import config_flags
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from soma_jax import (
-  cli,
-  variance,  # noqa: E402
-)
+from soma_jax import cli  # noqa: E402
 from soma_jax.errors import UserError  # noqa: E402
+from soma_jax.studies import variance  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/configs/variance.py:STUDY",
                                           lock_config=True)

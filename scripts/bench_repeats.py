@@ -1,6 +1,6 @@
 """The spread of `make bench` across processes: its ratios from --runs fresh processes.
 
-  python scripts/bench_repeats.py --runs=3 --json docs/results/bench_repeats.json
+  python -m scripts.bench_repeats --runs=3 --json docs/results/bench_repeats.json
 
 Runs `benchmarks/spsa_step.py` at the cpu preset (N = 4) --runs times, one after another,
 each in its own process, without the loop reference (--loop=false), and keeps each run's
@@ -16,9 +16,9 @@ import subprocess
 import sys
 import tempfile
 
+from soma_jax import cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from soma_jax import cli  # noqa: E402
 
 KEPT = ("step_seconds", "forward_seconds", "efficiency", "estimate_seconds",
         "estimate_efficiency", "batched_forward_seconds", "efficiency_vs_batched")
@@ -35,10 +35,10 @@ def main() -> None:
   with tempfile.TemporaryDirectory() as tmp:
     for i in range(args.runs):
       out = os.path.join(tmp, f"run_{i}.json")
-      subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "spsa_step.py"),
+      subprocess.run([sys.executable, "-m", "benchmarks.spsa_step",
                       "--config=" + os.path.join(ROOT, "experiments/configs/soma.py") +
                       ":n=4,size=cpu", "--loop=false", f"--json={out}"],
-                     check=True, stdout=subprocess.DEVNULL)
+                     check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
       with open(out) as f:
         r = json.load(f)
       runs.append({k: r[k] for k in KEPT} | {k: r["config"][k] for k in

@@ -1,8 +1,8 @@
 r"""Regenerates the figures and numbers of README's "Measured results" into docs/.
 
-  python scripts/figures.py            # the cheap figures (about 5 min on 2 CPU cores)
-  python scripts/figures.py all        # every figure, including hour-long training runs
-  python scripts/figures.py eggroll variance_tiny_n_pert   # named figures only
+  python -m scripts.figures            # the cheap figures (about 5 min on 2 CPU cores)
+  python -m scripts.figures all        # every figure, including hour-long training runs
+  python -m scripts.figures eggroll variance_tiny_n_pert   # named figures only
 
 Each figure runs its command in a fresh process, then writes docs/results/NAME.json:
 
@@ -53,13 +53,13 @@ FIGURES = {
                    png="{out}/loss_curves.png", dest="docs/demo_loss_curves.png", cheap=False),
     "variance_tiny_shared_vs_separate": _variance("shared_vs_separate", "tiny"),
     "variance_tiny_n_pert": _variance("n_pert", "tiny"),
-    "eggroll": Figure(("benchmarks/eggroll.py", "--d=128", "--depth=6", "--rank=1", "--pop=32",
+    "eggroll": Figure(("-m", "benchmarks.eggroll", "--d=128", "--depth=6", "--rank=1", "--pop=32",
                        "--batch=8", "--seq_len=128", "--reps=7", "--json={out}/eggroll.json"),
                       json="{out}/eggroll.json"),
-    "input_pipeline": Figure(("benchmarks/input_pipeline.py", "--n=2", "--batch=8",
+    "input_pipeline": Figure(("-m", "benchmarks.input_pipeline", "--n=2", "--batch=8",
                               "--seq_len=256", "--seconds=5", "--json={out}/input.json"),
                              json="{out}/input.json"),
-    "scaling": Figure(("benchmarks/scaling.py", "--devices=1,2,4", "--experts_per_device=2",
+    "scaling": Figure(("-m", "benchmarks.scaling", "--devices=1,2,4", "--experts_per_device=2",
                        "--json={out}/scaling.json"), json="{out}/scaling.json"),
     "variance_shared_vs_separate": dataclasses.replace(
         _variance("shared_vs_separate", "cpu"), dest="docs/variance_shared_vs_separate.png"),
@@ -75,22 +75,22 @@ FIGURES = {
          "--config=experiments/configs/independent_vs_summed.py:cpu", "--out={out}"),
         json="{out}/results.json", png="{out}/figure4.png",
         dest="docs/independent_vs_summed_cpu.png", cheap=False),
-    "bench": Figure(("benchmarks/spsa_step.py", "--config=experiments/configs/soma.py:n=4,size=cpu",
+    "bench": Figure(("-m", "benchmarks.spsa_step", "--config=experiments/configs/soma.py:n=4,size=cpu",
                      "--json={out}/spsa_step.json"), json="{out}/spsa_step.json", cheap=False),
     # The CPU's chunk rule (memory.cpu_chunk) and the cpu preset's time block come from these.
     **{f"step_sweep_cpu_n{n}": Figure(
-        ("benchmarks/step_sweep.py", f"--config=experiments/configs/soma.py:n={n},size=cpu",
+        ("-m", "benchmarks.step_sweep", f"--config=experiments/configs/soma.py:n={n},size=cpu",
          "--pert_chunk=1,2,4", "--time_block=128,256", "--signs=together,apart",
          "--json={out}/sweep.json"),
         json="{out}/sweep.json", cheap=False)
        for n in (1, 2, 4, 8)},
-    "bench_repeats": Figure(("scripts/bench_repeats.py", "--runs=3", "--json={out}/repeats.json"),
+    "bench_repeats": Figure(("-m", "scripts.bench_repeats", "--runs=3", "--json={out}/repeats.json"),
                             json="{out}/repeats.json", cheap=False),
-    "merge_rounding_cpu": Figure(("scripts/merge_rounding.py", "--json={out}/merge.json"),
+    "merge_rounding_cpu": Figure(("-m", "scripts.merge_rounding", "--json={out}/merge.json"),
                                  json="{out}/merge.json"),
     # XLA's plan at the paper's shapes, compiled on the CPU (what fits a 16 GB GPU).
     **{f"plan_paper_n{n}": Figure(
-        ("benchmarks/plan_memory.py", f"--config=experiments/configs/soma.py:n={n},size=paper",
+        ("-m", "benchmarks.plan_memory", f"--config=experiments/configs/soma.py:n={n},size=paper",
          "--pert_chunk=16,32,64", "--signs=together,apart", "--json={out}/plan.json"),
         json="{out}/plan.json")
        for n in (2, 16)},

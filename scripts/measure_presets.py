@@ -1,6 +1,6 @@
 r"""Wall time of the size presets on this machine; writes the JSON README's preset table quotes.
 
-  nice -n 10 .venv/bin/python scripts/measure_presets.py --out docs/presets_cpu.json
+  nice -n 10 .venv/bin/python -m scripts.measure_presets --out docs/presets_cpu.json
 
 Runs, each as its own process: prepare the built-in corpus (N = 2), the tiny seed and
 SOMA runs, short runs (--steps updates) of the cpu seed and SOMA presets, and the

@@ -1,6 +1,6 @@
 r"""How far expert slices trained as separate jobs and merged are from one job, on this machine.
 
-  python scripts/merge_rounding.py --json docs/results/merge_rounding_cpu.json
+  python -m scripts.merge_rounding --json docs/results/merge_rounding_cpu.json
 
 Prepares the built-in corpus into 3 shards (a temporary folder), then for each spsa.signs
 setting trains the tiny SOMA config (N = 3, 4 updates) as one job and as the slices 0:1
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 import tempfile
 
 import jax
@@ -24,11 +23,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from soma_jax import cli, merge, spsa, train
+from soma_jax import config as config_lib
+from soma_jax.data import prepare
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from soma_jax import cli, merge, spsa, train  # noqa: E402
-from soma_jax import config as config_lib  # noqa: E402
-from soma_jax.data import prepare  # noqa: E402
 
 SLICES = ("0:1", "1:3")
 

@@ -1,6 +1,6 @@
 r"""Runs a notebook's code cells in order in this Python, without Jupyter; times each cell.
 
-  python scripts/run_notebook.py notebooks/quickstart.ipynb --param SIZE=gpu \
+  python -m scripts.run_notebook notebooks/quickstart.ipynb --param SIZE=gpu \
       --timings OUT.json
 
 Parameters are assigned right after the cell tagged `parameters` (as papermill does), so
@@ -86,8 +86,6 @@ def _cpu_seconds() -> float:
 def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: str | None,
         command: str = "") -> int:
   """Executes the cells; returns 0, or 1 after the first failing cell."""
-  if os.getcwd() not in sys.path:
-    sys.path.insert(0, os.getcwd())  # as in a Jupyter kernel: modules in the cwd import
   namespace = {"__name__": "__main__", "__file__": os.path.abspath(path)}
   record = {"command": command, "notebook": path, "params": params,
             "python": sys.version.split()[0], "cells": [], "status": "ok",
@@ -145,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
   except (ValueError, SyntaxError) as e:  # JSONDecodeError is a ValueError
     print(f"error: {e}", file=sys.stderr)
     return 2
-  command = " ".join(["python", "scripts/run_notebook.py", *argv])
+  command = " ".join(["python", "-m", "scripts.run_notebook", *argv])
   return run(args.notebook, cells, params, args.timings, command)
 
 

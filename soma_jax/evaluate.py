@@ -23,6 +23,7 @@ from soma_jax import model as model_lib
 from soma_jax.data import pipeline
 from soma_jax.data import windows as windows_lib
 from soma_jax.errors import UserError
+from soma_jax.router import Router
 
 PyTree = Any
 ROUTE_BYTES = 256  # the router sees bytes 0..255
@@ -387,3 +388,41 @@ def _pyplot():
   import matplotlib.pyplot as plt
 
   return plt
+
+
+# ------------------------------------------------------------------- test split
+
+
+def unigram_nats(data_dir: str, split: str = "test") -> float:
+  """Cross entropy of the split's scored targets under the training shards' byte unigram."""
+  manifest = pipeline.load_manifest(data_dir)
+  counts = np.ones(256)  # add-one smoothing
+  for e in range(manifest["num_clusters"]):
+    w = np.load(os.path.join(pipeline.expert_dir(data_dir, e), "train.npy"), mmap_mode="r")
+    counts += np.bincount(np.asarray(w).ravel(), minlength=256)
+  logp = np.log(counts / counts.sum())
+  windows, _ = pipeline.eval_split(data_dir, split)
+  targets = windows[:, ROUTE_BYTES + 1:]
+  return float(-logp[targets].mean())
+
+
+class TestSet:
+  """The test windows, their documents and routes for every expert count in use."""
+
+  def __init__(self, data_dir: str, max_windows: int = 0):
+    self.windows, self.doc_ids = pipeline.eval_split(data_dir, "test")
+    if max_windows:
+      self.windows, self.doc_ids = self.windows[:max_windows], self.doc_ids[:max_windows]
+    if self.windows.shape[0] == 0:
+      raise UserError(f"{data_dir!r} has no test windows; fix: prepare it with --test_docs > 0")
+    self.router = Router.load(os.path.join(data_dir, "router.npz"))
+    self._routes = {}
+
+  def losses(self, body_N, head, n_experts: int, shared_head: bool) -> np.ndarray:
+    """Per-window nats/byte of the routed top-min(4, N) uniform mixture, float64 [n]."""
+    k = min(4, n_experts)
+    if n_experts not in self._routes:
+      self._routes[n_experts] = self.router.route_to(
+          self.windows[:, :ROUTE_BYTES], k, n_experts)
+    lp = routed_logprobs(body_N, head, self.windows, self._routes[n_experts], shared_head)
+    return mixture_nats(lp)

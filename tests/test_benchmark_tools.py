@@ -6,11 +6,10 @@ import sys
 
 import pytest
 
+from benchmarks import step_timing
 from soma_jax import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import step_timing  # noqa: E402
 
 
 def test_sweep_times_each_dividing_combination_and_ranks_them():
@@ -47,7 +46,7 @@ def test_sweep_times_each_dividing_combination_and_ranks_them():
 def test_bad_values_exit_2_with_one_line(script, flag, says):
   config = [] if script == "paper_shapes.py" else ["--config=experiments/configs/soma.py:n=2,size=tiny"]
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "benchmarks", script), *config, flag],
+      [sys.executable, "-m", "benchmarks." + script.removesuffix(".py"), *config, flag],
       cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
   assert proc.returncode == 2, proc.stderr
   assert proc.stderr.strip().count("\n") == 0 and says in proc.stderr, proc.stderr

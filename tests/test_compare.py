@@ -8,9 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from soma_jax import compare, independent
 from soma_jax import model as model_lib
 from soma_jax.config import load_config_file
+from soma_jax.studies import compare, independent
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

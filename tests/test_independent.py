@@ -6,8 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from soma_jax import compare, independent, spsa
+from soma_jax import evaluate as eval_lib
+from soma_jax import spsa
 from soma_jax import train as train_lib
+from soma_jax.studies import independent
 from tests.test_compare import ivs_tiny_config
 
 
@@ -77,7 +79,7 @@ def test_run_trains_the_seed_first_and_starts_both_variants_there(tmp_path, data
   c = config.train
   body, head = train_lib.seed_params(seed_dir, train_lib.model_config(c))
   body_N = jax.tree.map(lambda x: jnp.broadcast_to(x, (c.n_experts,) + x.shape), body)
-  test = compare.TestSet(data_prepared, config.test_windows)
+  test = eval_lib.TestSet(data_prepared, config.test_windows)
   start = float(test.losses(body_N, head, c.n_experts, True).mean())
   for variant in independent.VARIANTS:
     np.testing.assert_allclose(payload["runs"]["0"][variant][0]["test_nats_per_byte"], start,

@@ -12,11 +12,10 @@ import sysconfig
 import nbformat
 import pytest
 
+from scripts import run_notebook
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
-RUNNER = os.path.join(ROOT, "scripts", "run_notebook.py")
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import run_notebook  # noqa: E402
 
 
 def _code_cells(nb) -> list:
@@ -132,7 +131,7 @@ def test_runner_runs_the_quickstart_from_a_clone_that_is_not_installed(tmp_path)
   timings = tmp_path / "timings.json"
   env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}  # -S: no editable finder
   proc = subprocess.run(
-      [sys.executable, "-S", RUNNER, NOTEBOOK, "--param", "SIZE=tiny", "--param",
+      [sys.executable, "-S", "-m", "scripts.run_notebook", NOTEBOOK, "--param", "SIZE=tiny", "--param",
        f"WORK={tmp_path / 'work'}", "--timings", str(timings)],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

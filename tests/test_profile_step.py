@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
+from benchmarks import profiling
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import profiling  # noqa: E402
 
 
 def _span(name, ts, dur, pid=1, tid=1):
@@ -55,7 +55,7 @@ def test_categories_of_kernel_names(name, kind):
 def test_profiles_a_tiny_step(tmp_path):
   out = tmp_path / "p.json"
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "benchmarks", "profile_step.py"), "--steps=1",
+      [sys.executable, "-m", "benchmarks.profile_step", "--steps=1",
        "--config=experiments/configs/soma.py:n=2,size=tiny", f"--json={out}"],
       cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
   assert proc.returncode == 0, proc.stderr[-2000:]

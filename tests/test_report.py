@@ -6,9 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from soma_jax import report, train
+from soma_jax import train
 from soma_jax.data import pipeline
 from soma_jax.router import Router
+from soma_jax.studies import report
 from tests.test_evaluate import hand_mixture
 from tests.test_train import tiny_config
 

@@ -12,8 +12,11 @@ import pytest
 from jax import enable_x64
 
 from soma_jax import model as M
+from soma_jax import sizing
 from soma_jax import spsa as S
-from soma_jax import variance as V
+from soma_jax import variance_measure as VM
+from soma_jax import variance_theory as VT
+from soma_jax.studies import variance as V
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,27 +60,27 @@ def test_block_errors_match_spsa_estimate():
     body = jax.tree.map(lambda x: x.astype(jnp.float64), body)
     head = head.astype(jnp.float64)
     batch = jax.random.randint(jax.random.key(1), (4, 1, 2, 9), 0, 256).astype(jnp.uint8)
-    g = V.flat_N(V.exact_grads(body, head, batch[:, 0]))
-    st = V.probe_stats(body, head, batch, g[:, None], 1e-4, jnp.arange(2), jnp.arange(4),
+    g = VM.flat_N(VM.exact_grads(body, head, batch[:, 0]))
+    st = VM.probe_stats(body, head, batch, g[:, None], 1e-4, jnp.arange(2), jnp.arange(4),
                        jax.random.key(5), n_dirs=4, dir_chunk=4)
     for groups in (None, (0, 0, 1, 1), (0, 0, 0, 0)):
       est, _ = S.estimate(body, head, batch, jnp.full((4,), 1e-4), 1, jnp.arange(4),
                           jax.random.key(5), S.SpsaConfig(n_pert=4, probe="rademacher",
                                                           pert_chunk=2), loss_groups=groups)
-      direct = np.sum((np.asarray(V.flat_N(est)) - np.asarray(g)) ** 2, -1)
-      np.testing.assert_allclose(V.block_errors(st, 4, loss_groups=groups)[1], direct,
+      direct = np.sum((np.asarray(VM.flat_N(est)) - np.asarray(g)) ** 2, -1)
+      np.testing.assert_allclose(VM.block_errors(st, 4, loss_groups=groups)[1], direct,
                                  rtol=1e-8)
 
 
 def test_predictions():
-  assert V.dense_prediction(101, 4) == 25
-  assert V.shared_prediction([10] * 4, [1.0] * 4, (0, 0, 0, 0), 1) == 39
-  assert V.best_batch(64, 1e6, 1.0) == 64 and V.best_batch(64, 1e-6, 1.0) == 1
-  assert V.batch_prediction(10, 2, 5, 4, accum=2) == pytest.approx((2 + 0.5 + 1) / 2)
+  assert VT.dense_prediction(101, 4) == 25
+  assert VT.shared_prediction([10] * 4, [1.0] * 4, (0, 0, 0, 0), 1) == 39
+  assert VT.best_batch(64, 1e6, 1.0) == 64 and VT.best_batch(64, 1e-6, 1.0) == 1
+  assert VT.batch_prediction(10, 2, 5, 4, accum=2) == pytest.approx((2 + 0.5 + 1) / 2)
   g, q = np.ones((1, 4)), np.ones((1, 4))
-  assert V.sparse_prediction(g, q, 1) == pytest.approx(3.0)  # dense: (d - 1) / n_pert
+  assert VT.sparse_prediction(g, q, 1) == pytest.approx(3.0)  # dense: (d - 1) / n_pert
   for n, d_t in M.PAPER_SIZES:
-    assert V.width_for_total(8_440_000, n, 32, 2) == pytest.approx(d_t, rel=0.02)  # paper sizes are near, not at, 8.44M
+    assert sizing.width_for_total(8_440_000, n, 32, 2) == pytest.approx(d_t, rel=0.02)  # paper sizes are near, not at, 8.44M
 
 
 def _within_3se(measured: float, se: float, predicted: float) -> bool:
@@ -146,7 +149,7 @@ def test_batch_study(results):
   """
   batch, _ = results["batch"]
   assert {p["series"] for p in batch["points"]} == {"tradeoff", "accumulate", "large_batch"}
-  assert batch["b_star"] == V.best_batch(batch["budget"], batch["nu"], batch["a"])
+  assert batch["b_star"] == VT.best_batch(batch["budget"], batch["nu"], batch["a"])
   for p in batch["points"]:
     assert _within_3se(p["measured"], p["se"], p["predicted"]), p
 

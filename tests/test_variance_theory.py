@@ -2,13 +2,13 @@
 
 For a linear loss the central difference is exactly z . g, so an SPSA estimate is
 (1/K) sum_j z_j (z_j . g) and its error can be sampled directly. Each prediction of
-`soma_jax.variance` must lie within 3 standard errors of the sampled mean, and each check
+`soma_jax.variance_measure` must lie within 3 standard errors of the sampled mean, and each check
 is shown to reject a plausible wrong formula.
 """
 
 import numpy as np
 
-from soma_jax import variance as V
+from soma_jax import variance_theory as VT
 
 REPS = 20000
 
@@ -37,7 +37,7 @@ def test_dense_prediction():
   for k in (1, 4):
     err = np.sum((_estimates(g, _probes(rng, REPS, k, np.ones(12, bool), False)) - g) ** 2, -1)
     rel = err / np.sum(g**2)
-    assert _within(rel, V.dense_prediction(12, k)), (k, rel.mean())
+    assert _within(rel, VT.dense_prediction(12, k)), (k, rel.mean())
     assert not _within(rel, 12 / k)  # d / n_pert (no -1) is rejected
 
 
@@ -51,7 +51,7 @@ def test_sparse_prediction_centred_on_q_g():
   g = rng.normal(size=d) * np.linspace(0.5, 2, d)
   z = _probes(rng, REPS, k, dense, True)
   rel = np.sum((_estimates(g, z) - q * g) ** 2, -1) / np.sum(g**2)
-  assert _within(rel, V.sparse_prediction(g[None], q[None], k)), rel.mean()
+  assert _within(rel, VT.sparse_prediction(g[None], q[None], k)), rel.mean()
   wrong = float(np.sum(q * (1 + q.sum() - q) * g**2) / (k * np.sum(g**2)))  # -q, not -2q
   assert not _within(rel, wrong)
 
@@ -69,9 +69,9 @@ def test_shared_prediction_for_groupings():
     g_hat = np.einsum("rnkd,rnk->rnd", z, summed) / k
     rel = np.sum((g_hat - g_NxD) ** 2, (1, 2)) / np.sum(g_NxD**2)
     g2 = np.sum(g_NxD**2, 1)
-    assert _within(rel, V.shared_prediction([d] * n, g2, groups, k)), (groups, rel.mean())
+    assert _within(rel, VT.shared_prediction([d] * n, g2, groups, k)), (groups, rel.mean())
     if len(set(groups)) < n:
-      assert not _within(rel, V.shared_prediction([d] * n, g2, range(n), k))
+      assert not _within(rel, VT.shared_prediction([d] * n, g2, range(n), k))
 
 
 def test_batch_prediction_and_best_batch():
@@ -80,7 +80,7 @@ def test_batch_prediction_and_best_batch():
   d, pool = 8, 40
   g_PxD = rng.normal(size=(pool, d)) * 0.8 + rng.normal(size=d)
   g = g_PxD.mean(0)
-  nu = V.batch_noise(np.array([np.mean(np.sum((g_PxD - g) ** 2, 1))]), np.array([g @ g]))
+  nu = VT.batch_noise(np.array([np.mean(np.sum((g_PxD - g) ** 2, 1))]), np.array([g @ g]))
   for k, b, acc in ((2, 1, 1), (2, 4, 1), (4, 2, 2)):
     total = np.zeros((REPS, d))
     for _ in range(acc):
@@ -88,11 +88,11 @@ def test_batch_prediction_and_best_batch():
       z = _probes(rng, REPS, k, np.ones(d, bool), False)
       total += np.einsum("rkd,rk->rd", z, np.einsum("rkd,rd->rk", z, g_b)) / k
     rel = np.sum((total / acc - g) ** 2, -1) / (g @ g)
-    assert _within(rel, V.batch_prediction(d - 1, nu, k, b, acc)), (k, b, acc, rel.mean())
+    assert _within(rel, VT.batch_prediction(d - 1, nu, k, b, acc)), (k, b, acc, rel.mean())
     assert not _within(rel, ((d - 1) / k + nu / b) / acc)  # without the a nu / (K B) term
   # B* minimises the prediction at fixed K = n_pert * B.
   budget, a = 64, d - 1.0
   for nu in (0.3, 5.0, 40.0):
     grid = np.linspace(1, budget, 4000)
-    best = grid[np.argmin([V.batch_prediction(a, nu, budget / b, b) for b in grid])]
-    assert abs(V.best_batch(budget, nu, a) - best) <= 0.02 * best + 0.05, (nu, best)
+    best = grid[np.argmin([VT.batch_prediction(a, nu, budget / b, b) for b in grid])]
+    assert abs(VT.best_batch(budget, nu, a) - best) <= 0.02 * best + 0.05, (nu, best)

@@ -26,12 +26,13 @@ import ml_collections
 import numpy as np
 
 from soma_jax import checkpoint as ckpt_lib
-from soma_jax import compare, report, spsa
 from soma_jax import config as config_lib
 from soma_jax import evaluate as eval_lib
+from soma_jax import spsa
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
+from soma_jax.studies import report
 
 PyTree = jax.typing.ArrayLike
 VARIANTS = ("independent", "summed")
@@ -71,7 +72,7 @@ def train_seed(config: ml_collections.ConfigDict, data_dir: str, out: str) -> st
   return workdir
 
 
-def train_variant(c: ml_collections.ConfigDict, variant: str, test: compare.TestSet,
+def train_variant(c: ml_collections.ConfigDict, variant: str, test: eval_lib.TestSet,
                   checkpoints: list[int]) -> tuple[list[dict], np.ndarray, float]:
   """Trains one variant from the seed; ([{step, test}], final per-window losses, seconds).
 
@@ -115,7 +116,7 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
   c.init_from = train_seed(config, c.data.dir, out)
   every = max(1, min(config.eval_every, c.steps))
   checkpoints = sorted(set(range(0, c.steps, every)) | {c.steps})
-  test = compare.TestSet(c.data.dir, config.test_windows)
+  test = eval_lib.TestSet(c.data.dir, config.test_windows)
   seeds = list(range(config.seed, config.seed + config.num_seeds))
   per_seed = {}
   for seed in seeds:

@@ -23,15 +23,14 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from soma_jax import baselines, report
+from soma_jax import baselines
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import evaluate as eval_lib
 from soma_jax import gru as gru_lib
 from soma_jax import metrics as metrics_lib
 from soma_jax import train as train_lib
-from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.router import Router
+from soma_jax.studies import report
 
 V = 256  # byte vocabulary
 
@@ -148,29 +147,7 @@ def _check_existing(workdir: str, c: ml_collections.ConfigDict) -> None:
 # ----------------------------------------------------------------------------- evaluation
 
 
-class TestSet:
-  """The test windows, their documents and routes for every expert count in use."""
-
-  def __init__(self, data_dir: str, max_windows: int = 0):
-    self.windows, self.doc_ids = pipeline.eval_split(data_dir, "test")
-    if max_windows:
-      self.windows, self.doc_ids = self.windows[:max_windows], self.doc_ids[:max_windows]
-    if self.windows.shape[0] == 0:
-      raise UserError(f"{data_dir!r} has no test windows; fix: prepare it with --test_docs > 0")
-    self.router = Router.load(os.path.join(data_dir, "router.npz"))
-    self._routes = {}
-
-  def losses(self, body_N, head, n_experts: int, shared_head: bool) -> np.ndarray:
-    """Per-window nats/byte of the routed top-min(4, N) uniform mixture, float64 [n]."""
-    k = min(4, n_experts)
-    if n_experts not in self._routes:
-      self._routes[n_experts] = self.router.route_to(
-          self.windows[:, :eval_lib.ROUTE_BYTES], k, n_experts)
-    lp = eval_lib.routed_logprobs(body_N, head, self.windows, self._routes[n_experts], shared_head)
-    return eval_lib.mixture_nats(lp)
-
-
-def _curve(workdir: str, c: ml_collections.ConfigDict, test: TestSet, ops_update: int):
+def _curve(workdir: str, c: ml_collections.ConfigDict, test: eval_lib.TestSet, ops_update: int):
   """[(ops, test nats/byte)] at the initial state and every kept checkpoint; final losses."""
   body, head = train_lib.initial_params(c)
   points = [(0, float(test.losses(body, head, c.n_experts, c.model.shared_head).mean()))]
@@ -234,7 +211,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
   t_start = time.perf_counter()
   os.makedirs(out, exist_ok=True)
   data_dir = ensure_data(config, out)
-  test = TestSet(data_dir, config.test_windows)
+  test = eval_lib.TestSet(data_dir, config.test_windows)
   seed_list = seeds(config)
   results, curves = {}, {}
   ref = None
@@ -282,7 +259,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
       "seeds": seed_list, "num_test_windows": int(test.windows.shape[0]),
       "num_test_documents": int(np.unique(test.doc_ids).size),
       "bootstrap_draws": config.bootstrap_draws,
-      "unigram_test_nats_per_byte": report.unigram_nats(data_dir) if not config.test_windows else None,
+      "unigram_test_nats_per_byte": eval_lib.unigram_nats(data_dir) if not config.test_windows else None,
       "platform": jax.devices()[0].platform,
       "rows": {name: config.rows.get(name, "") for name in results},
       "methods": results,

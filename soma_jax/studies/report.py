@@ -18,19 +18,6 @@ from soma_jax import train as train_lib  # noqa: E402
 from soma_jax.data import pipeline  # noqa: E402
 
 
-def unigram_nats(data_dir: str, split: str = "test") -> float:
-  """Cross entropy of the split's scored targets under the training shards' byte unigram."""
-  manifest = pipeline.load_manifest(data_dir)
-  counts = np.ones(256)  # add-one smoothing
-  for e in range(manifest["num_clusters"]):
-    w = np.load(os.path.join(pipeline.expert_dir(data_dir, e), "train.npy"), mmap_mode="r")
-    counts += np.bincount(np.asarray(w).ravel(), minlength=256)
-  logp = np.log(counts / counts.sum())
-  windows, _ = pipeline.eval_split(data_dir, split)
-  targets = windows[:, eval_lib.ROUTE_BYTES + 1:]
-  return float(-logp[targets].mean())
-
-
 def _offset(workdir: str) -> int:
   """Updates before this run began: a warm-started run continues its seed's curve."""
   seed = ckpt_lib.read_config(workdir).get("init_from", "")
@@ -88,7 +75,7 @@ def run_summary(workdir: str, data_dir: str, split: str = "test") -> dict:
 def write_report(out_dir: str, runs: dict[str, str], data_dir: str) -> dict:
   """report.md + loss_curves.png + report.json in `out_dir`."""
   os.makedirs(out_dir, exist_ok=True)
-  baseline = unigram_nats(data_dir)
+  baseline = eval_lib.unigram_nats(data_dir)
   plot_curves(runs, os.path.join(out_dir, "loss_curves.png"), baseline)
   results = {name: run_summary(w, data_dir) for name, w in runs.items()}
   payload = {"unigram_test_nats_per_byte": baseline, "runs": results}

@@ -1,0 +1,8 @@
+"""Studies built on the library: each trains or measures with soma_jax and writes JSON, CSV and
+figures. Nothing in soma_jax's core imports from here.
+
+  compare      the paper's Table 4 / Figure 1: methods at equal size and equal compute
+  independent  independent per-expert losses against one summed loss (App. J, Figure 4)
+  report       loss curves and final numbers of one or more runs
+  variance     the SPEC 5 variance studies (measured against `soma_jax.variance_theory`)
+"""
