@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from absl import flags, logging
 
 from benchmarks.step_timing import interleaved
-from soma_jax import cli, eggroll, gru
-from soma_jax.model import LowRank
+from soma_jax import cli, eggroll, gru, sizing
+from soma_jax.layers import LowRank
 
 _D = flags.DEFINE_integer("d", 256, "GRU width.")
 _DEPTH = flags.DEFINE_integer("depth", 6, "GRU layers.")
@@ -93,7 +93,7 @@ def measure(d: int, depth: int, pop: int, batch: int, seq_len: int, rank: int = 
       "batch": batch,
       "seq_len": seq_len,
       "reps": reps,
-      "params": gru.gru_params(gru.GruConfig(d, depth)),
+      "params": sizing.gru_params(gru.GruConfig(d, depth)),
       "backend": jax.default_backend(),
       "device": str(jax.devices()[0].device_kind),
   }

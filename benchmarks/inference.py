@@ -27,10 +27,11 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-from soma_jax import cli, train
+from soma_jax import cli, runs, sizing
 from soma_jax import evaluate as eval_lib
 from soma_jax import model as model_lib
 from soma_jax.errors import UserError
+from soma_jax.methods import lstm
 from soma_jax.router import Router
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run folder (checkpoints, config)")
@@ -54,17 +55,8 @@ TOKENS_PER_REQUEST = eval_lib.ROUTE_BYTES + eval_lib.SCORED  # 1,024 positions p
 
 def monolith_config(cfg: model_lib.ModelConfig, n: int) -> model_lib.ModelConfig:
   """One expert with its own head whose total parameters come closest to the N-ensemble's."""
-  target = model_lib.ensemble_params(cfg, n)
-  size = lambda d: model_lib.ensemble_params(
-      model_lib.ModelConfig(d_t=d, d_e=cfg.d_e, depth=cfg.depth, shared_head=False), 1)
-  lo, hi = 1, 1
-  while size(hi) < target:
-    hi *= 2
-  while lo < hi:  # smallest d with size(d) >= target (sizes grow with d)
-    mid = (lo + hi) // 2
-    lo, hi = (mid + 1, hi) if size(mid) < target else (lo, mid)
-  best = min(range(max(1, lo - 2), lo + 3), key=lambda d: abs(size(d) - target))
-  return model_lib.ModelConfig(d_t=best, d_e=cfg.d_e, depth=cfg.depth, shared_head=False)
+  d_t = sizing.width_for_params(sizing.ensemble_params(cfg, n), 1, cfg.d_e, cfg.depth)
+  return model_lib.ModelConfig(d_t=d_t, d_e=cfg.d_e, depth=cfg.depth, shared_head=False)
 
 
 def peak_memory() -> tuple[int, str]:
@@ -95,12 +87,12 @@ def main(argv):
   if not os.path.isdir(_WORKDIR.value):
     raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
   logging.info("devices: %s", jax.devices())
-  body_N, head, c = train.restore_params(_WORKDIR.value, _STEP.value)
+  body_N, head, c = runs.restore_params(_WORKDIR.value, _STEP.value)
   data_dir = _DATA_DIR.value or c.data.dir
   windows, _ = eval_lib.load_split(data_dir, _SPLIT.value)
   windows = np.resize(windows, (_REQUESTS.value, windows.shape[1]))  # tiles a short split
   router = Router.load(os.path.join(data_dir, "router.npz"))
-  cfg, n = train.model_config(c), c.n_experts
+  cfg, n = lstm.model_config(c), c.n_experts
   if _SYNTH_N.value > 0:
     n = _SYNTH_N.value
     cfg = model_lib.ModelConfig(d_t=_SYNTH_D.value, d_e=cfg.d_e, depth=cfg.depth, shared_head=True)
@@ -146,11 +138,11 @@ def main(argv):
           "d_e": cfg.d_e,
           "depth": cfg.depth,
           "shared_head": shared,
-          "ensemble_params": model_lib.ensemble_params(cfg, n),
-          "flops_per_token": top_k * model_lib.flops_per_token(cfg),
+          "ensemble_params": sizing.ensemble_params(cfg, n),
+          "flops_per_token": top_k * sizing.flops_per_token(cfg),
           "monolith_d_t": mono_cfg.d_t,
-          "monolith_params": model_lib.ensemble_params(mono_cfg, 1),
-          "monolith_flops_per_token": model_lib.flops_per_token(mono_cfg),
+          "monolith_params": sizing.ensemble_params(mono_cfg, 1),
+          "monolith_flops_per_token": sizing.flops_per_token(mono_cfg),
           "requests": _REQUESTS.value,
           "tokens_per_request": TOKENS_PER_REQUEST,
           "expert_batch": _BATCH.value,

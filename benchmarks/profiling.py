@@ -13,7 +13,7 @@ import tempfile
 import jax
 
 from benchmarks.step_timing import describe, step_inputs
-from soma_jax import memory, train
+from soma_jax import memory, methods
 from soma_jax.errors import UserError
 
 # Events that wrap others (whole executions, waits, Python frames) would count time twice.
@@ -99,8 +99,8 @@ def profile(c, steps: int, top: int, trace_dir: str | None) -> dict:
   if steps < 1 or top < 1:
     raise UserError(f"--steps={steps} and --top={top} must be >= 1")
   inputs = step_inputs(c)
-  choice = train.choose_chunk(c, c.n_experts)
-  cfg = train.step_config(c, choice.chunk)
+  choice = methods.choose_chunk(c, c.n_experts)
+  cfg = methods.get(c).step_config(c, choice.chunk)
   step = inputs.runner(inputs.compile(cfg))
   run = lambda: jax.block_until_ready(step())
   with memory.matmul_precision(c.precision):

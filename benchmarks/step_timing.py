@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 
 from soma_jax import config as config_lib
-from soma_jax import memory, spsa, train
+from soma_jax import memory, methods, runs, sizing, spsa
 from soma_jax import model as model_lib
 from soma_jax.errors import UserError
 
@@ -90,10 +90,10 @@ class StepInputs:
 
 
 def step_inputs(c: ml_collections.ConfigDict) -> StepInputs:
-  config_lib.validate(c)
+  methods.validate(c)
   n, a, b, t = c.n_experts, c.spsa.accum, c.spsa.batch, c.data.seq_len
   batch = np.random.default_rng(0).integers(0, 256, (n, a, b, t + 1), dtype=np.uint8)
-  return StepInputs(c, train.initial_state(c), jnp.asarray(batch), jnp.arange(n, dtype=jnp.int32))
+  return StepInputs(c, runs.initial_state(c), jnp.asarray(batch), jnp.arange(n, dtype=jnp.int32))
 
 
 def describe(c: ml_collections.ConfigDict, **config) -> dict:
@@ -144,8 +144,8 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
   """The figures above; `ideals=False` times the step alone (paper_shapes.py's rows)."""
   inputs = step_inputs(c)
   state, batch = inputs.state, inputs.batch
-  choice = train.choose_chunk(c, c.n_experts)
-  cfg = train.step_config(c, choice.chunk)
+  choice = methods.choose_chunk(c, c.n_experts)
+  cfg = methods.get(c).step_config(c, choice.chunk)
   compiled = inputs.compile(cfg)
   fns = {"step": inputs.runner(compiled)}
   if ideals:  # timed in the same rounds as the step, so their ratios are robust
@@ -161,12 +161,12 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
                  pert_chunk_setting=str(c.spsa.pert_chunk), time_block=cfg.spsa.time_block,
                  unroll=cfg.spsa.unroll, probe=c.spsa.probe,
                  signs=cfg.spsa.signs,
-                 params_per_expert=model_lib.body_params(cfg.model))
+                 params_per_expert=sizing.body_params(cfg.model))
   out.update(
       reps=reps,
       step_seconds=step_s,
       perturbed_tokens_per_second=tokens / step_s,
-      achieved_gflops=tokens * model_lib.flops_per_token(cfg.model) / step_s / 1e9,
+      achieved_gflops=tokens * sizing.flops_per_token(cfg.model) / step_s / 1e9,
       # The timed step's plan (not donating its state; training's donating step may plan less).
       peak_memory_bytes=memory.planned_bytes(compiled),
       device_limit_bytes=choice.limit_bytes,
@@ -243,7 +243,7 @@ def sweep(c, chunks: list[int], blocks: list[int], reps: int,
   limit = memory.device_limit_bytes()
   for chunk, block, sign in itertools.product([ch for ch in chunks if k % ch == 0], blocks,
                                               signs):
-    cfg = train.step_config(c, chunk)
+    cfg = methods.get(c).step_config(c, chunk)
     cfg = dataclasses.replace(cfg, spsa=dataclasses.replace(
         cfg.spsa, time_block=block, signs_together=sign == "together"))
     name = f"pert_chunk={chunk},time_block={block},signs={sign}"
@@ -271,16 +271,16 @@ def sweep(c, chunks: list[int], blocks: list[int], reps: int,
     row.update(step_seconds=seconds[name],
                perturbed_tokens_per_second=inputs.tokens / seconds[name],
                relative_to_fastest=seconds[name] / best)
-  return describe(c) | {"reps": reps, "auto_pert_chunk": train.choose_chunk(c, c.n_experts).chunk,
-                        "auto_signs": train.step_config(c).spsa.signs,
+  return describe(c) | {"reps": reps, "auto_pert_chunk": methods.choose_chunk(c, c.n_experts).chunk,
+                        "auto_signs": methods.get(c).step_config(c).spsa.signs,
                         "rows": sorted(rows.values(), key=lambda r: r["step_seconds"]),
                         "skipped": skipped}
 
 
 def plans(c: ml_collections.ConfigDict, chunks: list[int], signs: tuple[str, ...]) -> dict:
   """plan_memory.py's table: one row per dividing pert_chunk x signs, XLA's planned bytes."""
-  config_lib.validate(c)
-  if c.method != "soma":
+  methods.validate(c)
+  if methods.get(c).plan_chunk is None:
     raise UserError(f"method={c.method}: only the SOMA step has a pert_chunk to plan")
   k = c.spsa.n_pert
   skipped = [f"pert_chunk={chunk} does not divide n_pert={k}" for chunk in chunks if k % chunk]
@@ -288,7 +288,7 @@ def plans(c: ml_collections.ConfigDict, chunks: list[int], signs: tuple[str, ...
   for chunk, sign in itertools.product([ch for ch in chunks if k % ch == 0], signs):
     ci = c.copy_and_resolve_references()  # the caller's config stays as it was
     ci.spsa.update(pert_chunk=chunk, signs=sign)
-    choice = train.choose_chunk(ci, ci.n_experts)
+    choice = methods.choose_chunk(ci, ci.n_experts)
     rows.append({"pert_chunk": chunk, "signs": sign, "planned_bytes": choice.planned_bytes})
   if not rows:
     raise UserError("nothing to plan: " + "; ".join(skipped))

@@ -16,7 +16,7 @@ import os
 import jax
 from absl import app, flags, logging
 
-from soma_jax import cli, train
+from soma_jax import cli, methods, runs
 from soma_jax import evaluate as eval_lib
 from soma_jax.errors import UserError, writable_dir, writable_file
 from soma_jax.router import Router
@@ -65,7 +65,7 @@ def main(argv):
     writable_dir(_OUT_DIR.value, "--out_dir")
   logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
                jax.devices())
-  step, state, _, c = train.restore_state(workdir, _STEP.value)
+  step, state, _, c = runs.restore_state(workdir, _STEP.value)
   body_N, head = state.body, state.head
   print(f"{workdir}: checkpoint at step {step}")
   data_dir = _DATA_DIR.value or c.data.dir
@@ -73,7 +73,8 @@ def main(argv):
   router = Router.load(os.path.join(data_dir, "router.npz"))
   result = eval_lib.evaluate(body_N, head, windows, doc_ids, router, _TOP_K.value,
                              c.model.shared_head, ks=_ks(c.n_experts), pairs=_PAIRS.value,
-                             draws=_DRAWS.value, seed=_SEED.value)
+                             draws=_DRAWS.value, seed=_SEED.value,
+                             logits_fn=methods.get(c).logits)
   result.update(split=_SPLIT.value, workdir=workdir, step=step, num_experts=c.n_experts)
   out_dir = _OUT_DIR.value or os.path.join(workdir, "eval")
   if "k_sweep" in result or "pairs" in result:

@@ -16,7 +16,7 @@ import sys
 import jax
 from absl import app, flags, logging
 
-from soma_jax import baselines, cli, train
+from soma_jax import cli, methods, runs
 from soma_jax import generate as gen_lib
 from soma_jax.errors import UserError
 from soma_jax.router import Router
@@ -47,9 +47,9 @@ def main(argv):
   if not os.path.isdir(_WORKDIR.value):
     raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
   logging.info("devices: %s", jax.devices())
-  step, state, _, c = train.restore_state(_WORKDIR.value, _STEP.value)
-  if c.method == baselines.GRU_METHOD:
-    raise UserError(f"{_WORKDIR.value!r} is a method=eggroll run (the paper's GRU); generate.py "
+  step, state, _, c = runs.restore_state(_WORKDIR.value, _STEP.value)
+  if not methods.get(c).streams:
+    raise UserError(f"{_WORKDIR.value!r} is a method={c.method} run (the paper's GRU); generate.py "
                     "samples LSTM experts only; fix: pass a soma, bptt or eggroll_lstm run")
   router = Router.load(os.path.join(_DATA_DIR.value or c.data.dir, "router.npz"))
   prompt = _PROMPT.value.encode("utf-8", errors="surrogateescape")

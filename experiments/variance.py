@@ -36,9 +36,9 @@ flags.mark_flag_as_required("out")
 
 def load_params(workdir: str, c) -> tuple:
   """(body_N, head) of the newest checkpoint; the model shape comes from the run's config."""
-  from soma_jax import train  # imported here: the studies need no checkpoint machinery
+  from soma_jax import runs  # imported here: the studies need no checkpoint machinery
 
-  body_N, head, run_cfg = train.restore_params(workdir)
+  body_N, head, run_cfg = runs.restore_params(workdir)
   with c.unlocked():
     for key in ("d_t", "d_e", "depth"):
       c.model[key] = int(run_cfg["model"][key])

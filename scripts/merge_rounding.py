@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from soma_jax import cli, merge, spsa, train
+from soma_jax import cli, merge, methods, runs, spsa, train
 from soma_jax import config as config_lib
 from soma_jax.data import prepare
 
@@ -49,7 +49,7 @@ def merged_vs_one_job(tmp: str, data_dir: str, signs: str) -> dict:
     train.train(tiny(data_dir, signs, s), parts[-1])
   merged = os.path.join(tmp, f"merged_{signs}")
   merge.merge(parts, merged)
-  a, b = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(train.restore_params(w)[:2])])
+  a, b = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(runs.restore_params(w)[:2])])
           for w in (one, merged))
   diff = np.sort(np.abs(a - b))[::-1]
   return {"weights": int(diff.size), "largest_differences": diff[:3].tolist(),
@@ -59,11 +59,11 @@ def merged_vs_one_job(tmp: str, data_dir: str, signs: str) -> dict:
 def estimates_bit_identical(signs: str) -> dict:
   """{pert_chunk: [slice 0:1, 0:2, 0:3, 1:3 bit-identical to the N = 4 job's estimate]}."""
   c = config_lib.base_config(n=4, size="tiny")
-  state = train.initial_state(c)
+  state = runs.initial_state(c)
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 1, 2, 33), dtype=np.uint8))
   out = {}
   for chunk in (1, 2, 4):
-    cfg = dataclasses.replace(train.step_config(c).spsa, pert_chunk=chunk,
+    cfg = dataclasses.replace(methods.get(c).step_config(c).spsa, pert_chunk=chunk,
                               signs_together=signs == "together")
     est = jax.jit(lambda body, head, b, eps, ids, cfg=cfg: spsa.estimate(
         body, head, b, eps, state.step, ids, jax.random.key(0), cfg, shared_head=False)[0])

@@ -10,11 +10,10 @@ import ml_collections
 
 from soma_jax import memory
 from soma_jax.errors import UserError
+from soma_jax.sizing import PAPER_WIDTH
 
 SIZES = ("tiny", "cpu", "paper")
-METHODS = ("soma", "bptt", "eggroll", "eggroll_lstm")
 SIGNS = ("auto", "together", "apart")  # spsa.signs
-PAPER_WIDTH = {1: 509, 2: 361, 8: 181, 256: 32}  # SPEC section 2 size table
 
 
 def parse_arg(arg: str | None, **defaults) -> dict:
@@ -138,12 +137,14 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """Raise a UserError naming the field and the fix for any impossible setting."""
+  """Raise a UserError naming the field and the fix for any impossible setting.
+
+  The checks every method shares; `methods.validate` adds the method's own.
+  """
   def need(cond: bool, msg: str) -> None:
     if not cond:
       raise UserError(msg)
 
-  need(c.method in METHODS, f"method={c.method!r}; use one of {', '.join(METHODS)}")
   need(c.n_experts >= 1, f"n_experts={c.n_experts} must be >= 1")
   for key in ("d_t", "d_e", "depth"):
     need(c.model[key] >= 1, f"model.{key}={c.model[key]} must be >= 1")
@@ -167,17 +168,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(c[key] >= 1, f"{key}={c[key]} must be >= 1")
   need(not (c.model.shared_head and c.opt.train_head),
        "opt.train_head=True needs model.shared_head=False (a shared head stays frozen)")
-  if c.method == "bptt":
-    need(c.model.shared_head or c.opt.train_head,
-         "method=bptt with per-expert heads trains them: set opt.train_head=True")
-  if c.method == "eggroll":
-    need(not c.init_from, "method=eggroll trains the GRU from its own init; set init_from=''")
-  if c.method in ("eggroll", "eggroll_lstm"):
-    e = c.eggroll
-    need(e.pop >= 2 and e.pop % 2 == 0, f"eggroll.pop={e.pop} must be even (antithetic pairs)")
-    need(e.rank >= 1 and e.sigma > 0, "eggroll.rank must be >= 1 and eggroll.sigma > 0")
-    need(e.pop % e.pop_chunk == 0 and e.pop_chunk % 2 == 0,
-         f"eggroll.pop_chunk={e.pop_chunk} must be even and divide eggroll.pop={e.pop}")
   expert_range(c)
 
 

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from soma_jax.model import LowRank
+from soma_jax.layers import LowRank
 
 PyTree = Any
 LossFn = Callable[[PyTree, jax.Array], jax.Array]

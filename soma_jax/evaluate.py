@@ -12,7 +12,7 @@ import functools
 import itertools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -26,6 +26,7 @@ from soma_jax.errors import UserError
 from soma_jax.router import Router
 
 PyTree = Any
+LogitsFn = Callable[[PyTree, jax.Array, jax.Array], jax.Array]  # (body, head_e, inputs_BxT)
 ROUTE_BYTES = 256  # the router sees bytes 0..255
 SCORED = 768  # targets 257..1024 of a 1,025-byte window
 
@@ -35,18 +36,22 @@ def expert_params(body_N: PyTree, head: jax.Array, e, shared_head: bool):
   return body, head if shared_head else head[e]
 
 
-@functools.partial(jax.jit, static_argnames=("shared_head", "first"))
-def _target_logprobs(body_N, head, e, windows_BxW, shared_head: bool, first: int):
+@functools.partial(jax.jit, static_argnames=("shared_head", "first", "logits_fn"))
+def _target_logprobs(body_N, head, e, windows_BxW, shared_head: bool, first: int,
+                     logits_fn: LogitsFn):
   body, head_e = expert_params(body_N, head, e, shared_head)
   with jax.default_matmul_precision("highest"):  # evaluation never uses TF32 (SPEC 3.3)
-    logits = model_lib.logits(body, head_e, windows_BxW[:, :-1])[:, first - 1:]
+    logits = logits_fn(body, head_e, windows_BxW[:, :-1])[:, first - 1:]
   targets = windows_BxW[:, first:].astype(jnp.int32)
   return -model_lib.cross_entropy(logits, targets)
 
 
 def target_logprobs(body_N: PyTree, head: jax.Array, e: int, windows: np.ndarray,
-                    shared_head: bool, batch: int = 64, first: int = ROUTE_BYTES + 1) -> np.ndarray:
+                    shared_head: bool, batch: int = 64, first: int = ROUTE_BYTES + 1,
+                    logits_fn: LogitsFn = model_lib.logits) -> np.ndarray:
   """log p_e(y_t) for targets first..W-1 of each window, [n, W - first], float32.
+
+  `logits_fn(body, head_e, inputs_BxT)` is the method's model (`Method.logits`).
 
   Windows run in batches of `batch`; a short last batch is padded to the next power of
   two, so at most log2(batch) + 1 shapes ever compile and small groups stay cheap.
@@ -59,19 +64,21 @@ def target_logprobs(body_N: PyTree, head: jax.Array, e: int, windows: np.ndarray
     pad = min(batch, 1 << (m - 1).bit_length()) - m
     if pad:
       chunk = np.concatenate([chunk, np.zeros((pad,) + chunk.shape[1:], chunk.dtype)])
-    lp = _target_logprobs(body_N, head, e, jnp.asarray(chunk), shared_head, first)
+    lp = _target_logprobs(body_N, head, e, jnp.asarray(chunk), shared_head, first, logits_fn)
     out[i:i + batch] = np.asarray(lp)[:m]
   return out
 
 
 def routed_logprobs(body_N: PyTree, head: jax.Array, windows: np.ndarray, routes_nxk: np.ndarray,
-                    shared_head: bool, batch: int = 64) -> np.ndarray:
+                    shared_head: bool, batch: int = 64,
+                    logits_fn: LogitsFn = model_lib.logits) -> np.ndarray:
   """log p_e(y_t) for each window's selected experts: [n, k, 768] float32."""
   n, k = routes_nxk.shape
   out = np.empty((n, k, windows.shape[1] - ROUTE_BYTES - 1), np.float32)
   for e in np.unique(routes_nxk):
     rows, slots = np.nonzero(routes_nxk == e)
-    out[rows, slots] = target_logprobs(body_N, head, int(e), windows[rows], shared_head, batch)
+    out[rows, slots] = target_logprobs(body_N, head, int(e), windows[rows], shared_head, batch,
+                                       logits_fn=logits_fn)
   return out
 
 
@@ -84,10 +91,10 @@ def mixture_nats(logprobs_nxkxT: np.ndarray, k: int | None = None) -> np.ndarray
 
 
 def ensemble_loss(body_N: PyTree, head: jax.Array, windows: np.ndarray, router, top_k: int,
-                  shared_head: bool) -> float:
+                  shared_head: bool, logits_fn: LogitsFn = model_lib.logits) -> float:
   """Mean nats/byte of the routed top-k ensemble on 1,025-byte windows."""
   routes = router.route_to(windows[:, :ROUTE_BYTES], top_k, jax.tree.leaves(body_N)[0].shape[0])
-  lp = routed_logprobs(body_N, head, windows, routes, shared_head)
+  lp = routed_logprobs(body_N, head, windows, routes, shared_head, logits_fn=logits_fn)
   return float(mixture_nats(lp).mean())
 
 
@@ -223,7 +230,8 @@ class Scores(NamedTuple):
 
 def score(body_N: PyTree, head: jax.Array, windows: np.ndarray, routes_nxK: np.ndarray,
           shared_head: bool, ks: Sequence[int] | None = None, pairs: bool = False,
-          batch: int = 64, block_bytes: int = 1 << 28) -> Scores:
+          batch: int = 64, block_bytes: int = 1 << 28,
+          logits_fn: LogitsFn = model_lib.logits) -> Scores:
   """Scores every window once with its K routed experts; the mixtures of all k in ks follow.
 
   Routes are best-first, so the top-k ensemble is the first k columns. Windows go in
@@ -244,10 +252,12 @@ def score(body_N: PyTree, head: jax.Array, windows: np.ndarray, routes_nxK: np.n
   for i in range(0, n, block):
     routes = routes_nxK[i:i + block]
     if stats is None:
-      lp = routed_logprobs(body_N, head, windows[i:i + block], routes, shared_head, batch)
+      lp = routed_logprobs(body_N, head, windows[i:i + block], routes, shared_head, batch,
+                           logits_fn)
     else:
       everyone = np.broadcast_to(np.arange(n_experts, dtype=np.int32), (len(routes), n_experts))
-      lp_all = routed_logprobs(body_N, head, windows[i:i + block], everyone, shared_head, batch)
+      lp_all = routed_logprobs(body_N, head, windows[i:i + block], everyone, shared_head, batch,
+                               logits_fn)
       lp = np.take_along_axis(lp_all, routes[:, :, None], axis=1)
       stats.update(lp, routes, -lp_all.mean(axis=1, dtype=np.float64))
     own[i:i + block] = -lp.mean(axis=2, dtype=np.float64)
@@ -289,7 +299,7 @@ def summary(loss_n: np.ndarray, doc_ids_n: np.ndarray, draws: int = 10_000, seed
 
 def evaluate(body_N: PyTree, head: jax.Array, windows: np.ndarray, doc_ids: np.ndarray, router,
              top_k: int, shared_head: bool, ks: Sequence[int] | None = None, pairs: bool = False,
-             draws: int = 10_000, seed: int = 0) -> dict:
+             draws: int = 10_000, seed: int = 0, logits_fn: LogitsFn = model_lib.logits) -> dict:
   """Routed top-k evaluation with intervals; optional k sweep and pair analysis in the same pass.
 
   Returns a JSON-friendly dict: nats_per_byte, ci95, bits_per_byte, num_windows,
@@ -302,7 +312,7 @@ def evaluate(body_N: PyTree, head: jax.Array, windows: np.ndarray, doc_ids: np.n
   if pairs:
     kk = max(kk, min(2, n_experts))
   routes = router.route_to(windows[:, :ROUTE_BYTES], kk, n_experts)
-  sc = score(body_N, head, windows, routes, shared_head, ks, pairs)
+  sc = score(body_N, head, windows, routes, shared_head, ks, pairs, logits_fn=logits_fn)
   out = summary(sc.mix_nxS[:, ks.index(top_k)], doc_ids, draws, seed)
   out["top_k"] = top_k
   out["per_expert"] = per_expert(sc, n_experts, top_k)
@@ -418,11 +428,13 @@ class TestSet:
     self.router = Router.load(os.path.join(data_dir, "router.npz"))
     self._routes = {}
 
-  def losses(self, body_N, head, n_experts: int, shared_head: bool) -> np.ndarray:
+  def losses(self, body_N, head, n_experts: int, shared_head: bool,
+             logits_fn: LogitsFn = model_lib.logits) -> np.ndarray:
     """Per-window nats/byte of the routed top-min(4, N) uniform mixture, float64 [n]."""
     k = min(4, n_experts)
     if n_experts not in self._routes:
       self._routes[n_experts] = self.router.route_to(
           self.windows[:, :ROUTE_BYTES], k, n_experts)
-    lp = routed_logprobs(body_N, head, self.windows, self._routes[n_experts], shared_head)
+    lp = routed_logprobs(body_N, head, self.windows, self._routes[n_experts], shared_head,
+                         logits_fn=logits_fn)
     return mixture_nats(lp)

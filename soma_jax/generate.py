@@ -44,20 +44,18 @@ def init_state(body: PyTree, batch_shape: tuple[int, ...] = ()) -> list[tuple[ja
 
 def step(body: PyTree, embed_VxE: jax.Array, state: list, byte: jax.Array) -> tuple[jax.Array, list]:
   """Next-byte logits [..., V] after reading `byte` [...], and the new state."""
-  x = jnp.take(embed_VxE, byte.astype(jnp.int32), axis=0)
-  if "in_proj" in body:
-    x = model_lib.linear(x, body["in_proj"])
+  def one_step(h, c):
+    def recur(p, x_normed):
+      h_new, c_new = model_lib.lstm_cell(p["w_h"], model_lib.linear(x_normed, p["w_x"]), h, c)
+      return h_new, (h_new, c_new)
+    return recur
+
+  x = model_lib.embed_inputs(body, embed_VxE, byte)
   new_state = []
   for blk, (h, c) in zip(body["blocks"], state, strict=True):
-    gx = model_lib.linear(model_lib.layer_norm(x, blk["ln1"]["scale"]), blk["lstm"]["w_x"])
-    h, c = model_lib.lstm_cell(blk["lstm"]["w_h"], gx, h, c)
-    new_state.append((h, c))
-    x = x + h
-    x = x + model_lib.mlp(blk["mlp"], model_lib.layer_norm(x, blk["ln2"]["scale"]))
-  x = model_lib.layer_norm(x, body["ln_f"]["scale"])
-  if "out_proj" in body:
-    x = model_lib.linear(x, body["out_proj"])
-  return x @ embed_VxE.T, new_state
+    x, carry = model_lib.residual_block(blk, x, one_step(h, c))
+    new_state.append(carry)
+  return model_lib.decoder_inputs(body, x) @ embed_VxE.T, new_state
 
 
 def step_logits(body: PyTree, embed_VxE: jax.Array, inputs_T: jax.Array) -> jax.Array:

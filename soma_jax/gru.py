@@ -7,7 +7,7 @@ SPEC section 6 ("6-layer GRU, untied head"). Parameters are a plain pytree:
   layer  = {"ln": {"scale": [d]}, "w_x": [d, 3d], "w_h": [d, 3d], "b": [3d]}
 
 Each layer is pre-norm residual, `x = x + GRU(LN(x))`, gates ordered (r, z, n). Every
-matrix is applied through `model.linear` (and the embedding through `embed`), so an
+matrix is applied through `layers.linear` (and the embedding through `embed`), so an
 EGGROLL `LowRank` leaf works anywhere without forming the full update. The input-side
 gate pre-activations are one matmul over all B*T positions before the recurrent scan.
 
@@ -25,8 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from soma_jax import model
-from soma_jax.model import GAIN_KEY, LowRank, layer_norm, linear
+from soma_jax.layers import GAIN_KEY, VOCAB, LowRank, cross_entropy, layer_norm, linear
 
 PyTree = Any
 
@@ -37,7 +36,7 @@ class GruConfig:
 
   d: int  # hidden width
   depth: int = 6  # stacked GRU layers
-  vocab: int = model.VOCAB
+  vocab: int = VOCAB
 
 
 def embed(table_VxD: jax.Array | LowRank, ids_BxT: jax.Array) -> jax.Array:
@@ -83,7 +82,7 @@ def gru_logits(params: PyTree, inputs_BxT: jax.Array) -> jax.Array:
 def gru_loss(params: PyTree, window_BxT1: jax.Array) -> jax.Array:
   """Mean next-byte cross entropy (nats/byte) on windows of T + 1 bytes."""
   out = gru_logits(params, window_BxT1[:, :-1])
-  return jnp.mean(model.cross_entropy(out, window_BxT1[:, 1:]))
+  return jnp.mean(cross_entropy(out, window_BxT1[:, 1:]))
 
 
 def init_gru(key: jax.Array, cfg: GruConfig) -> PyTree:
@@ -108,13 +107,3 @@ def init_gru(key: jax.Array, cfg: GruConfig) -> PyTree:
       "ln_f": gain(),
       "head": dense(d, cfg.vocab, scale=1e-4),  # logits std ~0.01
   }
-
-
-def gru_flops_per_token(cfg: GruConfig) -> int:
-  """Forward operations per token (multiply-add = 2), matmuls only."""
-  return 2 * (cfg.depth * 6 * cfg.d * cfg.d + cfg.d * cfg.vocab)
-
-
-def gru_params(cfg: GruConfig) -> int:
-  return model.num_params(jax.eval_shape(lambda: init_gru(jax.random.key(0), cfg)))
-

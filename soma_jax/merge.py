@@ -18,6 +18,7 @@ import numpy as np
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import config as config_lib
 from soma_jax import metrics as metrics_lib
+from soma_jax import runs
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
 
@@ -60,7 +61,7 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
     raise UserError(f"the jobs cover experts {covered}, not 0..{ref.n_experts - 1} once each; "
                     "fix: pass one workdir per slice, slices tiling all experts")
 
-  restored = [train_lib.restore_state(w)[:3] for _, _, w, _ in jobs]
+  restored = [runs.restore_state(w)[:3] for _, _, w, _ in jobs]
   steps = {step for step, _, _ in restored}
   if len(steps) != 1:
     raise UserError(f"the jobs are at different steps {sorted(steps)}; fix: train every job "
@@ -81,7 +82,7 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
   state = states[0].replace(body=body, opt=opt, head_opt=head_opt, sched=sched,
                             skipped=skipped, head=head)
 
-  full = train_lib.shapes_only(ref)
+  full = runs.shapes_only(ref)
   full.experts = ""
   full.init_from = ref.init_from
   ckpt_lib.write_config(out, full)

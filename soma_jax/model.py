@@ -12,22 +12,22 @@ experts, directions and signs:
 The projections exist only when d_t != d_E. Every matrix goes through `linear`, which
 also accepts a `LowRank` perturbed weight (EGGROLL) without forming the full update.
 
-`python -m soma_jax.model --table` prints the paper's parameter table from this code.
+Parameter counts and the paper's size table are in `soma_jax.sizing`
+(`python -m soma_jax.sizing --table`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from soma_jax.layers import GAIN_KEY, VOCAB, LowRank, cross_entropy, layer_norm, linear
+
 PyTree = Any
-VOCAB = 256
-GAIN_KEY = "scale"  # LayerNorm gains: dense +-1 under sparse probes (SPEC 3.1).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,32 +43,6 @@ class ModelConfig:
   @property
   def has_proj(self) -> bool:
     return self.d_t != self.d_e
-
-
-class LowRank(NamedTuple):
-  """A weight w [in, out] plus the rank-r perturbation (B A^T), kept factored.
-
-  In EGGROLL's notation W = w^T is (a x b) = (out x in), A is (out x r), B is (in x r),
-  and the forward pass is x W^T + (x B) A^T.
-  """
-
-  w: jax.Array
-  a: jax.Array  # [out, r], already scaled by sign * sigma / sqrt(r)
-  b: jax.Array  # [in, r]
-
-
-def linear(x: jax.Array, w: jax.Array | LowRank) -> jax.Array:
-  """x @ w for a plain weight, x @ w + (x B) A^T for a low-rank perturbed one."""
-  if isinstance(w, LowRank):
-    return x @ w.w + (x @ w.b) @ w.a.T
-  return x @ w
-
-
-def layer_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-5) -> jax.Array:
-  """Gain-only LayerNorm over the last axis."""
-  mean = jnp.mean(x, axis=-1, keepdims=True)
-  var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-  return (x - mean) * jax.lax.rsqrt(var + eps) * scale
 
 
 def gate_activations(gates_Bx4D: jax.Array) -> jax.Array:
@@ -119,24 +93,37 @@ def mlp(p: dict, x: jax.Array) -> jax.Array:
   return linear(jax.nn.gelu(linear(x, p["w_in"]), approximate=False), p["w_out"])
 
 
+def embed_inputs(body: PyTree, embed_VxE: jax.Array, inputs: jax.Array) -> jax.Array:
+  """The rows of E for byte inputs of any shape, projected to d_t when d_t != d_E."""
+  x = jnp.take(embed_VxE, inputs.astype(jnp.int32), axis=0)
+  return linear(x, body["in_proj"]) if "in_proj" in body else x
+
+
+def residual_block(blk: dict, x: jax.Array, recur) -> tuple[jax.Array, Any]:
+  """x + LSTM(LN(x)), then x + MLP(LN(x)); `recur(lstm_params, x_normed) -> (h, carry)`
+  runs the LSTM (over a span, or one step when generating)."""
+  h, carry = recur(blk["lstm"], layer_norm(x, blk["ln1"]["scale"]))
+  x = x + h
+  return x + mlp(blk["mlp"], layer_norm(x, blk["ln2"]["scale"])), carry
+
+
+def decoder_inputs(body: PyTree, x: jax.Array) -> jax.Array:
+  """The final LayerNorm, projected back to d_E when d_t != d_E: what E^T decodes."""
+  x = layer_norm(x, body["ln_f"]["scale"])
+  return linear(x, body["out_proj"]) if "out_proj" in body else x
+
+
 def _span(body: PyTree, embed_VxE: jax.Array, inputs_TxB: jax.Array, carry_D: list | None,
           unroll: int = 1) -> tuple[jax.Array, list]:
   """Decoder inputs [T, B, d_E] of a span of time-major byte inputs, from LSTM states
   `carry_D` (one (h, c) per block; None = zero state), and the states after the span."""
-  x = jnp.take(embed_VxE, inputs_TxB.astype(jnp.int32), axis=0)
-  if "in_proj" in body:
-    x = linear(x, body["in_proj"])
+  x = embed_inputs(body, embed_VxE, inputs_TxB)
   carry_D = carry_D or [None] * len(body["blocks"])
   new_carry_D = []
   for blk, carry in zip(body["blocks"], carry_D):
-    h, carry = lstm(blk["lstm"], layer_norm(x, blk["ln1"]["scale"]), carry, unroll)
-    x = x + h
-    x = x + mlp(blk["mlp"], layer_norm(x, blk["ln2"]["scale"]))
+    x, carry = residual_block(blk, x, lambda p, xn, carry=carry: lstm(p, xn, carry, unroll))
     new_carry_D.append(carry)
-  x = layer_norm(x, body["ln_f"]["scale"])
-  if "out_proj" in body:
-    x = linear(x, body["out_proj"])
-  return x, new_carry_D
+  return decoder_inputs(body, x), new_carry_D
 
 
 def features(body: PyTree, embed_VxE: jax.Array, inputs_BxT: jax.Array) -> jax.Array:
@@ -149,19 +136,8 @@ def features(body: PyTree, embed_VxE: jax.Array, inputs_BxT: jax.Array) -> jax.A
 
 
 def logits(body: PyTree, embed_VxE: jax.Array, inputs_BxT: jax.Array) -> jax.Array:
-  """Next-byte logits [B, T, V] through the tied byte matrix (a GRU body: its own head)."""
-  if "layers" in body:  # the EGGROLL GRU (soma_jax.gru); embed_VxE is unused
-    from soma_jax import gru
-
-    return gru.gru_logits(body, inputs_BxT)
+  """Next-byte logits [B, T, V] through the tied byte matrix."""
   return features(body, embed_VxE, inputs_BxT) @ embed_VxE.T
-
-
-def cross_entropy(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
-  """Per-position cross entropy in nats [B, T]."""
-  logz = jax.nn.logsumexp(logits_BxTxV, axis=-1)
-  picked = jnp.take_along_axis(logits_BxTxV, targets_BxT[..., None].astype(jnp.int32), -1)
-  return logz - picked[..., 0]
 
 
 def loss(body: PyTree, embed_VxE: jax.Array, window_BxT1: jax.Array) -> jax.Array:
@@ -182,8 +158,6 @@ def streamed_loss(body: PyTree, embed_VxE: jax.Array, window_BxT1: jax.Array,
   A final block of T mod time_block positions covers any remainder. `unroll` time steps
   run per iteration of the recurrence (fewer loop iterations on a GPU; same arithmetic).
   """
-  if "layers" in body:  # the EGGROLL GRU (soma_jax.gru): one pass
-    return loss(body, embed_VxE, window_BxT1)
   inputs_TxB, targets_TxB = window_BxT1[:, :-1].T, window_BxT1[:, 1:].T
   t, b = inputs_TxB.shape
   tb = min(time_block, t)
@@ -250,88 +224,3 @@ def init_experts(key: jax.Array, cfg: ModelConfig, n: int) -> tuple[PyTree, jax.
   if not cfg.shared_head:
     head = jnp.broadcast_to(head, (n,) + head.shape)
   return body_N, head
-
-
-def num_params(tree: PyTree) -> int:
-  return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
-
-
-def body_params(cfg: ModelConfig) -> int:
-  """Perturbed parameters per expert (body and projections), counted from the init code."""
-  return num_params(jax.eval_shape(lambda: init_body(jax.random.key(0), cfg)))
-
-
-def head_params(cfg: ModelConfig) -> int:
-  return num_params(jax.eval_shape(lambda: init_head(jax.random.key(0), cfg)))
-
-
-def ensemble_params(cfg: ModelConfig, n: int) -> int:
-  """Bodies plus heads: one head if shared, N otherwise (SPEC section 2)."""
-  heads = 1 if cfg.shared_head else n
-  return n * body_params(cfg) + heads * head_params(cfg)
-
-
-def flops_per_token(cfg: ModelConfig) -> int:
-  """Operations per token of one expert's forward pass (multiply-add = 2), F_N in SPEC 7."""
-  return 2 * (body_params(cfg) - (2 * cfg.depth + 1) * cfg.d_t + head_params(cfg))
-
-
-PAPER_SIZES = ((1, 509), (2, 361), (8, 181), (256, 32))
-
-
-def paper_config(n: int, d_t: int) -> ModelConfig:
-  """Width-32 ensembles share one frozen head; wide controls own theirs."""
-  return ModelConfig(d_t=d_t, shared_head=(d_t == 32))
-
-
-def size_table(rows=PAPER_SIZES) -> list[dict]:
-  out = []
-  for n, d_t in rows:
-    cfg = paper_config(n, d_t)
-    out.append({
-        "n": n,
-        "d_t": d_t,
-        "head": head_params(cfg),
-        "shared_head": cfg.shared_head,
-        "ensemble_params": ensemble_params(cfg, n),
-        "body_params": body_params(cfg),
-    })
-  return out
-
-
-def _fmt(x: int) -> str:
-  for unit, div in (("M", 1e6), ("k", 1e3)):
-    if x >= div:
-      return f"{x / div:#.3g}{unit}"
-  return str(x)
-
-
-def main(argv=None) -> None:
-  import argparse
-
-  parser = argparse.ArgumentParser(description="SOMA parameter counts from the model code.")
-  parser.add_argument("--table", action="store_true", help="print the paper's size table")
-  parser.add_argument("--json", action="store_true", help="print the table as JSON")
-  parser.add_argument("--n", type=int, nargs="*", help="expert counts (pair with --d_t)")
-  parser.add_argument("--d_t", type=int, nargs="*", help="body widths (pair with --n)")
-  args = parser.parse_args(argv)
-  rows = PAPER_SIZES
-  if args.n or args.d_t:
-    if not args.n or not args.d_t or len(args.n) != len(args.d_t):
-      parser.error("--n and --d_t take the same number of values, e.g. --n 4 --d_t 64")
-    if min(args.n) < 1 or min(args.d_t) < 1:
-      parser.error("--n and --d_t must be positive")
-    rows = tuple(zip(args.n, args.d_t, strict=True))
-  table = size_table(rows)
-  if args.json:
-    print(json.dumps(table, indent=1))
-    return
-  print(f"{'N':>5} {'d_t':>5} {'head':>18} {'ensemble params':>16} {'body params/expert':>19}")
-  for r in table:
-    head = f"{_fmt(r['head'])}, " + ("one shared" if r["shared_head"] else "own")
-    print(f"{r['n']:>5} {r['d_t']:>5} {head:>18} {_fmt(r['ensemble_params']):>16} "
-          f"{_fmt(r['body_params']):>19}")
-
-
-if __name__ == "__main__":
-  main()

@@ -375,12 +375,14 @@ def train_step(state: TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.A
 
 
 def expert_losses(body_N: PyTree, head: jax.Array, windows_NxBxT1: jax.Array,
-                  shared_head: bool = True) -> jax.Array:
+                  shared_head: bool = True, loss_fn: Callable = model_lib.streamed_loss
+                  ) -> jax.Array:
   """Each expert's mean loss on its own windows, [N] (expert validation).
 
-  Streamed in time blocks (memory independent of T) and, like all evaluation, with full
-  float32 matmuls whatever the training precision (SPEC 3.3).
+  `loss_fn(body, head_e, windows)` is the method's validation loss; the LSTM's is streamed
+  in time blocks (memory independent of T). Like all evaluation, with full float32
+  matmuls whatever the training precision (SPEC 3.3).
   """
   with jax.default_matmul_precision("highest"):
-    return jax.vmap(model_lib.streamed_loss, in_axes=(0, None if shared_head else 0, 0))(
+    return jax.vmap(loss_fn, in_axes=(0, None if shared_head else 0, 0))(
         body_N, head, windows_NxBxT1)

@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
@@ -24,181 +24,33 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from soma_jax import baselines, memory, spsa
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import config as config_lib
 from soma_jax import evaluate as eval_lib
+from soma_jax import memory, methods, parallel, runs, spsa
 from soma_jax import metrics as metrics_lib
-from soma_jax import model as model_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
+from soma_jax.router import Router
 
 PyTree = Any
 
 
-def model_config(c: ml_collections.ConfigDict) -> model_lib.ModelConfig:
-  return model_lib.ModelConfig(d_t=c.model.d_t, d_e=c.model.d_e, depth=c.model.depth,
-                               shared_head=c.model.shared_head)
-
-
-def signs_together(c: ml_collections.ConfigDict) -> bool:
-  """spsa.signs resolved: "auto" evaluates the two signs apart on a CPU (half as many
-  perturbed copies per loop iteration, measured faster there) and together elsewhere."""
-  signs = c.spsa.get("signs", "auto")
-  return jax.default_backend() != "cpu" if signs == "auto" else signs == "together"
-
-
-def step_config(c: ml_collections.ConfigDict, pert_chunk: int | None = None) -> spsa.StepConfig:
-  """The static step settings; `pert_chunk` resolves spsa.pert_chunk="auto" (see
-  `choose_chunk`; without it "auto" stands for the CPU's chunk, enough for shapes)."""
-  chunk = pert_chunk or config_lib.pert_chunk(c)
-  together = signs_together(c)
-  if chunk == "auto":  # the job's experts on one device, as `choose_chunk` counts them
-    a, b = config_lib.expert_range(c)
-    chunk = memory.cpu_chunk(c.spsa.n_pert, b - a, together)
-  return spsa.StepConfig(
-      model=model_config(c),
-      # .get: configs saved before time_block / unroll / signs existed still restore.
-      spsa=spsa.SpsaConfig(n_pert=c.spsa.n_pert, accum=c.spsa.accum, probe=c.spsa.probe,
-                           pert_chunk=chunk, time_block=c.spsa.get("time_block", 64),
-                           unroll=c.spsa.get("unroll", 1), signs_together=together),
-      weight_decay=c.opt.weight_decay, train_head=c.opt.train_head, seed=c.seed)
-
-
-def make_step(c: ml_collections.ConfigDict, pert_chunk: int | None = None):
-  """(jitted step(state, batch, expert_ids) -> (state, metrics), ops per update per expert).
-
-  Ops follow SPEC 7: SPSA 2 A n_pert B T F; EGGROLL pop A B T F; BPTT 3 A B T F
-  (forward plus a backward pass of about twice its cost).
-  """
-  from soma_jax import eggroll
-
-  cfg = step_config(c, pert_chunk)
-  tokens = c.data.seq_len * c.spsa.batch * c.spsa.accum
-  f = baselines.flops_per_token(c, cfg.model)
-  if c.method == "soma":
-    return functools.partial(_train_step, cfg=cfg), 2 * c.spsa.n_pert * tokens * f
-  if c.method == "bptt":
-    step = jax.jit(baselines.bptt_train_step, static_argnames="cfg", donate_argnames="state")
-    return functools.partial(step, cfg=cfg), 3 * tokens * f
-  es = eggroll.EggrollConfig(pop=c.eggroll.pop, sigma=c.eggroll.sigma, rank=c.eggroll.rank,
-                             pop_chunk=c.eggroll.pop_chunk)
-  step = jax.jit(baselines.eggroll_train_step, static_argnames="cfg", donate_argnames="state")
-  return (functools.partial(step, cfg=baselines.EggrollStepConfig(cfg, es)),
-          c.eggroll.pop * tokens * f)
-
-
-def choose_chunk(c: ml_collections.ConfigDict, n_local: int, mesh=None) -> memory.ChunkChoice:
-  """spsa.pert_chunk for this device ("auto" resolved) and the step's planned memory.
-
-  Plans the one-device step on one device's share: N / mesh.expert experts and
-  n_pert / mesh.pert directions (compile only, nothing runs).
-  """
-  if c.method != "soma":
-    return memory.ChunkChoice(1, -1, memory.device_limit_bytes(), f"method={c.method}: unused")
-  n_dev = n_local // (mesh.shape["expert"] if mesh is not None else 1)
-  k_dev = c.spsa.n_pert // (mesh.shape["pert"] if mesh is not None else 1)
-  from soma_jax import parallel
-
-  base = step_config(c)
-  state = parallel.abstract_state(base, n_dev)
-  batch = jax.ShapeDtypeStruct((n_dev, c.spsa.accum, c.spsa.batch, c.data.seq_len + 1), jnp.uint8)
-  ids = jax.ShapeDtypeStruct((n_dev,), jnp.int32)
-
-  def plan_at(chunk: int) -> int:
-    cfg = dataclasses.replace(base, spsa=dataclasses.replace(base.spsa, n_pert=k_dev,
-                                                             pert_chunk=chunk))
-    with memory.matmul_precision(c.precision):
-      return memory.planned_bytes(_train_step.lower(state, batch, ids, cfg=cfg).compile())
-
-  chunk = config_lib.pert_chunk(c)
-  limit = memory.device_limit_bytes()
-  if chunk != "auto":  # clamped as the step clamps it, so training reuses this compile
-    chunk = min(chunk, k_dev)
-    return memory.ChunkChoice(chunk, plan_at(chunk), limit, "fixed")
-  return memory.choose_pert_chunk(plan_at, k_dev, jax.default_backend(), limit,
-                                  n_experts=n_dev, signs_together=base.spsa.signs_together)
+def make_step(c: ml_collections.ConfigDict, cfg: Hashable | None = None):
+  """(step(state, batch, expert_ids) -> (state, metrics) on one device, ops per update per
+  expert): the method's jitted step at the run's step config `cfg` (built if None)."""
+  method = methods.get(c)
+  cfg = method.step_config(c) if cfg is None else cfg
+  return functools.partial(method.train_step, cfg=cfg), method.ops_per_update(c)
 
 
 def plateau_config(c: ml_collections.ConfigDict) -> spsa.PlateauConfig:
   return spsa.PlateauConfig(patience=c.opt.patience, floor=c.opt.floor)
 
 
-# ----------------------------------------------------------------------------- state
-
-
-def initial_params(c: ml_collections.ConfigDict) -> tuple[PyTree, jax.Array]:
-  """Bodies and head(s) of this job's experts: from the seed run, or a fresh init.
-
-  A fresh init draws all N experts and keeps this job's slice, so a job training
-  experts a:b starts exactly where the full job's experts a:b start.
-  """
-  a, b = config_lib.expert_range(c)
-  cfg = model_config(c)
-  if c.method == baselines.GRU_METHOD:  # the paper's GRU (SPEC 6), its head inside the body
-    body_N, head = baselines.init_gru_experts(c)
-    return jax.tree.map(lambda x: x[a:b], body_N), head
-  if c.init_from:
-    body, head = seed_params(c.init_from, cfg)
-    body_N = jax.tree.map(lambda x: jnp.broadcast_to(x, (b - a,) + x.shape), body)
-    head = head if cfg.shared_head else jnp.broadcast_to(head, (b - a,) + head.shape)
-    return body_N, head
-  body_N, head = model_lib.init_experts(jax.random.key(c.seed), cfg, c.n_experts)
-  body_N = jax.tree.map(lambda x: x[a:b], body_N)
-  return body_N, head if cfg.shared_head else head[a:b]
-
-
-def seed_params(seed_workdir: str, cfg: model_lib.ModelConfig) -> tuple[PyTree, jax.Array]:
-  """Expert 0's body and E from a seed run's newest checkpoint (SPEC 3.4 step 3)."""
-  body_N, head, seed_cfg = restore_params(seed_workdir)
-  theirs = model_config(seed_cfg)
-  if (theirs.d_t, theirs.d_e, theirs.depth) != (cfg.d_t, cfg.d_e, cfg.depth):
-    raise UserError(
-        f"init_from={seed_workdir!r} has d_t={theirs.d_t}, d_e={theirs.d_e}, depth="
-        f"{theirs.depth}; this run has d_t={cfg.d_t}, d_e={cfg.d_e}, depth={cfg.depth}; "
-        "fix: train the seed at the same model size")
-  body = jax.tree.map(lambda x: x[0], body_N)
-  return body, head if theirs.shared_head else head[0]
-
-
-def initial_state(c: ml_collections.ConfigDict) -> spsa.TrainState:
-  body_N, head = initial_params(c)
-  return spsa.init_state(body_N, head, c.opt.lr, c.spsa.eps, step_config(c))
-
-
-def restore_params(workdir: str, step: int | None = None):
-  """(body_N, head, config) from a training workdir's newest (or given) checkpoint."""
-  _, state, _, c = restore_state(workdir, step)
-  return state.body, state.head, c
-
-
-def restore_state(workdir: str, step: int | None = None):
-  """(step, TrainState, iterator state, config) of a workdir's newest (or given) checkpoint."""
-  c = ckpt_lib.read_config(workdir)
-  abstract = jax.eval_shape(lambda: initial_state(shapes_only(c)))
-  ckpt = ckpt_lib.Checkpointer(workdir)
-  try:
-    if step is not None and step not in ckpt.steps():
-      raise UserError(f"no checkpoint at step {step} in {workdir!r}; have {ckpt.steps()}")
-    restored = ckpt.restore_latest(abstract, max_step=step)
-  finally:
-    ckpt.close()
-  if restored is None:
-    raise UserError(f"{workdir!r} has no checkpoint yet; fix: train first (experiments/train.py)")
-  return (*restored, c)
-
-
-def shapes_only(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict(c.to_dict())
-  c.init_from = ""  # shapes only; do not read the seed run again
-  return c
-
-
 # ----------------------------------------------------------------------------- loop
 
-# Jitted once per process; the old state's buffers are donated to the new one.
-_train_step = jax.jit(spsa.train_step, static_argnames="cfg", donate_argnames="state")
-_val_losses = jax.jit(spsa.expert_losses, static_argnames="shared_head")
+_val_losses = jax.jit(spsa.expert_losses, static_argnames=("shared_head", "loss_fn"))
 _plateau = jax.jit(spsa.plateau_update, static_argnames="cfg")
 
 
@@ -269,7 +121,7 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict:
   (nothing is written before that passes), build the step and the input pipeline,
   restore the newest good checkpoint, then the step loop with its periodic actions.
   """
-  config_lib.validate(c)
+  methods.validate(c)
   _check_inputs(c)
   lock = ckpt_lib.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
   with lock:
@@ -306,6 +158,8 @@ class _Run:
   """What the step loop works on: built by `_build`, restored by `_resume`."""
 
   c: ml_collections.ConfigDict
+  method: methods.Method
+  step_cfg: Hashable  # the method's static step settings, built once per run
   workdir: str
   experts: range  # the job's experts (global ids)
   state: spsa.TrainState
@@ -324,34 +178,33 @@ class _Run:
 
 
 def _build(c: ml_collections.ConfigDict, workdir: str) -> _Run:
-  """The initial state, the jitted step (`make_step`) on its devices, and the input iterator."""
+  """The step config (once), the initial state, the jitted step on its devices, the inputs."""
+  method = methods.get(c)
   a, b = config_lib.expert_range(c)
   n_local = b - a
-  state = initial_state(c)
-  mesh = _mesh(c, n_local)
-  chunk = choose_chunk(c, n_local, mesh)
-  step_cfg = step_config(c, chunk.chunk)
-  step_fn, ops_expert = make_step(c, chunk.chunk)  # one device's step; a mesh's replaces it
+  mesh = _mesh(c, method, n_local)
+  chunk = methods.choose_chunk(c, n_local, mesh)
+  step_cfg = method.step_config(c, chunk.chunk)
+  state = runs.initial_state(c, step_cfg)
+  step_fn, ops_expert = make_step(c, step_cfg)  # one device's step; a mesh's replaces it
   if mesh is None:
     feed = list(range(a, b))  # this process feeds every expert of the job
     expert_ids = jnp.arange(a, b, dtype=jnp.int32)
     to_global = jnp.asarray
   else:
-    from soma_jax import parallel
-
     feed = [a + i for i in parallel.local_experts(n_local, mesh)]  # only this host's data
     expert_ids = parallel.expert_ids(n_local, mesh, first=a)
     to_global = functools.partial(parallel.global_batch, mesh=mesh)
-    step_fn = parallel.make_train_step(step_cfg, mesh)
+    step_fn = method.sharded_step(step_cfg, mesh)
     state = parallel.put_state(state, mesh)
   data = pipeline.train_iterator(c.data.dir, feed, batch=c.spsa.batch, accum=c.spsa.accum,
                                  seq_len=c.data.seq_len, seed=c.seed, pooled=pooled(c))
   ops_step = ops_expert * n_local
-  return _Run(c=c, workdir=workdir, experts=range(a, b), state=state,
-              step_fn=step_fn, expert_ids=expert_ids, to_global=to_global, data=data,
-              ckpt=ckpt_lib.Checkpointer(workdir, keep=c.ckpt.keep),
+  return _Run(c=c, method=method, step_cfg=step_cfg, workdir=workdir, experts=range(a, b),
+              state=state, step_fn=step_fn, expert_ids=expert_ids, to_global=to_global,
+              data=data, ckpt=ckpt_lib.Checkpointer(workdir, keep=c.ckpt.keep),
               n_devices=1 if mesh is None else mesh.size, ops_step=ops_step,
-              tokens_step=ops_step // baselines.flops_per_token(c, step_cfg.model),
+              tokens_step=ops_step // method.flops_per_token(c),
               chunk=chunk, val_windows=to_global(_expert_val_windows(c, feed)))
 
 
@@ -444,10 +297,11 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
     progress.message(f"{run.workdir} is already trained to step {run.start} (steps={c.steps}); "
                      "raise --config.steps to continue")
   a, b = run.experts.start, run.experts.stop
-  signs = f"signs {step_config(c).spsa.signs}; " if c.method == "soma" else ""
+  # The signs setting of an SPSA step (the methods with a pert_chunk to plan).
+  signs = f"signs {run.step_cfg.spsa.signs}; " if run.method.plan_chunk else ""
   progress.message(
       f"training experts {a}..{b - 1} of {c.n_experts} "
-      f"({baselines.body_params(c, model_config(c)):,} params each) from step "
+      f"({run.method.body_params(c):,} params each) from step "
       f"{run.start} to {c.steps} on {jax.devices()[0].platform}; {run.chunk.describe()}; "
       f"{signs}matmul precision {c.precision}")
   clock = _Clock(run)
@@ -521,7 +375,7 @@ def _periodic_evals(run: _Run, done: int, m, clock: _Clock, log: _Log) -> dict:
   if done % c.eval_every == 0 or done == c.steps:
     with clock.aside("eval_seconds", sync=m):
       val = _val_losses(run.state.body, run.state.head, run.val_windows,
-                        shared_head=c.model.shared_head)
+                        shared_head=c.model.shared_head, loss_fn=run.method.val_loss)
       sched = _plateau(run.state.sched, val, done, cfg=plateau_config(c))
       run.state = run.state.replace(sched=sched)
       log.last_val = record["val_loss"] = np.asarray(_to_host(val)).tolist()
@@ -536,16 +390,14 @@ def _periodic_evals(run: _Run, done: int, m, clock: _Clock, log: _Log) -> dict:
   return record
 
 
-def _mesh(c: ml_collections.ConfigDict, n_local: int):
+def _mesh(c: ml_collections.ConfigDict, method: methods.Method, n_local: int):
   """The device mesh for mesh.expert x mesh.pert, or None for a plain one-device run."""
   e, p = (str(c.mesh.expert), str(c.mesh.pert))
   if e == "1" and p == "1" and jax.process_count() == 1:
     return None
-  if c.method != "soma":
+  if method.sharded_step is None:
     raise UserError(f"mesh.expert / mesh.pert shard the SOMA step; method={c.method} runs on "
                     "one device: use mesh.expert=1 mesh.pert=1 (or independent experts=a:b jobs)")
-  from soma_jax import parallel
-
   as_arg = lambda v: "auto" if v in ("auto", "0") else int(v)
   try:
     return parallel.make_mesh(as_arg(e), int(p), n_experts=n_local)
@@ -580,11 +432,10 @@ def _report_skips(step: int, skipped_N, seen, experts: range,
 def ensemble_validation(c: ml_collections.ConfigDict, state: spsa.TrainState,
                         max_windows: int = 256) -> float | None:
   """Routed top-k ensemble loss on the data dir's ensemble-validation windows."""
-  from soma_jax.router import Router
-
   windows, _ = pipeline.eval_split(c.data.dir, "ensemble_val")
   if windows.shape[0] == 0:
     return None
   router = Router.load(os.path.join(c.data.dir, "router.npz"))
   return eval_lib.ensemble_loss(state.body, state.head, windows[:max_windows], router,
-                                min(4, c.n_experts), c.model.shared_head)
+                                min(4, c.n_experts), c.model.shared_head,
+                                logits_fn=methods.get(c).logits)

@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks import step_timing
 from soma_jax import config as config_lib
+from soma_jax import methods
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,11 +70,10 @@ def test_ideal_forwards_cover_the_steps_tokens_with_plain_losses():
   import numpy as np
 
   from soma_jax import model as M
-  from soma_jax import train
 
   c = config_lib.base_config(n=2, size="tiny")  # n_pert 4, A 1, B 2, T 32, own heads
   inputs = step_timing.step_inputs(c)
-  cfg = train.step_config(c, pert_chunk=2)
+  cfg = methods.get(c).step_config(c, pert_chunk=2)
   s = inputs.state
   plain = step_timing.ideal_forward(cfg)(s.body, s.head, inputs.batch)
   wide = step_timing.ideal_forward(cfg, together=4)(s.body, s.head, inputs.batch)
@@ -124,11 +124,11 @@ def test_estimate_only_is_the_steps_estimate():
   import jax
   import numpy as np
 
-  from soma_jax import spsa, train
+  from soma_jax import spsa
 
   c = config_lib.base_config(n=2, size="tiny")
   inputs = step_timing.step_inputs(c)
-  cfg = train.step_config(c)
+  cfg = methods.get(c).step_config(c)
   s = inputs.state
   g, loss = step_timing.estimate_only(cfg)(s, inputs.batch, inputs.ids)
   want = spsa.estimate(s.body, s.head, inputs.batch, s.sched.eps, s.step, inputs.ids,

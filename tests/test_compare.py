@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from soma_jax import model as model_lib
+from soma_jax import sizing
 from soma_jax.config import load_config_file
 from soma_jax.studies import compare, independent
 
@@ -45,18 +46,18 @@ def data_two_shards(tmp_path_factory, data_textdir):
 def test_width_for_params_matches_model_counts(n, d_e, depth, shared):
   for d_t in (d_e, 7, 64, 181, 361, 509):
     cfg = model_lib.ModelConfig(d_t=d_t, d_e=d_e, depth=depth, shared_head=shared)
-    total = model_lib.ensemble_params(cfg, n)
-    assert compare.params_formula(d_t, n, d_e, depth, shared) == total, (n, d_t)
-    assert compare.width_for_params(total, n, d_e, depth, shared) == d_t, (n, d_t)
+    total = sizing.ensemble_params(cfg, n)
+    assert sizing.params_formula(d_t, n, d_e, depth, shared) == total, (n, d_t)
+    assert sizing.width_for_params(total, n, d_e, depth, shared) == d_t, (n, d_t)
 
 
 def test_width_for_params_equal_size_targets():
   # The paper pairs SOMA N = 2 (width 361, 8.41M) with a width-509 monolith (8.33M); the
   # exact match for 8.41M is two units wider.
-  total = model_lib.ensemble_params(model_lib.ModelConfig(d_t=361), 2)
-  d_t = compare.width_for_params(total, 1)
+  total = sizing.ensemble_params(model_lib.ModelConfig(d_t=361), 2)
+  d_t = sizing.width_for_params(total, 1)
   assert abs(d_t - 509) <= 2, d_t
-  assert abs(compare.params_formula(d_t, 1) - total) < 0.001 * total
+  assert abs(sizing.params_formula(d_t, 1) - total) < 0.001 * total
 
 
 def test_compare_tiny_end_to_end(tmp_path, data_two_shards):
@@ -242,8 +243,8 @@ def test_gru_width_for_params_matches_gru_counts(n, depth):
   from soma_jax import gru
 
   for d in (8, 82, 100):
-    total = n * gru.gru_params(gru.GruConfig(d=d, depth=depth))
-    assert compare.gru_width_for_params(total, n, depth) == d, (n, depth, d)
+    total = n * sizing.gru_params(gru.GruConfig(d=d, depth=depth))
+    assert sizing.gru_width_for_params(total, n, depth) == d, (n, depth, d)
 
 
 @pytest.mark.parametrize("arg,wide", [("n=1", True), ("n=2", True), ("n=8", True),

@@ -12,8 +12,9 @@ import numpy as np
 import optax
 import pytest
 
-from soma_jax import eggroll, gru, model
-from soma_jax.model import LowRank
+from soma_jax import eggroll, gru, methods, model, runs, sizing
+from soma_jax.layers import LowRank
+from soma_jax.methods import lstm
 from tests.test_compare import gru_flops_per_token, load_config
 
 GCFG = gru.GruConfig(d=8, depth=1)
@@ -220,7 +221,7 @@ def test_method_eggroll_is_the_papers_gru(data_prepared):
   from soma_jax import train
 
   c = _gru_method_config(data_prepared)
-  body_N, _ = train.initial_params(c)
+  body_N, _ = runs.initial_params(c)
   assert c.method == "eggroll" and c.model.depth == 6
   assert len(body_N["layers"]) == 6 and "head" in body_N and "embed" in body_N  # untied head
   assert body_N["head"].shape == (1, c.model.d_t, 256)
@@ -242,10 +243,12 @@ def test_gru_eggroll_loss_falls_by_the_es_update(data_prepared):
                                                    seq_len=c.data.seq_len, seed=0, pooled=True)))
   step_fn, _ = train.make_step(c)
   ids = jnp.zeros((1,), jnp.int32)
-  loss = lambda st: float(spsa.expert_losses(st.body, st.head, batch[:, 0], shared_head=True)[0])
+  val_loss = methods.get(c).val_loss  # the GRU's loss (its head is inside its body)
+  loss = lambda st: float(spsa.expert_losses(st.body, st.head, batch[:, 0], shared_head=True,
+                                              loss_fn=val_loss)[0])
 
   def run(lr):
-    state = train.initial_state(c)
+    state = runs.initial_state(c)
     state = state.replace(sched=state.sched.replace(lr=jnp.full((1,), lr, jnp.float32)))
     start = loss(state)
     for _ in range(c.steps):
@@ -266,10 +269,11 @@ def test_gru_eggroll_trains_checkpoints_and_evaluates(data_prepared, tmp_path):
   c = _gru_method_config(data_prepared)
   summary = train.train(c, str(tmp_path / "run"))
   assert summary["status"] == "done" and np.isfinite(summary["val_loss"]).all()
-  body_N, head, restored = train.restore_params(str(tmp_path / "run"))
+  body_N, head, restored = runs.restore_params(str(tmp_path / "run"))
   assert restored.method == "eggroll" and len(body_N["layers"]) == 6
   windows = jnp.asarray(train._expert_val_windows(c, range(1)))
-  val = spsa.expert_losses(body_N, head, windows, shared_head=True)
+  val = spsa.expert_losses(body_N, head, windows, shared_head=True,
+                           loss_fn=methods.get(restored).val_loss)
   np.testing.assert_allclose(np.asarray(val), summary["val_loss"], rtol=1e-5)
 
 
@@ -287,11 +291,11 @@ def test_eggroll_lstm_extra_runs_es_on_the_soma_expert(data_prepared):
   c = load_config("eggroll", "n=1,size=tiny,model=lstm")
   c.data.dir = data_prepared
   assert c.method == "eggroll_lstm"
-  state = train.initial_state(c)
+  state = runs.initial_state(c)
   assert "blocks" in state.body
   step_fn, ops = train.make_step(c)
   tokens = c.data.seq_len * c.spsa.batch * c.spsa.accum
-  assert ops == c.eggroll.pop * tokens * model.flops_per_token(train.model_config(c))
+  assert ops == c.eggroll.pop * tokens * sizing.flops_per_token(lstm.model_config(c))
   batch = next(pipeline.train_iterator(data_prepared, [0], batch=c.spsa.batch, accum=1,
                                        seq_len=c.data.seq_len, seed=0, pooled=True))
   body0 = jax.tree.map(lambda x: np.asarray(x[0]), state.body)  # before the donated step

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from soma_jax import gru
-from soma_jax.model import LowRank
+from soma_jax import gru, sizing
+from soma_jax.layers import LowRank
 
 CFG = gru.GruConfig(d=8, depth=2)
 _init = jax.jit(gru.init_gru, static_argnums=1)
@@ -21,7 +21,7 @@ def test_param_shapes():
   for layer in p["layers"]:
     assert layer["w_x"].shape == (d, 3 * d) and layer["w_h"].shape == (d, 3 * d)
     assert layer["b"].shape == (3 * d,) and layer["ln"]["scale"].shape == (d,)
-  assert gru.gru_params(CFG) == 2 * v * d + CFG.depth * (6 * d * d + 4 * d) + d
+  assert sizing.gru_params(CFG) == 2 * v * d + CFG.depth * (6 * d * d + 4 * d) + d
   assert gru.GruConfig(d=4).depth == 6
 
 

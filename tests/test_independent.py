@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from soma_jax import evaluate as eval_lib
-from soma_jax import spsa
-from soma_jax import train as train_lib
+from soma_jax import runs, spsa
+from soma_jax.methods import lstm
 from soma_jax.studies import independent
 from tests.test_compare import ivs_tiny_config
 
@@ -77,7 +77,7 @@ def test_run_trains_the_seed_first_and_starts_both_variants_there(tmp_path, data
   assert dtypes and set(dtypes) == {"float64"}, dtypes
 
   c = config.train
-  body, head = train_lib.seed_params(seed_dir, train_lib.model_config(c))
+  body, head = lstm.seed_expert(runs.restore_params(seed_dir), lstm.model_config(c))
   body_N = jax.tree.map(lambda x: jnp.broadcast_to(x, (c.n_experts,) + x.shape), body)
   test = eval_lib.TestSet(data_prepared, config.test_windows)
   start = float(test.losses(body_N, head, c.n_experts, True).mean())

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from soma_jax import config as config_lib
-from soma_jax import memory, train
+from soma_jax import memory, methods, sizing
 from soma_jax import model as M
 from soma_jax import spsa as S
 from soma_jax.errors import UserError
+from soma_jax.methods import lstm
 
 
 def _window(b: int, t: int, seed: int = 0) -> jax.Array:
@@ -60,7 +61,7 @@ def test_expert_losses_equal_per_expert_loss():
 
 
 def _plan(n, d_t, b, t, n_pert, chunk, time_block, signs_together=True) -> int:
-  mc = M.paper_config(n, d_t)
+  mc = sizing.paper_config(n, d_t)
   cfg = S.StepConfig(model=mc, spsa=S.SpsaConfig(n_pert=n_pert, pert_chunk=chunk,
                                                    time_block=time_block,
                                                    signs_together=signs_together),
@@ -136,19 +137,19 @@ def test_auto_chunk_resolves_and_is_described():
   c = config_lib.base_config(n=2, size="tiny")
   with c.unlocked():
     c.spsa.pert_chunk = "auto"
-  choice = train.choose_chunk(c, 2)
+  choice = methods.choose_chunk(c, 2)
   # The CPU's small chunk (signs apart there); on a GPU all 4 directions fit at once.
   on_cpu = jax.default_backend() == "cpu"
-  assert train.signs_together(c) == (not on_cpu)
+  assert lstm.signs_together(c) == (not on_cpu)
   assert choice.chunk == (2 if on_cpu else 4)  # N C = 4 copies with the signs apart
   assert choice.planned_bytes > 0
-  assert train.step_config(c, choice.chunk).spsa.pert_chunk == choice.chunk
+  assert methods.get(c).step_config(c, choice.chunk).spsa.pert_chunk == choice.chunk
   assert f"pert_chunk={choice.chunk}" in choice.describe()
   with c.unlocked():
     c.spsa.pert_chunk = "16"  # as a command line gives it
   assert config_lib.pert_chunk(c) == 16
   # Clamped to n_pert = 4 as the step clamps it: the plan is the program training runs.
-  assert train.choose_chunk(c, 2).chunk == 4
+  assert methods.choose_chunk(c, 2).chunk == 4
   with c.unlocked():
     c.spsa.pert_chunk = "big"
   with pytest.raises(UserError, match="pert_chunk"):
@@ -160,7 +161,7 @@ def test_auto_chunk_resolves_and_is_described():
   for signs, together in (("together", True), ("apart", False)):
     with c.unlocked():
       c.spsa.signs = signs
-    assert train.step_config(c).spsa.signs_together is together
+    assert methods.get(c).step_config(c).spsa.signs_together is together
 
 
 def test_precision_reaches_the_compiled_matmuls():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from soma_jax import model as M
+from soma_jax import sizing
 
 # SPEC section 2 size table, to 3 significant figures.
 PAPER = {(1, 509): (8.33e6, 8.33e6), (2, 361): (8.41e6, 4.20e6), (8, 181): (8.55e6, 1.06e6),
@@ -22,34 +23,34 @@ def sig3(x):
 
 @pytest.mark.parametrize("n,d_t", list(PAPER))
 def test_paper_size_table(n, d_t):
-  cfg = M.paper_config(n, d_t)
+  cfg = sizing.paper_config(n, d_t)
   ensemble, body = PAPER[(n, d_t)]
-  assert sig3(M.ensemble_params(cfg, n)) == ensemble
-  assert sig3(M.body_params(cfg)) == body
-  assert M.head_params(cfg) == 256 * 32
+  assert sig3(sizing.ensemble_params(cfg, n)) == ensemble
+  assert sig3(sizing.body_params(cfg)) == body
+  assert sizing.head_params(cfg) == 256 * 32
 
 
 @pytest.mark.parametrize("d_t,depth", [(32, 2), (17, 3), (64, 1)])
 def test_body_formula(d_t, depth):
   cfg = M.ModelConfig(d_t=d_t, depth=depth)
   proj = 2 * cfg.d_e * d_t if d_t != cfg.d_e else 0
-  assert M.body_params(cfg) == 16 * depth * d_t**2 + (2 * depth + 1) * d_t + proj
+  assert sizing.body_params(cfg) == 16 * depth * d_t**2 + (2 * depth + 1) * d_t + proj
 
 
 def test_width32_ops_per_token():
-  assert M.flops_per_token(M.ModelConfig(d_t=32)) == 81920  # SPEC: about 81.9k
+  assert sizing.flops_per_token(M.ModelConfig(d_t=32)) == 81920  # SPEC: about 81.9k
 
 
 def test_table_cli_json():
-  out = subprocess.run([sys.executable, "-m", "soma_jax.model", "--json"], check=True,
+  out = subprocess.run([sys.executable, "-m", "soma_jax.sizing", "--json"], check=True,
                        capture_output=True, text=True).stdout
   rows = json.loads(out)
   assert [(r["n"], r["d_t"]) for r in rows] == list(PAPER)
   assert {"n", "d_t", "ensemble_params", "body_params"} <= set(rows[0])
   custom = json.loads(subprocess.run(
-      [sys.executable, "-m", "soma_jax.model", "--json", "--n", "4", "--d_t", "48"],
+      [sys.executable, "-m", "soma_jax.sizing", "--json", "--n", "4", "--d_t", "48"],
       check=True, capture_output=True, text=True).stdout)
-  assert custom[0]["body_params"] == M.body_params(M.ModelConfig(d_t=48))
+  assert custom[0]["body_params"] == sizing.body_params(M.ModelConfig(d_t=48))
 
 
 def naive_lstm(p, x_BxTxD):

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from soma_jax import train
+from soma_jax import runs, train
 from soma_jax.data import pipeline
 from soma_jax.router import Router
 from soma_jax.studies import report
@@ -50,7 +50,7 @@ def _hand_unigram(data_dir):
 
 def _hand_routed_loss(workdir, data_dir):
   """Top-min(4, N) experts by the router; mean of their softmax probabilities; nats/byte."""
-  body_N, head, c = train.restore_params(workdir)
+  body_N, head, c = runs.restore_params(workdir)
   windows, _ = pipeline.eval_split(data_dir, "test")
   n = c.n_experts
   routes = (np.zeros((len(windows), 1), int) if n == 1 else
@@ -61,9 +61,9 @@ def _hand_routed_loss(workdir, data_dir):
 def test_warm_start_copies_seed_into_every_expert(data_prepared, tmp_path):
   seed = str(tmp_path / "seed")
   train.train(tiny_config(data_prepared, steps=2, n_experts=1), seed)
-  body_1, head_1, _ = train.restore_params(seed)
+  body_1, head_1, _ = runs.restore_params(seed)
   c = tiny_config(data_prepared, steps=2, init_from=seed)
-  body_N, head_N = train.initial_params(c)
+  body_N, head_N = runs.initial_params(c)
   for x1, xn in zip(*(__import__("jax").tree.leaves(t) for t in (body_1, body_N))):
     for e in range(3):
       np.testing.assert_array_equal(xn[e], x1[0])

@@ -15,7 +15,7 @@ from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import generate as gen_lib
-from soma_jax import merge, train
+from soma_jax import merge, runs, train
 from soma_jax import model as model_lib
 from soma_jax.data import pipeline, prepare
 from soma_jax.errors import UserError
@@ -55,7 +55,7 @@ def test_truncated_newest_checkpoint_is_moved_aside_and_passed(data_prepared, st
     for name in files:
       path = os.path.join(dirpath, name)
       os.truncate(path, os.path.getsize(path) // 2)
-  assert train.restore_state(w)[0] == 4 and os.path.isdir(damaged)  # tools read, never move
+  assert runs.restore_state(w)[0] == 4 and os.path.isdir(damaged)  # tools read, never move
   assert_resumes_like(straight, w, data_prepared)  # resumes at 4, saves 6 and 8 again
   assert os.path.isdir(os.path.join(w, "checkpoints", "corrupt-6"))
   assert 8 in ckpt_lib.Checkpointer(w).steps()
@@ -78,7 +78,7 @@ def test_enospc_mid_save_keeps_the_previous_checkpoint(data_prepared, straight, 
     train.train(tiny_config(data_prepared), w)
   monkeypatch.undo()
   assert ckpt_lib.Checkpointer(w).steps() == [2]
-  assert train.restore_state(w)[0] == 2
+  assert runs.restore_state(w)[0] == 2
   assert_resumes_like(straight, w, data_prepared)
 
 
@@ -167,7 +167,7 @@ def test_resume_guards(data_prepared, data_textdir, tmp_path):
   last = ckpt_lib.last_history(w)
   assert last["changed"]["opt.lr"] == [0.001, 0.5] and last["changed"]["spsa.n_pert"] == [4, 8]
   assert last["resume_overrides"] == ["opt.lr", "spsa.n_pert"]
-  np.testing.assert_array_equal(train.restore_state(w)[1].sched.lr, np.full(3, 0.5, np.float32))
+  np.testing.assert_array_equal(runs.restore_state(w)[1].sched.lr, np.full(3, 0.5, np.float32))
   with open(os.path.join(w, "metrics.jsonl")) as f:
     records = {r["step"]: r for r in map(json.loads, f)}
   assert records[4]["lr"] == [0.5] * 3  # training uses what config.json says

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from soma_jax import merge, train
+from soma_jax import merge, runs, train
 from soma_jax.errors import UserError
 from tests.conftest import equal_to_rounding
 
@@ -40,8 +40,8 @@ def metrics_without_timing(workdir):
 def assert_same_params(w1, w2, same_program: bool = True):
   """Bit-identical parameters; runs of two different programs (e.g. expert slices and the
   whole job) are equal to float32 rounding."""
-  b1, h1, _ = train.restore_params(w1)
-  b2, h2, _ = train.restore_params(w2)
+  b1, h1, _ = runs.restore_params(w1)
+  b2, h2, _ = runs.restore_params(w2)
   if not same_program:
     equal_to_rounding((b1, h1), (b2, h2))
     return
@@ -175,8 +175,8 @@ def test_resume_on_a_different_device_count(data_prepared, tmp_path):
   shutil.rmtree(os.path.join(sharded, "checkpoints", "6"))
   summary = train.train(tiny_config(data_prepared, steps=6), sharded)
   assert summary["status"] == "done"
-  b1, h1, _ = train.restore_params(sharded)
-  b2, h2, _ = train.restore_params(straight)
+  b1, h1, _ = runs.restore_params(sharded)
+  b2, h2, _ = runs.restore_params(straight)
   for x, y in zip(jax.tree.leaves((b1, h1)), jax.tree.leaves((b2, h2)), strict=True):
     np.testing.assert_allclose(x, y, atol=1e-4)
 

@@ -79,7 +79,7 @@ def test_predictions():
   assert VT.batch_prediction(10, 2, 5, 4, accum=2) == pytest.approx((2 + 0.5 + 1) / 2)
   g, q = np.ones((1, 4)), np.ones((1, 4))
   assert VT.sparse_prediction(g, q, 1) == pytest.approx(3.0)  # dense: (d - 1) / n_pert
-  for n, d_t in M.PAPER_SIZES:
+  for n, d_t in sizing.PAPER_SIZES:
     assert sizing.width_for_total(8_440_000, n, 32, 2) == pytest.approx(d_t, rel=0.02)  # paper sizes are near, not at, 8.44M
 
 

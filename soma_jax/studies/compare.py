@@ -23,62 +23,17 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from soma_jax import baselines
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import evaluate as eval_lib
-from soma_jax import gru as gru_lib
+from soma_jax import methods, runs
 from soma_jax import metrics as metrics_lib
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
 from soma_jax.studies import report
 
-V = 256  # byte vocabulary
-
-
-# ----------------------------------------------------------------------------- sizes
-
-
-def params_formula(d_t: int, n: int, d_e: int = 32, depth: int = 2, shared_head: bool = False) -> int:
-  """Total parameters of N experts of width d_t (SPEC 2), with N heads or one shared head.
-
-  Per expert: 16 D d_t^2 + (2 D + 1) d_t, plus 2 d_E d_t projections when d_t != d_E.
-  """
-  body = 16 * depth * d_t * d_t + (2 * depth + 1) * d_t + (2 * d_e * d_t if d_t != d_e else 0)
-  return n * body + (1 if shared_head else n) * V * d_e
-
-
-def width_for_params(total: int, n: int, d_e: int = 32, depth: int = 2,
-                     shared_head: bool = False) -> int:
-  """The width d_t whose N-expert ensemble has the parameter count nearest to `total`.
-
-  Solves the quadratic of `params_formula` (with projections) and compares the integer
-  neighbours of the root, and d_t = d_E (no projections), exactly.
-  """
-  heads = (1 if shared_head else n) * V * d_e
-  a, b, c = 16 * depth * n, n * (2 * depth + 1 + 2 * d_e), heads - total
-  root = (-b + math.sqrt(max(b * b - 4 * a * c, 0.0))) / (2 * a)
-  candidates = {max(1, math.floor(root)), max(1, math.ceil(root)), d_e}
-  return min(sorted(candidates),
-             key=lambda d: abs(params_formula(d, n, d_e, depth, shared_head) - total))
-
-
-def gru_width_for_params(total: int, n: int, depth: int = 6) -> int:
-  """The GRU width d whose N models have the parameter count nearest to `total`.
-
-  A GRU (soma_jax.gru) holds 6 depth d^2 + (2 V + 4 depth + 1) d parameters: embedding
-  and untied head V d each, per layer w_x, w_h (3 d^2 each), bias 3 d and a gain d,
-  and a final gain d. The root of that quadratic gives two candidates; the GRU's own
-  count (`gru.gru_params`) picks between them.
-  """
-  a, b = 6 * depth * n, n * (2 * V + 4 * depth + 1)
-  root = (-b + math.sqrt(b * b + 4 * a * total)) / (2 * a)
-  count = lambda d: n * gru_lib.gru_params(gru_lib.GruConfig(d=d, depth=depth))
-  return min(sorted({max(1, math.floor(root)), max(1, math.ceil(root))}),
-             key=lambda d: abs(count(d) - total))
-
 
 def total_params(c: ml_collections.ConfigDict) -> int:
-  return baselines.ensemble_params(c, train_lib.model_config(c))
+  return methods.get(c).ensemble_params(c)
 
 
 # ----------------------------------------------------------------------------- plan
@@ -93,7 +48,7 @@ def seeds(config: ml_collections.ConfigDict) -> list[int]:
 
 def ops_per_update(c: ml_collections.ConfigDict) -> int:
   """Training operations of one update of all N experts (SPEC 7)."""
-  return train_lib.make_step(c)[1] * c.n_experts
+  return methods.get(c).ops_per_update(c) * c.n_experts
 
 
 def plan(config: ml_collections.ConfigDict, data_dir: str, seed: int = 0
@@ -114,18 +69,14 @@ def plan(config: ml_collections.ConfigDict, data_dir: str, seed: int = 0
     c.seed = seed
     c.init_from = ""  # every method starts from its own fresh init (no seed run)
     runs[name] = c
-  kinds = {"soma": 0, "eggroll": 1, "eggroll_lstm": 1, "bptt": 2}
-  order = sorted(names, key=lambda n: (n != reference, kinds.get(runs[n].method, 3),
+  rank = lambda n: methods.get(runs[n]).table_rank
+  order = sorted(names, key=lambda n: (n != reference, rank(n),
                                        -runs[n].n_experts, runs[n].spsa.n_pert * runs[n].spsa.accum))
   runs = {n: runs[n] for n in order}  # ConfigDict sorts its keys; the table reads better so
   target = total_params(runs[reference])
   for name, c in runs.items():
     if config.match_params and name != reference:
-      if c.method == baselines.GRU_METHOD:
-        c.model.d_t = gru_width_for_params(target, c.n_experts, c.model.depth)
-      else:
-        c.model.d_t = width_for_params(target, c.n_experts, c.model.d_e, c.model.depth,
-                                       c.model.shared_head)
+      c.model.d_t = methods.get(c).width_for_params(target, c)
     c.steps = max(1, int(config.budget_ops // ops_per_update(c)))
     every = max(1, math.ceil(c.steps / max(1, config.curve_points)))
     c.ckpt_every = every  # each checkpoint is one point of figure 1
@@ -149,8 +100,9 @@ def _check_existing(workdir: str, c: ml_collections.ConfigDict) -> None:
 
 def _curve(workdir: str, c: ml_collections.ConfigDict, test: eval_lib.TestSet, ops_update: int):
   """[(ops, test nats/byte)] at the initial state and every kept checkpoint; final losses."""
-  body, head = train_lib.initial_params(c)
-  points = [(0, float(test.losses(body, head, c.n_experts, c.model.shared_head).mean()))]
+  logits = methods.get(c).logits
+  body, head = runs.initial_params(c)
+  points = [(0, float(test.losses(body, head, c.n_experts, c.model.shared_head, logits).mean()))]
   ckpt = ckpt_lib.Checkpointer(workdir)
   try:
     steps = sorted(ckpt.steps())
@@ -158,8 +110,8 @@ def _curve(workdir: str, c: ml_collections.ConfigDict, test: eval_lib.TestSet, o
     ckpt.close()
   final = None
   for s in steps:
-    body, head, _ = train_lib.restore_params(workdir, step=s)
-    final = test.losses(body, head, c.n_experts, c.model.shared_head)
+    body, head, _ = runs.restore_params(workdir, step=s)
+    final = test.losses(body, head, c.n_experts, c.model.shared_head, logits)
     points.append((s * ops_update, float(final.mean())))
   return points, final
 
@@ -188,14 +140,13 @@ def ensure_data(config: ml_collections.ConfigDict, out: str) -> str:
 
 def _describe(c: ml_collections.ConfigDict, ops_update: int) -> dict:
   """What one method is: model, size, directions and sequences per update, budget use."""
-  spsa_like = c.method == "soma"
+  shape = methods.get(c).describe(c)
   return {
-      "method": c.method, "model": "gru" if c.method == baselines.GRU_METHOD else "lstm",
+      "method": c.method, "model": shape["model"],
       "n_experts": c.n_experts, "d_t": c.model.d_t, "depth": c.model.depth,
       "params": total_params(c), "seq_len": c.data.seq_len, "batch": c.spsa.batch,
-      "accum": c.spsa.accum, "n_pert": c.spsa.n_pert if spsa_like else None,
-      "directions_per_update": c.spsa.n_pert * c.spsa.accum if spsa_like else
-          (c.eggroll.pop if c.method.startswith("eggroll") else None),
+      "accum": c.spsa.accum, "n_pert": shape["n_pert"],
+      "directions_per_update": shape["directions_per_update"],
       "sequences_per_update_per_expert": c.spsa.batch * c.spsa.accum,
       "lr": c.opt.lr, "updates": c.steps, "ops_per_update": ops_update,
       "ops": ops_update * c.steps,

@@ -26,12 +26,12 @@ import ml_collections
 import numpy as np
 
 from soma_jax import checkpoint as ckpt_lib
-from soma_jax import config as config_lib
 from soma_jax import evaluate as eval_lib
-from soma_jax import spsa
+from soma_jax import methods, runs, spsa
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
+from soma_jax.methods import soma
 from soma_jax.studies import report
 
 PyTree = jax.typing.ArrayLike
@@ -81,8 +81,8 @@ def train_variant(c: ml_collections.ConfigDict, variant: str, test: eval_lib.Tes
   if not c.init_from:
     raise UserError("train.init_from is empty; fix: the seed run's workdir (SPEC 3.4)")
   with jax.enable_x64(True):
-    cfg = train_lib.step_config(c)
-    body_N, head = train_lib.initial_params(c)  # every expert copies the seed's body
+    cfg = methods.get(c).step_config(c)
+    body_N, head = runs.initial_params(c)  # every expert copies the seed's body
     state = spsa.init_state(jax.tree.map(jnp.array, body_N), jnp.array(head), c.opt.lr, c.spsa.eps,
                             cfg)
     data = pipeline.train_iterator(c.data.dir, list(range(c.n_experts)), batch=c.spsa.batch,
@@ -104,12 +104,12 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
   """Every seed, both variants; writes results.json, curves.csv and figure4.png in `out`."""
   os.makedirs(out, exist_ok=True)
   c = ml_collections.ConfigDict(config.train.to_dict())
-  if c.method != "soma":
+  if methods.get(c) is not soma.METHOD:
     raise UserError(f"train.method={c.method!r}; this experiment compares SOMA estimators")
   if config.num_seeds < 1:
     raise UserError(f"num_seeds={config.num_seeds} must be >= 1")
   c.data.dir = config.data_dir or _prepare(out, c.n_experts)
-  config_lib.validate(c)
+  methods.validate(c)
   pipeline.check_data_dir(c.data.dir, c.n_experts)
   if c.n_experts < 2:
     raise UserError("train.n_experts must be >= 2: one expert's loss is its own sum")

@@ -13,9 +13,10 @@ import numpy as np  # noqa: E402
 
 from soma_jax import checkpoint as ckpt_lib  # noqa: E402
 from soma_jax import evaluate as eval_lib  # noqa: E402
+from soma_jax import methods, runs  # noqa: E402
 from soma_jax import metrics as metrics_lib  # noqa: E402
-from soma_jax import train as train_lib  # noqa: E402
 from soma_jax.data import pipeline  # noqa: E402
+from soma_jax.router import Router  # noqa: E402
 
 
 def _offset(workdir: str) -> int:
@@ -58,13 +59,12 @@ def plot_curves(runs: dict[str, str], path: str, baseline: float | None = None) 
 
 def run_summary(workdir: str, data_dir: str, split: str = "test") -> dict:
   """Final metrics of one run and its routed loss on a held-out split."""
-  body_N, head, c = train_lib.restore_params(workdir)
+  body_N, head, c = runs.restore_params(workdir)
   windows, _ = pipeline.eval_split(data_dir, split)
-  from soma_jax.router import Router
-
   router = Router.load(os.path.join(data_dir, "router.npz"))
   k = min(4, c.n_experts)
-  loss = eval_lib.ensemble_loss(body_N, head, windows, router, k, c.model.shared_head)
+  loss = eval_lib.ensemble_loss(body_N, head, windows, router, k, c.model.shared_head,
+                                logits_fn=methods.get(c).logits)
   logged = [r for r in metrics_lib.read_metrics(workdir) if "ops" in r]
   last = logged[-1] if logged else {"step": 0, "ops": 0, "device_seconds": 0.0}
   return {"workdir": workdir, "n_experts": c.n_experts, "d_t": c.model.d_t,

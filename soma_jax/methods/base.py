@@ -1,0 +1,78 @@
+"""The `Method` interface and the update bookkeeping every method's step shares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from soma_jax import memory, spsa
+from soma_jax.errors import UserError
+
+PyTree = Any
+Config = ml_collections.ConfigDict
+# The newest checkpoint of a seed workdir: (body_N, head, its config), or None.
+Seed = tuple[PyTree, jax.Array, Config] | None
+
+
+class Method(NamedTuple):
+  """One training method as pure functions (optax style: the tuple is the whole interface).
+
+  Fields are described in the `soma_jax.methods` docstring. A step config is hashable and
+  static; `train_step` is jitted with `cfg` static and the state donated.
+  """
+
+  init_params: Callable[[Config, Seed], tuple[PyTree, jax.Array]]
+  step_config: Callable[[Config, int | None], Hashable]
+  train_step: Callable[..., tuple[spsa.TrainState, dict]]
+  val_loss: Callable[[PyTree, jax.Array, jax.Array], jax.Array]
+  logits: Callable[[PyTree, jax.Array, jax.Array], jax.Array]
+  flops_per_token: Callable[[Config], int]
+  ops_per_update: Callable[[Config], int]
+  body_params: Callable[[Config], int]
+  ensemble_params: Callable[[Config], int]
+  width_for_params: Callable[[int, Config], int]
+  validate: Callable[[Config], None]
+  describe: Callable[[Config], dict]
+  plan_chunk: Callable[..., memory.ChunkChoice] | None = None
+  sharded_step: Callable[[Hashable, Any], Callable] | None = None
+  streams: bool = True
+  table_rank: int = 3
+
+
+def need(cond: bool, msg: str) -> None:
+  """A config check: UserError(msg) unless `cond` (msg names the field and the fix)."""
+  if not cond:
+    raise UserError(msg)
+
+
+def tokens_per_update(c: Config) -> int:
+  """Sequence positions one expert reads per update: T x B x A."""
+  return c.data.seq_len * c.spsa.batch * c.spsa.accum
+
+
+def update_heads(state: spsa.TrainState, grads_head_N, ok_N, tx):
+  """Adam on the per-expert heads with their gradient, or the heads unchanged (None)."""
+  if grads_head_N is None:
+    return state.head, state.head_opt
+  return spsa.apply_updates(tx, state.head, state.head_opt, grads_head_N, state.sched.lr, ok_N)
+
+
+def finish(state: spsa.TrainState, body, opt, head, head_opt, loss_N, ok_N):
+  """The new state (step + 1, skip counters) and the metrics every method reports."""
+  new = state.replace(step=state.step + 1, body=body, opt=opt, head=head, head_opt=head_opt,
+                      skipped=state.skipped + (~ok_N).astype(jnp.int32))
+  return new, {"loss": loss_N, "finite": ok_N, "lr": state.sched.lr, "eps": state.sched.eps,
+               "skipped": new.skipped}
+
+
+def adam_step(state: spsa.TrainState, g_body_N, loss_N, weight_decay: float, g_head_N=None):
+  """Per-expert Adam on the bodies (and heads), skipping experts with a non-finite loss."""
+  tx = spsa.adam(weight_decay)
+  ok_N = jax.vmap(spsa.all_finite)(g_body_N) & jnp.isfinite(loss_N)
+  body, opt = spsa.apply_updates(tx, state.body, state.opt, g_body_N, state.sched.lr, ok_N)
+  head, head_opt = update_heads(state, g_head_N, ok_N, tx)
+  return finish(state, body, opt, head, head_opt, loss_N, ok_N)

@@ -1,0 +1,133 @@
+"""EGGROLL (SPEC 6): low-rank evolution strategies on the paper's GRU LM (`soma_jax.gru`).
+
+Every parameter of the GRU, its embedding and untied head included, lives in
+`TrainState.body`; `TrainState.head` is an unused zero placeholder [V, d_E] (shared, frozen).
+`eggroll_step` is shared with `eggroll_lstm`, the same ES on the LSTM expert.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from soma_jax import config as config_lib
+from soma_jax import eggroll as eggroll_lib
+from soma_jax import gru as gru_lib
+from soma_jax import sizing, spsa
+from soma_jax.layers import VOCAB
+from soma_jax.methods import lstm
+from soma_jax.methods.base import Method, Seed, adam_step, need, tokens_per_update
+
+
+@dataclasses.dataclass(frozen=True)
+class EggrollStepConfig:
+  """The static settings of an EGGROLL step: the shared ones, the population's, the loss."""
+
+  step: spsa.StepConfig
+  es: eggroll_lib.EggrollConfig
+  loss_fn: Callable  # (body, head_e, window_BxT1) -> mean nats/byte
+
+  # spsa.init_state reads these of any step config.
+  weight_decay = property(lambda self: self.step.weight_decay)
+  train_head = property(lambda self: self.step.train_head)
+
+
+def es_config(c) -> eggroll_lib.EggrollConfig:
+  return eggroll_lib.EggrollConfig(pop=c.eggroll.pop, sigma=c.eggroll.sigma, rank=c.eggroll.rank,
+                                   pop_chunk=c.eggroll.pop_chunk)
+
+
+def _eggroll_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
+                  cfg: EggrollStepConfig) -> tuple[spsa.TrainState, dict]:
+  """EGGROLL on each expert's body (its own population, key and loss), then Adam.
+
+  The A batches are concatenated into one batch of A*B sequences per member. A GRU body
+  carries its own head (ES trains it); an LSTM body with per-expert heads has E follow
+  the delta rule, as in SOMA.
+  """
+  scfg = cfg.step
+  head_axis = None if scfg.model.shared_head else 0
+  base_key = jax.random.key(scfg.seed)
+
+  def one(body, head_e, batch_AxBxT1, e):
+    windows = batch_AxBxT1.reshape((-1,) + batch_AxBxT1.shape[2:])
+    loss_fn = lambda b, w: cfg.loss_fn(b, head_e, w)
+    g, m = eggroll_lib.estimate(body, windows, jax.random.fold_in(base_key, e), state.step,
+                                loss_fn, cfg.es)
+    return g, m["loss_mean"]
+
+  g_N, loss_N = jax.vmap(one, in_axes=(0, head_axis, 0, 0))(
+      state.body, state.head, batch_NxAxBxT1, expert_ids_N)
+  g_head = jax.vmap(spsa.head_grad)(state.body, state.head, batch_NxAxBxT1) \
+      if scfg.train_head else None
+  return adam_step(state, g_N, loss_N, scfg.weight_decay, g_head)
+
+
+eggroll_step = jax.jit(_eggroll_step, static_argnames="cfg", donate_argnames="state")
+
+
+def validate_es(c) -> None:
+  e = c.eggroll
+  need(e.pop >= 2 and e.pop % 2 == 0, f"eggroll.pop={e.pop} must be even (antithetic pairs)")
+  need(e.rank >= 1 and e.sigma > 0, "eggroll.rank must be >= 1 and eggroll.sigma > 0")
+  need(e.pop % e.pop_chunk == 0 and e.pop_chunk % 2 == 0,
+       f"eggroll.pop_chunk={e.pop_chunk} must be even and divide eggroll.pop={e.pop}")
+
+
+def es_describe(c, model: str) -> dict:
+  return {"model": model, "n_pert": None, "directions_per_update": c.eggroll.pop}
+
+
+# ------------------------------------------------------------------------- the GRU
+
+
+def gru_config(c) -> gru_lib.GruConfig:
+  """The GRU of a method=eggroll config: width model.d_t, model.depth layers."""
+  return gru_lib.GruConfig(d=c.model.d_t, depth=c.model.depth)
+
+
+def gru_loss(body, head_e, window_BxT1):
+  del head_e  # the GRU's head is inside its body
+  return gru_lib.gru_loss(body, window_BxT1)
+
+
+def gru_logits(body, head_e, inputs_BxT):
+  del head_e
+  return gru_lib.gru_logits(body, inputs_BxT)
+
+
+def init_params(c, seed: Seed = None):
+  """N GRUs from the run's seed (this job's slice) and the unused shared-head placeholder."""
+  del seed  # validate refuses init_from: the GRU trains from its own init
+  a, b = config_lib.expert_range(c)
+  keys = jax.random.split(jax.random.key(c.seed), c.n_experts)
+  body_N = jax.vmap(lambda k: gru_lib.init_gru(k, gru_config(c)))(keys)
+  head = jnp.zeros((VOCAB, c.model.d_e), jnp.float32)
+  return jax.tree.map(lambda x: x[a:b], body_N), head
+
+
+def step_config(c, pert_chunk=None) -> EggrollStepConfig:
+  return EggrollStepConfig(lstm.step_config(c, pert_chunk), es_config(c), gru_loss)
+
+
+def flops_per_token(c) -> int:
+  return sizing.gru_flops_per_token(gru_config(c))
+
+
+def validate(c) -> None:
+  need(not c.init_from, "method=eggroll trains the GRU from its own init; set init_from=''")
+  validate_es(c)
+
+
+METHOD = Method(
+    init_params=init_params, step_config=step_config, train_step=eggroll_step,
+    val_loss=gru_loss, logits=gru_logits, flops_per_token=flops_per_token,
+    ops_per_update=lambda c: c.eggroll.pop * tokens_per_update(c) * flops_per_token(c),
+    body_params=lambda c: sizing.gru_params(gru_config(c)),
+    ensemble_params=lambda c: c.n_experts * sizing.gru_params(gru_config(c)),
+    width_for_params=lambda total, c: sizing.gru_width_for_params(total, c.n_experts,
+                                                                  c.model.depth),
+    validate=validate, describe=lambda c: es_describe(c, "gru"), streams=False, table_rank=1)

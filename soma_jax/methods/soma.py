@@ -1,0 +1,59 @@
+"""SOMA (SPEC 3): the SPSA step of `spsa.train_step` on N LSTM experts, shardable over a mesh."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from soma_jax import config as config_lib
+from soma_jax import memory, parallel, spsa
+from soma_jax.methods import lstm
+from soma_jax.methods.base import tokens_per_update
+
+# Jitted once per process; the old state's buffers are donated to the new one.
+train_step = jax.jit(spsa.train_step, static_argnames="cfg", donate_argnames="state")
+
+
+def ops_per_update(c) -> int:
+  """SPEC 7: 2 A n_pert B T F per expert (two signs of every direction)."""
+  return 2 * c.spsa.n_pert * tokens_per_update(c) * lstm.flops_per_token(c)
+
+
+def plan_chunk(c, n_local: int, mesh=None, step=train_step) -> memory.ChunkChoice:
+  """spsa.pert_chunk for this device ("auto" resolved) and the step's planned memory.
+
+  Plans the one-device `step` on one device's share: N / mesh.expert experts and
+  n_pert / mesh.pert directions (compile only, nothing runs).
+  """
+  n_dev = n_local // (mesh.shape["expert"] if mesh is not None else 1)
+  k_dev = c.spsa.n_pert // (mesh.shape["pert"] if mesh is not None else 1)
+  base = lstm.step_config(c)
+  state = parallel.abstract_state(base, n_dev)
+  batch = jax.ShapeDtypeStruct((n_dev, c.spsa.accum, c.spsa.batch, c.data.seq_len + 1), jnp.uint8)
+  ids = jax.ShapeDtypeStruct((n_dev,), jnp.int32)
+
+  def plan_at(chunk: int) -> int:
+    cfg = dataclasses.replace(base, spsa=dataclasses.replace(base.spsa, n_pert=k_dev,
+                                                             pert_chunk=chunk))
+    with memory.matmul_precision(c.precision):
+      return memory.planned_bytes(step.lower(state, batch, ids, cfg=cfg).compile())
+
+  chunk = config_lib.pert_chunk(c)
+  limit = memory.device_limit_bytes()
+  if chunk != "auto":  # clamped as the step clamps it, so training reuses this compile
+    chunk = min(chunk, k_dev)
+    return memory.ChunkChoice(chunk, plan_at(chunk), limit, "fixed")
+  return memory.choose_pert_chunk(plan_at, k_dev, jax.default_backend(), limit,
+                                  n_experts=n_dev, signs_together=base.spsa.signs_together)
+
+
+def describe(c) -> dict:
+  return {"model": "lstm", "n_pert": c.spsa.n_pert,
+          "directions_per_update": c.spsa.n_pert * c.spsa.accum}
+
+
+METHOD = lstm.lstm_method(train_step=train_step, ops_per_update=ops_per_update,
+                          describe=describe, plan_chunk=plan_chunk, sharded_step=parallel.make_train_step,
+                          table_rank=0)

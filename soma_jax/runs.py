@@ -1,0 +1,63 @@
+"""A run's states for every tool: its initial state, and a workdir's checkpoints restored.
+
+Beside `checkpoint` (the files) and above `methods` (what a state holds): training starts
+from `initial_state`; evaluation, generation, merging, the studies and the benchmarks read
+a run back with `restore_state` / `restore_params`, whatever its method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import jax
+import ml_collections
+
+from soma_jax import checkpoint as ckpt_lib
+from soma_jax import methods, spsa
+from soma_jax.errors import UserError
+
+PyTree = Any
+
+
+def initial_params(c: ml_collections.ConfigDict) -> tuple[PyTree, jax.Array]:
+  """Bodies and head(s) of this job's experts: warm from c.init_from's newest checkpoint
+  (SPEC 3.4), or the method's fresh init."""
+  seed = restore_params(c.init_from) if c.init_from else None
+  return methods.get(c).init_params(c, seed)
+
+
+def initial_state(c: ml_collections.ConfigDict, cfg: Hashable | None = None) -> spsa.TrainState:
+  """The TrainState a run starts from; `cfg` is the run's step config (built if None)."""
+  body_N, head = initial_params(c)
+  cfg = methods.get(c).step_config(c) if cfg is None else cfg
+  return spsa.init_state(body_N, head, c.opt.lr, c.spsa.eps, cfg)
+
+
+def shapes_only(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of the config that builds the same shapes without reading the seed run again."""
+  c = ml_collections.ConfigDict(c.to_dict())
+  c.init_from = ""
+  return c
+
+
+def restore_state(workdir: str, step: int | None = None):
+  """(step, TrainState, iterator state, config) of a workdir's newest (or given) checkpoint."""
+  c = ckpt_lib.read_config(workdir)
+  abstract = jax.eval_shape(lambda: initial_state(shapes_only(c)))
+  ckpt = ckpt_lib.Checkpointer(workdir)
+  try:
+    if step is not None and step not in ckpt.steps():
+      raise UserError(f"no checkpoint at step {step} in {workdir!r}; have {ckpt.steps()}")
+    restored = ckpt.restore_latest(abstract, max_step=step)
+  finally:
+    ckpt.close()
+  if restored is None:
+    raise UserError(f"{workdir!r} has no checkpoint yet; fix: train first (experiments/train.py)")
+  return (*restored, c)
+
+
+def restore_params(workdir: str, step: int | None = None):
+  """(body_N, head, config) from a training workdir's newest (or given) checkpoint."""
+  _, state, _, c = restore_state(workdir, step)
+  return state.body, state.head, c
