@@ -95,7 +95,15 @@ def _check_inputs(c: ml_collections.ConfigDict) -> None:
   if not c.data.dir:
     raise UserError("config.data.dir is empty; fix: --config.data.dir=DIR from "
                     "experiments/prepare_data.py")
-  pipeline.check_data_dir(c.data.dir, c.n_experts)
+  manifest = pipeline.check_data_dir(c.data.dir, c.n_experts)  # every file's SHA-256
+  # The files read only at the end (ensemble validation) are opened now, not after training.
+  from soma_jax.router import Router
+
+  router = Router.load(os.path.join(c.data.dir, "router.npz"))
+  if router.num_clusters != manifest["num_clusters"]:
+    raise UserError(f"{c.data.dir!r}: router.npz has {router.num_clusters} clusters, manifest.json "
+                    f"{manifest['num_clusters']}; fix: re-run experiments/prepare_data.py")
+  pipeline.eval_split(c.data.dir, "ensemble_val")
   if c.init_from and not os.path.isdir(c.init_from):
     raise UserError(f"init_from={c.init_from!r} does not exist; fix: the seed run's workdir")
 

@@ -127,8 +127,8 @@ def _write_docs(folder, docs):
 def test_bad_input_keeps_existing_dir(tmp_path, case, match):
   out = tmp_path / "out"
   out.mkdir()
-  (out / "manifest.json").write_text("{}")
-  (out / "keep.txt").write_text("precious")
+  (out / "keep.txt").write_text("precious")  # a data dir's own file, listed in its manifest
+  (out / "manifest.json").write_text('{"version": 1, "files": {"keep.txt": "0"}}')
   src, k = tmp_path / "src", 4
   if case == "zero_length":
     _write_docs(src, [b"", b""])

@@ -283,3 +283,76 @@ def test_at_most_one_update_in_flight(data_prepared, tmp_path, monkeypatch):
   c.data.seq_len = 128
   train.train(c, str(tmp_path / "w"))
   assert len(in_flight) == 10 and max(in_flight) <= 2, in_flight
+
+
+# ----------------------------------------------------------------- issue 23: a new user's probes
+
+SMALL_PREP = {"test_docs": 6, "ensemble_val_docs": 3, "min_df": 2, "svd_dims": 16,
+              "val_fraction": 0.05}
+
+
+def test_prepare_never_deletes_what_it_did_not_write(data_textdir, tmp_path):
+  """A folder with any manifest.json was a data dir to prepare, and all of it was deleted."""
+  w = tmp_path / "w"
+  (w / "src").mkdir(parents=True)
+  (w / "manifest.json").write_text("{}")
+  (w / "src" / "app.js").write_text("x")
+  with pytest.raises(UserError, match="not a prepared data dir"):
+    prepare.prepare(f"textdir:{data_textdir}", 2, str(w), **SMALL_PREP)
+  assert (w / "src" / "app.js").read_text() == "x"
+
+  d = tmp_path / "d"  # a real data dir, to which the user added a file
+  prepare.prepare(f"textdir:{data_textdir}", 2, str(d), **SMALL_PREP)
+  (d / "notes.txt").write_text("mine")
+  (d / "experts" / "mine").mkdir()
+  with pytest.raises(UserError, match=r"files prepare did not write \(experts/mine/, notes\.txt\)"):
+    prepare.prepare(f"textdir:{data_textdir}", 2, str(d), **SMALL_PREP)
+  assert (d / "notes.txt").read_text() == "mine"
+  os.remove(d / "notes.txt")
+  os.rmdir(d / "experts" / "mine")
+  before = open(d / "manifest.json").read()
+  prepare.prepare(f"textdir:{data_textdir}", 2, str(d), **SMALL_PREP)  # its own files: replaced
+  assert open(d / "manifest.json").read() == before
+  assert sorted(os.listdir(tmp_path)) == ["d", "w"]  # staged beside, nothing left over
+
+
+def _copy_with_manifest_hashes(src, dst, rel, data):
+  """A copy of data dir `src` where file `rel` holds `data`, its manifest hash updated."""
+  shutil.copytree(src, dst)
+  with open(os.path.join(dst, rel), "wb") as f:
+    f.write(data)
+  manifest = json.load(open(os.path.join(dst, "manifest.json")))
+  manifest["files"][rel] = pipeline.sha256_file(os.path.join(dst, rel))
+  with open(os.path.join(dst, "manifest.json"), "w") as f:
+    json.dump(manifest, f)
+  return dst
+
+
+def test_corrupt_router_is_found_before_the_first_update(data_prepared, tmp_path):
+  """Found only at the final ensemble validation before: every update since the last
+  checkpoint was lost and no summary written."""
+  d = _copy_with_manifest_hashes(data_prepared, str(tmp_path / "d"), "router.npz", b"garbage" * 99)
+  w = str(tmp_path / "w")
+  with pytest.raises(UserError, match="router file .*router.npz.* is corrupt"):
+    train.train(tiny_config(d), w)
+  assert not os.path.exists(w)  # refused before the workdir was made
+  d2 = str(tmp_path / "d2")  # the ensemble-val windows, also read only at the end
+  _copy_with_manifest_hashes(data_prepared, d2, "ensemble_val.npy", b"\x93NUMPY garbage")
+  with pytest.raises(UserError, match="ensemble_val.npy"):
+    train.train(tiny_config(d2), w)
+  assert not os.path.exists(w)
+
+
+def test_shard_hashes_are_checked_at_start(data_prepared, tmp_path):
+  d = str(tmp_path / "d")
+  shutil.copytree(data_prepared, d)
+  shard = os.path.join(d, "experts", "0000", "train.npy")
+  with open(shard, "r+b") as f:  # 50 KB of zeros in the middle: same size, still loads
+    f.seek(os.path.getsize(shard) // 2)
+    f.write(bytes(50_000))
+  w = str(tmp_path / "w")
+  with pytest.raises(UserError, match=r"experts/0000/train\.npy.* does not match the SHA-256"):
+    train.train(tiny_config(d), w)
+  assert not os.path.exists(w)
+  proc = cli(TRAIN_CLI + [f"--config.data.dir={d}", f"--workdir={w}"])
+  one_error_line(proc, "experts/0000/train.npy", "fix:")

@@ -31,7 +31,7 @@ from absl import logging
 
 from soma_jax import router as router_lib
 from soma_jax.data import clustering, sources, windows
-from soma_jax.data.pipeline import MANIFEST_VERSION
+from soma_jax.data.pipeline import MANIFEST_VERSION, sha256_file
 from soma_jax.errors import UserError, writable_dir
 
 HELDOUT_CAP = 0.1  # test and ensemble-val each take at most this fraction of the documents
@@ -50,15 +50,6 @@ def _digest(data: bytes | str) -> bytes:
   if isinstance(data, str):
     data = data.encode("utf-8", errors="surrogatepass")
   return hashlib.sha256(data).digest()[:16]
-
-
-def sha256_file(path: str) -> str:
-  """Hex SHA-256 of a file."""
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 class _Corpus:
@@ -154,16 +145,47 @@ def _select_heldout(
 
 
 def _check_out(out: str) -> str:
+  """`out` absolute; an existing non-empty `out` must hold exactly what prepare wrote there
+  (its manifest's files), since all of it is replaced: anything else is refused."""
   out = os.path.abspath(os.path.expanduser(out))
   if os.path.exists(out):
     if not os.path.isdir(out):
       raise UserError(f"--out={out!r} exists and is not a folder; fix: choose another --out")
-    if os.listdir(out) and not os.path.isfile(os.path.join(out, "manifest.json")):
-      raise UserError(
-        f"--out={out!r} is a non-empty folder that is not a prepared data dir; fix: choose an empty or new --out"
-      )
+    if os.listdir(out):
+      foreign = _foreign_files(out)
+      if foreign is None:
+        raise UserError(
+          f"--out={out!r} is a non-empty folder that is not a prepared data dir; fix: choose an empty or new --out"
+        )
+      if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise UserError(
+          f"--out={out!r} is a prepared data dir that also holds files prepare did not write ({shown}), "
+          "which replacing it would delete; fix: move them elsewhere or choose another --out"
+        )
   writable_dir(os.path.dirname(out), "--out")  # made if missing; written before any work
   return out
+
+
+def _foreign_files(out: str) -> list[str] | None:
+  """Paths under `out` that its manifest does not list; None if `out` has no prepare manifest."""
+  try:
+    with open(os.path.join(out, "manifest.json")) as f:
+      manifest = json.load(f)
+  except (OSError, ValueError):
+    return None
+  if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or "version" not in manifest:
+    return None
+  ours = set(manifest["files"]) | {"manifest.json"}
+  our_dirs = {"/".join(rel.split("/")[:i]) for rel in ours for i in range(1, rel.count("/") + 1)}
+  foreign = []
+  for dirpath, dirnames, filenames in os.walk(out):
+    base = os.path.relpath(dirpath, out).replace(os.sep, "/")
+    prefix = "" if base == "." else base + "/"
+    foreign += [prefix + d + "/" for d in dirnames if prefix + d not in our_dirs]
+    foreign += [prefix + f for f in filenames if prefix + f not in ours]
+    dirnames[:] = [d for d in dirnames if prefix + d in our_dirs]  # a foreign folder is named once
+  return sorted(foreign)
 
 
 def _save(path: str, array: np.ndarray) -> None:
