@@ -183,6 +183,13 @@ def has_checkpoint(workdir: str) -> bool:
   return os.path.isdir(d) and any(n.isdigit() for n in os.listdir(d))
 
 
+def newest_step(workdir: str) -> int | None:
+  """The newest finished checkpoint step in the workdir (read without orbax), or None."""
+  d = os.path.join(workdir, CKPT_DIR)
+  steps = [int(n) for n in os.listdir(d) if n.isdigit()] if os.path.isdir(d) else []
+  return max(steps, default=None)
+
+
 class WorkdirLock:
   """An OS lock on WORKDIR/.lock held for a run's lifetime; the kernel drops it on any exit.
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import re
 import sys
 from collections.abc import Callable
 
@@ -24,10 +27,20 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError, UserError) as e:
     msg = str(e).strip()
     if isinstance(e, AttributeError | KeyError):
-      msg = msg.strip("\"'")
-      msg = f"unknown config field {msg}; fix: check the name against the config file"
+      msg = _unknown_field(e)
     print(f"error: {msg}", file=sys.stderr)
     sys.exit(2)
+
+
+def _unknown_field(e: Exception) -> str:
+  """ml_collections' error for a misspelt field (the repr of a KeyError, with escaped quotes
+  and a literal \\n) as one plain line: the name, its likely spelling, the fix."""
+  text = str(e).replace("\\'", "'").replace("\\n", "\n")
+  name = re.search(r"""Key ["']?([\w.]+)|^["']?([\w.]+)["']?$""", text.strip())
+  hint = re.search(r'Did you mean "([\w.]+)"', text)
+  shown = next((g for g in name.groups() if g), None) if name else text.splitlines()[0].strip("\"' ")
+  return (f"unknown config field {shown}{f' (did you mean {hint.group(1)}?)' if hint else ''}; "
+          "fix: check the name against the config file")
 
 
 def _check_config_files() -> None:
@@ -42,12 +55,25 @@ def _check_config_files() -> None:
 
 
 def run(main: Callable[[list[str]], None]) -> None:
-  """`app.run(main)` with one-line errors (exit 2) for bad flags and UserError.
+  """`app.run(main)` with one-line errors (exit 2) for bad flags, stray arguments and
+  UserError, and a quiet exit when the reader of stdout goes away (`| head`).
 
   Info-level logs of libraries are hidden unless --verbosity is given; progress and
   results are printed by the entry points themselves.
   """
-  app.run(exit_on_user_error(main), flags_parser=_parse_flags)
+  app.run(exit_on_user_error(functools.partial(_main_checked, main)), flags_parser=_parse_flags)
+
+
+def _main_checked(main: Callable[[list[str]], None], argv: list[str]) -> None:
+  try:
+    main(argv)
+  except app.UsageError as e:  # absl would print its whole help and exit 1
+    raise UserError(f"{e}; fix: pass options as --name=value, and quote a value with spaces "
+                    "(--prompt='hello world')") from None
+  except BrokenPipeError:  # stdout closed early (e.g. `| head -c 100`): not an error
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail
+    sys.exit(0)
 
 
 def positive_ints(name: str, values: list[str]) -> list[int]:

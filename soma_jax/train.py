@@ -125,39 +125,90 @@ def train_to_end(c: ml_collections.ConfigDict, workdir: str, what: str) -> dict:
 def train(c: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (or resumes) the run in `workdir` to `c.steps`; returns a summary dict.
 
-  Stages: check the inputs, lock the workdir, check a resume against the saved config
-  (nothing is written before that passes), build the step and the input pipeline,
-  restore the newest good checkpoint, then the step loop with its periodic actions.
+  Stages: check the inputs, lock the workdir, check a resume against the saved config,
+  build the step and the input pipeline, restore the newest good checkpoint, then the step
+  loop with its periodic actions. config.json and the history are written only once all of
+  that passed and there is an update to make: a run already at `c.steps` or beyond changes
+  nothing and returns its summary.
   """
   methods.validate(c)
   _check_inputs(c)
   lock = ckpt_lib.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
   with lock:
     changed, overrides, data_sha = _open_workdir(c, workdir)
+    finished = _finished_summary(c, workdir)
+    if finished is not None:
+      return finished
     run = _build(c, workdir)
     try:
       _resume(run, overrides)
+      if run.start >= c.steps:
+        return _already_trained(run)
       if jax.process_index() == 0:
+        ckpt_lib.write_config(workdir, c)
         ckpt_lib.record_start(workdir, run.start, changed, overrides, data_sha)
       with _Stop() as stop, memory.matmul_precision(c.precision):  # the step's precision
         summary = _step_loop(run, stop)
     finally:
       run.ckpt.close()
   if summary["status"] == "done" and jax.process_index() == 0:
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=1)
+    _write_summary(workdir, summary)
+  return summary
+
+
+SUMMARY_FILE = "summary.json"
+
+
+def _write_summary(workdir: str, summary: dict) -> None:
+  tmp = os.path.join(workdir, SUMMARY_FILE + ".tmp")
+  with open(tmp, "w") as f:
+    json.dump(summary, f, indent=1)
+  os.replace(tmp, os.path.join(workdir, SUMMARY_FILE))
+
+
+def _done_message(workdir: str, step: int, steps: int) -> None:
+  metrics_lib.Progress(steps, step).message(
+      f"{workdir} is already trained to step {step} (steps={steps}); nothing changed; raise "
+      "--config.steps to continue")
+
+
+def _finished_summary(c: ml_collections.ConfigDict, workdir: str) -> dict | None:
+  """summary.json of a run that finished at its newest checkpoint, at or past `c.steps`."""
+  path = os.path.join(workdir, SUMMARY_FILE)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path) as f:
+      summary = json.load(f)
+  except (OSError, ValueError):
+    return None  # rewritten by the run below
+  step = summary.get("step") if isinstance(summary, dict) else None
+  if not isinstance(step, int) or step < c.steps or step != ckpt_lib.newest_step(workdir):
+    return None
+  _done_message(workdir, step, c.steps)
+  return summary
+
+
+def _already_trained(run: _Run) -> dict:
+  """The summary of a resumed run that has nothing to do (its checkpoint at or past steps);
+  summary.json is written only when it is missing and the run stands exactly at steps."""
+  _done_message(run.workdir, run.start, run.c.steps)
+  records = metrics_lib.read_metrics(run.workdir)
+  val = [r["val_loss"] for r in records if "val_loss" in r and r["step"] <= run.start]
+  summary = {"status": "done", "step": run.start, "signal": 0, "val_loss": val[-1] if val else None,
+             "skipped": np.asarray(_to_host(run.state.skipped)).tolist(), **run.totals}
+  if run.start == run.c.steps and jax.process_index() == 0:
+    _write_summary(run.workdir, summary)
   return summary
 
 
 def _open_workdir(c: ml_collections.ConfigDict, workdir: str):
-  """(allowed changes, resume_overrides, data manifest hash); config.json written after."""
+  """(allowed changes, resume_overrides, data manifest hash); writes nothing."""
   data_sha = ckpt_lib.manifest_sha256(c.data.dir)
   changed, overrides = {}, []
   if ckpt_lib.has_checkpoint(workdir) and os.path.isfile(
       os.path.join(workdir, ckpt_lib.CONFIG_FILE)):
     changed, overrides = ckpt_lib.check_resume(workdir, c, data_sha)
-  if jax.process_index() == 0:
-    ckpt_lib.write_config(workdir, c)
   return changed, overrides, data_sha
 
 
@@ -301,9 +352,6 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
   if run.start == 0:
     writer.hparams(json.loads(c.to_json()))
   progress = metrics_lib.Progress(c.steps, run.start)
-  if run.start >= c.steps:
-    progress.message(f"{run.workdir} is already trained to step {run.start} (steps={c.steps}); "
-                     "raise --config.steps to continue")
   a, b = run.experts.start, run.experts.stop
   # The signs setting of an SPSA step (the methods with a pert_chunk to plan).
   signs = f"signs {run.step_cfg.spsa.signs}; " if run.method.plan_chunk else ""

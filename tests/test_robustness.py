@@ -356,3 +356,132 @@ def test_shard_hashes_are_checked_at_start(data_prepared, tmp_path):
   assert not os.path.exists(w)
   proc = cli(TRAIN_CLI + [f"--config.data.dir={d}", f"--workdir={w}"])
   one_error_line(proc, "experts/0000/train.npy", "fix:")
+
+
+def _records(w):
+  """Every file of a workdir but the lock, as bytes (TensorBoard events by name only)."""
+  out = {}
+  for dirpath, _, files in os.walk(w):
+    for name in files:
+      path = os.path.join(dirpath, name)
+      rel = os.path.relpath(path, w)
+      if name != ckpt_lib.LOCK_FILE:
+        out[rel] = b"" if rel.startswith("tb") else open(path, "rb").read()
+  return out
+
+
+def test_rerunning_a_finished_run_changes_nothing(data_prepared, tmp_path, capsys):
+  """A rerun set summary.json's val_loss to null; a smaller steps rewrote config.json."""
+  w = str(tmp_path / "w")
+  first = train.train(tiny_config(data_prepared, steps=4), w)
+  assert first["val_loss"] is not None
+  before = _records(w)
+  for steps in (4, 2):
+    assert train.train(tiny_config(data_prepared, steps=steps), w) == first
+    assert _records(w) == before, steps
+    assert f"already trained to step 4 (steps={steps}); nothing changed" in capsys.readouterr().err
+  os.remove(os.path.join(w, "summary.json"))  # stopped after its last checkpoint, say
+  del before["summary.json"]
+  again = train.train(tiny_config(data_prepared, steps=2), w)
+  assert again["step"] == 4 and again["val_loss"] == first["val_loss"] and _records(w) == before
+  again = train.train(tiny_config(data_prepared, steps=4), w)  # written, since it was missing
+  assert json.load(open(os.path.join(w, "summary.json")))["val_loss"] == first["val_loss"]
+  with pytest.raises(UserError, match="holds another run"):  # still guarded
+    train.train(tiny_config(data_prepared, steps=4, seed=1), w)
+
+
+def test_prepare_on_a_full_disk_is_one_line(data_textdir, data_prepared, tmp_path, monkeypatch):
+  out = tmp_path / "d"
+  shutil.copytree(data_prepared, out)
+  before = _records(str(out))
+  real_save = prepare._save
+
+  def disk_full(path, array):
+    if path.endswith("val.npy"):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+    real_save(path, array)
+
+  monkeypatch.setattr(prepare, "_save", disk_full)
+  with pytest.raises(UserError, match=r"No space left on device \(.*val\.npy\); the existing "
+                                      r"--out is unchanged; fix: free disk space"):
+    prepare.prepare(f"textdir:{data_textdir}", 3, str(out), **SMALL_PREP)
+  assert _records(str(out)) == before and os.listdir(tmp_path) == ["d"]
+
+
+def test_parquet_text_of_integers_is_one_line(tmp_path):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  (tmp_path / "src").mkdir()
+  pq.write_table(pa.table({"text": list(range(100))}), tmp_path / "src" / "a.parquet")
+  with pytest.raises(UserError, match="'text' column of int64, not strings"):
+    prepare.prepare(f"fineweb_edu:{tmp_path / 'src'}", 2, str(tmp_path / "out"), **SMALL_PREP)
+
+
+def test_closed_pipe_and_stray_arguments(straight, tmp_path):
+  gen = [sys.executable, "experiments/generate.py", f"--workdir={straight}"]
+  reader = subprocess.Popen(gen + ["--max_bytes=10000000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+  head = reader.stdout.read(100)  # `| head -c 100`
+  reader.stdout.close()
+  err = reader.communicate(timeout=300)[1].decode()
+  assert len(head) == 100 and reader.returncode == 0, err[-2000:]
+  assert "Traceback" not in err and "BrokenPipe" not in err, err[-2000:]
+  one_error_line(cli(gen + ["--prompt=hello", "world"]), "unexpected arguments: ['world']",
+                 "quote a value with spaces")
+  one_error_line(cli(TRAIN_CLI + [f"--workdir={tmp_path / 'w'}", "stray"]), "['stray']")
+  one_error_line(cli(TRAIN_CLI + [f"--workdir={tmp_path / 'w'}", "--config.stepz=3"]),
+                 "unknown config field stepz (did you mean steps?)")
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_textdir_names_unreadable_folders_and_follows_symlinked_ones(data_textdir, tmp_path,
+                                                                     monkeypatch):
+  from soma_jax.data import sources
+
+  src = tmp_path / "src"
+  shutil.copytree(data_textdir, src)
+  (src / "secret").mkdir()
+  (src / "secret" / "a.txt").write_text("hidden " * 300)
+  outside = tmp_path / "outside"
+  outside.mkdir()
+  (outside / "linked.txt").write_text("linked " * 300)
+  os.symlink(outside, src / "more")  # a symlinked sub-folder is read
+  os.symlink(src, src / "more_loop")  # a loop back to the top is not followed
+  os.symlink(src / "cooking", src / "cooking" / "again")
+  real_scandir = os.scandir
+
+  def scandir(path="."):
+    if not isinstance(path, int) and os.path.basename(os.fspath(path)) == "secret":  # as root,
+      # chmod 000 would not stop the walk
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+    return real_scandir(path)
+
+  monkeypatch.setattr(os, "scandir", scandir)
+  docs = dict(sources.iter_textdir(str(src)))
+  assert "more/linked.txt" in docs and docs["secret/"] == sources.Skipped("unreadable folder")
+  assert not any("loop" in k or "again" in k for k in docs) and len(docs) == 90 + 2
+  m = prepare.prepare(f"textdir:{src}", 3, str(tmp_path / "d"), **SMALL_PREP)
+  assert "skipped 1 unreadable folder (secret/)" in prepare.summary(m, "d", 1.0)
+
+
+def test_a_gzip_bomb_is_judged_on_its_first_64_kib(tmp_path, monkeypatch):
+  import gzip
+  import tracemalloc
+
+  from soma_jax.data import sources
+
+  zeros = tmp_path / "zeros.gz"
+  with gzip.open(zeros, "wb", compresslevel=1) as f:
+    for _ in range(16):
+      f.write(bytes(16 << 20))  # 256 MiB of NULs in a 250 KB file
+  tracemalloc.start()
+  data = sources._read_text_file(str(zeros))
+  peak = tracemalloc.get_traced_memory()[1]
+  tracemalloc.stop()
+  assert not sources.is_text(data) and peak < 8 << 20, peak  # was 256 MiB held, then skipped
+  monkeypatch.setattr(sources, "MAX_DOCUMENT_BYTES", 1 << 20)
+  big = tmp_path / "big.txt.gz"
+  with gzip.open(big, "wb") as f:
+    f.write(b"words of text " * 100_000)  # 1.4 MB of text: over the (lowered) cap
+  assert sources._read_text_file(str(big)) == sources.Skipped("over the size cap")

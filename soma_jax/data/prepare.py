@@ -17,6 +17,7 @@ Layout of `out`:
 from __future__ import annotations
 
 import collections
+import errno
 import hashlib
 import json
 import os
@@ -64,6 +65,7 @@ class _Corpus:
     self.normal: list[bytes] = []
     self.empty = 0  # zero-length documents skipped
     self.not_text = 0  # binary documents skipped (NUL bytes or mostly invalid UTF-8)
+    self.skipped: dict[str, list[str]] = {}  # sources.Skipped reason -> the ids skipped
     self.data: np.ndarray | None = None
 
   def doc(self, i: int) -> bytes:
@@ -76,6 +78,9 @@ def _read_corpus(spec: sources.SourceSpec, path: str, max_bytes: int | None, tfd
   total = 0
   with open(path, "wb") as f:
     for doc_id, data in sources.iter_documents(spec, tfds_data_dir=tfds_data_dir):
+      if isinstance(data, sources.Skipped):
+        corpus.skipped.setdefault(data.reason, []).append(doc_id)
+        continue
       if not data:
         corpus.empty += 1
         continue
@@ -93,6 +98,7 @@ def _read_corpus(spec: sources.SourceSpec, path: str, max_bytes: int | None, tfd
         break
   if not corpus.ids:
     skipped = [f"{n} {why}" for n, why in ((corpus.empty, "zero-length"), (corpus.not_text, "not text (binary)")) if n]
+    skipped += [_named(why, ids, len(ids)) for why, ids in corpus.skipped.items()]
     what = f" ({', '.join(skipped)} documents skipped)" if skipped else ""
     raise UserError(f"source {spec} has no nonempty text documents{what}; fix: point --source at a corpus with text")
   corpus.data = np.memmap(path, np.uint8, mode="r", shape=(total,)) if total else np.zeros(0, np.uint8)
@@ -245,6 +251,13 @@ def prepare(
   try:
     manifest = _prepare_into(tmp, spec, settings)
     _install(tmp, out)
+  except OSError as e:  # a full disk, a quota, an unreadable file: one line, nothing half-made
+    shutil.rmtree(tmp, ignore_errors=True)
+    where = f" ({e.filename})" if e.filename else ""
+    kept = "the existing --out is unchanged" if os.path.exists(out) else "nothing was written"
+    fix = "free disk space or choose another --out" if e.errno in (errno.ENOSPC, errno.EDQUOT) else \
+      "check the path and its permissions"
+    raise UserError(f"prepare failed: {e.strerror or e}{where}; {kept}; fix: {fix}") from None
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
@@ -255,8 +268,8 @@ def summary(manifest: dict, out: str, seconds: float) -> str:
   """What prepare_data prints on success: documents read and skipped, shards, eval sets."""
   d = manifest["documents"]
   skipped = ", ".join(
-    f"{n} {why}" for n, why in ((d["zero_length_skipped"], "zero-length"), (d.get("not_text_skipped", 0), "not text"))
-    if n
+    [f"{n} {why}" for n, why in ((d["zero_length_skipped"], "zero-length"), (d.get("not_text_skipped", 0), "not text"))
+     if n] + [_named(why, v["names"], v["count"]) for why, v in d.get("skipped", {}).items()]
   )
   a = manifest["assignment"]
   return (
@@ -265,6 +278,13 @@ def summary(manifest: dict, out: str, seconds: float) -> str:
     f"{manifest['num_clusters']} shards {a['windows_per_shard']} (each at its nearest "
     f"centroid); {manifest['test_windows']} test windows, {manifest['ensemble_val_windows']} ensemble-val windows"
   )
+
+
+def _named(why: str, ids: list[str], count: int) -> str:
+  """'2 unreadable folder (a/, b/)': a count of skipped entries and the first few names."""
+  names = ", ".join(ids[:3]) + (", ..." if count > 3 else "")
+  cap = f" of {sources.MAX_DOCUMENT_BYTES >> 20} MiB" if why == "over the size cap" else ""
+  return f"{count} {why}{cap} ({names})"
 
 
 def _install(tmp: str, out: str) -> None:
@@ -299,6 +319,7 @@ def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict) -> dict:
     "nonempty": len(corpus.ids),
     "zero_length_skipped": corpus.empty,
     "not_text_skipped": corpus.not_text,
+    "skipped": {why: {"count": len(ids), "names": ids[:_MAX_LISTED_EXCLUSIONS]} for why, ids in corpus.skipped.items()},
     "bytes": int(sum(corpus.lengths)),
     "shorter_than_window": int(sum(n < windows.WINDOW_BYTES for n in corpus.lengths)),
   }

@@ -78,11 +78,34 @@ def parse_source(source: str) -> SourceSpec:
   return SourceSpec(kind, path)
 
 
-def _walk_files(root: str, exts: tuple[str, ...] | None = None) -> list[str]:
-  """Sorted relative paths of regular files under root (hidden entries skipped)."""
-  out = []
-  for dirpath, dirnames, filenames in os.walk(root):
-    dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+@dataclass(frozen=True)
+class Skipped:
+  """Yielded in place of a document's bytes for what a file source could not use: `prepare`
+  counts these by `reason` and names the first few in its summary line."""
+
+  reason: str  # "unreadable folder" or "over the size cap"
+
+
+MAX_DOCUMENT_BYTES = 256 << 20  # a file (after gunzip) larger than this is skipped, never read
+
+
+def _walk_files(root: str, exts: tuple[str, ...] | None = None,
+                unreadable: list[str] | None = None) -> list[str]:
+  """Sorted relative paths of regular files under root (hidden entries skipped).
+
+  Symlinked folders are followed, except one leading back to a folder already on the way
+  (a loop) or already walked; a folder that cannot be listed is appended to `unreadable`.
+  """
+  out, seen = [], set()
+
+  def failed(err: OSError) -> None:
+    if unreadable is not None:
+      unreadable.append(os.path.relpath(err.filename, root) if err.filename else "?")
+
+  for dirpath, dirnames, filenames in os.walk(root, onerror=failed, followlinks=True):
+    seen.add(os.path.realpath(dirpath))
+    dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
+                         and os.path.realpath(os.path.join(dirpath, d)) not in seen)
     for name in filenames:
       if name.startswith("."):
         continue
@@ -120,6 +143,13 @@ def iter_fineweb_edu(root: str) -> Iterator[Document]:
         f"parquet file {full!r} has no 'text' column (columns: {', '.join(names)}); "
         "fix: use FineWeb-Edu parquet files with a 'text' column"
       )
+    text_type = pf.schema_arrow.field("text").type
+    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)
+            or pa.types.is_binary(text_type) or pa.types.is_large_binary(text_type)):
+      raise UserError(
+        f"parquet file {full!r} has a 'text' column of {text_type}, not strings; "
+        "fix: use FineWeb-Edu parquet files whose 'text' column holds the documents"
+      )
     cols = ["text", "id"] if "id" in names else ["text"]
     row = 0
     for g in range(pf.num_row_groups):
@@ -151,25 +181,37 @@ def iter_wikitext103(root: str, split: str = "train") -> Iterator[Document]:
         yield f"{split}:{i}:{title}", seg
 
 
-def _read_text_file(full: str) -> bytes:
+def _read_text_file(full: str) -> bytes | Skipped:
+  """A file's bytes (.gz decompressed, streamed). A binary file is returned as its first
+  64 KiB only, enough for `is_text` to refuse it; one that expands past
+  MAX_DOCUMENT_BYTES is Skipped without holding more than that in memory."""
   try:
-    if full.endswith(".gz"):
-      with gzip.open(full, "rb") as f:
-        return f.read()
-    with open(full, "rb") as f:
-      return f.read()
+    opener = gzip.open if full.endswith(".gz") else open
+    with opener(full, "rb") as f:
+      head = f.read(TEXT_SAMPLE_BYTES)
+      if not is_text(head):
+        return head
+      rest = f.read(MAX_DOCUMENT_BYTES + 1 - len(head))
+      if len(head) + len(rest) > MAX_DOCUMENT_BYTES:
+        return Skipped("over the size cap")
+      return head + rest
   except (EOFError, gzip.BadGzipFile, zlib.error) as e:
     raise UserError(f"gzip file {full!r} is truncated or corrupt ({e}); fix: re-create or remove it") from None
   except OSError as e:
     raise UserError(f"cannot read {full!r} ({e}); fix: check the file's permissions") from None
 
 
-def iter_textdir(root: str) -> Iterator[Document]:
-  """Every file under root, one document per file, sorted by relative path."""
-  files = _walk_files(root)
-  _check_nonempty(files, root, "files")
+def iter_textdir(root: str) -> Iterator[tuple[str, bytes | Skipped]]:
+  """Every file under root, one document per file, sorted by relative path; then a Skipped
+  entry for each folder that could not be listed."""
+  unreadable: list[str] = []
+  files = _walk_files(root, unreadable=unreadable)
+  if not files and not unreadable:
+    _check_nonempty(files, root, "files")
   for rel in files:
     yield rel, _read_text_file(os.path.join(root, rel))
+  for rel in unreadable:
+    yield rel + "/", Skipped("unreadable folder")
 
 
 def iter_tfds(name: str, feature: str = "text", data_dir: str | None = None, split: str = "train") -> Iterator[Document]:
