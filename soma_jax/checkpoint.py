@@ -13,11 +13,14 @@ checkpoint that fails to restore is moved aside to `checkpoints/corrupt-<step>`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
 import json
+import logging as pylogging
 import os
+import re
 import time
 from typing import Any
 
@@ -237,6 +240,9 @@ class Checkpointer:
 
   def __init__(self, workdir: str, keep: int = 3):
     self.directory = os.path.abspath(os.path.join(workdir, CKPT_DIR))
+    self._pending = None  # the step of the save still being written in the background
+    _quiet_write_failures()
+    _quiet_async_leftovers()
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
     self._mngr = ocp.CheckpointManager(self.directory, options=options,
                                        item_names=("state", "data"))
@@ -245,20 +251,39 @@ class Checkpointer:
     return sorted(self._mngr.all_steps())
 
   def save(self, step: int, state: Any, data_state: dict) -> None:
-    """Saves (asynchronously); the previous checkpoint survives a failed save."""
+    """Saves (asynchronously); the previous checkpoint survives a failed save.
+
+    A background write that failed surfaces here, at the next save, or in `wait`: the
+    error names the step that failed (from the path in the error, else the pending one).
+    """
     try:
       self._mngr.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
-    except OSError as e:
-      raise UserError(f"could not save checkpoint {step} under {self.directory!r} ({e}); "
-                      "the previous checkpoint is kept; fix: free disk space and re-run") from e
+    except Exception as e:  # noqa: BLE001 - OSError, or TensorStore's ValueError(RESOURCE_...)
+      raise self._save_error(e, self._pending if self._pending is not None else step) from None
+    self._pending = step
 
   def wait(self) -> None:
     try:
       self._mngr.wait_until_finished()
-    except OSError as e:
-      raise UserError(f"could not finish writing a checkpoint under {self.directory!r} ({e}); "
-                      "the previous checkpoint is kept; fix: free disk space and re-run") from e
+    except Exception as e:  # noqa: BLE001 - as in `save`
+      raise self._save_error(e, self._pending) from None
+    self._pending = None
+
+  def _save_error(self, e: Exception, step: int | None) -> Exception:
+    """A UserError for a failed write (disk full, quota, I/O), naming its step; others as is."""
+    text = str(e)
+    if not isinstance(e, OSError) and not any(m in text for m in _WRITE_FAILURES):
+      return e
+    where = re.search(r"/(\d+)\.orbax-checkpoint-tmp", text)
+    step = int(where.group(1)) if where else step
+    good = [s for s in self.steps() if step is None or s < step]
+    kept = f"checkpoint {good[-1]} is kept" if good else "no checkpoint was saved yet"
+    why = "no space left on device" if any(m in text for m in _FULL) else _first_words(e)
+    self._pending = None
+    return UserError(f"could not save checkpoint {step if step is not None else '?'} under "
+                     f"{self.directory!r} ({why}); {kept}; fix: free disk space and re-run "
+                     "the same command to resume")
 
   def restore_latest(self, abstract_state: Any, max_step: int | None = None,
                      heal: bool = False) -> tuple[int, Any, dict] | None:
@@ -277,7 +302,7 @@ class Checkpointer:
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
         return step, out["state"], out["data"]
       except Exception as e:  # noqa: BLE001 - any failure to read means "try an older one"
-        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        why = f"{type(e).__name__}: {_first_words(e)}"
         where = ""
         if heal:
           where = f"; moved to {self.quarantine(step)}"
@@ -301,8 +326,82 @@ class Checkpointer:
     return dst
 
   def close(self) -> None:
-    self.wait()
+    try:
+      self.wait()
+    except BaseException:
+      with contextlib.suppress(Exception):  # the wait's error is the one to report
+        self._mngr.close()
+      raise
     self._mngr.close()
+
+
+def _first_words(e: Exception) -> str:
+  """The start of an orbax / TensorStore error, without its multi-line spec dump."""
+  text = str(e).split(" See full TensorStore details")[0]
+  return text.splitlines()[0][:200] if text else ""
+
+
+_FULL = ("No space left", "RESOURCE_EXHAUSTED", "Disk quota exceeded")
+_WRITE_FAILURES = _FULL + ("Failed writing", "Error writing", "Input/output error")
+
+
+class _WriteFailureFilter(pylogging.Filter):
+  """Drops orbax's own error logs (each a traceback) of a failed checkpoint write: the
+  trainer reports it once, as one line naming the step."""
+
+  def filter(self, record) -> bool:
+    if record.levelno < pylogging.ERROR or "orbax" not in (record.pathname or ""):
+      return True
+    text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
+    return not any(m in text for m in _WRITE_FAILURES)
+
+
+def _quiet_write_failures() -> None:
+  absl_logger = logging.get_absl_logger()
+  if not any(isinstance(f, _WriteFailureFilter) for f in absl_logger.filters):
+    absl_logger.addFilter(_WriteFailureFilter())
+
+
+_READ_NOISE = ("_read_array_index_and_device_put", "call_soon_threadsafe")
+
+
+def _is_read_noise(exc_type, exc, tb) -> bool:
+  """An error of a failed restore's leftover reads, reported after the restore has failed:
+  TensorStore callbacks into orbax's closed event loop, and its read coroutines collected."""
+  if exc_type is RuntimeError and "Event loop is closed" in str(exc):
+    return True
+  while tb is not None:
+    if tb.tb_frame.f_code.co_name in _READ_NOISE:
+      return True
+    tb = tb.tb_next
+  return False
+
+
+def _quiet_async_leftovers() -> None:
+  """Once a checkpoint failed to restore or save, the reads and writes orbax had in flight
+  report their own failures one by one (about 100 tracebacks for a tiny model, some before
+  the failure reaches the trainer): these hooks drop those, and pass on everything else."""
+  import sys
+  import threading
+
+  if getattr(sys.excepthook, "_soma_quiet", False):
+    return
+  old_except, old_unraisable, old_thread = sys.excepthook, sys.unraisablehook, threading.excepthook
+
+  def excepthook(exc_type, exc, tb):
+    if not _is_read_noise(exc_type, exc, tb):
+      old_except(exc_type, exc, tb)
+
+  def unraisablehook(u):
+    if not _is_read_noise(u.exc_type, u.exc_value, u.exc_traceback):
+      old_unraisable(u)
+
+  def thread_hook(a):
+    if not _is_read_noise(a.exc_type, a.exc_value, a.exc_traceback):
+      old_thread(a)
+
+  excepthook._soma_quiet = True
+  sys.excepthook, sys.unraisablehook, threading.excepthook = excepthook, unraisablehook, thread_hook
 
 
 def abstract_like(tree: Any) -> Any:

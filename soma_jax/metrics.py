@@ -5,6 +5,7 @@ No TensorFlow: `clu.metric_writers` imports it, tensorboardX writes the same eve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -83,8 +84,33 @@ class MetricWriter:
         self._tb.add_scalar(key, value, step)
 
   def close(self) -> None:
+    """Closes the TensorBoard files; a failure there (a full disk) is left to the JSONL
+    record and the caller's error, not raised again, here or at exit."""
     if self._tb is not None:
-      self._tb.close()
+      tb, self._tb = self._tb, None
+      try:
+        tb.close()
+      except OSError as e:
+        logging.info("TensorBoard events in %s not closed (%s)", os.path.dirname(self.path), e)
+        _abandon(tb)
+
+  def __enter__(self) -> MetricWriter:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def _abandon(tb) -> None:
+  """After tensorboardX failed to close (a full disk): stops its writer thread and marks its
+  files closed, so that neither the thread nor its exit hook retries the write and prints a
+  traceback after the run's own error. Best effort over tensorboardX's private fields."""
+  for file_writer in getattr(tb, "all_writers", {}).values():
+    events = getattr(file_writer, "event_writer", None)
+    with contextlib.suppress(Exception):
+      events._worker.stop()
+    with contextlib.suppress(Exception):
+      events._closed = True
 
 
 def _step_of(line: str) -> int:

@@ -120,6 +120,12 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P("expert"))
 
 
+def one_device() -> jax.sharding.Sharding:
+  """The sharding of a one-device run's state: committed to this process's first device.
+  The step is planned (compiled) and run with it, so both are one program."""
+  return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+
 def abstract_state(cfg: spsa.StepConfig, n: int) -> PyTree:
   """A TrainState of ShapeDtypeStructs for N experts (for shardings and restores)."""
   def init():

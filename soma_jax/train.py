@@ -97,8 +97,6 @@ def _check_inputs(c: ml_collections.ConfigDict) -> None:
                     "experiments/prepare_data.py")
   manifest = pipeline.check_data_dir(c.data.dir, c.n_experts)  # every file's SHA-256
   # The files read only at the end (ensemble validation) are opened now, not after training.
-  from soma_jax.router import Router
-
   router = Router.load(os.path.join(c.data.dir, "router.npz"))
   if router.num_clusters != manifest["num_clusters"]:
     raise UserError(f"{c.data.dir!r}: router.npz has {router.num_clusters} clusters, manifest.json "
@@ -149,6 +147,10 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict:
         ckpt_lib.record_start(workdir, run.start, changed, overrides, data_sha)
       with _Stop() as stop, memory.matmul_precision(c.precision):  # the step's precision
         summary = _step_loop(run, stop)
+    except OSError as e:  # a full disk while writing metrics; checkpoints report their own
+      raise UserError(f"could not write to {workdir!r} ({e.strerror or e}); the newest "
+                      "checkpoint is kept; fix: free disk space and re-run the same command to "
+                      "resume") from None
     finally:
       run.ckpt.close()
   if summary["status"] == "done" and jax.process_index() == 0:
@@ -232,6 +234,7 @@ class _Run:
   tokens_step: int
   chunk: memory.ChunkChoice
   val_windows: jax.Array  # [N, V, T + 1]: the same expert-validation windows at every eval
+  plan_seconds: float = 0.0  # choosing the chunk: compiling the step (compile_seconds)
   start: int = 0
   totals: dict = dataclasses.field(default_factory=dict)  # restored cumulative counters
 
@@ -242,11 +245,17 @@ def _build(c: ml_collections.ConfigDict, workdir: str) -> _Run:
   a, b = config_lib.expert_range(c)
   n_local = b - a
   mesh = _mesh(c, method, n_local)
-  chunk = methods.choose_chunk(c, n_local, mesh)
+  t0 = time.perf_counter()
+  chunk = methods.choose_chunk(c, n_local, mesh)  # compiles the step (reused on one device)
+  plan_seconds = time.perf_counter() - t0
   step_cfg = method.step_config(c, chunk.chunk)
   state = runs.initial_state(c, step_cfg)
   step_fn, ops_expert = make_step(c, step_cfg)  # one device's step; a mesh's replaces it
   if mesh is None:
+    # Every leaf committed to the device: a warm start's leaves come from a restored seed run
+    # (committed), a fresh init's not, and the step's outputs are; a mixture compiled the
+    # step once per pattern (3 times for a warm start, its compiles counted as training).
+    state = jax.device_put(state, parallel.one_device())
     feed = list(range(a, b))  # this process feeds every expert of the job
     expert_ids = jnp.arange(a, b, dtype=jnp.int32)
     to_global = jnp.asarray
@@ -264,7 +273,8 @@ def _build(c: ml_collections.ConfigDict, workdir: str) -> _Run:
               data=data, ckpt=ckpt_lib.Checkpointer(workdir, keep=c.ckpt.keep),
               n_devices=1 if mesh is None else mesh.size, ops_step=ops_step,
               tokens_step=ops_step // method.flops_per_token(c),
-              chunk=chunk, val_windows=to_global(_expert_val_windows(c, feed)))
+              chunk=chunk, val_windows=to_global(_expert_val_windows(c, feed)),
+              plan_seconds=plan_seconds)
 
 
 def _resume(run: _Run, overrides: list[str]) -> None:
@@ -308,6 +318,7 @@ class _Clock:
     self.n_devices, self.ops_step, self.base = run.n_devices, run.ops_step, run.totals
     self.seconds, self.steps, self._pending = 0.0, 0, 0
     self.apart = dict.fromkeys((k for k in TIMERS if k != "device_seconds"), 0.0)
+    self._planned = run.plan_seconds  # compile time before the loop, added to compile_seconds
     self._t = time.perf_counter()
 
   def count(self) -> None:
@@ -340,7 +351,8 @@ class _Clock:
     mean = self.mean_step()
     out = {"ops": int(self.base.get("ops", 0)) + self.ops_step * updates,
            "device_seconds": mean * updates * self.n_devices}
-    apart = dict(self.apart, compile_seconds=max(self.apart["compile_seconds"] - mean, 0.0))
+    apart = dict(self.apart, compile_seconds=max(self.apart["compile_seconds"] - mean, 0.0)
+                 + self._planned)
     out.update({k: v * self.n_devices for k, v in apart.items()})
     return {k: v + self.base.get(k, 0) if k != "ops" else v for k, v in out.items()}
 
@@ -348,49 +360,49 @@ class _Clock:
 def _step_loop(run: _Run, stop: _Stop) -> dict:
   """Updates from run.start to c.steps with logging, validation and checkpoints between."""
   c = run.c
-  writer = metrics_lib.MetricWriter(run.workdir, start_step=run.start)
-  if run.start == 0:
-    writer.hparams(json.loads(c.to_json()))
-  progress = metrics_lib.Progress(c.steps, run.start)
-  a, b = run.experts.start, run.experts.stop
-  # The signs setting of an SPSA step (the methods with a pert_chunk to plan).
-  signs = f"signs {run.step_cfg.spsa.signs}; " if run.method.plan_chunk else ""
-  progress.message(
-      f"training experts {a}..{b - 1} of {c.n_experts} "
-      f"({run.method.body_params(c):,} params each) from step "
-      f"{run.start} to {c.steps} on {jax.devices()[0].platform}; {run.chunk.describe()}; "
-      f"{signs}matmul precision {c.precision}")
-  clock = _Clock(run)
-  log = _Log(run, clock, progress)
-  pending = None  # the previous update's metrics
-  status = "done"
-  for step in range(run.start, c.steps):
-    batch = run.to_global(next(run.data))
-    if pending is None:  # this process's first update compiles the step
-      with clock.aside("compile_seconds"):
+  # closed even when an error ends the loop (a full disk must not fail again at exit)
+  with metrics_lib.MetricWriter(run.workdir, start_step=run.start) as writer:
+    if run.start == 0:
+      writer.hparams(json.loads(c.to_json()))
+    progress = metrics_lib.Progress(c.steps, run.start)
+    a, b = run.experts.start, run.experts.stop
+    # The signs setting of an SPSA step (the methods with a pert_chunk to plan).
+    signs = f"signs {run.step_cfg.spsa.signs}; " if run.method.plan_chunk else ""
+    progress.message(
+        f"training experts {a}..{b - 1} of {c.n_experts} "
+        f"({run.method.body_params(c):,} params each) from step "
+        f"{run.start} to {c.steps} on {jax.devices()[0].platform}; {run.chunk.describe()}; "
+        f"{signs}matmul precision {c.precision}")
+    clock = _Clock(run)
+    log = _Log(run, clock, progress)
+    pending = None  # the previous update's metrics
+    status = "done"
+    for step in range(run.start, c.steps):
+      batch = run.to_global(next(run.data))
+      if pending is None:  # this process's first update compiles the step
+        with clock.aside("compile_seconds"):
+          run.state, m = run.step_fn(run.state, batch, run.expert_ids)
+          jax.block_until_ready(m)
+      else:
         run.state, m = run.step_fn(run.state, batch, run.expert_ids)
-        jax.block_until_ready(m)
-    else:
-      run.state, m = run.step_fn(run.state, batch, run.expert_ids)
-      clock.count()
-      jax.block_until_ready(pending)  # at most one update in flight: signals act within one
-    pending = m
-    done = step + 1
-    record = _periodic_evals(run, done, m, clock, log)
-    if record:
-      writer.write(done, record)
-      if "loss" in record:
-        progress.update(done, record["loss"])
-    if done % c.ckpt_every == 0 or done == c.steps or stop.signum:
-      with clock.aside("ckpt_seconds", sync=m):
-        run.ckpt.save(done, run.state, {"iterator": run.data.get_state(),
-                                        **clock.totals(done - run.start)})
-    if stop.signum:
-      status = "interrupted"
-      progress.message(f"stopping: checkpoint at step {done} ({signal.Signals(stop.signum).name})"
-                       "; run the same command again to resume")
-      break
-  writer.close()
+        clock.count()
+        jax.block_until_ready(pending)  # at most one update in flight: signals act within one
+      pending = m
+      done = step + 1
+      record = _periodic_evals(run, done, m, clock, log)
+      if record:
+        writer.write(done, record)
+        if "loss" in record:
+          progress.update(done, record["loss"])
+      if done % c.ckpt_every == 0 or done == c.steps or stop.signum:
+        with clock.aside("ckpt_seconds", sync=m):
+          run.ckpt.save(done, run.state, {"iterator": run.data.get_state(),
+                                          **clock.totals(done - run.start)})
+      if stop.signum:
+        status = "interrupted"
+        progress.message(f"stopping: checkpoint at step {done} ({signal.Signals(stop.signum).name})"
+                         "; run the same command again to resume")
+        break
   done = int(run.state.step)
   return {"status": status, "step": done, "signal": stop.signum, "val_loss": log.last_val,
           "skipped": np.asarray(_to_host(run.state.skipped)).tolist(),

@@ -485,3 +485,58 @@ def test_a_gzip_bomb_is_judged_on_its_first_64_kib(tmp_path, monkeypatch):
   with gzip.open(big, "wb") as f:
     f.write(b"words of text " * 100_000)  # 1.4 MB of text: over the (lowered) cap
   assert sources._read_text_file(str(big)) == sources.Skipped("over the size cap")
+
+
+def test_a_warm_start_compiles_its_step_once(data_prepared, straight, tmp_path):
+  """A warm start compiled train_step 3 times (its state partly committed to the device,
+  partly not), and the 2 compiles after the first update counted as device time."""
+  w = str(tmp_path / "w")
+  env = {**os.environ, "JAX_LOG_COMPILES": "1", "JAX_ENABLE_COMPILATION_CACHE": "false"}
+  for steps in (6, 8):  # a warm start, then its resume
+    proc = cli(TRAIN_CLI + [f"--config.data.dir={data_prepared}", f"--workdir={w}",
+                            f"--config.init_from={straight}", f"--config.steps={steps}",
+                            "--config.log_every=2"], env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.count("Compiling jit(train_step)") == 1, steps
+  summary = json.load(open(os.path.join(w, "summary.json")))
+  # 8 tiny updates take about 0.03 s on 2 CPU cores; one compile of the step about 1.4 s
+  assert summary["device_seconds"] < 0.5 < summary["compile_seconds"], summary
+
+
+def test_recovery_from_truncated_array_data_prints_one_line(data_prepared, tmp_path):
+  """Recovered before, but around 97 'Event loop is closed' tracebacks buried the line."""
+  w = str(tmp_path / "w")
+  train.train(tiny_config(data_prepared, steps=4), w)
+  data = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(w, "checkpoints", "4", "state"))
+          for f in fs if os.sep + "d" + os.sep in os.path.join(d, f)]
+  assert data  # the array chunks, not the metadata
+  for path in data:
+    os.truncate(path, os.path.getsize(path) // 2)
+  proc = cli(TRAIN_CLI + [f"--config.data.dir={data_prepared}", f"--workdir={w}",
+                          "--config.steps=6", "--config.ckpt_every=2"])
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr and "Event loop" not in proc.stderr, proc.stderr[-3000:]
+  noted = [line for line in proc.stderr.splitlines() if "unreadable" in line]
+  assert len(noted) == 1 and "moved to" in noted[0] and "TensorStore({" not in noted[0], noted
+
+
+def test_full_disk_in_training_names_the_failed_checkpoint_in_one_line(data_prepared, tmp_path,
+                                                                       monkeypatch, capfd):
+  """The error named checkpoint 15 when 10 had failed (the save is asynchronous: its error
+  surfaces at the next save), amid about 220 lines of orbax's tracebacks."""
+  w = str(tmp_path / "w")
+  real = json_checkpoint_handler.JsonCheckpointHandler._save_fn
+
+  async def disk_full(self, x, directory):
+    if x.get("iterator", {}).get("step") == 4:
+      raise ValueError(f'RESOURCE_EXHAUSTED: Error writing local file "{directory}": Failed '
+                       "writing: [OS error 28: No space left on device]")
+    return await real(self, x, directory)
+
+  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", disk_full)
+  with pytest.raises(UserError, match=r"could not save checkpoint 4 .*no space left on device\); "
+                                      r"checkpoint 2 is kept; fix: free disk space"):
+    train.train(tiny_config(data_prepared), w)
+  assert "Traceback" not in capfd.readouterr().err
+  monkeypatch.undo()
+  assert train.train(tiny_config(data_prepared), w)["step"] == 8  # resumes from 2

@@ -30,7 +30,10 @@ def plan_chunk(c, n_local: int, mesh=None, step=train_step) -> memory.ChunkChoic
   n_dev = n_local // (mesh.shape["expert"] if mesh is not None else 1)
   k_dev = c.spsa.n_pert // (mesh.shape["pert"] if mesh is not None else 1)
   base = lstm.step_config(c)
-  state = parallel.abstract_state(base, n_dev)
+  # With the sharding the loop's state has (parallel.one_device), so that training reuses
+  # this compile: an unspecified sharding would make it another program.
+  state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=parallel.one_device()),
+                       parallel.abstract_state(base, n_dev))
   batch = jax.ShapeDtypeStruct((n_dev, c.spsa.accum, c.spsa.batch, c.data.seq_len + 1), jnp.uint8)
   ids = jax.ShapeDtypeStruct((n_dev,), jnp.int32)
 
