@@ -1,6 +1,6 @@
 r"""How long the start-up check of a data dir's SHA-256 hashes takes for the paper's corpus.
 
-  python scripts/hash_rate.py --json docs/results/hash_rate.json
+  python -m scripts.hash_rate --json docs/results/hash_rate.json
 
 Writes 1.3 GB of random bytes (about the paper's prepared FineWeb-Edu sample; --gb) to a
 temporary file, hashes it with the function training uses (`pipeline.sha256_file`), once
@@ -17,10 +17,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from soma_jax import cli  # noqa: E402
-from soma_jax.data import pipeline  # noqa: E402
+from soma_jax import cli
+from soma_jax.data import pipeline
 
 
 def drop_caches() -> bool:
@@ -41,7 +39,7 @@ def main() -> None:
   parser.add_argument("--json", default=None, help="write the result here")
   args = parser.parse_args()
   n = int(args.gb * 1e9)
-  result = {"command": "python scripts/hash_rate.py " + " ".join(sys.argv[1:]), "bytes": n}
+  result = {"command": "python -m scripts.hash_rate " + " ".join(sys.argv[1:]), "bytes": n}
   with tempfile.NamedTemporaryFile(dir=args.dir, suffix=".bin") as f:
     block = 64 << 20
     for start in range(0, n, block):
