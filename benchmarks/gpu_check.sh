@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
-# Everything a lent GPU is for, in one run (the device tool lends an H200 for 15 min):
-#   1. the paper-shape table: the issue's rows at n_pert 64, the rest at 16 (GPU to itself);
-#   2. the SOMA step against its ideals at the cpu preset (efficiency, roofline, loop);
-#   3. the test suite on the GPU and the notebook's GPU path, side by side.
-# Each part has its own time limit, so one slow part cannot starve the others. Logs and
-# JSON go to $OUT. `bash benchmarks/gpu_check.sh [all|bench|tests|sweep|profile]` (default
-# all; sweep = the time_block / unroll / signs variants of the two target rows, then the tests;
-# profile = where the step's time goes at the two target rows, kernels ranked).
+# Everything a lent GPU is for, in a few prepared runs (the device tool lends an H200 for
+# 15 minutes in all, the machine's start included). `bash benchmarks/gpu_check.sh MODE`:
+#   bench   (about 7 min at most; each part capped) the 4096 matmul's rate at each precision,
+#           the issue's rows N = 2 and N = 16 at n_pert 64 with spsa.forward direct, split
+#           and split_recurrence, N = 1 and N = 8 at n_pert 16 direct and split (each row's
+#           fraction of the matmul rate beside it), then the SPSA coefficients of every
+#           precision x forward against highest/direct at the N = 2 shape (the 2% target).
+#   profile (about 3 min at most) where the step's time goes at N = 2 and N = 16, direct and
+#           split: kernels ranked, op classes, whether the dots run as TF32 GEMMs.
+#   tests   the test suite (not slow) on the GPU and the notebook's GPU path, side by side.
+#   all     bench, then tests; sweep: time_block / unroll / signs variants, then the tests.
+# For a 15-minute lease: one run of `bench` (timeout 480 s), then `profile` and
+# `TEST_LIMIT=150 ... tests` in a second (timeout 400 s), each with BUNDLE=1. Logs and
+# JSON go to $OUT (the markdown tables are in the logs and follow from the JSON); every
+# paper_shapes JSON is rewritten after each row, so a part stopped at its cap keeps its rows.
 # Dry run on a CPU first: QUICK=1 OUT=/tmp/gc bash benchmarks/gpu_check.sh
 set -uo pipefail
 WHAT=${1:-all}
 OUT=${OUT:-gpu_out}
 PY=${PY:-python3}
 QUICK=${QUICK:-0}
+# The device tool returns at most 8 files from $OUT: with BUNDLE=1 everything is written
+# to a work folder and packed into $OUT/gpu_check_<mode>.tgz at exit (check.log beside it).
+if [ "${BUNDLE:-0}" = 1 ]; then
+  DEST=$OUT; OUT=$(mktemp -d)
+  trap 'tar -czf "$DEST/gpu_check_$WHAT.tgz" -C "$OUT" . && cp "$OUT/check.log" "$DEST/check_$WHAT.log"' EXIT
+fi
 mkdir -p "$OUT"
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/check.log"; }
 part() {  # part NAME SECONDS CMD...: run with a limit, log its status
@@ -25,14 +38,18 @@ part() {  # part NAME SECONDS CMD...: run with a limit, log its status
 log "devices: $($PY -c 'import jax; print(jax.devices(), jax.__version__)' 2>&1 | tail -1)"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >> "$OUT/check.log" 2>&1
 
-if [ "$QUICK" = 1 ]; then
+if [ "$QUICK" = 1 ]; then  # every part below at tiny sizes, on whatever device is here
   part paper_shapes_64 300 $PY -m benchmarks.paper_shapes --rows=n16 --n_pert=2 --reps=1 \
+    --forward=direct,split,split_recurrence --matmul_rate \
     --json "$OUT/paper_shapes_64.json" --md "$OUT/paper_shapes_64.md"
+  part coefficients 300 $PY -m benchmarks.coefficients --n_pert=4 \
+    --config=experiments/configs/soma.py:n=2,size=tiny --json "$OUT/coefficients.json"
   part spsa_step 300 $PY -m benchmarks.spsa_step \
     --config=experiments/configs/soma.py:n=2,size=tiny --reps=2 --json "$OUT/spsa_step.json"
-  part pytest 300 $PY -m pytest -q -x -p no:cacheprovider tests/test_memory.py
-  part profile_n2 120 $PY -m benchmarks.profile_step --steps=1 --top=10 \
-    --config=experiments/configs/soma.py:n=2,size=tiny --json "$OUT/profile_n2.json"
+  part pytest 300 $PY -m pytest -q -x -p no:cacheprovider tests/test_memory.py -k algorithm
+  part profile_n2_split 120 $PY -m benchmarks.profile_step --steps=1 --top=10 \
+    --config=experiments/configs/soma.py:n=2,size=tiny --config.spsa.forward=split \
+    --json "$OUT/profile_n2_split.json"
   exit 0
 fi
 
@@ -43,12 +60,17 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
-  part paper_shapes_64 270 $PY -m benchmarks.paper_shapes --rows=n2,n16 --reps=3 \
-    --row_timeout=135 --json "$OUT/paper_shapes_64.json" --md "$OUT/paper_shapes_64.md"
-  part paper_shapes_16 165 $PY -m benchmarks.paper_shapes --rows=n1,n8,n256 --n_pert=16 \
-    --reps=2 --row_timeout=55 --json "$OUT/paper_shapes_16.json" --md "$OUT/paper_shapes_16.md"
-  part spsa_step 75 $PY -m benchmarks.spsa_step \
-    --config=experiments/configs/soma.py:n=4,size=cpu --reps=3 --json "$OUT/spsa_step.json"
+  # The issue's two target rows, n_pert 64 in one chunk, each forward; the matmul rate at
+  # each precision first (rows at default report their fraction of it).
+  part paper_shapes_64 270 $PY -m benchmarks.paper_shapes --rows=n2,n16 --reps=2 \
+    --forward=direct,split,split_recurrence --precision=default --matmul_rate \
+    --row_timeout=60 --json "$OUT/paper_shapes_64.json"
+  part paper_shapes_16 110 $PY -m benchmarks.paper_shapes --rows=n1,n8 --n_pert=16 --reps=2 \
+    --forward=direct,split --matmul_rate --row_timeout=45 \
+    --json "$OUT/paper_shapes_16.json"
+  # Every precision x forward against highest/direct at the N = 2 shape, 8 directions.
+  part coefficients 80 $PY -m benchmarks.coefficients --n_pert=8 \
+    --config=experiments/configs/soma.py:n=2,size=paper --json "$OUT/coefficients.json"
 fi
 if [ "$WHAT" = sweep ]; then  # the streamed loss's speed knobs at the issue's two rows
   for v in "64 1" "16 8"; do
@@ -65,8 +87,11 @@ if [ "$WHAT" = sweep ]; then  # the streamed loss's speed knobs at the issue's t
 fi
 if [ "$WHAT" = profile ]; then  # one step each, n_pert 64 in one chunk, the presets' blocks
   for n in 2 16; do
-    part "profile_n$n" 200 $PY -m benchmarks.profile_step --steps=1 --top=60 \
-      --config=experiments/configs/soma.py:n=$n,size=paper --json "$OUT/profile_n$n.json"
+    for f in direct split; do
+      part "profile_n${n}_$f" 45 $PY -m benchmarks.profile_step --steps=1 --top=60 \
+        --config=experiments/configs/soma.py:n=$n,size=paper --config.spsa.forward=$f \
+        --json "$OUT/profile_n${n}_$f.json"
+    done
   done
   exit 0
 fi

@@ -160,7 +160,8 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
   out = describe(c, depth=c.model.depth, pert_chunk=choice.chunk,
                  pert_chunk_setting=str(c.spsa.pert_chunk), time_block=cfg.spsa.time_block,
                  unroll=cfg.spsa.unroll, probe=c.spsa.probe,
-                 signs=cfg.spsa.signs,
+                 signs=cfg.spsa.signs, forward=cfg.spsa.forward,
+                 dot_algorithm=memory.dot_algorithm(c.precision),
                  params_per_expert=sizing.body_params(cfg.model))
   out.update(
       reps=reps,
@@ -204,7 +205,7 @@ def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> fl
   """What the step replaces: one jitted call per direction and accumulation batch."""
   one = spsa.SpsaConfig(n_pert=1, accum=1, probe=cfg.spsa.probe, pert_chunk=1,
                         time_block=cfg.spsa.time_block, unroll=cfg.spsa.unroll,
-                        signs_together=cfg.spsa.signs_together)
+                        signs_together=cfg.spsa.signs_together, forward=cfg.spsa.forward)
   base_key = jax.random.key(cfg.seed)
 
   @jax.jit

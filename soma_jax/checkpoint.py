@@ -41,7 +41,7 @@ SHAPE_KEYS = ("method", "n_experts", "experts", "model", "spsa.accum", "data.seq
               "opt.train_head", "eggroll.rank")
 # Device layout and speed / memory knobs: they leave the math alone up to float rounding.
 SPEED_KEYS = ("mesh", "spsa.pert_chunk", "spsa.time_block", "spsa.unroll", "spsa.signs",
-              "eggroll.pop_chunk")
+              "spsa.forward", "eggroll.pop_chunk")
 # Fields a resume may change freely: run length, logging and checkpoint cadence, precision
 # and the speed knobs.
 RESUMABLE_KEYS = ("steps", "log_every", "eval_every", "ckpt_every", "ensemble_eval_every",

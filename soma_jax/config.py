@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from soma_jax import memory
+from soma_jax import memory, spsa
 from soma_jax.errors import UserError
 from soma_jax.sizing import PAPER_WIDTH
 
@@ -49,9 +49,10 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   c.eval_every = 50  # expert validation on each expert's 1% split; drives the plateau rule
   c.ensemble_eval_every = 0  # routed ensemble validation cadence (0 = at the end only)
   c.ckpt_every = 50  # checkpoint cadence (also on SIGTERM / SIGINT)
-  # float32 matmuls of the training step: default (TF32 on recent NVIDIA GPUs; SPSA
-  # coefficients within 1.2% of full f32 at eps 1e-3, measured on an H200), high or
-  # highest (full f32, 1.5x slower there). Evaluation always runs at highest (SPEC 3.3).
+  # The explicit dot algorithm of every matmul of the training step (memory.DOT_ALGORITHMS):
+  # on a GPU default = TF32 (SPSA coefficients within 1.2% of full f32 at eps 1e-3,
+  # measured on an H200 before the algorithm was explicit), high = 3 TF32 passes, highest =
+  # full f32 (1.5x slower there); on a CPU all three are f32. Evaluation is always f32.
   c.precision = "default"
   c.init_from = ""  # a seed workdir: copy its body and E into every expert (SPEC 3.4)
   # On resume, config fields allowed to differ from the saved run on purpose, e.g.
@@ -80,6 +81,11 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   # iteration), "apart" (theta + eps z, then theta - eps z: C copies at a time) or "auto"
   # (apart on a CPU, together elsewhere). Speed only: equal to float32 rounding.
   c.spsa.signs = "auto"
+  # How each perturbed copy applies theta + s eps z: "direct" (its own weights), "split"
+  # (x theta + s eps (x z) for every matrix: one matmul of all copies' rows against the
+  # unperturbed theta, and the probe in bf16, read once per +- pair) or "split_recurrence"
+  # (only the recurrent w_h). Speed only: coefficients equal to float32 rounding.
+  c.spsa.forward = "direct"
 
   c.opt = ml_collections.ConfigDict()
   c.opt.lr = 1e-3  # initial Adam learning rate (per expert, plateau-scheduled)
@@ -156,6 +162,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f"spsa.pert_chunk={s.pert_chunk} must divide spsa.n_pert={s.n_pert} (or be auto)")
   need(s.get("signs", "auto") in SIGNS,
        f"spsa.signs={s.get('signs')!r}; use one of {', '.join(SIGNS)}")
+  need(s.get("forward", "direct") in spsa.FORWARDS,
+       f"spsa.forward={s.get('forward')!r}; use one of {', '.join(spsa.FORWARDS)}")
   need(c.precision in memory.PRECISIONS,
        f"precision={c.precision!r}; use one of {', '.join(memory.PRECISIONS)}")
   need(s.probe in ("sparse", "rademacher", "gaussian"),

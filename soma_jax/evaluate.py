@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from soma_jax import memory
 from soma_jax import model as model_lib
 from soma_jax.data import pipeline
 from soma_jax.data import windows as windows_lib
@@ -40,7 +41,7 @@ def expert_params(body_N: PyTree, head: jax.Array, e, shared_head: bool):
 def _target_logprobs(body_N, head, e, windows_BxW, shared_head: bool, first: int,
                      logits_fn: LogitsFn):
   body, head_e = expert_params(body_N, head, e, shared_head)
-  with jax.default_matmul_precision("highest"):  # evaluation never uses TF32 (SPEC 3.3)
+  with memory.full_precision():  # evaluation never uses TF32 (SPEC 3.3)
     logits = logits_fn(body, head_e, windows_BxW[:, :-1])[:, first - 1:]
   targets = windows_BxW[:, first:].astype(jnp.int32)
   return -model_lib.cross_entropy(logits, targets)

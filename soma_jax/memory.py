@@ -14,7 +14,6 @@ signs apart or together at N = 2, 4, 8, and 1% behind the fastest at N = 1
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 
@@ -109,11 +108,39 @@ def choose_pert_chunk(plan_at: Callable[[int], int], n_pert: int, platform: str,
   raise AssertionError("unreachable: the smallest chunk fits")
 
 
-def matmul_precision(name: str):
-  """Context for the step's float32 matmuls: default (TF32 on recent NVIDIA GPUs), high
-  or highest (full float32). Evaluation always runs at highest (SPEC 3.3)."""
+# The dot algorithm (`jax.lax.DotAlgorithmPreset`) each precision setting names on every
+# matmul of the training step, per backend, chosen when the step is traced. A GPU (CUDA):
+# default = one TF32 tensor-core pass, high = three TF32 passes (about float32's accuracy,
+# still on tensor cores), highest = plain float32; so XLA can neither fall back to the
+# non-tensor-core float32 path at default nor round to TF32 at highest. The CPU: JAX
+# refuses the TF32 algorithms there, and XLA:CPU computes every float32 dot in float32
+# whatever the algorithm (its other "supported" presets only round the operands to bf16
+# first), so all three are F32_F32_F32. Other backends keep the legacy Precision levels.
+DOT_ALGORITHMS = {
+    "gpu": {"default": "TF32_TF32_F32", "high": "TF32_TF32_F32_X3", "highest": "F32_F32_F32"},
+    "cpu": {"default": "F32_F32_F32", "high": "F32_F32_F32", "highest": "F32_F32_F32"},
+}
+FULL_F32 = "F32_F32_F32"  # evaluation (SPEC 3.3), on the CPU and GPU alike
+
+
+def dot_algorithm(name: str, platform: str | None = None) -> str:
+  """The algorithm (or, off CPU and GPU, the legacy level) of precision `name` on
+  `platform` ("cpu", "gpu", ...; None: the default backend)."""
   if name not in PRECISIONS:
     raise ValueError(f"precision={name!r}; use one of {', '.join(PRECISIONS)}")
-  if name == "default":
-    return contextlib.nullcontext()
-  return jax.default_matmul_precision(name)
+  platform = platform or jax.default_backend()
+  return DOT_ALGORITHMS.get(platform, {}).get(name, name)
+
+
+def matmul_precision(name: str, platform: str | None = None):
+  """Context for the step's float32 matmuls: every dot traced inside carries the explicit
+  algorithm of `name` on `platform` (`dot_algorithm`), batched ones included. Float32
+  only: an algorithm names its operand types, so a float64 dot traced inside would be
+  rounded to float32 (the training step has none; the float64 tests run outside)."""
+  return jax.default_matmul_precision(dot_algorithm(name, platform))
+
+
+def full_precision(platform: str | None = None):
+  """Context for evaluation: plain float32 dots whatever the training precision."""
+  platform = platform or jax.default_backend()
+  return jax.default_matmul_precision(FULL_F32 if platform in DOT_ALGORITHMS else "highest")

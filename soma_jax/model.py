@@ -10,7 +10,8 @@ experts, directions and signs:
   head = E, the tied byte matrix [V, d_E] (shared) or [N, V, d_E] (one per expert).
 
 The projections exist only when d_t != d_E. Every matrix goes through `linear`, which
-also accepts a `LowRank` perturbed weight (EGGROLL) without forming the full update.
+also accepts a `LowRank` perturbed weight (EGGROLL) without forming the full update, and
+a `Split` one (SPSA's split forward: the unperturbed weight and the probe apart; `layers`).
 
 Parameter counts and the paper's size table are in `soma_jax.sizing`
 (`python -m soma_jax.sizing --table`).

@@ -25,10 +25,15 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from soma_jax import layers, memory
 from soma_jax import model as model_lib
 
 PyTree = Any
 PROBES = ("sparse", "rademacher", "gaussian")
+# How a perturbed copy applies theta + s eps z: "direct" forms each copy's weights;
+# "split" applies every matrix as x theta + s eps (x z) (`model.Split`), "split_recurrence"
+# only the recurrent w_h (where each copy's own weights are read at every time step).
+FORWARDS = ("direct", "split", "split_recurrence")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +50,14 @@ class SpsaConfig:
   # iteration: wide work for a GPU), or theta + eps z then theta - eps z (C copies at a
   # time, faster on a CPU). The same arithmetic either way, equal to float32 rounding.
   signs_together: bool = True
+  # One of FORWARDS (`perturb`). Speed only: the same losses to float32 rounding.
+  forward: str = "direct"
 
   def __post_init__(self):
     if self.probe not in PROBES:
       raise ValueError(f"probe must be one of {PROBES}, got {self.probe!r}")
+    if self.forward not in FORWARDS:
+      raise ValueError(f"forward must be one of {FORWARDS}, got {self.forward!r}")
     if min(self.n_pert, self.accum, self.pert_chunk, self.time_block, self.unroll) < 1:
       raise ValueError("n_pert, accum, pert_chunk, time_block and unroll must be positive")
     if self.n_pert % self.chunk:
@@ -133,6 +142,68 @@ def _group_diff(losses_NxCx2: jax.Array, groups: Sequence[int] | None) -> jax.Ar
   return jax.ops.segment_sum(wide_NxC, ids, num_segments=max(groups) + 1)[ids]
 
 
+def _splits(path, leaf: jax.Array, forward: str) -> bool:
+  """Whether one expert's leaf at `path` is applied split (a matrix) under `forward`."""
+  if forward == "split":
+    return leaf.ndim == 2
+  return forward == "split_recurrence" and getattr(path[-1], "key", None) == "w_h"
+
+
+def perturb(body: PyTree, z: PyTree, scale: jax.Array, forward: str = "direct",
+            probe_kind: str = "sparse") -> PyTree:
+  """theta + scale z for one expert: formed leaf by leaf ("direct"), or with the matrices
+  `forward` splits left as `model.Split(theta, z, scale)`, which `model.linear` applies as
+  x theta + scale (x z). A split z is held in bfloat16 when the probe is ternary (sparse,
+  rademacher: exact), in float32 when gaussian (bfloat16 would round it)."""
+  z_dtype = jnp.float32 if probe_kind == "gaussian" else jnp.bfloat16
+
+  def one(path, p, d):
+    if _splits(path, p, forward):
+      return layers.Split(p, d.astype(z_dtype), scale)
+    return p + scale * d
+
+  return jax.tree_util.tree_map_with_path(one, body, z)
+
+
+def perturbed_losses(body: PyTree, head_e: jax.Array, batch: jax.Array, eps: jax.Array,
+                     z: PyTree, cfg: SpsaConfig, loss_fn: LossFn) -> jax.Array:
+  """[2]: L(theta + eps z), L(theta - eps z) of one expert on the same batch."""
+  signs = jnp.array([1.0, -1.0], eps.dtype)
+
+  def one(s):
+    return loss_fn(perturb(body, z, s * eps, cfg.forward, cfg.probe), head_e, batch)
+
+  return jax.vmap(one)(signs) if cfg.signs_together else jax.lax.map(one, signs)
+
+
+def _default_loss(cfg: SpsaConfig, loss_fn: LossFn | None) -> LossFn:
+  if loss_fn is None:
+    return functools.partial(model_lib.streamed_loss, time_block=cfg.time_block,
+                             unroll=cfg.unroll)
+  if cfg.forward != "direct":  # a Split weight means something only to model.linear
+    raise ValueError(f"forward={cfg.forward!r} needs the model's own loss (loss_fn=None)")
+  return loss_fn
+
+
+def _chunk_coefficients(body_N, head, batch_NxBxT1, eps_N, z_NxC, cfg: SpsaConfig,
+                        loss_fn: LossFn, shared_head: bool, loss_groups) -> tuple:
+  """([N, C] coefficients (L+ - L-) / (2 eps), [N, C, 2] losses) of one chunk's directions."""
+  losses_NxCx2 = jax.vmap(
+      lambda body, h, b, eps, z: jax.vmap(
+          lambda zj: perturbed_losses(body, h, b, eps, zj, cfg, loss_fn))(z),
+      in_axes=(0, None if shared_head else 0, 0, 0, 0),
+  )(body_N, head, batch_NxBxT1, eps_N, z_NxC)
+  diff_NxC = _group_diff(losses_NxCx2, loss_groups)
+  return (diff_NxC / (2 * eps_N[:, None])).astype(eps_N.dtype), losses_NxCx2
+
+
+def _draw_chunk(body_N, expert_ids_N, base_key, step, a, dirs_C, kind: str) -> PyTree:
+  """z_NxC: each expert's directions dirs_C of accumulation batch a, from its own keys."""
+  return jax.vmap(lambda body, e: jax.vmap(
+      lambda j: probe(probe_key(base_key, step, e, a, j), body, kind))(dirs_C)
+  )(body_N, expert_ids_N)
+
+
 def estimate(
     body_N: PyTree,
     head: jax.Array,
@@ -155,7 +226,8 @@ def estimate(
   processed C at a time in a `lax.scan`, so memory holds C perturbed copies, not K. The
   default loss is `model.streamed_loss` in blocks of `cfg.time_block` positions, so
   activation memory is ~ 2 N C B time_block 4 d_t floats (N C B ... with the signs apart,
-  `cfg.signs_together=False`), independent of T.
+  `cfg.signs_together=False`), independent of T; `cfg.forward` says how each perturbed
+  copy applies its weights (`perturb`).
   `loss_groups` (one group id per expert) sums losses within each group before the
   difference: the shared-loss estimator. Returns (g_hat_N, loss_N), loss_N being the
   mean of the 2 A K perturbed losses of each expert.
@@ -170,42 +242,18 @@ def estimate(
   if count < 1 or count % size:
     raise ValueError(f"direction count {count} must be a positive multiple of the chunk {size}")
   n_chunks = count // size
-  head_axis = None if shared_head else 0
-  if loss_fn is None:
-    loss_fn = functools.partial(model_lib.streamed_loss, time_block=cfg.time_block,
-                                unroll=cfg.unroll)
-
-  def draw(body, expert, a, j):
-    return probe(probe_key(base_key, step, expert, a, j), body, cfg.probe)
-
-  def perturbed_losses(body, head_e, batch, eps, z):
-    # [2]: L(theta + eps z), L(theta - eps z) on the same batch.
-    signs = jnp.array([1.0, -1.0], eps.dtype)
-    def one(s):
-      return loss_fn(jax.tree.map(lambda p, d: p + s * eps * d, body, z), head_e, batch)
-    return jax.vmap(one)(signs) if cfg.signs_together else jax.lax.map(one, signs)
-
-  def chunk(g_N, a, c):
-    dirs_C = start + c * size + jnp.arange(size)
-    batch_NxBxT1 = batch_NxAxBxT1[:, a]
-    # z_NxC: each expert's C directions, from its own keys.
-    z_NxC = jax.vmap(
-        lambda body, e: jax.vmap(lambda j: draw(body, e, a, j))(dirs_C)
-    )(body_N, expert_ids_N)
-    losses_NxCx2 = jax.vmap(
-        lambda body, h, b, eps, z: jax.vmap(lambda zj: perturbed_losses(body, h, b, eps, zj))(z),
-        in_axes=(0, head_axis, 0, 0, 0),
-    )(body_N, head, batch_NxBxT1, eps_N, z_NxC)
-    diff_NxC = _group_diff(losses_NxCx2, loss_groups)
-    coef_NxC = (diff_NxC / (2 * eps_N[:, None])).astype(eps_N.dtype)
-    g_N = jax.tree.map(lambda g, z: g + jnp.einsum("nc,nc...->n...", coef_NxC, z), g_N, z_NxC)
-    return g_N, jnp.sum(losses_NxCx2, axis=(1, 2))
+  loss_fn = _default_loss(cfg, loss_fn)
 
   def body_fn(carry, idx):
     g_N, loss_N = carry
     a, c = idx // n_chunks, idx % n_chunks
-    g_N, chunk_loss_N = chunk(g_N, a, c)
-    return (g_N, loss_N + chunk_loss_N), None
+    z_NxC = _draw_chunk(body_N, expert_ids_N, base_key, step, a,
+                        start + c * size + jnp.arange(size), cfg.probe)
+    coef_NxC, losses_NxCx2 = _chunk_coefficients(
+        body_N, head, batch_NxAxBxT1[:, a], eps_N, z_NxC, cfg, loss_fn, shared_head,
+        loss_groups)
+    g_N = jax.tree.map(lambda g, z: g + jnp.einsum("nc,nc...->n...", coef_NxC, z), g_N, z_NxC)
+    return (g_N, loss_N + jnp.sum(losses_NxCx2, axis=(1, 2))), None
 
   n = eps_N.shape[0]
   g0 = jax.tree.map(jnp.zeros_like, body_N)
@@ -214,6 +262,26 @@ def estimate(
   total = cfg.accum * cfg.n_pert
   g_N = jax.tree.map(lambda g: g / total, g_N)
   return g_N, loss_N / (2 * total)
+
+
+def coefficients(body_N: PyTree, head: jax.Array, batch_NxAxBxT1: jax.Array, eps_N: jax.Array,
+                 step: jax.Array, expert_ids_N: jax.Array, base_key: jax.Array,
+                 cfg: SpsaConfig, shared_head: bool = True) -> jax.Array:
+  """[N, A, K]: each direction's coefficient (L+ - L-) / (2 eps), the directions and
+  batches `estimate` uses (so settings can be compared direction by direction)."""
+  loss_fn = _default_loss(cfg, None)
+  n_chunks = cfg.n_pert // cfg.chunk
+
+  def one(idx):
+    a, c = idx // n_chunks, idx % n_chunks
+    z_NxC = _draw_chunk(body_N, expert_ids_N, base_key, step, a,
+                        c * cfg.chunk + jnp.arange(cfg.chunk), cfg.probe)
+    return _chunk_coefficients(body_N, head, batch_NxAxBxT1[:, a], eps_N, z_NxC, cfg,
+                               loss_fn, shared_head, None)[0]
+
+  coef_IxNxC = jax.lax.map(one, jnp.arange(cfg.accum * n_chunks))
+  n = eps_N.shape[0]
+  return jnp.moveaxis(coef_IxNxC, 0, 1).reshape(n, cfg.accum, cfg.n_pert)
 
 
 # ------------------------------------------------------------------- delta-rule head
@@ -383,6 +451,6 @@ def expert_losses(body_N: PyTree, head: jax.Array, windows_NxBxT1: jax.Array,
   in time blocks (memory independent of T). Like all evaluation, with full float32
   matmuls whatever the training precision (SPEC 3.3).
   """
-  with jax.default_matmul_precision("highest"):
+  with memory.full_precision():
     return jax.vmap(loss_fn, in_axes=(0, None if shared_head else 0, 0))(
         body_N, head, windows_NxBxT1)

@@ -367,7 +367,8 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
     progress = metrics_lib.Progress(c.steps, run.start)
     a, b = run.experts.start, run.experts.stop
     # The signs setting of an SPSA step (the methods with a pert_chunk to plan).
-    signs = f"signs {run.step_cfg.spsa.signs}; " if run.method.plan_chunk else ""
+    signs = (f"signs {run.step_cfg.spsa.signs}; forward {run.step_cfg.spsa.forward}; "
+             if run.method.plan_chunk else "")
     progress.message(
         f"training experts {a}..{b - 1} of {c.n_experts} "
         f"({run.method.body_params(c):,} params each) from step "

@@ -162,22 +162,87 @@ def test_auto_chunk_resolves_and_is_described():
     with c.unlocked():
       c.spsa.signs = signs
     assert methods.get(c).step_config(c).spsa.signs_together is together
+  with c.unlocked():
+    c.spsa.signs, c.spsa.forward = "auto", "fused"
+  with pytest.raises(UserError, match="spsa.forward='fused'; use one of direct, split, "
+                     "split_recurrence"):
+    config_lib.validate(c)
+  for forward in ("direct", "split", "split_recurrence"):
+    with c.unlocked():
+      c.spsa.forward = forward
+    config_lib.validate(c)
+    assert methods.get(c).step_config(c).spsa.forward == forward
 
 
-def test_precision_reaches_the_compiled_matmuls():
-  x = jnp.ones((8, 8), jnp.float32)
-  f = jax.jit(lambda a: a @ a)
-  precision = lambda text: [ln.split("precision = ")[1] for ln in text.splitlines() if "dot" in ln]
-  with memory.matmul_precision("highest"):
-    assert precision(f.lower(x).as_text()) == ["[HIGHEST, HIGHEST] : (tensor<8x8xf32>, "
-                                                "tensor<8x8xf32>) -> tensor<8x8xf32>"]
-  with memory.matmul_precision("high"):
-    assert "[HIGH, HIGH]" in precision(f.lower(x).as_text())[0]
-  before = f.lower(x).as_text()  # the process's own setting, outside any context
-  with memory.matmul_precision("default"):  # leaves the process's setting alone
-    assert f.lower(x).as_text() == before
-  with pytest.raises(ValueError):
+def _dot_algorithms(lowered) -> list[str]:
+  """The algorithm attribute of every dot_general in a lowered program ("" where none)."""
+  text = lowered.as_text()
+  dots = [ln for ln in text.splitlines() if "stablehlo.dot_general" in ln]
+  assert dots and text.count("dot_general") == len(dots)  # one op per line, none missed
+  out = []
+  for ln in dots:
+    alg = ln.split("algorithm = <")[1].split(">")[0] if "algorithm = <" in ln else ""
+    keep = ("lhs_precision_type", "rhs_precision_type", "accumulation_type", "num_primitive")
+    out.append(", ".join(p for p in alg.split(", ") if p.startswith(keep)))
+  return out
+
+
+def _alg(lhs: str, ops: int = 1) -> str:
+  return (f"lhs_precision_type = {lhs}, rhs_precision_type = {lhs}, accumulation_type = f32, "
+          f"num_primitive_operations = {ops}")
+
+
+def _lowered_step(forward: str, name: str, platform: str):
+  """The tiny training step (SPSA body, delta-rule heads, Adam) lowered for `platform`."""
+  mc = M.ModelConfig(d_t=8, d_e=4, depth=1, shared_head=False)
+  cfg = S.StepConfig(model=mc, spsa=S.SpsaConfig(n_pert=4, pert_chunk=2, time_block=8,
+                                                 forward=forward), train_head=True)
+  state = jax.eval_shape(lambda: S.init_state(*M.init_experts(jax.random.key(0), mc, 2),
+                                              1e-3, 1e-3, cfg))
+  args = (state, jax.ShapeDtypeStruct((2, 1, 2, 21), jnp.uint8),
+          jax.ShapeDtypeStruct((2,), jnp.int32))
+  with memory.matmul_precision(name, platform):
+    traced = jax.jit(S.train_step, static_argnames="cfg").trace(*args, cfg=cfg)
+  return traced.lower(lowering_platforms=("cuda" if platform == "gpu" else "cpu",))
+
+
+@pytest.mark.parametrize("forward", ["direct", "split"])
+@pytest.mark.parametrize("platform,name,want", [
+    ("gpu", "default", _alg("tf32")), ("gpu", "high", _alg("tf32", 3)),
+    ("gpu", "highest", _alg("f32")), ("cpu", "default", _alg("f32")),
+    ("cpu", "highest", _alg("f32"))])
+def test_every_matmul_of_the_step_carries_the_precision_algorithm(forward, platform, name, want):
+  """Every dot of the lowered step (input, recurrent, MLP and projection matmuls, batched
+  over copies, the logits, the estimate's sum over directions, the delta rule) carries the
+  setting's explicit algorithm; the GPU's is lowered here for CUDA without a GPU. In split,
+  the probe corrections are bf16 x bf16 with float32 accumulation, and nothing else is."""
+  algs = _dot_algorithms(_lowered_step(forward, name, platform))
+  bf16 = _alg("bf16")
+  assert len(algs) >= 12
+  assert all(a == want for a in algs if a != bf16 or forward == "direct"), algs
+  # 6 matrices, in the scan over full time blocks and in the remainder block (T = 20, 8).
+  assert algs.count(bf16) == (12 if forward == "split" else 0)
+
+
+def test_dot_algorithm_per_backend_and_evaluation_in_float32():
+  assert [memory.dot_algorithm(p, "gpu") for p in memory.PRECISIONS] == [
+      "TF32_TF32_F32", "TF32_TF32_F32_X3", "F32_F32_F32"]
+  assert {memory.dot_algorithm(p, "cpu") for p in memory.PRECISIONS} == {"F32_F32_F32"}
+  assert memory.dot_algorithm("high", "tpu") == "high"  # untested backends: legacy levels
+  with pytest.raises(ValueError, match="precision='tf32'; use one of default, high, highest"):
     memory.matmul_precision("tf32")
+  with pytest.raises(ValueError, match="not supported by dot_general on CPU"):  # why the CPU's
+    with jax.default_matmul_precision("TF32_TF32_F32"):
+      jax.jit(lambda a: a @ a).lower(jnp.ones((2, 2)))
+  # Evaluation inside a TF32 training context still lowers every dot as plain float32.
+  mc = M.ModelConfig(d_t=8, d_e=4, depth=1, shared_head=False)
+  body_N, head_N = jax.eval_shape(lambda: M.init_experts(jax.random.key(0), mc, 2))
+  windows = jax.ShapeDtypeStruct((2, 2, 17), jnp.uint8)
+  with memory.matmul_precision("default", "gpu"), memory.full_precision("gpu"):
+    traced = jax.jit(S.expert_losses, static_argnames="shared_head").trace(
+        body_N, head_N, windows, shared_head=False)
+  algs = _dot_algorithms(traced.lower(lowering_platforms=("cuda",)))
+  assert algs and set(algs) == {_alg("f32")}
 
 
 @pytest.mark.parametrize("unroll", [2, 5])

@@ -154,10 +154,11 @@ def test_resume_guards(data_prepared, data_textdir, tmp_path):
   shutil.copytree(data_prepared, moved)
   c = tiny_config(moved, steps=3, log_every=3)
   c.spsa.pert_chunk, c.spsa.signs = 2, "together"  # speed knobs may change on resume
+  c.spsa.forward = "split"
   assert train.train(c, w)["step"] == 3
   last = ckpt_lib.last_history(w)
   assert set(last["changed"]) == {"data.dir", "steps", "log_every", "spsa.pert_chunk",
-                                  "spsa.signs"}
+                                  "spsa.signs", "spsa.forward"}
   assert last["step"] == 2 and last["resume_overrides"] == []
 
   c = tiny_config(data_prepared, steps=4, resume_overrides="opt.lr,spsa.n_pert")

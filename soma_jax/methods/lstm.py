@@ -42,10 +42,11 @@ def step_config(c: Config, pert_chunk: int | None = None) -> spsa.StepConfig:
     chunk = memory.cpu_chunk(c.spsa.n_pert, b - a, together)
   return spsa.StepConfig(
       model=model_config(c),
-      # .get: configs saved before time_block / unroll / signs existed still restore.
+      # .get: configs saved before time_block / unroll / signs / forward existed restore.
       spsa=spsa.SpsaConfig(n_pert=c.spsa.n_pert, accum=c.spsa.accum, probe=c.spsa.probe,
                            pert_chunk=chunk, time_block=c.spsa.get("time_block", 64),
-                           unroll=c.spsa.get("unroll", 1), signs_together=together),
+                           unroll=c.spsa.get("unroll", 1), signs_together=together,
+                           forward=c.spsa.get("forward", "direct")),
       weight_decay=c.opt.weight_decay, train_head=c.opt.train_head, seed=c.seed)
 
 
