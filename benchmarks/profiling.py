@@ -118,6 +118,7 @@ def profile(c, steps: int, top: int, trace_dir: str | None) -> dict:
                         "a JAX whose profiler writes Perfetto traces (jax >= 0.4.30)")
       with gzip.open(files[-1]) as f:
         trace = json.load(f)
-  return describe(c, pert_chunk=choice.chunk, time_block=cfg.spsa.time_block) | {
+  return describe(c, pert_chunk=choice.chunk, time_block=cfg.spsa.time_block,
+                  forward=cfg.spsa.forward, dot_algorithm=memory.dot_algorithm(c.precision)) | {
       "steps": steps, "trace": files[-1] if trace_dir else None,
       "processes": summarize(trace, steps, top)}

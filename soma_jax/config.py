@@ -124,6 +124,9 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
     c.spsa.update(n_pert=4, batch=2, pert_chunk=4)
     c.data.update(seq_len=32, val_windows=4)
     c.update(steps=6, log_every=2, eval_every=3, ckpt_every=3)
+    # Full float32 on a GPU too, as the tests' process default (tests/conftest.py): the
+    # step's precision is an explicit algorithm now, which would otherwise be TF32 there.
+    c.precision = "highest"
     c.eggroll.update(pop=8, pop_chunk=4)
   elif size == "paper":  # SPEC settings: T = 1024, n_pert = B = 64, lr = eps = 1e-3
     d_t = PAPER_WIDTH.get(n, 32)

@@ -233,7 +233,7 @@ def test_dot_algorithm_per_backend_and_evaluation_in_float32():
     memory.matmul_precision("tf32")
   with pytest.raises(ValueError, match="not supported by dot_general on CPU"):  # why the CPU's
     with jax.default_matmul_precision("TF32_TF32_F32"):
-      jax.jit(lambda a: a @ a).lower(jnp.ones((2, 2)))
+      jax.jit(lambda a: a @ a).trace(jnp.ones((2, 2))).lower(lowering_platforms=("cpu",))
   # Evaluation inside a TF32 training context still lowers every dot as plain float32.
   mc = M.ModelConfig(d_t=8, d_e=4, depth=1, shared_head=False)
   body_N, head_N = jax.eval_shape(lambda: M.init_experts(jax.random.key(0), mc, 2))
