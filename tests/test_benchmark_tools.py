@@ -42,6 +42,10 @@ def test_sweep_times_each_dividing_combination_and_ranks_them():
     ("spsa_step.py", "--reps=0", "must be >= 1"),
     ("paper_shapes.py", "--reps=0", "must be >= 1"),
     ("paper_shapes.py", "--signs=both", "should be one of <auto|together|apart>"),
+    ("paper_shapes.py", "--forward=fused", "--forward=fused must name some of direct, split, "
+                                           "split_recurrence"),
+    ("paper_shapes.py", "--precision=tf32", "--precision=tf32 must name some of default, high"),
+    ("coefficients.py", "--forward=fused", "--forward=fused must name some of direct, split"),
     ("profile_step.py", "--steps=0", "must be >= 1"),
 ])
 def test_bad_values_exit_2_with_one_line(script, flag, says):
@@ -51,6 +55,15 @@ def test_bad_values_exit_2_with_one_line(script, flag, says):
       cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
   assert proc.returncode == 2, proc.stderr
   assert proc.stderr.strip().count("\n") == 0 and says in proc.stderr, proc.stderr
+
+
+def test_paper_shapes_help_lists_the_forward_and_precision_settings():
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.paper_shapes", "--help"], cwd=ROOT,
+                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert proc.returncode == 0, proc.stderr
+  assert "--forward: spsa.forward settings to time, from direct, split, split_recurrence" in proc.stdout
+  assert "--precision: precisions of the step to time, from default, high, highest" in proc.stdout
+  assert "--[no]matmul_rate" in proc.stdout
 
 
 def test_sweep_skips_combinations_that_would_not_fit_the_device(monkeypatch):
