@@ -23,7 +23,7 @@ QUICK=${QUICK:-0}
 # The device tool returns at most 8 files from $OUT: with BUNDLE=1 everything is written
 # to a work folder and packed into $OUT/gpu_check_<mode>.tgz at exit (check.log beside it).
 if [ "${BUNDLE:-0}" = 1 ]; then
-  DEST=$OUT; OUT=$(mktemp -d)
+  DEST=$OUT; OUT=$(mktemp -d); mkdir -p "$DEST"
   trap 'tar -czf "$DEST/gpu_check_$WHAT.tgz" -C "$OUT" . && cp "$OUT/check.log" "$DEST/check_$WHAT.log"' EXIT
 fi
 mkdir -p "$OUT"
