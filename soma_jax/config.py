@@ -39,6 +39,15 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
     raise UserError(f"size={size!r} is not a preset; use one of {', '.join(SIZES)}")
   if n < 1:
     raise UserError(f"n={n} experts; n must be >= 1")
+  c = _run_fields(n)
+  _learning_fields(c)
+  _io_fields(c)
+  _PRESETS[size](c, n)
+  return c
+
+
+def _run_fields(n: int) -> ml_collections.ConfigDict:
+  """The run's top-level fields: method, experts, seed, length, cadences, precision."""
   c = ml_collections.ConfigDict()
   c.method = "soma"  # soma | bptt | eggroll (the GRU of SPEC 6) | eggroll_lstm (ES on this body)
   c.n_experts = n  # N: experts, each with its own data shard, loss and Adam state
@@ -58,7 +67,11 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   # On resume, config fields allowed to differ from the saved run on purpose, e.g.
   # "opt.lr,spsa.n_pert" (recorded in config_history.jsonl; shape fields never change).
   c.resume_overrides = ""
+  return c
 
+
+def _learning_fields(c: ml_collections.ConfigDict) -> None:
+  """config.model, config.spsa and config.opt."""
   c.model = ml_collections.ConfigDict()
   c.model.d_t = 64  # body width
   c.model.d_e = 32  # byte-embedding width d_E
@@ -94,6 +107,9 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   c.opt.patience = 1000  # updates without improvement before halving lr and eps
   c.opt.floor = 1e-5  # lr / eps never decay below this
 
+
+def _io_fields(c: ml_collections.ConfigDict) -> None:
+  """config.data, config.mesh, config.ckpt and config.eggroll."""
   c.data = ml_collections.ConfigDict()
   c.data.dir = ""  # a folder written by experiments/prepare_data.py
   c.data.seq_len = 256  # T: targets per window (must divide 1024)
@@ -112,37 +128,49 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
   c.eggroll.sigma = 1e-2
   c.eggroll.pop_chunk = 64
 
-  if size == "cpu":  # demo scale on 2 cores: minutes
-    c.opt.lr = 3e-3  # a short run needs a larger step than the paper's 1e-3 (measured)
-    c.spsa.batch = 2  # T = 1024 covers the scored targets 257..1024; B * T as at 8 x 256
-    # 2 cores: the fastest step at N = 1, 2, 4 and 8 used 256 rather than 128
-    # (docs/results/step_sweep_cpu_n*.json)
-    c.spsa.time_block = 256
-    c.data.update(seq_len=1024, val_windows=16)
-  elif size == "tiny":  # unit tests: seconds
-    c.model.update(d_t=8, d_e=8)
-    c.spsa.update(n_pert=4, batch=2, pert_chunk=4)
-    c.data.update(seq_len=32, val_windows=4)
-    c.update(steps=6, log_every=2, eval_every=3, ckpt_every=3)
-    # Full float32 on a GPU too, as the tests' process default (tests/conftest.py): the
-    # step's precision is an explicit algorithm now, which would otherwise be TF32 there.
-    c.precision = "highest"
-    c.eggroll.update(pop=8, pop_chunk=4)
-  elif size == "paper":  # SPEC settings: T = 1024, n_pert = B = 64, lr = eps = 1e-3
-    d_t = PAPER_WIDTH.get(n, 32)
-    wide = d_t != 32
-    c.model.update(d_t=d_t, shared_head=not wide)
-    c.opt.update(train_head=wide, weight_decay=1e-4 if wide else 0.0)
-    if wide:  # the wide controls (N = 1, 2, 8, monoliths) start at lr = eps = 0.0025
-      c.opt.lr = c.spsa.eps = 0.0025
-    # Measured on an H200 at n_pert 64 in one chunk: width 361 runs alike at time_block 16
-    # and 64 (2.34 vs 2.33 s, 10.9 vs 23.4 GB planned), so wide presets take 16 (64
-    # directions fit a 16 GB GPU); width 32 at N = 16 is 1.20x faster at 64 (0.79 vs 0.95 s).
-    c.spsa.update(n_pert=64, batch=64, time_block=16 if wide else 64)
-    c.data.update(seq_len=1024, val_windows=256)
-    c.update(steps=100_000, log_every=50, eval_every=500, ckpt_every=1000)
-    c.eggroll.update(pop=2**20, pop_chunk=4096)
-  return c
+
+def _cpu_preset(c: ml_collections.ConfigDict, n: int) -> None:
+  """Demo scale on 2 cores: minutes."""
+  del n
+  c.opt.lr = 3e-3  # a short run needs a larger step than the paper's 1e-3 (measured)
+  c.spsa.batch = 2  # T = 1024 covers the scored targets 257..1024; B * T as at 8 x 256
+  # 2 cores: the fastest step at N = 1, 2, 4 and 8 used 256 rather than 128
+  # (docs/results/step_sweep_cpu_n*.json)
+  c.spsa.time_block = 256
+  c.data.update(seq_len=1024, val_windows=16)
+
+
+def _tiny_preset(c: ml_collections.ConfigDict, n: int) -> None:
+  """Unit tests: seconds."""
+  del n
+  c.model.update(d_t=8, d_e=8)
+  c.spsa.update(n_pert=4, batch=2, pert_chunk=4)
+  c.data.update(seq_len=32, val_windows=4)
+  c.update(steps=6, log_every=2, eval_every=3, ckpt_every=3)
+  # Full float32 on a GPU too, as the tests' process default (tests/conftest.py): the
+  # step's precision is an explicit algorithm now, which would otherwise be TF32 there.
+  c.precision = "highest"
+  c.eggroll.update(pop=8, pop_chunk=4)
+
+
+def _paper_preset(c: ml_collections.ConfigDict, n: int) -> None:
+  """SPEC settings: T = 1024, n_pert = B = 64, lr = eps = 1e-3."""
+  d_t = PAPER_WIDTH.get(n, 32)
+  wide = d_t != 32
+  c.model.update(d_t=d_t, shared_head=not wide)
+  c.opt.update(train_head=wide, weight_decay=1e-4 if wide else 0.0)
+  if wide:  # the wide controls (N = 1, 2, 8, monoliths) start at lr = eps = 0.0025
+    c.opt.lr = c.spsa.eps = 0.0025
+  # Measured on an H200 at n_pert 64 in one chunk: width 361 runs alike at time_block 16
+  # and 64 (2.34 vs 2.33 s, 10.9 vs 23.4 GB planned), so wide presets take 16 (64
+  # directions fit a 16 GB GPU); width 32 at N = 16 is 1.20x faster at 64 (0.79 vs 0.95 s).
+  c.spsa.update(n_pert=64, batch=64, time_block=16 if wide else 64)
+  c.data.update(seq_len=1024, val_windows=256)
+  c.update(steps=100_000, log_every=50, eval_every=500, ckpt_every=1000)
+  c.eggroll.update(pop=2**20, pop_chunk=4096)
+
+
+_PRESETS = {"cpu": _cpu_preset, "tiny": _tiny_preset, "paper": _paper_preset}
 
 
 def validate(c: ml_collections.ConfigDict) -> None:

@@ -44,18 +44,7 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
     jobs.append((a, b, w, c))
   jobs.sort(key=lambda j: j[0])
   ref = jobs[0][3]
-  # Slices may differ where a resume may (run length, log / eval / checkpoint cadence,
-  # precision, device layout, speed knobs), not in anything that changes the experiment.
-  router = ckpt_lib.file_sha256(os.path.join(ref.data.dir, "router.npz"))
-  for _, _, w, c in jobs:
-    diff = [k for k in ckpt_lib.config_changes(ref, c)
-            if not ckpt_lib.under(k, ("experts",) + ckpt_lib.RESUMABLE_KEYS)]
-    if diff:
-      raise UserError(f"{w!r} has a different config ({', '.join(diff)}) from "
-                      f"{jobs[0][2]!r}; fix: merge only slices of one run")
-    if ckpt_lib.file_sha256(os.path.join(c.data.dir, "router.npz")) != router:
-      raise UserError(f"{w!r} was trained with a different router; fix: merge jobs that "
-                      "used the same data dir")
+  _check_slices(jobs)
   covered = [e for a, b, _, _ in jobs for e in range(a, b)]
   if covered != list(range(ref.n_experts)):
     raise UserError(f"the jobs cover experts {covered}, not 0..{ref.n_experts - 1} once each; "
@@ -97,6 +86,22 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
   ckpt.close()
   _merge_metrics([w for _, _, w, _ in jobs], out)
   return {"out": out, "step": step, "experts": len(covered), "jobs": len(jobs)}
+
+
+def _check_slices(jobs: list[tuple]) -> None:
+  """Slices may differ where a resume may (run length, log / eval / checkpoint cadence,
+  precision, device layout, speed knobs), not in anything that changes the experiment."""
+  ref = jobs[0][3]
+  router = ckpt_lib.file_sha256(os.path.join(ref.data.dir, "router.npz"))
+  for _, _, w, c in jobs:
+    diff = [k for k in ckpt_lib.config_changes(ref, c)
+            if not ckpt_lib.under(k, ("experts",) + ckpt_lib.RESUMABLE_KEYS)]
+    if diff:
+      raise UserError(f"{w!r} has a different config ({', '.join(diff)}) from "
+                      f"{jobs[0][2]!r}; fix: merge only slices of one run")
+    if ckpt_lib.file_sha256(os.path.join(c.data.dir, "router.npz")) != router:
+      raise UserError(f"{w!r} was trained with a different router; fix: merge jobs that "
+                      "used the same data dir")
 
 
 def _merge_metrics(workdirs: list[str], out: str) -> None:

@@ -24,9 +24,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   a = parse_arg(rest, size="cpu")
   if a["size"] not in ("tiny", "cpu"):
     raise UserError(f"size={a['size']!r}; use tiny or cpu")
+  c = _fields(study, a["size"])
+  _study_settings(c, study)
+  if a["size"] == "tiny":  # unit tests: seconds
+    _tiny(c, study)
+  return c
+
+
+def _fields(study: str, size: str) -> ml_collections.ConfigDict:
+  """Every field, at the cpu size's values."""
   c = ml_collections.ConfigDict()
   c.study = study  # which study runs; output files are OUT/STUDY.{json,csv,png}
-  c.size = a["size"]  # preset the defaults below come from
+  c.size = size  # preset the defaults below come from
   c.seed = 0  # fresh-init key and window selection
   c.probe_seed = 0  # base key of every direction: probe_key(key(probe_seed), step, e, 0, j)
   c.eps = 1e-3  # central-difference scale (the O(eps^2) bias is negligible at this size)
@@ -57,7 +66,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.d_t = 32  # body width (ignored by the experts study, which sizes from N)
   c.model.d_e = 32  # byte-embedding width d_E
   c.model.depth = 2  # residual blocks D
+  return c
 
+
+def _study_settings(c: ml_collections.ConfigDict, study: str) -> None:
+  """Repeats and sizes each study needs at the cpu size."""
   if study == "n_pert":
     c.reps = 64  # 64 repeats of 64 directions: 4,096 draws behind every point
   if study == "experts":
@@ -70,17 +83,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.reps = 32
     c.pool = 128
 
-  if a["size"] == "tiny":  # unit tests: seconds
-    c.model.update(d_t=8, d_e=8)
-    c.update(batch=2, seq_len=32, corpus_bytes=1 << 18, pool=32, n_pert=16)
-    if study == "shared_vs_separate":
-      c.update(n_pert_list=(4, 16), reps=128, rep_chunk=16)
-    elif study == "n_pert":
-      c.update(n_pert_list=(1, 4, 16, 64), reps=64, rep_chunk=8)
-    elif study == "experts":
-      c.update(n_list=(1, 2), total_params=12_000, n_pert=8, reps=8, rep_chunk=4)
-    elif study == "batch":
-      c.update(budget=16, accum_list=(1, 2), accum_batch=4, accum_n_pert=4, reps=8)
-    elif study == "reference":
-      c.update(n_list=(1, 2), alloc_mult=(1, 2), n_pert=4, reps=8, time_steps=1, ref_batch=64)
-  return c
+
+def _tiny(c: ml_collections.ConfigDict, study: str) -> None:
+  """Unit tests: seconds."""
+  c.model.update(d_t=8, d_e=8)
+  c.update(batch=2, seq_len=32, corpus_bytes=1 << 18, pool=32, n_pert=16)
+  if study == "shared_vs_separate":
+    c.update(n_pert_list=(4, 16), reps=128, rep_chunk=16)
+  elif study == "n_pert":
+    c.update(n_pert_list=(1, 4, 16, 64), reps=64, rep_chunk=8)
+  elif study == "experts":
+    c.update(n_list=(1, 2), total_params=12_000, n_pert=8, reps=8, rep_chunk=4)
+  elif study == "batch":
+    c.update(budget=16, accum_list=(1, 2), accum_batch=4, accum_n_pert=4, reps=8)
+  elif study == "reference":
+    c.update(n_list=(1, 2), alloc_mult=(1, 2), n_pert=4, reps=8, time_steps=1, ref_batch=64)

@@ -25,8 +25,9 @@ from absl import logging
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import evaluate as eval_lib
-from soma_jax import methods, runs
+from soma_jax import methods
 from soma_jax import metrics as metrics_lib
+from soma_jax import runs as runs_lib
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
 from soma_jax.studies import report
@@ -101,7 +102,7 @@ def _check_existing(workdir: str, c: ml_collections.ConfigDict) -> None:
 def _curve(workdir: str, c: ml_collections.ConfigDict, test: eval_lib.TestSet, ops_update: int):
   """[(ops, test nats/byte)] at the initial state and every kept checkpoint; final losses."""
   logits = methods.get(c).logits
-  body, head = runs.initial_params(c)
+  body, head = runs_lib.initial_params(c)
   points = [(0, float(test.losses(body, head, c.n_experts, c.model.shared_head, logits).mean()))]
   ckpt = ckpt_lib.Checkpointer(workdir)
   try:
@@ -110,7 +111,7 @@ def _curve(workdir: str, c: ml_collections.ConfigDict, test: eval_lib.TestSet, o
     ckpt.close()
   final = None
   for s in steps:
-    body, head, _ = runs.restore_params(workdir, step=s)
+    body, head, _ = runs_lib.restore_params(workdir, step=s)
     final = test.losses(body, head, c.n_experts, c.model.shared_head, logits)
     points.append((s * ops_update, float(final.mean())))
   return points, final
@@ -157,6 +158,28 @@ def _sd(x: list[float]) -> float | None:
   return float(np.std(x, ddof=1)) if len(x) > 1 else None
 
 
+def _train_and_score(name: str, c: ml_collections.ConfigDict, seed: int, out: str,
+                     test: eval_lib.TestSet, results: dict, curves: dict) -> np.ndarray:
+  """Trains (or resumes) one method at one seed, records its row and curve; its final
+  per-window test losses."""
+  workdir = os.path.join(out, "runs", f"seed{seed}", name)
+  _check_existing(workdir, c)
+  ops_update = ops_per_update(c)
+  print(f"[compare] seed {seed} {name}: N={c.n_experts} d_t={c.model.d_t} "
+        f"params={total_params(c):,} updates={c.steps} ops/update={ops_update:.3g}", flush=True)
+  t0 = time.perf_counter()
+  train_lib.train_to_end(c, workdir, f"{name} (seed {seed})")
+  wall = time.perf_counter() - t0
+  curve, final = _curve(workdir, c, test, ops_update)
+  curves.setdefault(name, []).append(curve)
+  results.setdefault(name, _describe(c, ops_update) | {"per_seed": []})
+  results[name]["per_seed"].append({
+      "seed": seed, "device_seconds": _device_seconds(workdir),
+      "wall_seconds_this_call": wall, "workdir": os.path.relpath(workdir, out),
+      "curve": [{"ops": o, "test_nats_per_byte": v} for o, v in curve]})
+  return final
+
+
 def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
   """Trains every method at every seed to the shared budget, evaluates, writes the outputs."""
   t_start = time.perf_counter()
@@ -170,23 +193,8 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
     runs = plan(config, data_dir, seed)
     names = list(runs)
     ref = config.reference or names[0]
-    losses = {}
-    for name, c in runs.items():
-      workdir = os.path.join(out, "runs", f"seed{seed}", name)
-      _check_existing(workdir, c)
-      ops_update = ops_per_update(c)
-      print(f"[compare] seed {seed} {name}: N={c.n_experts} d_t={c.model.d_t} "
-            f"params={total_params(c):,} updates={c.steps} ops/update={ops_update:.3g}", flush=True)
-      t0 = time.perf_counter()
-      train_lib.train_to_end(c, workdir, f"{name} (seed {seed})")
-      wall = time.perf_counter() - t0
-      curve, losses[name] = _curve(workdir, c, test, ops_update)
-      curves.setdefault(name, []).append(curve)
-      results.setdefault(name, _describe(c, ops_update) | {"per_seed": []})
-      results[name]["per_seed"].append({
-          "seed": seed, "device_seconds": _device_seconds(workdir),
-          "wall_seconds_this_call": wall, "workdir": os.path.relpath(workdir, out),
-          "curve": [{"ops": o, "test_nats_per_byte": v} for o, v in curve]})
+    losses = {name: _train_and_score(name, c, seed, out, test, results, curves)
+              for name, c in runs.items()}
     loss_nxM = np.stack([losses[n] for n in names], axis=1)
     lo, hi = eval_lib.bootstrap_ci(loss_nxM, test.doc_ids, config.bootstrap_draws, seed)
     diff_nxM = loss_nxM - losses[ref][:, None]

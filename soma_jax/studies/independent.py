@@ -48,7 +48,7 @@ def summed_train_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_
 
 # The old state's buffers are donated; each variant starts from its own copy.
 _STEPS = {
-    "independent": jax.jit(spsa.train_step, static_argnames="cfg", donate_argnames="state"),
+    "independent": soma.train_step,
     "summed": jax.jit(summed_train_step, static_argnames="cfg", donate_argnames="state"),
 }
 

@@ -1,0 +1,145 @@
+"""The shape of the code (issue 20): no import cycle inside soma_jax (imports inside functions
+count), no function over 60 lines in soma_jax/ or experiments/, a method's name read only in
+soma_jax/methods/, no pytree-key sniffing for the model, no sys.path edits in benchmarks/ or
+scripts/. Each test reads the source with `ast`; nothing is imported or run."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_LINES = 60
+
+
+def _sources(*folders: str) -> dict[str, ast.Module]:
+  out = {}
+  for folder in folders:
+    for where, _, names in os.walk(os.path.join(ROOT, folder)):
+      for name in sorted(names):
+        if name.endswith(".py"):
+          path = os.path.join(where, name)
+          with open(path, encoding="utf-8") as f:
+            out[os.path.relpath(path, ROOT)] = ast.parse(f.read(), path)
+  return out
+
+
+def _module_name(path: str) -> str:
+  parts = path[:-3].split(os.sep)
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+  """soma_jax module -> the soma_jax modules it imports, wherever the import statement is.
+
+  `from pkg import name` names the module pkg.name when that is a module, else pkg. A
+  submodule's import does not count as importing its parent package (Python initialises
+  the parent first, but the parent's own imports are its own edges)."""
+  modules = {_module_name(p) for p in trees}
+  graph = {}
+  for path, tree in trees.items():
+    edges = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        edges |= {a.name for a in node.names if a.name in modules}
+      elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        for a in node.names:
+          full = f"{node.module}.{a.name}"
+          edges.add(full if full in modules else node.module)
+    graph[_module_name(path)] = {e for e in edges if e in modules} - {_module_name(path)}
+  return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """One import cycle as [a, b, ..., a], or None (depth-first search)."""
+  state, stack = {}, []
+
+  def visit(m):
+    state[m] = "open"
+    stack.append(m)
+    for n in sorted(graph.get(m, ())):
+      if state.get(n) == "open":
+        return stack[stack.index(n):] + [n]
+      if n not in state:
+        found = visit(n)
+        if found:
+          return found
+    stack.pop()
+    state[m] = "done"
+    return None
+
+  for m in sorted(graph):
+    if m not in state:
+      found = visit(m)
+      if found:
+        return found
+  return None
+
+
+def test_soma_jax_has_no_import_cycle():
+  graph = import_graph(_sources("soma_jax"))
+  assert "soma_jax.methods" in graph and graph["soma_jax.train"] >= {"soma_jax.methods"}
+  cycle = find_cycle(graph)
+  assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle_made_by_an_import_inside_a_function():
+  trees = _sources("soma_jax")
+  planted = ast.parse("def f():\n  from soma_jax import train\n")  # train imports methods
+  trees[os.path.join("soma_jax", "methods", "base.py")].body.extend(planted.body)
+  cycle = find_cycle(import_graph(trees))
+  assert cycle is not None and {"soma_jax.methods.base", "soma_jax.train"} <= set(cycle)
+
+
+def long_functions(trees: dict[str, ast.Module]) -> list[str]:
+  return [f"{path}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+          for path, tree in trees.items() for node in ast.walk(tree)
+          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and node.end_lineno - node.lineno + 1 > MAX_LINES]
+
+
+def test_no_function_over_60_lines():
+  assert long_functions(_sources("soma_jax", "experiments")) == []
+
+
+def test_the_length_check_sees_a_long_function():
+  body = "\n".join(f"  x{i} = {i}" for i in range(MAX_LINES))
+  assert long_functions({"x.py": ast.parse(f"def f():\n{body}\n")}) == ["x.py:1 f (61 lines)"]
+
+
+NAME_TEST = re.compile(r"\bmethod\s*(==|!=|\bin\b|\bnot in\b)|\.method\.startswith\(")
+PATH_EDIT = re.compile(r"sys\.path\.(insert|append|extend|remove)\(|sys\.path\s*(\+?=|\[)")
+KEY_SNIFF = re.compile(r"""["'](layers|blocks|embed)["']\s+in\s+\w""")
+
+
+def _lines(folders, skip=()):
+  for path in _sources(*folders):
+    if path.startswith(skip):
+      continue
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+      for i, line in enumerate(f, 1):
+        yield path, i, line
+
+
+@pytest.mark.parametrize("pattern,what", [(NAME_TEST, "a method name tested"),
+                                          (KEY_SNIFF, "a pytree key sniffed")])
+def test_method_names_are_read_only_in_the_registry(pattern, what):
+  found = [f"{p}:{i}: {line.strip()}" for p, i, line in
+           _lines(("soma_jax", "experiments", "benchmarks", "scripts"),
+                  skip=(os.path.join("soma_jax", "methods") + os.sep,))
+           if pattern.search(line.split("#", 1)[0])]
+  assert found == [], f"{what} outside soma_jax/methods: {found}"
+
+
+def test_the_name_checks_match_what_they_forbid():
+  assert NAME_TEST.search('if c.method == "soma":') and NAME_TEST.search("c.method in (a, b)")
+  assert KEY_SNIFF.search('if "layers" in body:') and not NAME_TEST.search("c.method = x")
+
+
+def test_no_sys_path_edits_in_benchmarks_or_scripts():
+  found = [f"{p}:{i}" for p, i, line in _lines(("benchmarks", "scripts")) if PATH_EDIT.search(line)]
+  assert found == []
+  assert PATH_EDIT.search("sys.path.insert(0, ROOT)") and not PATH_EDIT.search("on `sys.path`")
