@@ -200,6 +200,23 @@ def _save(path: str, array: np.ndarray) -> None:
     np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
 
 
+def _check_settings(settings: dict) -> None:
+  """UserError naming the first impossible setting of `prepare`."""
+  num_clusters, val_fraction = settings["num_clusters"], settings["val_fraction"]
+  if num_clusters < 1:
+    raise UserError(f"--num_clusters={num_clusters} must be at least 1; fix: pass --num_clusters=N with N >= 1")
+  for name in ("fit_sample", "min_df", "max_features", "svd_dims"):
+    if settings[name] < 1:
+      raise UserError(f"--{name}={settings[name]} must be at least 1; fix: pass a positive value")
+  if not 0.0 < val_fraction < 1.0:
+    raise UserError(f"--val_fraction={val_fraction} must be in (0, 1); fix: pass e.g. 0.01")
+  if settings["ensemble_val_docs"] < 0 or settings["test_docs"] < 0:
+    raise UserError("--ensemble_val_docs and --test_docs must be >= 0; fix: pass non-negative counts")
+  max_bytes = settings["max_bytes"]
+  if max_bytes is not None and max_bytes < 1:
+    raise UserError(f"--max_bytes={max_bytes} must be positive; fix: omit it or pass a byte count")
+
+
 def prepare(
   source: str,
   num_clusters: int,
@@ -231,17 +248,7 @@ def prepare(
     "svd_dims": svd_dims,
     "tfds_data_dir": tfds_data_dir,
   }
-  if num_clusters < 1:
-    raise UserError(f"--num_clusters={num_clusters} must be at least 1; fix: pass --num_clusters=N with N >= 1")
-  for name in ("fit_sample", "min_df", "max_features", "svd_dims"):
-    if settings[name] < 1:
-      raise UserError(f"--{name}={settings[name]} must be at least 1; fix: pass a positive value")
-  if not 0.0 < val_fraction < 1.0:
-    raise UserError(f"--val_fraction={val_fraction} must be in (0, 1); fix: pass e.g. 0.01")
-  if ensemble_val_docs < 0 or test_docs < 0:
-    raise UserError("--ensemble_val_docs and --test_docs must be >= 0; fix: pass non-negative counts")
-  if max_bytes is not None and max_bytes < 1:
-    raise UserError(f"--max_bytes={max_bytes} must be positive; fix: omit it or pass a byte count")
+  _check_settings(settings)
   spec = sources.parse_source(source)
   out = _check_out(out)
   tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=os.path.dirname(out))
