@@ -35,14 +35,20 @@ flags.mark_flag_as_required("out")
 
 
 def load_params(workdir: str, c) -> tuple:
-  """(body_N, head) of the newest checkpoint; the model shape comes from the run's config."""
+  """(body_N, head) of the newest checkpoint; the model shape comes from the run's config,
+  and so do the windows (its data dir, expert e on shard e) unless data_dir is set."""
   from soma_jax import runs  # imported here: the studies need no checkpoint machinery
 
-  body_N, head, run_cfg = runs.restore_params(workdir)
+  if c.study in ("experts", "reference"):
+    raise UserError(f"--workdir: the {c.study} study sizes its own experts for each N and "
+                    "measures fresh ones; fix: drop --workdir")
+  step, state, _, run_cfg = runs.restore_state(workdir)
   with c.unlocked():
     for key in ("d_t", "d_e", "depth"):
       c.model[key] = int(run_cfg["model"][key])
-  return body_N, head
+    c.data_dir = c.data_dir or run_cfg.data.dir
+    c.weights = f"trained: {os.path.normpath(workdir)} at update {int(step)}"
+  return state.body, state.head
 
 
 def _plot(res: dict, path: str) -> None:
@@ -63,11 +69,14 @@ def _plot(res: dict, path: str) -> None:
     ax.set(xscale="log", yscale="log", xlabel="n_pert (directions)",
            ylabel="relative error E||g_hat - g||^2 / ||g||^2" if key == "grouping"
            else "relative centred variance")
+    where = (f"{_weights(res)}, T = {res['seq_len']}, B = {res['batch']}")
     if study == "shared_vs_separate":
-      ax.set_title(f"N = 4: one summed / separate = {res['ratio_separate_vs_shared']:.2f}x "
-                   f"(predicted {1 / res['predicted_separate_over_shared']:.2f}x)")
+      ax.set_title(f"N = 4, {res['probe']} probes: one summed / separate = "
+                   f"{res['ratio_separate_vs_shared']:.2f}x (predicted "
+                   f"{res['predicted_ratio_by_grouping']['one_sum']:.2f}x)\n{where}", fontsize=8)
     else:
-      ax.set_title(f"dense slope {res['slope_loglog']:.3f} (predicted -1)")
+      ax.set_title(f"dense slope {res['slope_loglog']:.3f}, sparse "
+                   f"{res['slope_loglog_sparse']:.3f} (predicted -1)\n{where}", fontsize=8)
   elif study == "experts":
     series(pts, "n", "N experts", colors[0])
     ax.set(xscale="log", yscale="log", xlabel="N experts (fixed total parameters)",
@@ -101,6 +110,11 @@ def _plot(res: dict, path: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def _weights(res: dict) -> str:
+  """Which weights the study measured, for the plot's caption."""
+  return res.get("weights") or f"fresh init (seed {res['config']['seed']})"
 
 
 def write_outputs(res: dict, out: str) -> dict:

@@ -61,9 +61,10 @@ FIGURES = {
                              json="{out}/input.json"),
     "scaling": Figure(("-m", "benchmarks.scaling", "--devices=1,2,4", "--experts_per_device=2",
                        "--json={out}/scaling.json"), json="{out}/scaling.json"),
-    "variance_shared_vs_separate": dataclasses.replace(
-        _variance("shared_vs_separate", "cpu"), dest="docs/variance_shared_vs_separate.png"),
-    "variance_n_pert": _variance("n_pert", "cpu"),
+    # On the weights of a trained SOMA N = 8 (scripts/train_ensemble.py), T = 1024, sparse.
+    **{f"variance_trained_{study}": Figure(
+        ("scripts/variance_trained.sh", "{out}", study), json=f"{{out}}/{study}.json",
+        png=f"{{out}}/{study}.png", cheap=False) for study in ("shared_vs_separate", "n_pert")},
     "variance_experts": _variance("experts", "cpu"),  # sparse probes, about 2M parameters
     "variance_reference": _variance("reference", "cpu"),  # BPTT reference on disjoint windows
     "compare_cpu": Figure(("experiments/compare.py",

@@ -36,6 +36,21 @@ def shared_prediction(d_N: Sequence[int], norm_sq_N: Sequence[float],
   return float(total / (n_pert * g2.sum()))
 
 
+def grouped_sparse_prediction(g_NxD: np.ndarray, q_NxD: np.ndarray,
+                              loss_groups: Sequence[int], n_pert: int) -> float:
+  """Any probe, one loss per group: each group is SPSA on its experts' joined parameters,
+  so `sparse_prediction` holds per group with s_G = sum of q over the group:
+  sum_G sum_{e in G, j} q (1 + s_G - 2 q) g^2 / (n_pert sum_e ||g_e||^2).
+  Dense probes (q = 1) give `shared_prediction`."""
+  g2, q = np.asarray(g_NxD, np.float64) ** 2, np.asarray(q_NxD, np.float64)
+  ids = np.asarray(loss_groups)
+  total = 0.0
+  for k in np.unique(ids):
+    qg, g2g = q[ids == k], g2[ids == k]
+    total += float(np.sum(qg * (1 + qg.sum() - 2 * qg) * g2g))
+  return total / (n_pert * float(g2.sum()))
+
+
 def batch_noise(sigma2_N: np.ndarray, norm_sq_N: np.ndarray) -> float:
   """nu = sigma^2 / ||g||^2, pooled over experts."""
   return float(np.sum(sigma2_N) / np.sum(norm_sq_N))

@@ -21,15 +21,6 @@ def load_config(name, arg):
   return load_config_file(os.path.join(ROOT, "experiments", "configs", f"{name}.py"), arg)
 
 
-def ivs_tiny_config(data_dir: str, num_seeds: int):
-  """experiments/configs/independent_vs_summed.py at size tiny on the 3-shard fixture."""
-  config = load_config("independent_vs_summed", "tiny")
-  config.data_dir = data_dir
-  config.train.n_experts = 3  # the shared fixture has three shards
-  config.num_seeds = num_seeds
-  return config
-
-
 @pytest.fixture(scope="module")
 def data_two_shards(tmp_path_factory, data_textdir):
   from soma_jax.data import prepare
@@ -204,38 +195,6 @@ def test_summed_step_matches_shared_loss_estimate():
                           jax.tree.leaves(new.opt[1].mu), strict=True):
       # Adam's first bias-corrected step is lr * sign(g) (up to its stabiliser).
       np.testing.assert_allclose(p0 - p1, 1e-3 * np.sign(gi), atol=1e-6)
-
-
-def test_independent_vs_summed_tiny(tmp_path, data_prepared):
-  config = ivs_tiny_config(data_prepared, num_seeds=2)
-  out = str(tmp_path / "ivs")
-  payload = independent.run(config, out)
-  for name in ("results.json", "curves.csv", "figure4.png"):
-    assert os.path.getsize(os.path.join(out, name)) > 0, name
-  assert payload["seeds"] == [0, 1]
-  steps = [p["step"] for p in payload["paired"]]
-  assert steps[0] == 0 and steps[-1] == config.train.steps
-  for run in payload["runs"].values():
-    ind, summ = run["independent"], run["summed"]
-    assert ind[0] == summ[0], "both variants must start from the same state"
-    assert ind[-1]["test_nats_per_byte"] != summ[-1]["test_nats_per_byte"]
-    assert all(np.isfinite(p["test_nats_per_byte"]) for p in ind + summ)
-  first, last = payload["paired"][0], payload["paired"][-1]
-  assert first["diff_mean"] == 0.0 and first["diff_std"] == 0.0
-  # Every paired point is summed minus independent, per seed, then mean and sd over seeds.
-  for i, point in enumerate(payload["paired"]):
-    d = [r["summed"][i]["test_nats_per_byte"] - r["independent"][i]["test_nats_per_byte"]
-         for r in payload["runs"].values()]
-    assert point["step"] == steps[i]
-    np.testing.assert_allclose(point["per_seed"], d, atol=1e-12)
-    np.testing.assert_allclose(point["diff_mean"], np.mean(d), atol=1e-12)
-    np.testing.assert_allclose(point["diff_std"], np.std(d, ddof=1), atol=1e-12)
-  for run in payload["runs"].values():  # the per-window difference averages to the same
-    np.testing.assert_allclose(run["final_diff"], run["summed"][-1]["test_nats_per_byte"]
-                               - run["independent"][-1]["test_nats_per_byte"], atol=1e-9)
-    lo, hi = run["final_diff_ci95"]
-    assert lo <= run["final_diff"] <= hi
-  assert last["diff_std"] > 0.0
 
 
 @pytest.mark.parametrize("n,depth", [(1, 6), (2, 6), (1, 2)])

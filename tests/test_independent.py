@@ -1,16 +1,20 @@
-"""Figure 4's setup: a trained seed as the start, and the summed loss's difference in float64."""
+"""Figure 4 (App. J): four experts of a trained SOMA continued with their own Adam moments,
+one fixed sample per shard, and the summed loss's difference in float64."""
 
+import json
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from soma_jax import evaluate as eval_lib
+from soma_jax import checkpoint as ckpt_lib
 from soma_jax import runs, spsa
-from soma_jax.methods import lstm
+from soma_jax import train as train_lib
+from soma_jax.errors import UserError
 from soma_jax.studies import independent
-from tests.test_compare import ivs_tiny_config
+from tests.test_compare import load_config
 
 
 def test_summed_difference_is_not_rounded_away_by_the_float32_sum():
@@ -50,11 +54,111 @@ def test_group_difference_sums_in_float64_under_x64():
   np.testing.assert_array_equal(np.asarray(own), [[1.0], [2.0**-30]])
 
 
-def test_run_trains_the_seed_first_and_starts_both_variants_there(tmp_path, data_prepared,
-                                                                  monkeypatch):
-  """The tiny run trains OUT/seed, starts every expert from its body and E, and forms the
-  summed difference in float64; a second run reuses that seed via train.init_from."""
-  dtypes = []
+def ivs_tiny_config(data_dir: str, num_seeds: int = 1):
+  """experiments/configs/independent_vs_summed.py:tiny on a prepared data dir."""
+  config = load_config("independent_vs_summed", "tiny")
+  config.data_dir = data_dir
+  config.num_seeds = num_seeds
+  return config
+
+
+@pytest.fixture(scope="module")
+def data_four_shards(tmp_path_factory, data_textdir):
+  from soma_jax.data import prepare
+
+  out = str(tmp_path_factory.mktemp("ivs_data") / "dir")
+  prepare.prepare(f"textdir:{data_textdir}", 4, out, test_docs=6, ensemble_val_docs=3, min_df=2,
+                  svd_dims=16, val_fraction=0.05)
+  return out
+
+
+@pytest.fixture(scope="module")
+def tiny_ensemble(tmp_path_factory, data_four_shards):
+  """The tiny SOMA recipe trained by the experiment itself: OUT/seed, then N = 4 from it."""
+  out = str(tmp_path_factory.mktemp("ivs_ensemble"))
+  workdir = independent.ensemble_workdir(ivs_tiny_config(data_four_shards), out)
+  assert workdir == os.path.join(out, "ensemble")
+  c = ckpt_lib.read_config(workdir)
+  assert c.n_experts == 4 and c.init_from == os.path.join(out, "seed") and c.model.shared_head
+  return workdir
+
+
+def _checkpoint(workdir):
+  """The newest checkpoint as saved, read straight from the Checkpointer."""
+  c = ckpt_lib.read_config(workdir)
+  abstract = jax.eval_shape(lambda: runs.initial_state(runs.shapes_only(c)))
+  ckpt = ckpt_lib.Checkpointer(workdir)
+  try:
+    step, state, _ = ckpt.restore_latest(abstract)
+  finally:
+    ckpt.close()
+  return step, state
+
+
+def _assert_state_is_checkpoint(state, ckpt_state, ids):
+  idx = np.asarray(ids)
+  for got, want in zip(jax.tree.leaves((state.body, state.opt)),
+                       jax.tree.leaves((ckpt_state.body, ckpt_state.opt)), strict=True):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want)[idx])
+  np.testing.assert_array_equal(np.asarray(state.head), np.asarray(ckpt_state.head))
+
+
+def test_continuation_restores_weights_and_adam_moments(tiny_ensemble):
+  """Experts (3, 1, 0, 2), in that order: bodies, mu, nu and Adam's count are the
+  checkpoint's, bit for bit; the moments are trained ones (not a fresh Adam); lr, eps fixed."""
+  ids = (3, 1, 0, 2)
+  step, state, _ = independent.continuation_start(tiny_ensemble, ids, 1e-3, 2e-3)
+  ckpt_step, ckpt_state = _checkpoint(tiny_ensemble)
+  assert step == ckpt_step > 0
+  _assert_state_is_checkpoint(state, ckpt_state, ids)
+  adam = next(s for s in jax.tree.leaves(state.opt, is_leaf=lambda x: hasattr(x, "mu"))
+              if hasattr(s, "mu"))  # optax's ScaleByAdamState
+  assert np.all(np.asarray(adam.count) == ckpt_step)
+  assert all(np.any(np.asarray(x) != 0) for x in jax.tree.leaves(adam.nu))
+  np.testing.assert_array_equal(np.asarray(state.sched.lr), np.float32(1e-3))
+  np.testing.assert_array_equal(np.asarray(state.sched.eps), np.float32(2e-3))
+  assert state.head_opt == ()
+
+
+def test_refuses_a_workdir_with_fewer_than_four_experts(tmp_path, data_prepared):
+  c = load_config("soma", "n=3,size=tiny")
+  c.data.dir = data_prepared
+  c.steps = 1
+  workdir = str(tmp_path / "n3")
+  train_lib.train(c, workdir)
+  config = ivs_tiny_config(data_prepared)
+  config.init_from = workdir
+  with pytest.raises(UserError, match="has 3 experts"):
+    independent.run(config, str(tmp_path / "out"))
+  for bad in ("0,1,2", "0,1,2,2", "0,1,x,3"):
+    with pytest.raises(UserError, match="experts="):
+      independent.parse_experts(bad)
+
+
+def test_fixed_sample_is_shared_by_seeds_and_variants(data_four_shards):
+  sample = independent.FixedSample(data_four_shards, (2, 0, 1, 3), 8, 32, sample_seed=5)
+  again = independent.FixedSample(data_four_shards, (2, 0, 1, 3), 8, 32, sample_seed=5)
+  np.testing.assert_array_equal(sample.windows_NxSxT1, again.windows_NxSxT1)
+  a, b, other = sample.batches(0, 2), again.batches(0, 2), sample.batches(1, 2)
+  seen = []
+  for _ in range(8):  # two epochs of the 8-window sample at B = 2
+    x = next(a)
+    np.testing.assert_array_equal(x, next(b))
+    seen.append(x)
+    assert x.shape == (4, 1, 2, 33)
+  first_epoch = np.concatenate(seen[:4], axis=2)[:, 0]  # [N, 8, T + 1]
+  for i in range(4):  # each epoch is a permutation of expert i's own sample
+    got = sorted(map(bytes, first_epoch[i]))
+    assert got == sorted(map(bytes, sample.windows_NxSxT1[i]))
+  assert not np.array_equal(np.concatenate([next(other) for _ in range(4)], 2),
+                            np.concatenate(seen[:4], 2)), "another seed, another order"
+
+
+def test_run_continues_the_checkpoint_in_both_arms(tmp_path, tiny_ensemble, data_four_shards,
+                                                   monkeypatch):
+  """Both arms start from the checkpoint bit for bit (the state the first update receives),
+  the summed difference is formed in float64, and the figures are the recorded ones."""
+  dtypes, first = [], {}
   group_diff = spsa._group_diff
 
   def recording(losses, groups):
@@ -64,29 +168,42 @@ def test_run_trains_the_seed_first_and_starts_both_variants_there(tmp_path, data
     return out
 
   monkeypatch.setattr(spsa, "_group_diff", recording)
-  independent._STEPS["summed"].clear_cache()  # retrace, so the recorder sees the step
-  config = ivs_tiny_config(data_prepared, num_seeds=1)
+  steps = dict(independent._STEPS)
+  for variant, fn in steps.items():
+    def wrapped(state, batch, ids, cfg, _fn=fn, _v=variant):
+      if _v not in first:
+        first[_v] = (jax.tree.map(np.array, state), np.asarray(ids))
+      return _fn(state, batch, ids, cfg=cfg)
+    monkeypatch.setitem(independent._STEPS, variant, wrapped)
+  steps["summed"].clear_cache()  # retrace, so the recorder sees the summed step
+  config = ivs_tiny_config(data_four_shards, num_seeds=2)
+  config.init_from = tiny_ensemble
+  config.experts = "1,2,3,0"
   out = str(tmp_path / "ivs")
   payload = independent.run(config, out)
-  seed_dir = os.path.join(out, "seed")
-  assert payload["init_from"] == os.path.join("OUT", "seed")
-  assert payload["seed_run"]["steps"] == config.seed_run.steps
-  assert payload["seed_run"]["lr"] == payload["seed_run"]["eps"] == 0.0025
-  assert payload["lr"] == payload["eps"] == 1e-3
-  assert payload["summary"]["num_seeds"] == 1 and payload["summary"]["updates"] == config.train.steps
   assert dtypes and set(dtypes) == {"float64"}, dtypes
-
-  c = config.train
-  body, head = lstm.seed_expert(runs.restore_params(seed_dir), lstm.model_config(c))
-  body_N = jax.tree.map(lambda x: jnp.broadcast_to(x, (c.n_experts,) + x.shape), body)
-  test = eval_lib.TestSet(data_prepared, config.test_windows)
-  start = float(test.losses(body_N, head, c.n_experts, True).mean())
+  _, ckpt_state = _checkpoint(tiny_ensemble)
   for variant in independent.VARIANTS:
-    np.testing.assert_allclose(payload["runs"]["0"][variant][0]["test_nats_per_byte"], start,
-                               rtol=1e-6, err_msg=f"{variant} must start from the seed")
-
-  config.train.init_from = seed_dir
-  config.train.steps = 1
-  again = independent.run(config, str(tmp_path / "reuse"))
-  assert not os.path.exists(tmp_path / "reuse" / "seed")
-  assert again["runs"]["0"]["summed"][0] == payload["runs"]["0"]["summed"][0]
+    state, ids = first[variant]
+    np.testing.assert_array_equal(ids, [1, 2, 3, 0])
+    _assert_state_is_checkpoint(state, ckpt_state, (1, 2, 3, 0))
+  for name in ("results.json", "curves.csv", "figure4.png"):
+    assert os.path.getsize(os.path.join(out, name)) > 0, name
+  with open(os.path.join(out, "results.json")) as f:
+    assert json.load(f)["summary"] == json.loads(json.dumps(payload["summary"]))
+  assert [p["step"] for p in payload["paired"]] == [0, 1, 2, 4]
+  s = payload["summary"]
+  assert payload["init_step"] > 0 and payload["experts"] == [1, 2, 3, 0]
+  for r in payload["runs"].values():
+    assert r["independent"][0] == r["summed"][0], "both arms start from the same state"
+    assert r["independent"][-1] != r["summed"][-1]
+    assert 0 <= r["docs_independent_lower"] <= r["num_docs"] > 0
+  last = payload["paired"][-1]
+  np.testing.assert_allclose(s["diff_per_seed"], last["per_seed"])
+  np.testing.assert_allclose(s["diff_mean"], np.mean(last["per_seed"]), atol=1e-12)
+  np.testing.assert_allclose(s["diff_std"], np.std(last["per_seed"], ddof=1), atol=1e-12)
+  assert set(payload["variance"]["states"]) == {"start", "seed0/independent", "seed0/summed",
+                                                "seed1/independent", "seed1/summed"}
+  for v in payload["variance"]["states"].values():
+    assert v["probe"] == "sparse" and v["ratio_separate_vs_shared"] > 0
+    assert v["replay"]["data"]["shard_of_expert"] == [1, 2, 3, 0]

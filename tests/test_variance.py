@@ -72,6 +72,21 @@ def test_block_errors_match_spsa_estimate():
                                  rtol=1e-8)
 
 
+def test_grouped_sparse_prediction_is_per_group_spsa():
+  """Dense probes: the grouped formula is (M_G - 1) / n_pert per group (shared_prediction);
+  sparse: each group is `sparse_prediction` on its experts' joined parameters."""
+  rng = np.random.default_rng(0)
+  g = rng.normal(size=(4, 6)) * rng.uniform(0.1, 3, size=(4, 1))
+  for groups in ((0, 0, 0, 0), (0, 0, 1, 1), (0, 1, 2, 3)):
+    dense = VT.grouped_sparse_prediction(g, np.ones_like(g), groups, 3)
+    assert dense == pytest.approx(VT.shared_prediction([6] * 4, np.sum(g**2, 1), groups, 3))
+  q = np.where(rng.uniform(size=g.shape) < 0.3, 1.0, 0.5)
+  joined = VT.sparse_prediction(g.reshape(1, -1), q.reshape(1, -1), 5)
+  assert VT.grouped_sparse_prediction(g, q, (0, 0, 0, 0), 5) == pytest.approx(joined)
+  own = VT.sparse_prediction(g, q, 5)
+  assert VT.grouped_sparse_prediction(g, q, (0, 1, 2, 3), 5) == pytest.approx(own)
+
+
 def test_predictions():
   assert VT.dense_prediction(101, 4) == 25
   assert VT.shared_prediction([10] * 4, [1.0] * 4, (0, 0, 0, 0), 1) == 39

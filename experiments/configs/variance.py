@@ -3,9 +3,13 @@
   python experiments/variance.py --config=experiments/configs/variance.py:shared_vs_separate \
       --out=runs/variance --x64 [--workdir=runs/soma_n4] [--config.data_dir=data/pystdlib_n4]
 
-The argument is STUDY[,size=tiny|cpu]: shared_vs_separate | n_pert | experts | batch |
+The argument is STUDY[,size=tiny|cpu|trained]: shared_vs_separate | n_pert | experts | batch |
 reference. Without --workdir the weights are a fresh init from `seed`; without
-`data_dir` the windows are real text from this Python's standard library.
+`data_dir` the windows are real text from this Python's standard library. With --workdir
+the weights are that run's newest checkpoint and the windows its own shards' expert-
+validation windows (expert e on shard e). size=trained is the paper's setting (SPEC 9.5) at
+CPU scale, for a trained --workdir: T = 1024 windows, sparse probes where the study chooses
+one (shared_vs_separate; n_pert measures sparse and dense side by side).
 """
 
 import ml_collections
@@ -22,10 +26,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise UserError(f"study {study!r} is unknown; use variance.py:STUDY[,size=tiny|cpu] with "
                     f"STUDY one of {', '.join(STUDIES)}")
   a = parse_arg(rest, size="cpu")
-  if a["size"] not in ("tiny", "cpu"):
-    raise UserError(f"size={a['size']!r}; use tiny or cpu")
+  if a["size"] not in ("tiny", "cpu", "trained"):
+    raise UserError(f"size={a['size']!r}; use tiny, cpu or trained")
+  if a["size"] == "trained" and study not in ("shared_vs_separate", "n_pert"):
+    raise UserError(f"size=trained measures a trained --workdir; the {study} study sizes fresh "
+                    "experts for each N; fix: size=cpu")
   c = _fields(study, a["size"])
   _study_settings(c, study)
+  if a["size"] == "trained":  # a trained width-32 run, 1,024-byte windows (SPEC 9.5)
+    c.update(seq_len=1024, batch=1, probe="sparse")
+    if study == "shared_vs_separate":
+      c.update(n_pert_list=(4, 16, 64), n_pert=16, reps=24)
+    elif study == "n_pert":
+      c.update(n_pert_list=(1, 4, 16, 64), reps=16)
   if a["size"] == "tiny":  # unit tests: seconds
     _tiny(c, study)
   return c
@@ -39,7 +52,8 @@ def _fields(study: str, size: str) -> ml_collections.ConfigDict:
   c.seed = 0  # fresh-init key and window selection
   c.probe_seed = 0  # base key of every direction: probe_key(key(probe_seed), step, e, 0, j)
   c.eps = 1e-3  # central-difference scale (the O(eps^2) bias is negligible at this size)
-  # Probe of the experts study: sparse, as in the paper's 118x figure (rademacher = dense).
+  # Probe of the shared_vs_separate, experts and reference studies: sparse, as the paper
+  # recorded them (rademacher = dense; the n_pert study measures both).
   c.probe = "sparse"
   c.reps = 64  # independent repeats (steps 0..reps-1); error bars are over these
   c.rep_chunk = 4  # repeats evaluated at once (memory ~ rep_chunk * dir_chunk copies)
@@ -50,6 +64,9 @@ def _fields(study: str, size: str) -> ml_collections.ConfigDict:
   c.batch = 4  # B: windows in the fixed batch; the reference study's base B
   c.seq_len = 64  # T: targets per window
   c.data_dir = ""  # a prepared data dir (expert-validation windows); "" = stdlib text
+  # (or, with --workdir, the run's own data dir)
+  c.expert_shards = ""  # the shard of each expert, e.g. "4,5,6,7"; "" = expert e on shard e
+  c.weights = ""  # set by --workdir: which trained weights were measured
   c.corpus_bytes = 1 << 21  # stdlib bytes read when data_dir is ""
   c.pool = 256  # windows per expert behind the batch draws (zero-order batches)
   c.ref_batch = 1024  # reference: windows per expert of the BPTT reference, disjoint from pool

@@ -1,15 +1,20 @@
-"""Independent losses against their sum (the paper's Figure 4; SPEC 8).
+"""Independent losses against their sum (the paper's Figure 4, App. J; SPEC 9.3).
 
-As in the paper, SOMA with N experts starts from a trained seed (SPEC 3.4: every expert
-copies the seed's body, the seed's E is frozen and shared): `train.init_from` names a seed
-workdir, or the seed run `seed_run` is trained first into OUT/seed. From that state each seed
-trains twice with the same batches and the same directions: once as SOMA does, each expert's
-estimate from its own loss (`spsa.train_step`), once from the sum of all N losses
-(`summed_train_step`, the shared-loss estimator `spsa.estimate(..., loss_groups=[0] * N)`).
-Both run with x64 enabled, so the summed loss's difference is formed in float64
-(`spsa._group_diff`; weights and forward passes stay float32), as the paper subtracts in FP64.
-The routed test loss is taken at checkpoints; the paired difference (summed minus
-independent) is reported per seed and as mean and standard deviation across seeds.
+The paper continues experts 0-3 of a trained SOMA N = 8 (2,000 updates) with their weights
+and Adam moments, heads frozen, lr and eps fixed at 1e-3, on one fixed training sample of
+each shard, and trains each seed twice with the same batches and the same directions: once
+as SOMA does, each expert's estimate from its own loss (`spsa.train_step`), once from the sum
+of the four losses (`summed_train_step`, `spsa.estimate(..., loss_groups=[0] * 4)`). Both run
+with x64 enabled, so the summed loss's difference is formed in float64 (`spsa._group_diff`;
+weights and forward passes stay float32), as the paper subtracts in FP64.
+
+Here `init_from` names a trained SOMA workdir with at least 4 experts (or, when empty, the
+seed run and the N-expert ensemble of the SOMA recipe are trained first into OUT/seed and
+OUT/ensemble). The routed test loss (the four experts' uniform mixture: top-min(4, N) of
+N = 4 picks all four) is scored at 0, 1/4, 1/2 and all of the continuation. Reported: summed
+minus independent per seed, their mean and sample sd, the fraction of test documents on
+which independent is lower, and the shared-vs-separate gradient variance
+(`variance.study_shared_vs_separate`) at the common start and at every end state.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -31,11 +37,11 @@ from soma_jax import methods, runs, spsa
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.methods import soma
-from soma_jax.studies import report
+from soma_jax.studies import report, variance
 
 PyTree = jax.typing.ArrayLike
 VARIANTS = ("independent", "summed")
+NUM_EXPERTS = 4  # the paper's Figure 4 ensemble; the variance study's groupings are of four
 
 
 def summed_train_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
@@ -53,83 +59,253 @@ _STEPS = {
 }
 
 
-def train_seed(config: ml_collections.ConfigDict, data_dir: str, out: str) -> str:
-  """The seed run's workdir: `train.init_from`, or `seed_run` trained (or resumed) in OUT/seed."""
-  if config.train.init_from:
-    if not os.path.isdir(config.train.init_from):
-      raise UserError(f"train.init_from={config.train.init_from!r} does not exist; fix: a seed "
-                      "run's workdir, or '' to train the seed first")
-    return config.train.init_from
-  s = ml_collections.ConfigDict(config.seed_run.to_dict())
+# ------------------------------------------------------------------------- the start
+
+
+def parse_experts(spec: str) -> tuple[int, ...]:
+  """'0,1,2,3' -> (0, 1, 2, 3): four distinct expert ids of the trained ensemble."""
+  try:
+    ids = tuple(int(x) for x in str(spec).split(","))
+  except ValueError:
+    raise UserError(f"experts={spec!r} is not a comma list of expert ids; fix: e.g. "
+                    "--config.experts=0,1,2,3") from None
+  if len(ids) != NUM_EXPERTS or len(set(ids)) != NUM_EXPERTS or min(ids) < 0:
+    raise UserError(f"experts={spec!r}: Figure 4 continues {NUM_EXPERTS} distinct experts; "
+                    "fix: e.g. --config.experts=0,1,2,3")
+  return ids
+
+
+def ensemble_workdir(config: ml_collections.ConfigDict, out: str) -> str:
+  """`init_from`, or the SOMA recipe trained (or resumed) into OUT/seed then OUT/ensemble."""
+  if config.init_from:
+    if not os.path.isdir(config.init_from):
+      raise UserError(f"init_from={config.init_from!r} does not exist; fix: a trained SOMA "
+                      "workdir with >= 4 experts, or '' to train one first")
+    return config.init_from
+  s, e = (ml_collections.ConfigDict(config[k].to_dict()) for k in ("seed_run", "ensemble_run"))
   if s.n_experts != 1:
     raise UserError(f"seed_run.n_experts={s.n_experts}; the seed is one expert (SPEC 3.4)")
-  s.data.dir = data_dir
-  workdir = os.path.join(out, "seed")
-  t0 = time.perf_counter()
-  train_lib.train_to_end(s, workdir, "the seed run")
-  print(f"[independent_vs_summed] seed run: {s.steps} updates in {time.perf_counter() - t0:.0f} s "
-        f"({workdir})", flush=True)
-  return workdir
-
-
-def train_variant(c: ml_collections.ConfigDict, variant: str, test: eval_lib.TestSet,
-                  checkpoints: list[int]) -> tuple[list[dict], np.ndarray, float]:
-  """Trains one variant from the seed; ([{step, test}], final per-window losses, seconds).
-
-  Runs with x64 enabled: the summed loss's difference is formed in float64 (float32 weights).
-  """
-  if not c.init_from:
-    raise UserError("train.init_from is empty; fix: the seed run's workdir (SPEC 3.4)")
-  with jax.enable_x64(True):
-    cfg = methods.get(c).step_config(c)
-    body_N, head = runs.initial_params(c)  # every expert copies the seed's body
-    state = spsa.init_state(jax.tree.map(jnp.array, body_N), jnp.array(head), c.opt.lr, c.spsa.eps,
-                            cfg)
-    data = pipeline.train_iterator(c.data.dir, list(range(c.n_experts)), batch=c.spsa.batch,
-                                   accum=c.spsa.accum, seq_len=c.data.seq_len, seed=c.seed)
-    expert_ids = jnp.arange(c.n_experts, dtype=jnp.int32)
-    step_fn = _STEPS[variant]
-    curve, last = [], None
+  data_dir = config.data_dir or _prepare(out, e.n_experts)
+  seed_dir, ens_dir = os.path.join(out, "seed"), os.path.join(out, "ensemble")
+  s.data.dir = e.data.dir = data_dir
+  e.init_from = seed_dir
+  for run, workdir, what in ((s, seed_dir, "the seed run"), (e, ens_dir, "the ensemble run")):
     t0 = time.perf_counter()
-    for step in range(c.steps + 1):
-      if step in checkpoints:
-        last = test.losses(state.body, state.head, c.n_experts, c.model.shared_head)
-        curve.append({"step": step, "test_nats_per_byte": float(last.mean())})
-      if step < c.steps:
-        state, _ = step_fn(state, jnp.asarray(next(data)), expert_ids, cfg=cfg)
-    return curve, last, time.perf_counter() - t0
+    train_lib.train_to_end(run, workdir, what)
+    print(f"[independent_vs_summed] {what}: N = {run.n_experts}, {run.steps} updates in "
+          f"{time.perf_counter() - t0:.0f} s ({workdir})", flush=True)
+  return ens_dir
+
+
+def continuation_start(workdir: str, ids: tuple[int, ...], lr: float, eps: float
+                       ) -> tuple[int, spsa.TrainState, ml_collections.ConfigDict]:
+  """(checkpoint step, state, the run's config): experts `ids` of the newest checkpoint.
+
+  Bodies and Adam moments (mu, nu and count) are the checkpoint's own arrays; heads are
+  kept and frozen (no head optimizer); lr and eps are set to the fixed values.
+  """
+  run_cfg = ckpt_lib.read_config(workdir)
+  if run_cfg.method != "soma":
+    raise UserError(f"{workdir!r} is a method={run_cfg.method!r} run; fix: a SOMA workdir")
+  if run_cfg.n_experts < NUM_EXPERTS:
+    raise UserError(f"{workdir!r} has {run_cfg.n_experts} experts; Figure 4 continues "
+                    f"{NUM_EXPERTS} of a trained SOMA N >= {NUM_EXPERTS}; fix: train one with "
+                    "more experts, or --config.init_from='' to train it first")
+  if run_cfg.get("experts", ""):
+    raise UserError(f"{workdir!r} holds the slice experts={run_cfg.experts}; fix: merge the "
+                    "slices first (experiments/merge.py)")
+  if max(ids) >= run_cfg.n_experts:
+    raise UserError(f"experts={','.join(map(str, ids))} but {workdir!r} has experts 0.."
+                    f"{run_cfg.n_experts - 1}; fix: choose ids among them")
+  step, state, _, _ = runs.restore_state(workdir)
+  idx = np.asarray(ids)
+  take = lambda tree: jax.tree.map(lambda x: x[idx], tree)  # noqa: E731
+  n = len(ids)
+  state = spsa.TrainState(
+      step=state.step, body=take(state.body),
+      head=state.head if run_cfg.model.shared_head else state.head[idx], opt=take(state.opt),
+      head_opt=(), sched=spsa.plateau_init(jnp.full((n,), lr, jnp.float32),
+                                           jnp.full((n,), eps, jnp.float32)),
+      skipped=jnp.zeros((n,), jnp.int32))
+  return int(step), state, run_cfg
+
+
+def step_config(config: ml_collections.ConfigDict, run_cfg: ml_collections.ConfigDict,
+                seed: int) -> spsa.StepConfig:
+  """The continuation's step: the run's model and weight decay, this config's directions."""
+  d = run_cfg.to_dict()
+  d.update(n_experts=NUM_EXPERTS, experts="", seed=seed)
+  d["spsa"].update(n_pert=config.spsa.n_pert, batch=config.spsa.batch, accum=1,
+                   probe=config.spsa.probe, pert_chunk=config.spsa.pert_chunk)
+  d["data"]["seq_len"] = config.seq_len
+  d["opt"]["train_head"] = False  # heads frozen
+  c = ml_collections.ConfigDict(d)
+  methods.validate(c)
+  return methods.get(c).step_config(c)
+
+
+# ------------------------------------------------------------------------------ data
+
+
+class FixedSample:
+  """One fixed sample of training windows per shard (drawn once from `sample_seed`), and the
+  batches a seed draws from it: each expert walks its own seeded permutations, epoch by
+  epoch. Both variants of a seed see the same batches; every seed sees the same sample."""
+
+  def __init__(self, data_dir: str, shards: tuple[int, ...], size: int, seq_len: int,
+               sample_seed: int):
+    self.shards = shards
+    self.windows_NxSxT1 = np.stack([self._sample(data_dir, e, size, seq_len, sample_seed)
+                                    for e in shards])
+
+  @staticmethod
+  def _sample(data_dir: str, shard: int, size: int, seq_len: int, sample_seed: int):
+    w = np.load(os.path.join(pipeline.expert_dir(data_dir, shard), "train.npy"), mmap_mode="r")
+    per = 1024 // seq_len
+    if size > w.shape[0] * per:
+      raise UserError(f"sample_windows={size} but shard {shard} holds {w.shape[0] * per} "
+                      f"windows of {seq_len + 1} bytes; fix: a smaller sample_windows")
+    rng = np.random.default_rng([sample_seed, shard])
+    idx = np.sort(rng.choice(w.shape[0] * per, size, replace=False))
+    rows, k = np.divmod(idx, per)
+    full = np.asarray(w[np.unique(rows)])
+    row_of = np.searchsorted(np.unique(rows), rows)
+    starts = k * seq_len
+    return np.stack([full[r, s:s + seq_len + 1] for r, s in zip(row_of, starts, strict=True)])
+
+  def batches(self, seed: int, batch: int) -> Iterator[np.ndarray]:
+    """Infinite uint8 [N, 1, B, T + 1] batches for `seed`."""
+    n, size = self.windows_NxSxT1.shape[:2]
+    rngs = [np.random.default_rng([seed, e, 0x4F1]) for e in self.shards]
+    queue = [np.empty(0, np.int64) for _ in range(n)]
+    while True:
+      out = np.empty((n, 1, batch) + self.windows_NxSxT1.shape[2:], np.uint8)
+      for i in range(n):
+        while queue[i].size < batch:
+          queue[i] = np.concatenate([queue[i], rngs[i].permutation(size)])
+        out[i, 0] = self.windows_NxSxT1[i, queue[i][:batch]]
+        queue[i] = queue[i][batch:]
+      yield out
+
+
+def test_losses(body_N: PyTree, head: jax.Array, windows: np.ndarray, shared_head: bool):
+  """Per-window nats/byte of the four experts' uniform mixture (top-4 of N = 4), float64."""
+  n = jax.tree.leaves(body_N)[0].shape[0]
+  routes = np.broadcast_to(np.arange(n, dtype=np.int32), (windows.shape[0], n))
+  return eval_lib.mixture_nats(eval_lib.routed_logprobs(body_N, head, windows, routes,
+                                                        shared_head))
+
+
+def doc_means(values_n: np.ndarray, doc_ids_n: np.ndarray) -> np.ndarray:
+  """The mean of `values` over each test document's windows, one entry per document."""
+  _, inv = np.unique(doc_ids_n, return_inverse=True)
+  return np.bincount(inv, weights=values_n) / np.bincount(inv)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def train_variant(start: spsa.TrainState, variant: str, cfg: spsa.StepConfig, ids: jax.Array,
+                  batches: Iterator[np.ndarray], steps: int, checkpoints: list[int],
+                  score) -> tuple[list[dict], np.ndarray, spsa.TrainState, float]:
+  """One variant from its own copy of `start`: ([{step, test}], final per-window test losses,
+  end state, seconds). Run under x64: the summed difference is formed in float64."""
+  state = jax.tree.map(jnp.array, start)  # a copy: the step donates its input
+  step_fn = _STEPS[variant]
+  curve, last = [], None
+  t0 = time.perf_counter()
+  for step in range(steps + 1):
+    if step in checkpoints:
+      last = score(state)
+      curve.append({"step": step, "test_nats_per_byte": float(last.mean())})
+    if step < steps:
+      state, _ = step_fn(state, jnp.asarray(next(batches)), ids, cfg=cfg)
+  return curve, last, state, time.perf_counter() - t0
+
+
+def variance_at(vc: ml_collections.ConfigDict, state: spsa.TrainState) -> dict:
+  """The shared-vs-separate study on `state`'s four experts, each on its own shard's
+  expert-validation windows (`vc.expert_shards`); the study's ratios, its points, and
+  its probe and data record."""
+  res = variance.run_study(vc, (state.body, state.head))
+  print(f"[independent_vs_summed] shared-vs-separate variance: "
+        f"{res['ratio_separate_vs_shared']:.2f}x in {res['seconds']:.0f} s", flush=True)
+  keys = ("ratio_separate_vs_shared", "ratio_separate_vs_shared_se", "ratio_by_grouping",
+          "predicted_ratio_by_grouping", "ratio_at_n_pert", "probe", "d_per_expert", "points",
+          "grad_norm_sq", "seconds", "replay")
+  return {k: res[k] for k in keys if k in res}
+
+
+def _checkpoints(steps: int) -> list[int]:
+  """0, 1/4, 1/2 and all of the continuation (the paper: 0, 250, 500, 1,000)."""
+  return sorted({0, steps // 4, steps // 2, steps})
+
+
+def _seed_result(curves: dict, final: dict, doc_ids: np.ndarray, draws: int, seed: int) -> dict:
+  diff_n = final["summed"] - final["independent"]
+  lo, hi = eval_lib.bootstrap_ci(diff_n[:, None], doc_ids, draws, seed)
+  docs = doc_means(diff_n, doc_ids)
+  return {**curves, "final_diff": float(diff_n.mean()),
+          "final_diff_ci95": [float(lo[0]), float(hi[0])],
+          "docs_independent_lower": int(np.sum(docs > 0)), "num_docs": int(docs.size)}
 
 
 def run(config: ml_collections.ConfigDict, out: str) -> dict:
-  """Every seed, both variants; writes results.json, curves.csv and figure4.png in `out`."""
+  """Every seed, both variants, the variance at every state; writes results.json,
+  curves.csv and figure4.png in `out`."""
   os.makedirs(out, exist_ok=True)
-  c = ml_collections.ConfigDict(config.train.to_dict())
-  if methods.get(c) is not soma.METHOD:
-    raise UserError(f"train.method={c.method!r}; this experiment compares SOMA estimators")
   if config.num_seeds < 1:
     raise UserError(f"num_seeds={config.num_seeds} must be >= 1")
-  c.data.dir = config.data_dir or _prepare(out, c.n_experts)
-  methods.validate(c)
-  pipeline.check_data_dir(c.data.dir, c.n_experts)
-  if c.n_experts < 2:
-    raise UserError("train.n_experts must be >= 2: one expert's loss is its own sum")
-  c.init_from = train_seed(config, c.data.dir, out)
-  every = max(1, min(config.eval_every, c.steps))
-  checkpoints = sorted(set(range(0, c.steps, every)) | {c.steps})
-  test = eval_lib.TestSet(c.data.dir, config.test_windows)
-  seeds = list(range(config.seed, config.seed + config.num_seeds))
-  per_seed = {}
-  for seed in seeds:
-    c.seed = seed
-    curves, final = {}, {}
-    for variant in VARIANTS:
-      curves[variant], final[variant], secs = train_variant(c, variant, test, checkpoints)
-      print(f"[independent_vs_summed] seed {seed} {variant}: {c.steps} updates in {secs:.0f} s, "
-            f"test {curves[variant][-1]['test_nats_per_byte']:.4f} nats/byte", flush=True)
-    diff_n = final["summed"] - final["independent"]
-    lo, hi = eval_lib.bootstrap_ci(diff_n[:, None], test.doc_ids, config.bootstrap_draws, seed)
-    per_seed[seed] = {**curves, "final_diff": float(diff_n.mean()),
-                      "final_diff_ci95": [float(lo[0]), float(hi[0])]}
+  if config.steps < 1 or config.lr <= 0 or config.eps <= 0:
+    raise UserError("steps must be >= 1 and lr, eps > 0")
+  ids = parse_experts(config.experts)
+  workdir = ensemble_workdir(config, out)
+  ckpt_step, start, run_cfg = continuation_start(workdir, ids, config.lr, config.eps)
+  data_dir = config.data_dir or run_cfg.data.dir
+  pipeline.check_data_dir(data_dir, run_cfg.n_experts)
+  sample = FixedSample(data_dir, ids, config.sample_windows, config.seq_len, config.sample_seed)
+  windows, doc_ids = pipeline.eval_split(data_dir, "test")
+  if config.test_windows:
+    windows, doc_ids = windows[:config.test_windows], doc_ids[:config.test_windows]
+  shared = bool(run_cfg.model.shared_head)
+  score = lambda st: test_losses(st.body, st.head, windows, shared)  # noqa: E731
+  vc = _variance_config(config, data_dir, ids)
+  checkpoints, seeds = _checkpoints(config.steps), list(range(config.seed,
+                                                               config.seed + config.num_seeds))
+  per_seed, variances = {}, {}
+  expert_ids = jnp.asarray(ids, jnp.int32)
+  with jax.enable_x64(True):
+    variances["start"] = variance_at(vc, start)
+    for seed in seeds:
+      cfg = step_config(config, run_cfg, seed)
+      curves, final = {}, {}
+      for variant in VARIANTS:
+        curves[variant], final[variant], end, secs = train_variant(
+            start, variant, cfg, expert_ids, sample.batches(seed, config.spsa.batch),
+            config.steps, checkpoints, score)
+        variances[f"seed{seed}/{variant}"] = variance_at(vc, end)
+        print(f"[independent_vs_summed] seed {seed} {variant}: {config.steps} updates in "
+              f"{secs:.0f} s, test {curves[variant][-1]['test_nats_per_byte']:.4f} nats/byte",
+              flush=True)
+      per_seed[seed] = _seed_result(curves, final, doc_ids, config.bootstrap_draws, seed)
+  payload = _payload(config, out, workdir, ckpt_step, run_cfg, data_dir, seeds, checkpoints,
+                     per_seed, variances, windows.shape[0], vc)
+  with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(payload, f, indent=1, default=float)
+  _write_csv(payload, os.path.join(out, "curves.csv"))
+  _plot(payload, os.path.join(out, "figure4.png"))
+  return payload
+
+
+def _variance_config(config: ml_collections.ConfigDict, data_dir: str, ids) -> ml_collections.ConfigDict:
+  vc = ml_collections.ConfigDict(config.variance.to_dict())
+  vc.study = "shared_vs_separate"
+  vc.data_dir = data_dir
+  vc.expert_shards = ",".join(map(str, ids))
+  return vc
+
+
+def _paired(per_seed: dict, seeds: list[int], checkpoints: list[int]) -> list[dict]:
   paired = []
   for i, step in enumerate(checkpoints):
     d = np.array([per_seed[s]["summed"][i]["test_nats_per_byte"]
@@ -137,32 +313,49 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
     paired.append({"step": step, "diff_mean": float(d.mean()),
                    "diff_std": float(d.std(ddof=1)) if d.size > 1 else 0.0,
                    "per_seed": d.tolist()})
+  return paired
+
+
+def _payload(config, out, workdir, ckpt_step, run_cfg, data_dir, seeds, checkpoints, per_seed,
+             variances, num_windows, vc) -> dict:
   payload = {
-      "n_experts": c.n_experts, "d_t": c.model.d_t, "n_pert": c.spsa.n_pert,
-      "batch": c.spsa.batch, "seq_len": c.data.seq_len, "steps": c.steps,
-      "data_dir": _shown(c.data.dir, out), "init_from": _shown(c.init_from, out),
-      "seed_run": _seed_summary(c.init_from), "lr": c.opt.lr, "eps": c.spsa.eps,
-      "summed_difference_dtype": "float64", "seeds": seeds, "num_test_windows": int(test.windows.shape[0]),
+      "init_from": _shown(workdir, out), "init_step": ckpt_step,
+      "ensemble_run": _run_summary(run_cfg), "experts": list(parse_experts(config.experts)),
+      "seed_run": (_run_summary(ckpt_lib.read_config(run_cfg.init_from))
+                   if run_cfg.init_from and os.path.isdir(run_cfg.init_from) else None),
+      "n_experts": NUM_EXPERTS, "d_t": run_cfg.model.d_t, "shared_head": run_cfg.model.shared_head,
+      "n_pert": config.spsa.n_pert, "batch": config.spsa.batch, "probe": config.spsa.probe,
+      "seq_len": config.seq_len, "steps": config.steps, "lr": config.lr, "eps": config.eps,
+      "sample_windows_per_shard": config.sample_windows, "sample_seed": config.sample_seed,
+      "data_dir": _shown(data_dir, out), "summed_difference_dtype": "float64",
+      "adam_moments": "restored from the checkpoint (mu, nu, count)", "heads": "frozen",
+      "seeds": seeds, "num_test_windows": int(num_windows),
+      "scoring": "uniform mixture of the four experts (top-4 of N = 4)",
       "difference": "summed - independent (test nats/byte; positive: independent is better)",
-      "paired": paired, "runs": {str(s): r for s, r in per_seed.items()},
+      "paired": _paired(per_seed, seeds, checkpoints),
+      "runs": {str(s): r for s, r in per_seed.items()},
+      "variance": {"config": vc.to_dict(), "states": variances},
   }
   payload["summary"] = summarise(payload)
-  with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(payload, f, indent=1)
-  _write_csv(payload, os.path.join(out, "curves.csv"))
-  _plot(payload, os.path.join(out, "figure4.png"))
   return payload
 
 
 def summarise(payload: dict) -> dict:
-  """The final checkpoint's figures: difference mean and sd over seeds, wins, mean losses."""
+  """The final checkpoint's figures: per-seed reductions, their mean and sd, documents on
+  which independent is lower, mean losses, the variance ratios at the start and the ends."""
   last, runs = payload["paired"][-1], list(payload["runs"].values())
   final = {v: [r[v][-1]["test_nats_per_byte"] for r in runs] for v in VARIANTS}
-  return {"num_seeds": len(runs), "updates": last["step"], "diff_mean": last["diff_mean"],
-          "diff_std": last["diff_std"],
+  states = payload.get("variance", {}).get("states", {})
+  return {"num_seeds": len(runs), "updates": last["step"], "diff_per_seed": last["per_seed"],
+          "diff_mean": last["diff_mean"], "diff_std": last["diff_std"],
           "seeds_independent_better": sum(d > 0 for d in last["per_seed"]),
+          "docs_independent_lower": [r["docs_independent_lower"] for r in runs],
+          "docs_fraction_independent_lower": [r["docs_independent_lower"] / r["num_docs"]
+                                              for r in runs],
           "start_test": runs[0]["independent"][0]["test_nats_per_byte"],
-          **{f"{v}_final_mean": float(np.mean(final[v])) for v in VARIANTS}}
+          **{f"{v}_final_mean": float(np.mean(final[v])) for v in VARIANTS},
+          "variance_ratio_separate_vs_shared": {k: s["ratio_separate_vs_shared"]
+                                                for k, s in states.items()}}
 
 
 def _shown(path: str, out: str) -> str:
@@ -171,12 +364,12 @@ def _shown(path: str, out: str) -> str:
   return path if rel.startswith("..") else os.path.join("OUT", rel)
 
 
-def _seed_summary(workdir: str) -> dict:
-  """The seed run's recipe, from its workdir's config."""
-  s = ckpt_lib.read_config(workdir)
-  return {"n_experts": s.n_experts, "d_t": s.model.d_t, "steps": s.steps, "lr": s.opt.lr,
-          "eps": s.spsa.eps, "n_pert": s.spsa.n_pert, "batch": s.spsa.batch,
-          "seq_len": s.data.seq_len, "train_head": s.opt.train_head}
+def _run_summary(c: ml_collections.ConfigDict) -> dict:
+  """A training run's recipe, from its config."""
+  return {"n_experts": c.n_experts, "d_t": c.model.d_t, "steps": c.steps, "lr": c.opt.lr,
+          "eps": c.spsa.eps, "n_pert": c.spsa.n_pert, "batch": c.spsa.batch,
+          "seq_len": c.data.seq_len, "train_head": c.opt.train_head,
+          "shared_head": c.model.shared_head}
 
 
 def _prepare(out: str, n: int) -> str:
@@ -204,11 +397,11 @@ def _plot(payload: dict, path: str) -> None:
   for variant, color in zip(VARIANTS, ("C0", "C3"), strict=True):
     for i, r in enumerate(payload["runs"].values()):
       steps = [p["step"] for p in r[variant]]
-      ax0.plot(steps, [p["test_nats_per_byte"] for p in r[variant]], color=color, alpha=0.7,
-               label=f"{variant} losses" if i == 0 else None)
-  ax0.set_xlabel("update")
-  ax0.set_ylabel("routed test loss (nats/byte)")
-  ax0.set_title(f"N = {payload['n_experts']}, {len(payload['seeds'])} seeds")
+      ax0.plot(steps, [p["test_nats_per_byte"] for p in r[variant]], "o-", ms=3, color=color,
+               alpha=0.7, label=f"{variant} losses" if i == 0 else None)
+  ax0.set_xlabel(f"update of the continuation (from step {payload['init_step']})")
+  ax0.set_ylabel("test loss, 4-expert mixture (nats/byte)")
+  ax0.set_title(f"experts {payload['experts']}, {len(payload['seeds'])} seeds")
   ax0.legend()
   steps = np.array([p["step"] for p in payload["paired"]])
   mean = np.array([p["diff_mean"] for p in payload["paired"]])
@@ -216,7 +409,7 @@ def _plot(payload: dict, path: str) -> None:
   ax1.fill_between(steps, mean - std, mean + std, alpha=0.25, label="+- 1 sd across seeds")
   ax1.plot(steps, mean, "o-", ms=3, label="mean")
   ax1.axhline(0.0, c="gray", lw=1)
-  ax1.set_xlabel("update")
+  ax1.set_xlabel("update of the continuation")
   ax1.set_ylabel("summed - independent (nats/byte)")
   ax1.legend()
   for ax in (ax0, ax1):

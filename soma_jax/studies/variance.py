@@ -31,7 +31,7 @@ from soma_jax.variance_theory import (
     batch_prediction,
     best_batch,
     dense_prediction,
-    shared_prediction,
+    grouped_sparse_prediction,
     sparse_prediction,
 )
 
@@ -76,26 +76,43 @@ def stdlib_corpus(max_bytes: int) -> np.ndarray:
   return np.concatenate(out)[:max_bytes]
 
 
+def shard_of_experts(n: int, data_dir: str, expert_shards: str = "") -> list[int]:
+  """The shard each of n experts reads: `expert_shards` ("4,5,6,7", one per expert, e.g.
+  experts 4-7 of a trained ensemble), else shard e mod num_clusters."""
+  from soma_jax.data import pipeline
+
+  shards = int(pipeline.load_manifest(data_dir)["num_clusters"])
+  if not expert_shards:
+    return [e % shards for e in range(n)]
+  try:
+    ids = [int(x) for x in str(expert_shards).split(",")]
+  except ValueError:
+    raise UserError(f"expert_shards={expert_shards!r} is not a comma list of shard ids") from None
+  if len(ids) != n or not all(0 <= e < shards for e in ids):
+    raise UserError(f"expert_shards={expert_shards!r}: need {n} shard ids in 0..{shards - 1}")
+  return ids
+
+
 def expert_windows(n: int, count: int, seq_len: int, seed: int, data_dir: str = "",
-                   corpus_bytes: int = 1 << 21) -> tuple[np.ndarray, dict]:
+                   corpus_bytes: int = 1 << 21, expert_shards: str = "") -> tuple[np.ndarray, dict]:
   """[N, count, T + 1] uint8 windows per expert, and a record that replays them.
 
-  With `data_dir`: expert e's expert-validation windows of shard e mod num_clusters, picked
-  by a seeded permutation. Without: expert e reads the e-th of N contiguous slices of the
+  With `data_dir`: expert e's expert-validation windows of its shard (`shard_of_experts`),
+  picked by a seeded choice. Without: expert e reads the e-th of N contiguous slices of the
   standard-library corpus at seeded offsets, so each expert has its own "cluster".
   """
   rng = np.random.default_rng(seed)
   if data_dir:
     from soma_jax.data import pipeline
 
-    shards = int(pipeline.load_manifest(data_dir)["num_clusters"])
+    shard_of = shard_of_experts(n, data_dir, expert_shards)
     rows, picks = [], []
-    for e in range(n):
-      w = pipeline.expert_val_windows(data_dir, e % shards, seq_len)
+    for shard in shard_of:
+      w = pipeline.expert_val_windows(data_dir, shard, seq_len)
       idx = rng.choice(len(w), count, replace=len(w) < count)
       rows.append(np.asarray(w[np.sort(idx)]))
       picks.append(np.sort(idx).tolist())
-    return np.stack(rows), {"data_dir": data_dir, "shard_of_expert": [e % shards for e in range(n)],
+    return np.stack(rows), {"data_dir": data_dir, "shard_of_expert": shard_of,
                             "val_window_index": picks}
   corpus = stdlib_corpus(corpus_bytes)
   part = len(corpus) // n
@@ -177,6 +194,13 @@ def _experts(c, n: int, params=None, mcfg: model_lib.ModelConfig | None = None):
   return jax.tree.map(lambda x: x.astype(dt), body_N), head.astype(dt), shared, mcfg
 
 
+def _weights(c, params) -> str:
+  """What the study measured: the trained weights `c.weights` names, or a fresh init."""
+  if params is None:
+    return f"fresh init (seed {c.seed})"
+  return c.get("weights", "") or "trained (given parameters)"
+
+
 def _probe_record(c, steps: int, n_dirs: int, kind: str, n: int) -> dict:
   return {"base_key": f"jax.random.key({c.probe_seed})", "steps": [0, steps], "n_dirs": n_dirs,
           "expert_ids": list(range(n)), "probe": kind, "eps": c.eps,
@@ -201,39 +225,49 @@ def _ratio(err_a_RxN, err_b_RxN) -> tuple[float, float]:
 
 
 def study_shared_vs_separate(c, params=None) -> dict:
-  """N = 4: one summed loss, two pair losses, four own losses; same weights, data, directions."""
+  """N = 4: one summed loss, two pair losses, four own losses; same weights, data, directions.
+
+  Probes `c.probe` (the paper's sparse ones by default); error around the estimator's mean
+  q * g, predicted by `grouped_sparse_prediction` (dense: (M_G - 1) / n_pert per group).
+  """
   n = 4
   body_N, head, shared, _ = _experts(c, n, params)
-  win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes)
+  win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes,
+                                 c.get("expert_shards", ""))
   g = flat_N(exact_grads(body_N, head, jnp.asarray(win), shared))
-  g2 = np.asarray(jnp.sum(g**2, -1), np.float64)
+  g_np = np.asarray(g, np.float64)
+  g2 = np.sum(g_np**2, -1)
+  q = second_moment_N(body_N, c.probe)
+  q_np = np.asarray(q, np.float64)
   d = g.shape[1]
   k_max = max(c.n_pert_list)
-  st = _stats(c, body_N, head, shared, win[:, None], g[:, None], k_max, "rademacher")
+  st = _stats(c, body_N, head, shared, win[:, None], (q * g)[:, None], k_max, c.probe)
   points, errs = [], {}
   for k in c.n_pert_list:
     for name, groups in GROUPINGS.items():
       errs[name, k] = block_errors(st, k, loss_groups=groups)
       rel, se = relative(errs[name, k], g2)
       points.append({"grouping": name, "n_pert": k, "measured": rel, "se": se,
-                     "predicted": shared_prediction([d] * n, g2, groups, k),
+                     "predicted": grouped_sparse_prediction(g_np, q_np, groups, k),
                      "reps": c.reps, "blocks_per_rep": k_max // k})
   ratios, predicted = {}, {}
+  separate = grouped_sparse_prediction(g_np, q_np, GROUPINGS["separate"], 1)
   for name, groups in GROUPINGS.items():
     r, se = _ratio(errs[name, c.n_pert], errs["separate", c.n_pert])
     ratios[name] = {"measured": r, "se": se}
-    predicted[name] = (shared_prediction([d] * n, g2, groups, 1)
-                       / shared_prediction([d] * n, g2, GROUPINGS["separate"], 1))
+    predicted[name] = grouped_sparse_prediction(g_np, q_np, groups, 1) / separate
   size = d * n
   return {
       "points": points, "d_per_expert": d, "M": size, "grad_norm_sq": g2.tolist(),
+      "probe": c.probe, "seq_len": c.seq_len, "batch": c.batch,
+      "weights": _weights(c, params),
       "ratio_separate_vs_shared": ratios["one_sum"]["measured"],
       "ratio_separate_vs_shared_se": ratios["one_sum"]["se"],
       "ratio_by_grouping": ratios, "predicted_ratio_by_grouping": predicted,
-      # (M/N - 1)/(M - 1): separate over one summed loss, equal blocks.
+      # (M/N - 1)/(M - 1): separate over one summed loss, equal blocks, dense probes.
       "predicted_separate_over_shared": (size / n - 1) / (size - 1),
       "ratio_at_n_pert": c.n_pert,
-      "replay": {"probes": _probe_record(c, c.reps, k_max, "rademacher", n), "data": data_rec,
+      "replay": {"probes": _probe_record(c, c.reps, k_max, c.probe, n), "data": data_rec,
                  "batch": "expert e uses all its windows as one fixed batch"},
   }
 
@@ -251,12 +285,14 @@ def study_n_pert(c, params=None) -> dict:
   """
   n = c.n_experts
   body_N, head, shared, _ = _experts(c, n, params)
-  win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes)
+  win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes,
+                                 c.get("expert_shards", ""))
   g = flat_N(exact_grads(body_N, head, jnp.asarray(win), shared))
   g_np = np.asarray(g, np.float64)
   g2 = np.sum(g_np**2, -1)
   k_max = max(c.n_pert_list)
-  out: dict[str, Any] = {"points": [], "d_per_expert": g.shape[1]}
+  out: dict[str, Any] = {"points": [], "d_per_expert": g.shape[1], "seq_len": c.seq_len,
+                         "batch": c.batch, "weights": _weights(c, params)}
   for kind in ("rademacher", "sparse"):
     q = second_moment_N(body_N, kind)
     meas, pred = [], []
