@@ -73,22 +73,30 @@ def exact_grads(body_N: PyTree, head: jax.Array, batch_NxBxT1: jax.Array,
 
 
 @functools.partial(jax.jit, static_argnames=("shared_head", "chunk", "loss_fn"))
-def pool_grad_stats(body_N: PyTree, head: jax.Array, pool_NxPxT1: jax.Array,
-                    shared_head: bool = True, chunk: int = 16,
-                    loss_fn: LossFn = model_lib.loss) -> tuple[jax.Array, jax.Array]:
-  """(g_NxD, sigma2_N): the pool's mean gradient and the per-sequence gradient variance.
+def pool_grad_moments(body_N: PyTree, head: jax.Array, pool_NxPxT1: jax.Array,
+                      shared_head: bool = True, chunk: int = 16,
+                      loss_fn: LossFn = model_lib.loss) -> tuple[jax.Array, jax.Array]:
+  """(g_NxD, var_NxD): the pool's mean gradient and each coordinate's per-sequence variance.
 
-  g is the large-batch backprop gradient over all P pool sequences; sigma^2 = mean_p
-  ||g_p - g||^2 is the batch noise of one sequence drawn from the pool with replacement.
+  g is the large-batch backprop gradient over all P pool sequences; var = mean_p (g_p - g)^2
+  is the batch noise of one sequence drawn from the pool with replacement.
   """
   def one_expert(body, head_e, pool_PxT1):
     grad_seq = lambda w: _flat(jax.grad(loss_fn)(body, head_e, w[None]))
     g_PxD = jax.lax.map(grad_seq, pool_PxT1, batch_size=chunk)
     g = jnp.mean(g_PxD, axis=0)
-    return g, jnp.mean(jnp.sum((g_PxD - g) ** 2, axis=-1))
+    return g, jnp.mean((g_PxD - g) ** 2, axis=0)
 
   return jax.vmap(one_expert, in_axes=(0, None if shared_head else 0, 0))(
       body_N, head, pool_NxPxT1)
+
+
+def pool_grad_stats(body_N: PyTree, head: jax.Array, pool_NxPxT1: jax.Array,
+                    shared_head: bool = True, chunk: int = 16,
+                    loss_fn: LossFn = model_lib.loss) -> tuple[jax.Array, jax.Array]:
+  """(g_NxD, sigma2_N): `pool_grad_moments` with sigma^2 = mean_p ||g_p - g||^2 per expert."""
+  g, var = pool_grad_moments(body_N, head, pool_NxPxT1, shared_head, chunk, loss_fn)
+  return g, jnp.sum(var, axis=-1)
 
 
 def second_moment_N(body_N: PyTree, kind: str) -> jax.Array:

@@ -51,6 +51,18 @@ def grouped_sparse_prediction(g_NxD: np.ndarray, q_NxD: np.ndarray,
   return total / (n_pert * float(g2.sum()))
 
 
+def batch_error(g_NxD: np.ndarray, var_NxD: np.ndarray, q_NxD: np.ndarray, n_pert: int,
+                batch: int) -> float:
+  """E||g_hat - q g_b||^2 + E||q g_b - q g||^2 summed over experts, any probe, one batch of B
+  windows drawn from a pool with mean gradient g and per-coordinate variance var:
+  sum q (1 + s_e - 2 q) (g^2 + var/B) / n_pert + sum q^2 var / B. Dense probes (q = 1) give
+  ||g||^2 batch_prediction(d - 1, nu, n_pert, B)."""
+  g2, var, q = (np.asarray(x, np.float64) for x in (np.square(g_NxD), var_NxD, q_NxD))
+  s_N1 = q.sum(axis=1, keepdims=True)
+  return float(np.sum(q * (1 + s_N1 - 2 * q) * (g2 + var / batch)) / n_pert
+               + np.sum(q**2 * var) / batch)
+
+
 def batch_noise(sigma2_N: np.ndarray, norm_sq_N: np.ndarray) -> float:
   """nu = sigma^2 / ||g||^2, pooled over experts."""
   return float(np.sum(sigma2_N) / np.sum(norm_sq_N))

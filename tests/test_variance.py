@@ -87,6 +87,26 @@ def test_grouped_sparse_prediction_is_per_group_spsa():
   assert VT.grouped_sparse_prediction(g, q, (0, 1, 2, 3), 5) == pytest.approx(own)
 
 
+def test_batch_error_is_the_batch_prediction_for_dense_probes():
+  """q = 1: batch_error = ||g||^2 (a/K + nu/B + a nu/(K B)), a = d - 1, nu = sum var/||g||^2;
+  sparse: E||g_hat - q g||^2 by simulation of the estimator on random batches."""
+  rng = np.random.default_rng(1)
+  g, var = rng.normal(size=(2, 5)), rng.uniform(0.1, 2.0, size=(2, 5))
+  g2 = float(np.sum(g**2))
+  want = g2 * VT.batch_prediction(4, float(var.sum()) / g2, 3, 2)
+  assert VT.batch_error(g, var, np.ones_like(g), 3, 2) == pytest.approx(want)
+  q = np.array([[1.0, 0.5, 0.5, 0.5, 0.5]])
+  pool = rng.normal(size=(64, 5)) * 1.5 + rng.normal(size=5)  # one expert's per-window grads
+  mean, v = pool.mean(0), pool.var(0)
+  k, b, draws, err = 2, 3, 40_000, 0.0
+  for _ in range(draws):
+    gb = pool[rng.integers(0, 64, b)].mean(0)
+    z = np.where(q[0] == 1, rng.choice([-1.0, 1.0], (k, 5)),
+                 rng.choice([-1.0, 0.0, 0.0, 1.0], (k, 5)))
+    err += float(np.sum(((z @ gb) @ z / k - q[0] * mean) ** 2))
+  assert err / draws == pytest.approx(VT.batch_error(mean[None], v[None], q, k, b), rel=0.03)
+
+
 def test_predictions():
   assert VT.dense_prediction(101, 4) == 25
   assert VT.shared_prediction([10] * 4, [1.0] * 4, (0, 0, 0, 0), 1) == 39

@@ -17,22 +17,24 @@ from soma_jax import model as model_lib
 from soma_jax import sizing, spsa
 from soma_jax.errors import UserError
 from soma_jax.variance_measure import (
-    block_errors,
-    exact_grads,
-    flat_N,
-    pool_grad_stats,
-    probe_stats,
-    relative,
-    second_moment_N,
-    take_experts,
+  block_errors,
+  exact_grads,
+  flat_N,
+  pool_grad_moments,
+  pool_grad_stats,
+  probe_stats,
+  relative,
+  second_moment_N,
+  take_experts,
 )
 from soma_jax.variance_theory import (
-    batch_noise,
-    batch_prediction,
-    best_batch,
-    dense_prediction,
-    grouped_sparse_prediction,
-    sparse_prediction,
+  batch_error,
+  batch_noise,
+  batch_prediction,
+  best_batch,
+  dense_prediction,
+  grouped_sparse_prediction,
+  sparse_prediction,
 )
 
 # ----------------------------------------------------------------------------- timing
@@ -399,9 +401,11 @@ def study_reference(c, params=None) -> dict:
 
   As in the paper (App. K), g_ref is `jax.grad` of the same loss over a large batch of
   `ref_batch` windows per expert that no zero-order batch contains (`disjoint_windows`); the
-  zero-order batches are drawn from a pool of `pool` other windows. With the pool's mean
-  gradient g and batch noise nu, the prediction is
-  R = (v ||g||^2 + ||g - g_ref||^2) / ||g_ref||^2, v = batch_prediction(d - 1, nu, n_pert, B).
+  zero-order batches are drawn from a pool of `pool` other windows. Probes `c.probe` (the
+  paper's sparse ones by default). With the pool's mean gradient g, its per-coordinate batch
+  noise and the probe's q = E z^2, the prediction is
+  R = (batch_error(g, var, q, n_pert, B) + ||q g - g_ref||^2) / ||g_ref||^2 (dense probes:
+  v ||g||^2 + ||g - g_ref||^2 with v = batch_prediction(d - 1, nu, n_pert, B)).
   """
   mults = list(c.alloc_mult)
   k0, b0 = c.n_pert, c.batch
@@ -415,34 +419,37 @@ def study_reference(c, params=None) -> dict:
     body_N, head, shared, _ = _experts(c, n, params if n == 1 else None, mcfg)
     pool, ref, data_rec = disjoint_windows(n, c.pool, c.ref_batch, c.seq_len, c.seed,
                                            c.data_dir, c.corpus_bytes)
-    g, sigma2 = pool_grad_stats(body_N, head, jnp.asarray(pool), shared)
+    g, var = pool_grad_moments(body_N, head, jnp.asarray(pool), shared)
     # The mean of per-window gradients over the reference batch is jax.grad of its mean loss.
     g_ref = pool_grad_stats(body_N, head, jnp.asarray(ref), shared)[0]
-    g_np, ref_np = np.asarray(g, np.float64), np.asarray(g_ref, np.float64)
+    g_np, ref_np, var_np = (np.asarray(x, np.float64) for x in (g, g_ref, var))
+    q_np = np.asarray(second_moment_N(body_N, c.probe), np.float64)
     g2, ref2 = np.sum(g_np**2, -1), np.sum(ref_np**2, -1)
-    offset = float(np.sum((g_np - ref_np) ** 2))  # ||g - g_ref||^2: pool vs reference batch
-    a, nu = g.shape[1] - 1, batch_noise(np.asarray(sigma2, np.float64), g2)
+    # ||q g - g_ref||^2: the estimator's mean (q g over the pool) against the reference.
+    offset = float(np.sum((q_np * g_np - ref_np) ** 2))
+    nu = batch_noise(var_np.sum(-1), g2)
     grid = ([("N", k0, b0)] if n != 1 else
             [("n_pert", k0 * m, b0) for m in mults] + [("B", k0, b0 * m) for m in mults[1:]])
     j = max(k for _, k, _ in grid)
     s = max(b for _, _, b in grid)
     win, idx = _random_windows(pool, c.reps, s, c.seed)
-    st = _stats(c, body_N, head, shared, win, g_ref[:, None], j, "rademacher")
+    st = _stats(c, body_N, head, shared, win, g_ref[:, None], j, c.probe)
     for alloc, k, b in grid:
       rel, se = relative(block_errors(st, k, n_groups=b), ref2)
       secs = step_seconds(mcfg, n, k, b, c.seq_len, c.dir_chunk, c.time_steps, c.seed)
-      pred = (batch_prediction(a, nu, k, b) * g2.sum() + offset) / ref2.sum()
+      pred = (batch_error(g_np, var_np, q_np, k, b) + offset) / ref2.sum()
       points.append({"allocation": alloc, "n": n, "d_t": d_t, "n_pert": k, "batch": b,
                      "measured": rel, "se": se, "predicted": pred, "nu": nu,
                      "pool_vs_reference": offset / ref2.sum(),
                      "ref_grad_norm_sq": float(ref2.sum()), "seconds_per_step": secs})
       if n == 1 and alloc == "n_pert" and k == k0:
         points.append({**points[-1], "allocation": "N"})  # N = 1 starts the N allocation
-    records[str(n)] = {"probes": _probe_record(c, c.reps, j, "rademacher", n),
+    records[str(n)] = {"probes": _probe_record(c, c.reps, j, c.probe, n),
                        "data": data_rec, "pool_index_RxNxS": idx.tolist(),
                        "pool_index": "indexes each expert's zero_order_slots"}
   return {"points": points, "body_params_total": m_total, "pool": c.pool,
-          "ref_batch": c.ref_batch,
+          "ref_batch": c.ref_batch, "probe": c.probe, "seq_len": c.seq_len,
+          "weights": _weights(c, params),
           "reference": f"jax.grad of the loss over {c.ref_batch} windows per expert, disjoint "
                        f"from the {c.pool}-window pool the zero-order batches come from",
           "replay": records}
