@@ -37,6 +37,7 @@ from soma_jax import methods, runs, spsa
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
+from soma_jax.methods import soma
 from soma_jax.studies import report, variance
 
 PyTree = jax.typing.ArrayLike
@@ -105,7 +106,7 @@ def continuation_start(workdir: str, ids: tuple[int, ...], lr: float, eps: float
   kept and frozen (no head optimizer); lr and eps are set to the fixed values.
   """
   run_cfg = ckpt_lib.read_config(workdir)
-  if run_cfg.method != "soma":
+  if methods.get(run_cfg) is not soma.METHOD:
     raise UserError(f"{workdir!r} is a method={run_cfg.method!r} run; fix: a SOMA workdir")
   if run_cfg.n_experts < NUM_EXPERTS:
     raise UserError(f"{workdir!r} has {run_cfg.n_experts} experts; Figure 4 continues "
