@@ -61,6 +61,7 @@ FIGURES = {
                              json="{out}/input.json"),
     "scaling": Figure(("-m", "benchmarks.scaling", "--devices=1,2,4", "--experts_per_device=2",
                        "--json={out}/scaling.json"), json="{out}/scaling.json"),
+    "variance_n_pert": _variance("n_pert", "cpu"),  # fresh init, T = 64
     # On the weights of a trained SOMA N = 8 (scripts/train_ensemble.py), T = 1024, sparse.
     **{f"variance_trained_{study}": Figure(
         ("scripts/variance_trained.sh", "{out}", study), json=f"{{out}}/{study}.json",
