@@ -16,6 +16,7 @@ import os
 import jax
 from absl import app, flags, logging
 
+from soma_jax import checkpoint as ckpt_lib
 from soma_jax import cli, methods, runs
 from soma_jax import evaluate as eval_lib
 from soma_jax.errors import UserError, writable_dir, writable_file
@@ -68,6 +69,7 @@ def main(argv):
   step, state, _, c = runs.restore_state(workdir, _STEP.value)
   body_N, head = state.body, state.head
   print(f"{workdir}: checkpoint at step {step}")
+  ckpt_lib.check_router(workdir, c, _DATA_DIR.value)
   data_dir = _DATA_DIR.value or c.data.dir
   windows, doc_ids = eval_lib.load_split(data_dir, _SPLIT.value)
   router = Router.load(os.path.join(data_dir, "router.npz"))

@@ -16,6 +16,7 @@ import sys
 import jax
 from absl import app, flags, logging
 
+from soma_jax import checkpoint as ckpt_lib
 from soma_jax import cli, methods, runs
 from soma_jax import generate as gen_lib
 from soma_jax.errors import UserError
@@ -51,6 +52,7 @@ def main(argv):
   if not methods.get(c).streams:
     raise UserError(f"{_WORKDIR.value!r} is a method={c.method} run (the paper's GRU); generate.py "
                     "samples LSTM experts only; fix: pass a soma, bptt or eggroll_lstm run")
+  ckpt_lib.check_router(_WORKDIR.value, c, _DATA_DIR.value)
   router = Router.load(os.path.join(_DATA_DIR.value or c.data.dir, "router.npz"))
   prompt = _PROMPT.value.encode("utf-8", errors="surrogateescape")
   routes, chunks = gen_lib.generate_stream(

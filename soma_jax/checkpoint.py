@@ -113,6 +113,23 @@ def manifest_sha256(data_dir: str) -> str | None:
   return file_sha256(os.path.join(data_dir, "manifest.json"))
 
 
+def check_router(workdir: str, c: ml_collections.ConfigDict, data_dir: str | None) -> None:
+  """UserError unless `data_dir` (a tool's --data_dir) routes as the run was trained: the
+  run's own data dir, a copy of it (the manifest recorded at the run's start), or one
+  holding the same router.npz. Another corpus's router sends windows to the wrong experts."""
+  if not data_dir or os.path.abspath(data_dir) == os.path.abspath(c.data.dir):
+    return
+  recorded = last_history(workdir).get("data_manifest_sha256")
+  if recorded is not None and manifest_sha256(data_dir) == recorded:
+    return
+  trained = file_sha256(os.path.join(c.data.dir, "router.npz"))
+  if trained is not None and trained == file_sha256(os.path.join(data_dir, "router.npz")):
+    return
+  raise UserError(f"--data_dir={data_dir!r} holds another router than the one {workdir!r} was "
+                  f"trained with (from {c.data.dir!r}), so windows would go to the wrong "
+                  "experts; fix: omit --data_dir, or pass the run's data dir or a copy of it")
+
+
 def parse_overrides(value: str, known: dict) -> list[str]:
   """'opt.lr, spsa.n_pert' -> ['opt.lr', 'spsa.n_pert']; unknown or shape fields refused."""
   names = [n.strip() for n in str(value or "").split(",") if n.strip()]

@@ -70,10 +70,11 @@ def _main_checked(main: Callable[[list[str]], None], argv: list[str]) -> None:
   except app.UsageError as e:  # absl would print its whole help and exit 1
     raise UserError(f"{e}; fix: pass options as --name=value, and quote a value with spaces "
                     "(--prompt='hello world')") from None
-  except BrokenPipeError:  # stdout closed early (e.g. `| head -c 100`): not an error
+  except BrokenPipeError:  # the reader went away (e.g. `| head -c 100`): no traceback, and
+    # the exit status of a process stopped by SIGPIPE, as `yes | head` gives
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail
-    sys.exit(0)
+    sys.exit(128 + 13)
 
 
 def positive_ints(name: str, values: list[str]) -> list[int]:

@@ -369,10 +369,11 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
     # The signs setting of an SPSA step (the methods with a pert_chunk to plan).
     signs = (f"signs {run.step_cfg.spsa.signs}; forward {run.step_cfg.spsa.forward}; "
              if run.method.plan_chunk else "")
+    warm = f" (warm start from {c.init_from})" if c.init_from and run.start == 0 else ""
     progress.message(
         f"training experts {a}..{b - 1} of {c.n_experts} "
         f"({run.method.body_params(c):,} params each) from step "
-        f"{run.start} to {c.steps} on {jax.devices()[0].platform}; {run.chunk.describe()}; "
+        f"{run.start}{warm} to {c.steps} on {jax.devices()[0].platform}; {run.chunk.describe()}; "
         f"{signs}matmul precision {c.precision}")
     clock = _Clock(run)
     log = _Log(run, clock, progress)

@@ -426,7 +426,7 @@ def test_closed_pipe_and_stray_arguments(straight, tmp_path):
   head = reader.stdout.read(100)  # `| head -c 100`
   reader.stdout.close()
   err = reader.communicate(timeout=300)[1].decode()
-  assert len(head) == 100 and reader.returncode == 0, err[-2000:]
+  assert len(head) == 100 and reader.returncode == 128 + signal.SIGPIPE, err[-2000:]
   assert "Traceback" not in err and "BrokenPipe" not in err, err[-2000:]
   one_error_line(cli(gen + ["--prompt=hello", "world"]), "unexpected arguments: ['world']",
                  "quote a value with spaces")
@@ -499,6 +499,7 @@ def test_a_warm_start_compiles_its_step_once(data_prepared, straight, tmp_path):
                             "--config.log_every=2"], env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.count("Compiling jit(train_step)") == 1, steps
+    assert (f"from step 0 (warm start from {straight}) to 6" in proc.stderr) == (steps == 6)
   summary = json.load(open(os.path.join(w, "summary.json")))
   # 8 tiny updates take about 0.03 s on 2 CPU cores; one compile of the step about 1.4 s
   assert summary["device_seconds"] < 0.5 < summary["compile_seconds"], summary
@@ -541,3 +542,28 @@ def test_full_disk_in_training_names_the_failed_checkpoint_in_one_line(data_prep
   assert "Traceback" not in capfd.readouterr().err
   monkeypatch.undo()
   assert train.train(tiny_config(data_prepared), w)["step"] == 8  # resumes from 2
+
+
+def test_a_config_error_leaves_no_config_json(data_prepared, tmp_path):
+  w = tmp_path / "w"
+  c = tiny_config(data_prepared)
+  c.mesh.pert = "2"  # two devices of directions on a one-device host: refused while building
+  with pytest.raises(UserError, match="mesh"):
+    train.train(c, str(w))
+  assert not (w / "config.json").exists() and not (w / ckpt_lib.HISTORY_FILE).exists()
+
+
+def test_tools_refuse_another_corpus_router(data_prepared, data_textdir, straight, tmp_path):
+  """evaluate.py --data_dir=OTHER used another corpus's router without a word."""
+  other = str(tmp_path / "other")  # N = 3 too, another sample of the corpus
+  prepare.prepare(f"textdir:{data_textdir}", 3, other, seed=1, **SMALL_PREP)
+  for tool in ("evaluate.py", "generate.py"):
+    one_error_line(cli([sys.executable, f"experiments/{tool}", f"--workdir={straight}",
+                        f"--data_dir={other}"]), "--data_dir=", "fix: omit --data_dir")
+  c = ckpt_lib.read_config(straight)
+  with pytest.raises(UserError, match="holds another router than the one"):
+    ckpt_lib.check_router(straight, c, other)
+  copy = str(tmp_path / "copy")
+  shutil.copytree(data_prepared, copy)
+  ckpt_lib.check_router(straight, c, copy)  # the run's data, moved: fine
+  ckpt_lib.check_router(straight, c, None)
