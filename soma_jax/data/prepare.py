@@ -260,15 +260,20 @@ def prepare(
     _install(tmp, out)
   except OSError as e:  # a full disk, a quota, an unreadable file: one line, nothing half-made
     shutil.rmtree(tmp, ignore_errors=True)
-    where = f" ({e.filename})" if e.filename else ""
-    kept = "the existing --out is unchanged" if os.path.exists(out) else "nothing was written"
-    fix = "free disk space or choose another --out" if e.errno in (errno.ENOSPC, errno.EDQUOT) else \
-      "check the path and its permissions"
-    raise UserError(f"prepare failed: {e.strerror or e}{where}; {kept}; fix: {fix}") from None
+    raise _failed(e, out) from None
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
   return manifest
+
+
+def _failed(e: OSError, out: str) -> UserError:
+  """The one-line error of a prepare stopped by the file system (its staging folder removed)."""
+  where = f" ({e.filename})" if e.filename else ""
+  kept = "the existing --out is unchanged" if os.path.exists(out) else "nothing was written"
+  full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+  fix = "free disk space or choose another --out" if full else "check the path and its permissions"
+  return UserError(f"prepare failed: {e.strerror or e}{where}; {kept}; fix: {fix}")
 
 
 def summary(manifest: dict, out: str, seconds: float) -> str:
