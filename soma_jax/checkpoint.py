@@ -38,7 +38,7 @@ HISTORY_FILE = "config_history.jsonl"
 CORRUPT_PREFIX = "corrupt-"  # not a step name to orbax (it parses digits or *_digits)
 # Config fields that fix the shapes (and meaning) of the state; never changed on resume.
 SHAPE_KEYS = ("method", "n_experts", "experts", "model", "spsa.accum", "data.seq_len",
-              "opt.train_head", "eggroll.rank")
+              "opt.train_head", "eggroll.rank", "eggroll.pop", "eggroll.segment")
 # Device layout and speed / memory knobs: they leave the math alone up to float rounding.
 SPEED_KEYS = ("mesh", "spsa.pert_chunk", "spsa.time_block", "spsa.unroll", "spsa.signs",
               "spsa.forward", "eggroll.pop_chunk")

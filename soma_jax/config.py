@@ -127,6 +127,9 @@ def _io_fields(c: ml_collections.ConfigDict) -> None:
   c.eggroll.rank = 1
   c.eggroll.sigma = 1e-2
   c.eggroll.pop_chunk = 64
+  # method=eggroll: bytes each antithetic pair reads from its own stream per update (the
+  # members' GRU states carry on between updates); eggroll_lstm reads the shared batch.
+  c.eggroll.segment = 100
 
 
 def _cpu_preset(c: ml_collections.ConfigDict, n: int) -> None:
@@ -150,7 +153,7 @@ def _tiny_preset(c: ml_collections.ConfigDict, n: int) -> None:
   # Full float32 on a GPU too, as the tests' process default (tests/conftest.py): the
   # step's precision is an explicit algorithm now, which would otherwise be TF32 there.
   c.precision = "highest"
-  c.eggroll.update(pop=8, pop_chunk=4)
+  c.eggroll.update(pop=8, pop_chunk=4, segment=16)
 
 
 def _paper_preset(c: ml_collections.ConfigDict, n: int) -> None:

@@ -20,9 +20,21 @@ accumulated chunk by chunk as an einsum over fitness-weighted factors (never a
 Members are evaluated with `vmap` over `pop_chunk` members at a time and `lax.map` over
 chunks, so memory is bounded by one chunk.
 
+Members either share one batch (`estimate`, `population_losses`) or each antithetic pair
+reads its own stream segment and every member carries its state to the next update
+(`stream_losses`, then `estimate_from_losses`), as the EGGROLL reference LM trains.
+
 `loss_fn(params, batch) -> scalar` may be any loss whose 2-D leaves reach the maths only
 through `model.linear` (or `gru.embed`): the GRU (`gru.gru_loss`) or a SOMA expert
 (`lambda body, b: model.loss(body, E, b)`).
+
+sigma is in the units the weights are stored in. The EGGROLL reference LM (nano-egg) sets
+it by `sigma_shift`: its weights are int8 fixed point at 2^4 per unit, its rank-1 term
+(x B) A^T has factors at the same 2^4 per unit and is shifted right by 4 + sigma_shift
+before joining x W^T, so the perturbation of a unit-scale weight is B A^T * 2^-sigma_shift
+(vectors alike: a product of two such normals, shifted the same). `soma_jax.gru` stores its
+matrices at that unit scale (applied as x W / sqrt(fan_in), like the reference), so
+`sigma = sigma_from_shift(4) = 0.0625` is the paper's recorded setting.
 
   cfg = EggrollConfig(pop=4096, sigma=0.01, rank=1, pop_chunk=512)
   step_fn = jax.jit(make_step(gru.gru_loss, cfg, optax.adam(1e-3)))
@@ -44,6 +56,7 @@ from soma_jax.layers import LowRank
 
 PyTree = Any
 LossFn = Callable[[PyTree, jax.Array], jax.Array]
+StreamLossFn = Callable[[PyTree, Any, PyTree], tuple[jax.Array, PyTree]]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -78,6 +91,11 @@ class EggrollConfig:
   def num_noise(self) -> int:
     """Distinct noise draws per update (pop / 2 when antithetic)."""
     return self.pop // len(self.signs)
+
+
+def sigma_from_shift(sigma_shift: int) -> float:
+  """The reference's sigma_shift as sigma on unit-scale weights: 2^-sigma_shift."""
+  return 2.0 ** -sigma_shift
 
 
 def _noise_len(w: jax.Array, rank: int) -> int:
@@ -185,10 +203,9 @@ def _weighted_noise_sum(params: PyTree, skey: jax.Array, weight_N: jax.Array,
   return jax.tree.unflatten(treedef, acc)
 
 
-def estimate(params: PyTree, batch: Any, key: jax.Array, step: jax.ArrayLike, loss_fn: LossFn,
-             cfg: EggrollConfig) -> tuple[PyTree, dict[str, jax.Array]]:
-  """The EGGROLL update as a loss gradient (-g above) and population loss statistics."""
-  loss_P = population_losses(params, batch, key, step, loss_fn, cfg)
+def estimate_from_losses(params: PyTree, loss_P: jax.Array, key: jax.Array, step: jax.ArrayLike,
+                         cfg: EggrollConfig) -> tuple[PyTree, dict[str, jax.Array]]:
+  """The EGGROLL update (-g above) from the population's losses, and their statistics."""
   fit_NxS = fitness(loss_P).reshape(cfg.num_noise, len(cfg.signs))
   weight_N = fit_NxS @ jnp.asarray(cfg.signs, fit_NxS.dtype)  # sum over signs of f * sign
   g = _weighted_noise_sum(params, jax.random.fold_in(key, step), weight_N, cfg)
@@ -201,6 +218,42 @@ def estimate(params: PyTree, batch: Any, key: jax.Array, step: jax.ArrayLike, lo
       "grad_norm": optax.tree.norm(grads),
   }
   return grads, metrics
+
+
+def estimate(params: PyTree, batch: Any, key: jax.Array, step: jax.ArrayLike, loss_fn: LossFn,
+             cfg: EggrollConfig) -> tuple[PyTree, dict[str, jax.Array]]:
+  """The EGGROLL update as a loss gradient (-g above) and population loss statistics."""
+  loss_P = population_losses(params, batch, key, step, loss_fn, cfg)
+  return estimate_from_losses(params, loss_P, key, step, cfg)
+
+
+def stream_losses(params: PyTree, segments_N: PyTree, carry_P: PyTree, key: jax.Array,
+                  step: jax.ArrayLike, loss_fn: StreamLossFn, cfg: EggrollConfig
+                  ) -> tuple[jax.Array, PyTree]:
+  """Each member on its own stream: (loss [pop], carried state [pop, ...]).
+
+  `segments_N` has a leading [num_noise] axis: noise index n's segment, read by both of
+  its antithetic members (2n, 2n + 1), as the reference LM feeds each pair its own stream.
+  `carry_P` (leading [pop]) is each member's state from the previous update;
+  `loss_fn(params, segment, carry) -> (loss, new carry)`. Chunked like `population_losses`.
+  """
+  skey = jax.random.fold_in(key, step)
+  signs = jnp.asarray(cfg.signs, jnp.float32)
+  n_sign, per_chunk, n_chunk = len(cfg.signs), cfg.chunk // len(cfg.signs), cfg.pop // cfg.chunk
+  split = lambda tree, *axes: jax.tree.map(lambda x: x.reshape(axes + x.shape[1:]), tree)
+
+  def one_noise(n, segment, carry_S):
+    eps = noise(params, skey, n, cfg)
+    return jax.vmap(lambda s, c: loss_fn(_apply(params, eps, s, cfg), segment, c))(signs, carry_S)
+
+  def one_chunk(xs):
+    c, segments, carry = xs
+    return jax.vmap(one_noise)(c * per_chunk + jnp.arange(per_chunk), segments, carry)
+
+  loss, carry = jax.lax.map(one_chunk, (jnp.arange(n_chunk), split(segments_N, n_chunk, per_chunk),
+                                        split(carry_P, n_chunk, per_chunk, n_sign)))
+  merge = lambda x: x.reshape((cfg.pop,) + x.shape[3:])
+  return loss.reshape(cfg.pop), jax.tree.map(merge, carry)
 
 
 def make_step(loss_fn: LossFn, cfg: EggrollConfig, optimizer: optax.GradientTransformation

@@ -30,8 +30,11 @@ def initial_params(c: ml_collections.ConfigDict) -> tuple[PyTree, jax.Array]:
 def initial_state(c: ml_collections.ConfigDict, cfg: Hashable | None = None) -> spsa.TrainState:
   """The TrainState a run starts from; `cfg` is the run's step config (built if None)."""
   body_N, head = initial_params(c)
-  cfg = methods.get(c).step_config(c) if cfg is None else cfg
-  return spsa.init_state(body_N, head, c.opt.lr, c.spsa.eps, cfg)
+  method = methods.get(c)
+  cfg = method.step_config(c) if cfg is None else cfg
+  n = jax.tree.leaves(body_N)[0].shape[0]
+  carry = method.init_carry(c, n) if method.init_carry is not None else ()
+  return spsa.init_state(body_N, head, c.opt.lr, c.spsa.eps, cfg, carry)
 
 
 def shapes_only(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

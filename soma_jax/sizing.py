@@ -2,7 +2,7 @@
 
 Counts come from the init code (`jax.eval_shape`, nothing allocated) and closed forms that
 tests hold equal to them. `python -m soma_jax.sizing --table` prints the paper's table
-(`--json`, `--n 4 --d_t 64`).
+(`--json`, `--n 4 --d_t 64`), with the EGGROLL GRU rows of SPEC 9.4.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ def gru_params(cfg: gru_lib.GruConfig) -> int:
 
 
 def gru_flops_per_token(cfg: gru_lib.GruConfig) -> int:
-  """Forward operations per token of the GRU (multiply-add = 2), matmuls only."""
-  return 2 * (cfg.depth * 6 * cfg.d * cfg.d + cfg.d * cfg.vocab)
+  """Forward operations per token of the GRU (multiply-add = 2), matmuls only: per layer
+  the mixer's 4 d^2 and the MLP's 2 x 4 d^2, and the d V head."""
+  return 2 * (cfg.depth * (4 + 2 * gru_lib.MLP_MULT) * cfg.d * cfg.d + cfg.d * cfg.vocab)
 
 
 # ------------------------------------------------------------------------ closed forms
@@ -96,12 +97,12 @@ def width_for_params(total: int, n: int, d_e: int = 32, depth: int = 2,
 def gru_width_for_params(total: int, n: int, depth: int = 6) -> int:
   """The GRU width d whose N models have the parameter count nearest to `total`.
 
-  A GRU (soma_jax.gru) holds 6 depth d^2 + (2 V + 4 depth + 1) d parameters: embedding
-  and untied head V d each, per layer w_x, w_h (3 d^2 each), bias 3 d and a gain d,
-  and a final gain d. The root of that quadratic gives two candidates; the GRU's own
-  count (`gru_params`) picks between them.
+  A GRU (soma_jax.gru) holds 12 depth d^2 + (2 V + 4 depth + 1) d parameters: embedding
+  and untied head V d each, per layer the mixer's four d x d matrices and two biases, the
+  MLP's d x 4d and 4d x d, two gains, and a final gain d. The root of that quadratic
+  gives two candidates; the GRU's own count (`gru_params`) picks between them.
   """
-  a, b = 6 * depth * n, n * (2 * VOCAB + 4 * depth + 1)
+  a, b = 12 * depth * n, n * (2 * VOCAB + 4 * depth + 1)
   root = (-b + math.sqrt(b * b + 4 * a * total)) / (2 * a)
   count = lambda d: n * gru_params(gru_lib.GruConfig(d=d, depth=depth))
   return min(sorted({max(1, math.floor(root)), max(1, math.ceil(root))}),
@@ -148,6 +149,15 @@ def size_table(rows=PAPER_SIZES) -> list[dict]:
   return out
 
 
+GRU_PAPER_WIDTHS = (20, 29, 58, 118, 339)  # SPEC 9.4: the paper's EGGROLL rows, depth 6
+
+
+def gru_size_table(widths=GRU_PAPER_WIDTHS, depth: int = 6) -> list[dict]:
+  """Parameters of the EGGROLL GRU LM at each width (the paper's rows by default)."""
+  return [{"d": d, "depth": depth, "params": gru_params(gru_lib.GruConfig(d=d, depth=depth))}
+          for d in widths]
+
+
 def _fmt(x: int) -> str:
   for unit, div in (("M", 1e6), ("k", 1e3)):
     if x >= div:
@@ -172,14 +182,20 @@ def main(argv=None) -> None:
       parser.error("--n and --d_t must be positive")
     rows = tuple(zip(args.n, args.d_t, strict=True))
   table = size_table(rows)
+  gru_rows = gru_size_table() if rows is PAPER_SIZES else []
   if args.json:
-    print(json.dumps(table, indent=1))
+    print(json.dumps({"soma": table, "eggroll_gru": gru_rows}, indent=1))
     return
   print(f"{'N':>5} {'d_t':>5} {'head':>18} {'ensemble params':>16} {'body params/expert':>19}")
   for r in table:
     head = f"{_fmt(r['head'])}, " + ("one shared" if r["shared_head"] else "own")
     print(f"{r['n']:>5} {r['d_t']:>5} {head:>18} {_fmt(r['ensemble_params']):>16} "
           f"{_fmt(r['body_params']):>19}")
+  if gru_rows:
+    print("\nEGGROLL GRU LM (soma_jax.gru: untied embedding and head, 12 d^2 + 4 d per layer)")
+    print(f"{'depth':>5} {'d':>5} {'params':>12}")
+    for r in gru_rows:
+      print(f"{r['depth']:>5} {r['d']:>5} {r['params']:>12,}")
 
 
 if __name__ == "__main__":

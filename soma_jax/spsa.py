@@ -362,6 +362,9 @@ class TrainState:
   head_opt: PyTree  # Adam state of the heads ([N, ...]), or () when the head is frozen
   sched: Plateau
   skipped: jax.Array  # [N] int32: updates skipped for a non-finite loss
+  # method=eggroll: each member's GRU state carried to the next update, [N, pop, depth, d]
+  # (the streams of soma_jax.data.pipeline.StreamSegments); () for every other method.
+  carry: PyTree = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,7 +379,8 @@ class StepConfig:
   loss_groups: tuple[int, ...] | None = None
 
 
-def init_state(body_N: PyTree, head: jax.Array, lr: float, eps: float, cfg: StepConfig) -> TrainState:
+def init_state(body_N: PyTree, head: jax.Array, lr: float, eps: float, cfg: StepConfig,
+               carry: PyTree = ()) -> TrainState:
   n = jax.tree.leaves(body_N)[0].shape[0]
   tx = adam(cfg.weight_decay)
   head_opt = jax.vmap(tx.init)(head) if cfg.train_head else ()
@@ -384,7 +388,7 @@ def init_state(body_N: PyTree, head: jax.Array, lr: float, eps: float, cfg: Step
       step=jnp.zeros((), jnp.int32), body=body_N, head=head, opt=jax.vmap(tx.init)(body_N),
       head_opt=head_opt,
       sched=plateau_init(jnp.full((n,), lr, jnp.float32), jnp.full((n,), eps, jnp.float32)),
-      skipped=jnp.zeros((n,), jnp.int32))
+      skipped=jnp.zeros((n,), jnp.int32), carry=carry)
 
 
 def all_finite(tree: PyTree) -> jax.Array:

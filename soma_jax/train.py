@@ -258,15 +258,18 @@ def _build(c: ml_collections.ConfigDict, workdir: str) -> _Run:
     state = jax.device_put(state, parallel.one_device())
     feed = list(range(a, b))  # this process feeds every expert of the job
     expert_ids = jnp.arange(a, b, dtype=jnp.int32)
-    to_global = jnp.asarray
+    to_global = functools.partial(jax.tree.map, jnp.asarray)  # an array or a dict of them
   else:
     feed = [a + i for i in parallel.local_experts(n_local, mesh)]  # only this host's data
     expert_ids = parallel.expert_ids(n_local, mesh, first=a)
     to_global = functools.partial(parallel.global_batch, mesh=mesh)
     step_fn = method.sharded_step(step_cfg, mesh)
     state = parallel.put_state(state, mesh)
-  data = pipeline.train_iterator(c.data.dir, feed, batch=c.spsa.batch, accum=c.spsa.accum,
-                                 seq_len=c.data.seq_len, seed=c.seed, pooled=pooled(c))
+  if method.train_data is not None:
+    data = method.train_data(c, feed, pooled(c))
+  else:
+    data = pipeline.train_iterator(c.data.dir, feed, batch=c.spsa.batch, accum=c.spsa.accum,
+                                   seq_len=c.data.seq_len, seed=c.seed, pooled=pooled(c))
   ops_step = ops_expert * n_local
   return _Run(c=c, method=method, step_cfg=step_cfg, workdir=workdir, experts=range(a, b),
               state=state, step_fn=step_fn, expert_ids=expert_ids, to_global=to_global,

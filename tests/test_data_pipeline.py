@@ -107,3 +107,52 @@ def test_eval_splits_and_val_windows(data_prepared):
   assert v.shape == (2 * manifest["shards"][1]["val_windows"], 513)
   with pytest.raises(UserError, match="unknown eval split"):
     pipeline.eval_split(data_prepared, "train")
+
+
+def _pooled_windows(data_dir):
+  n = pipeline.load_manifest(data_dir)["num_clusters"]
+  return {r.tobytes() for e in range(n) for r in np.load(f"{data_dir}/experts/{e:04d}/train.npy")}
+
+
+def test_streams_each_pair_reads_its_own_contiguous_stream(data_prepared):
+  """Pairs of one update see different bytes; update u + 1 continues update u; a new window
+  starts with a reset; each stream's first 1,024 positions are one training window."""
+  it = pipeline.StreamSegments(data_prepared, [0], streams=4, segment=300, seed=0, pooled=True)
+  segs = [next(it) for _ in range(4)]  # positions 0 .. 1,199
+  for s in segs:
+    assert s["inputs"].shape == s["targets"].shape == (1, 4, 300) and s["reset"].shape == (1, 300)
+    rows = [s["inputs"][0, k].tobytes() for k in range(4)]
+    assert len(set(rows)) == 4, "two antithetic pairs of one update read the same bytes"
+  for a, b in zip(segs[:2], segs[1:3], strict=True):  # within window 0: targets lead inputs by one
+    np.testing.assert_array_equal(b["inputs"][..., 0], a["targets"][..., -1])
+  inputs = np.concatenate([s["inputs"] for s in segs], axis=-1)[0]  # [4, 1200]
+  targets = np.concatenate([s["targets"] for s in segs], axis=-1)[0]
+  reset = np.concatenate([s["reset"] for s in segs], axis=-1)[0]
+  assert np.flatnonzero(reset).tolist() == [0, 1024]
+  windows = _pooled_windows(data_prepared)
+  for k in range(4):
+    window = np.concatenate([inputs[k, :1024], targets[k, 1023:1024]])
+    assert window.tobytes() in windows, f"stream {k} is not a training window"
+    np.testing.assert_array_equal(inputs[k, 1:1024], targets[k, :1023])
+  assert len({inputs[k, 1024:].tobytes() for k in range(4)} | {inputs[k, :1024].tobytes()
+                                                                 for k in range(4)}) == 8
+
+
+def test_streams_resume_exactly_and_refuse_other_settings(data_prepared):
+  it = pipeline.StreamSegments(data_prepared, [0], streams=3, segment=200, seed=2, pooled=True)
+  for _ in range(4):
+    next(it)
+  state = json.loads(json.dumps(it.get_state()))
+  assert state["position"] == 800
+  expected = [next(it) for _ in range(3)]
+  fresh = pipeline.StreamSegments(data_prepared, [0], streams=3, segment=200, seed=2, pooled=True)
+  fresh.set_state(state)
+  for want in expected:
+    got = next(fresh)
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k])
+  other = pipeline.StreamSegments(data_prepared, [0], streams=3, segment=100, seed=2, pooled=True)
+  with pytest.raises(UserError, match="different settings"):
+    other.set_state(state)
+  with pytest.raises(UserError, match="fewer than its"):
+    pipeline.StreamSegments(data_prepared, [0], streams=10**6, segment=100, seed=2, pooled=True)

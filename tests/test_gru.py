@@ -19,10 +19,45 @@ def test_param_shapes():
   assert p["embed"].shape == (v, d) and p["head"].shape == (d, v)
   assert len(p["layers"]) == CFG.depth
   for layer in p["layers"]:
-    assert layer["w_x"].shape == (d, 3 * d) and layer["w_h"].shape == (d, 3 * d)
-    assert layer["b"].shape == (3 * d,) and layer["ln"]["scale"].shape == (d,)
-  assert sizing.gru_params(CFG) == 2 * v * d + CFG.depth * (6 * d * d + 4 * d) + d
+    for name in ("w_f", "u_f", "w_h", "u_h"):
+      assert layer[name].shape == (d, d), name
+    assert layer["mlp_up"].shape == (d, 4 * d) and layer["mlp_down"].shape == (4 * d, d)
+    assert layer["b_f"].shape == layer["b_h"].shape == (d,)
+    assert layer["ln1"]["scale"].shape == layer["ln2"]["scale"].shape == (d,)
+  assert sizing.gru_params(CFG) == 2 * v * d + CFG.depth * (12 * d * d + 4 * d) + d
   assert gru.GruConfig(d=4).depth == 6
+
+
+def test_width_339_depth_6_is_the_papers_8_44m_row():
+  n = sizing.gru_params(gru.GruConfig(d=339, depth=6))
+  assert abs(n / 8.44e6 - 1) < 0.02, n
+  assert {r["d"]: r["params"] for r in sizing.gru_size_table()}[339] == n
+
+
+def test_layer_is_the_reference_block():
+  """One layer by hand: x + GRU(LN x), then + MLP(LN x); f gates the past and the update."""
+  cfg = gru.GruConfig(d=8, depth=1)
+  p = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.key(5), x.shape),
+                   _init(jax.random.key(1), cfg))
+  ids = np.random.default_rng(3).integers(0, 256, (2, 5))
+  got = jax.jit(gru.gru_logits)(p, ids)
+  q = jax.tree.map(np.asarray, p)
+  layer, s = q["layers"][0], 8 ** -0.5
+  ln = lambda x, g: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g
+  sig = lambda z: 1 / (1 + np.exp(-z))
+  x = q["embed"][ids]
+  u = ln(x, layer["ln1"]["scale"])
+  h, ys = np.zeros((2, 8)), []
+  for t in range(5):
+    f = sig(u[:, t] @ layer["w_f"] * s + h @ layer["u_f"] * s + layer["b_f"])
+    c = np.tanh(u[:, t] @ layer["w_h"] * s + (f * h) @ layer["u_h"] * s + layer["b_h"])
+    h = h + f * (c - h)
+    ys.append(h)
+  x = x + np.stack(ys, 1)
+  m = np.maximum(ln(x, layer["ln2"]["scale"]) @ layer["mlp_up"] * s, 0) @ layer["mlp_down"]
+  x = x + m * (32 ** -0.5)
+  want = ln(x, q["ln_f"]["scale"]) @ q["head"] * s
+  np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
 
 
 def test_logits_shape_and_initial_loss():

@@ -290,6 +290,106 @@ class TrainBatches:
 train_iterator = TrainBatches
 
 
+def _row_dataset(data_dir: str, expert: int, seed: int, pooled: bool, streams: int
+                 ) -> grain.MapDataset:
+  """One expert's shuffled, repeated 1,025-byte training windows (as `expert_dataset` reads)."""
+  if pooled:
+    n = load_manifest(data_dir)["num_clusters"]
+    source = ConcatSource([_shard_source(data_dir, e, windows.CHUNK_BYTES) for e in range(n)])
+  else:
+    source = _shard_source(data_dir, expert, windows.CHUNK_BYTES)
+  if len(source) < streams:
+    raise UserError(f"expert {expert}'s shard has {len(source)} windows, fewer than its "
+                    f"{streams} streams (eggroll.pop / 2), so pairs would share bytes; fix: a "
+                    "smaller eggroll.pop or a larger corpus")
+  return grain.MapDataset.source(source).shuffle(seed=expert_seed(seed, expert)).repeat()
+
+
+class StreamSegments:
+  """Each expert's `streams` byte streams, `segment` positions per update (method=eggroll).
+
+  The EGGROLL reference LM cuts its corpus into one contiguous stream per antithetic pair
+  and feeds each update the next `segment` bytes of every stream, carrying the members'
+  hidden states on. Here stream k of an expert reads that expert's shuffled training
+  windows k, S + k, 2 S + k, ... (S = streams): position p of stream k is byte p mod 1,024
+  of its window floor(p / 1,024), predicting the byte after it, and the state is reset where
+  a new window starts (`reset`), as the reference resets at each document's start.
+
+  `next()` gives {"inputs", "targets": uint8 [N, S, segment], "reset": bool [N, segment]};
+  update u covers positions [u segment, (u + 1) segment) of every stream. Everything
+  follows from (seed, expert, u), so `get_state` (the step and the streams' byte position)
+  restores it exactly.
+  """
+
+  def __init__(self, data_dir: str, experts: Sequence[int], *, streams: int, segment: int,
+               seed: int, pooled: bool = False):
+    if not experts:
+      raise UserError("no experts requested; fix: pass at least one expert id")
+    if streams < 1 or not 1 <= segment <= windows.CHUNK_BYTES:
+      raise UserError(f"streams={streams} must be >= 1 and segment={segment} in 1.."
+                      f"{windows.CHUNK_BYTES}; fix: set eggroll.pop and eggroll.segment")
+    manifest = load_manifest(data_dir)
+    bad = [e for e in experts if not 0 <= e < manifest["num_clusters"]]
+    if bad:
+      raise UserError(f"expert ids {bad} are outside the data dir's 0.."
+                      f"{manifest['num_clusters'] - 1}; fix: request existing experts")
+    if pooled and list(experts) != [0]:
+      raise UserError(f"a pooled iterator feeds one expert (id 0), not {list(experts)}")
+    self.experts = [int(e) for e in experts]
+    self.streams, self.segment = streams, segment
+    self._config = {"streams": streams, "segment": segment, "seed": seed, "pooled": pooled}
+    self._rows = [_row_dataset(data_dir, e, seed, pooled, streams) for e in self.experts]
+    self._cache: dict[int, np.ndarray] = {}  # window index -> [N, S, 1025]
+    self._step = 0
+
+  def _windows(self, j: int) -> np.ndarray:
+    """Window j of every stream of every expert, [N, S, 1025]."""
+    if j not in self._cache:
+      base = j * self.streams
+      self._cache = {k: v for k, v in self._cache.items() if k >= j - 1}
+      self._cache[j] = np.stack([np.stack([ds[base + k] for k in range(self.streams)])
+                                 for ds in self._rows])
+    return self._cache[j]
+
+  def __iter__(self) -> StreamSegments:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    pos = self._step * self.segment + np.arange(self.segment)
+    row, off = np.divmod(pos, windows.CHUNK_BYTES)
+    first = int(row[0])
+    block = np.stack([self._windows(j) for j in range(first, int(row[-1]) + 1)])
+    inputs = block[row - first, :, :, off]  # [L, N, S]
+    targets = block[row - first, :, :, off + 1]
+    self._step += 1
+    n = len(self.experts)
+    return {"inputs": np.ascontiguousarray(inputs.transpose(1, 2, 0)),
+            "targets": np.ascontiguousarray(targets.transpose(1, 2, 0)),
+            "reset": np.broadcast_to(off == 0, (n, self.segment)).copy()}
+
+  @property
+  def step(self) -> int:
+    return self._step
+
+  def get_state(self) -> dict:
+    """JSON-serialisable state: the next update, the streams' byte position, the settings."""
+    return {"step": self._step, "position": self._step * self.segment,
+            "experts": list(self.experts), **self._config}
+
+  def set_state(self, state: dict) -> None:
+    """Restores a state from get_state; the settings must match (experts may be any subset)."""
+    mismatch = {k: (state.get(k), v) for k, v in self._config.items() if state.get(k) != v}
+    if mismatch:
+      raise UserError(f"stream state was saved with different settings {mismatch} (saved, "
+                      "now); fix: resume with the same settings")
+    step = state.get("step")
+    if not isinstance(step, int) or step < 0 or state.get("position", step * self.segment) \
+        != step * self.segment:
+      raise UserError(f"stream state has an invalid step {step!r} or position "
+                      f"{state.get('position')!r}; fix: pass a state from get_state()")
+    self._step = step
+
+
 def expert_val_windows(data_dir: str, expert: int, seq_len: int, pooled: bool = False) -> np.ndarray:
   """One expert's validation sub-windows, uint8 [n, seq_len + 1].
 

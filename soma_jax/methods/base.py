@@ -41,6 +41,11 @@ class Method(NamedTuple):
   sharded_step: Callable[[Hashable, Any], Callable] | None = None
   streams: bool = True
   table_rank: int = 3
+  # A state carried from update to update (TrainState.carry) for this job's N experts, or
+  # None (carry = ()); and the input iterator (c, experts, pooled) -> iterator with
+  # get_state / set_state, or None for the shared batches of pipeline.train_iterator.
+  init_carry: Callable[[Config, int], PyTree] | None = None
+  train_data: Callable[[Config, list[int], bool], Any] | None = None
 
 
 def need(cond: bool, msg: str) -> None:

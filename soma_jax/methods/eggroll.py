@@ -1,8 +1,12 @@
-"""EGGROLL (SPEC 6): low-rank evolution strategies on the paper's GRU LM (`soma_jax.gru`).
+"""EGGROLL (SPEC 6, 9.4): low-rank evolution strategies on the paper's GRU LM (`soma_jax.gru`).
 
 Every parameter of the GRU, its embedding and untied head included, lives in
 `TrainState.body`; `TrainState.head` is an unused zero placeholder [V, d_E] (shared, frozen).
-`eggroll_step` is shared with `eggroll_lstm`, the same ES on the LSTM expert.
+As in the EGGROLL reference LM, each antithetic pair reads its own byte stream,
+`eggroll.segment` bytes per update (`pipeline.StreamSegments`), and every member's hidden
+state is carried from update to update in `TrainState.carry` ([N, pop, depth, d]), reset
+where its stream enters a new window. `eggroll_step` (every member on one shared batch) is
+the step of `eggroll_lstm`, the same ES on the LSTM expert.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from soma_jax import config as config_lib
 from soma_jax import eggroll as eggroll_lib
 from soma_jax import gru as gru_lib
 from soma_jax import sizing, spsa
+from soma_jax.data import pipeline
 from soma_jax.layers import VOCAB
 from soma_jax.methods import lstm
-from soma_jax.methods.base import Method, Seed, adam_step, need, tokens_per_update
+from soma_jax.methods.base import Method, Seed, adam_step, need
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +72,35 @@ def _eggroll_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_
 
 
 eggroll_step = jax.jit(_eggroll_step, static_argnames="cfg", donate_argnames="state")
+
+
+def _stream_step(state: spsa.TrainState, segments: dict, expert_ids_N: jax.Array,
+                 cfg: EggrollStepConfig) -> tuple[spsa.TrainState, dict]:
+  """EGGROLL on each expert's GRU, every pair on its own stream (SPEC 9.4), then Adam.
+
+  `segments` is `pipeline.StreamSegments` output: inputs and targets [N, S, L], reset
+  [N, L]. Pair n of expert e reads stream n; member m starts from `state.carry[e, m]`, its
+  state at the end of the previous update, and leaves its new state there (zeros for an
+  expert whose update is skipped as non-finite, so a NaN never travels on).
+  """
+  base_key = jax.random.key(cfg.step.seed)
+
+  def one(body, carry_P, inputs_SxL, targets_SxL, reset_L, e):
+    loss_fn = lambda p, seg, h: gru_lib.segment_loss(p, seg[0], seg[1], reset_L, h)
+    key = jax.random.fold_in(base_key, e)
+    loss_P, carry_P = eggroll_lib.stream_losses(body, (inputs_SxL, targets_SxL), carry_P, key,
+                                                state.step, loss_fn, cfg.es)
+    g, m = eggroll_lib.estimate_from_losses(body, loss_P, key, state.step, cfg.es)
+    return g, m["loss_mean"], carry_P
+
+  g_N, loss_N, carry_N = jax.vmap(one)(state.body, state.carry, segments["inputs"],
+                                       segments["targets"], segments["reset"], expert_ids_N)
+  new, metrics = adam_step(state, g_N, loss_N, cfg.step.weight_decay)
+  ok_N = metrics["finite"]
+  return new.replace(carry=jnp.where(ok_N[:, None, None, None], carry_N, 0.0)), metrics
+
+
+stream_step = jax.jit(_stream_step, static_argnames="cfg", donate_argnames="state")
 
 
 def validate_es(c) -> None:
@@ -117,17 +151,42 @@ def flops_per_token(c) -> int:
   return sizing.gru_flops_per_token(gru_config(c))
 
 
+def streams(c) -> int:
+  """Streams per expert: one per antithetic pair (eggroll.pop / 2)."""
+  return c.eggroll.pop // 2
+
+
+def init_carry(c, n: int) -> jax.Array:
+  """Every member's GRU state at the start of its stream: zeros [N, pop, depth, d]."""
+  return jnp.zeros((n, c.eggroll.pop) + gru_lib.state_shape(gru_config(c)), jnp.float32)
+
+
+def train_data(c, experts: list[int], pooled: bool) -> pipeline.StreamSegments:
+  """Each pair's own stream, eggroll.segment bytes per update."""
+  return pipeline.StreamSegments(c.data.dir, experts, streams=streams(c),
+                                 segment=c.eggroll.segment, seed=c.seed, pooled=pooled)
+
+
 def validate(c) -> None:
   need(not c.init_from, "method=eggroll trains the GRU from its own init; set init_from=''")
   validate_es(c)
+  need(1 <= c.eggroll.segment <= 1024,
+       f"eggroll.segment={c.eggroll.segment} bytes per stream update must be in 1..1024")
+
+
+def describe(c) -> dict:
+  """compare.py's columns: each member forwards its pair's segment, one sequence."""
+  return es_describe(c, "gru") | {"seq_len": c.eggroll.segment, "batch": 1, "accum": 1,
+                                  "sequences_per_update_per_expert": streams(c)}
 
 
 METHOD = Method(
-    init_params=init_params, step_config=step_config, train_step=eggroll_step,
+    init_params=init_params, step_config=step_config, train_step=stream_step,
     val_loss=gru_loss, logits=gru_logits, flops_per_token=flops_per_token,
-    ops_per_update=lambda c: c.eggroll.pop * tokens_per_update(c) * flops_per_token(c),
+    ops_per_update=lambda c: c.eggroll.pop * c.eggroll.segment * flops_per_token(c),
     body_params=lambda c: sizing.gru_params(gru_config(c)),
     ensemble_params=lambda c: c.n_experts * sizing.gru_params(gru_config(c)),
     width_for_params=lambda total, c: sizing.gru_width_for_params(total, c.n_experts,
                                                                   c.model.depth),
-    validate=validate, describe=lambda c: es_describe(c, "gru"), streams=False, table_rank=1)
+    validate=validate, describe=describe, streams=False, table_rank=1,
+    init_carry=init_carry, train_data=train_data)

@@ -151,7 +151,7 @@ def _describe(c: ml_collections.ConfigDict, ops_update: int) -> dict:
       "sequences_per_update_per_expert": c.spsa.batch * c.spsa.accum,
       "lr": c.opt.lr, "updates": c.steps, "ops_per_update": ops_update,
       "ops": ops_update * c.steps,
-  }
+  } | shape  # a method may name its own sequence shape (the GRU: one segment per member)
 
 
 def _sd(x: list[float]) -> float | None:
