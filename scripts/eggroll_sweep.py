@@ -71,21 +71,29 @@ def main() -> None:
   parser.add_argument("--lrs", type=float, nargs="+", default=[3e-3, 1e-2, 3e-2])
   parser.add_argument("--sigmas", type=float, nargs="+", default=[2**-5, 2**-4, 2**-3])
   parser.add_argument("--json", help="write the results here")
+  parser.add_argument("--reuse", default="", help="an earlier --json of this script: its grid "
+                      "points at the same --steps are kept, not retrained")
   args = parser.parse_args()
   if args.steps < 1 or min(args.lrs) <= 0 or min(args.sigmas) <= 0:
     parser.error("--steps, --lrs and --sigmas must be positive")
   data_dir = _data(args)
-  grid = [_point(args, data_dir, lr, s) for lr in args.lrs for s in args.sigmas]
+  kept = {}
+  if args.reuse:
+    with open(args.reuse) as f:
+      kept = {(p["lr"], p["sigma"]): p for p in json.load(f)["grid"] if p["updates"] == args.steps}
+  grid = [kept.get((lr, s)) or _point(args, data_dir, lr, s) for lr in args.lrs
+          for s in args.sigmas]
   best = min(grid, key=lambda r: r["ensemble_val_loss"])
   c = load_config_file(os.path.join(ROOT, CONFIG), "n=1,size=cpu")
   cli.emit_json({
       "command": "python -m scripts.eggroll_sweep " + " ".join(
-          a if not a.startswith(("--out=", "--data=")) else a.split("=")[0] + "=DIR"
+          a if not a.startswith(("--out=", "--data=", "--reuse=")) else a.split("=")[0] + "=..."
           for a in sys.argv[1:]),
       "config": f"{CONFIG}:n=1,size=cpu",
       "model": {"d": c.model.d_t, "depth": c.model.depth},
       "eggroll": {k: c.eggroll[k] for k in ("pop", "pop_chunk", "segment", "rank")},
       "updates": args.steps, "seed": 0, "selected_by": "ensemble_val_loss (lowest)",
+      "reused_points": sorted(kept) if kept else [],
       "best": {"lr": best["lr"], "sigma": best["sigma"],
                "ensemble_val_loss": best["ensemble_val_loss"]},
       "grid": grid,

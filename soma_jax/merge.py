@@ -63,13 +63,14 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
   def cat(*xs):
     return jnp.concatenate(xs, axis=0)
 
-  per_expert = lambda s: (s.body, s.opt, s.head_opt, s.sched, s.skipped) + (
+  # carry: the GRU EGGROLL's per-expert stream states ([n, pop, depth, d]), () otherwise.
+  per_expert = lambda s: (s.body, s.opt, s.head_opt, s.sched, s.skipped, s.carry) + (
       () if shared else (s.head,))
   merged = jax.tree.map(cat, *[per_expert(s) for s in states])
-  body, opt, head_opt, sched, skipped = merged[:5]
-  head = states[0].head if shared else merged[5]
+  body, opt, head_opt, sched, skipped, carry = merged[:6]
+  head = states[0].head if shared else merged[6]
   state = states[0].replace(body=body, opt=opt, head_opt=head_opt, sched=sched,
-                            skipped=skipped, head=head)
+                            skipped=skipped, head=head, carry=carry)
 
   full = runs.shapes_only(ref)
   full.experts = ""

@@ -294,7 +294,8 @@ def _resume(run: _Run, overrides: list[str]) -> None:
   iterator = data_state["iterator"]
   overridden = lambda key: ckpt_lib.under(key, overrides)
   if overridden("seed") or overridden("spsa.batch"):  # same position, new draws
-    iterator = {**run.data.get_state(), "step": iterator["step"]}
+    iterator = {**run.data.get_state(),
+                **{k: iterator[k] for k in ("step", "position") if k in iterator}}
   run.data.set_state(iterator)
   sched = state.sched
   if overridden("opt.lr"):

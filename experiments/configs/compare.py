@@ -53,7 +53,8 @@ def get_config(arg: str | None = None):
     c.methods[name] = _method("soma.py", f"mono={n_pert * mult},size={size}")
     c.rows[name] = f"monolithic SPSA n_pert = {paper} (paper), {mult}x SOMA's directions, B = SOMA's"
   c.methods.eggroll = _method("eggroll.py", f"n=1,size={size}")  # the paper's GRU, rank 1
-  c.rows.eggroll = "EGGROLL: 6-layer GRU, untied head, rank-1 ES (paper: pop 2^20, B 256)"
+  c.rows.eggroll = ("EGGROLL: the reference LM's 6-layer GRU, rank-1 ES, each pair on its own "
+                    "stream (paper: pop 2^20, 100 bytes per stream update)")
   c.methods.bptt = _method("bptt.py", f"n=1,size={size}")  # backprop, one model
   c.rows.bptt = "BPTT: one LSTM model of the same size, backprop + Adam"
   return c
