@@ -2,7 +2,7 @@
 
 Counts come from the init code (`jax.eval_shape`, nothing allocated) and closed forms that
 tests hold equal to them. `python -m soma_jax.sizing --table` prints the paper's table
-(`--json`, `--n 4 --d_t 64`), with the EGGROLL GRU rows of SPEC 9.4.
+(`--json`, `--n 4 --d_t 64`), with the EGGROLL GRU rows of SPEC 9.4 (`--json --gru`).
 """
 
 from __future__ import annotations
@@ -173,6 +173,8 @@ def main(argv=None) -> None:
   parser.add_argument("--json", action="store_true", help="print the table as JSON")
   parser.add_argument("--n", type=int, nargs="*", help="expert counts (pair with --d_t)")
   parser.add_argument("--d_t", type=int, nargs="*", help="body widths (pair with --n)")
+  parser.add_argument("--gru", action="store_true",
+                      help="with --json: the EGGROLL GRU rows (SPEC 9.4) instead")
   args = parser.parse_args(argv)
   rows = PAPER_SIZES
   if args.n or args.d_t:
@@ -184,7 +186,7 @@ def main(argv=None) -> None:
   table = size_table(rows)
   gru_rows = gru_size_table() if rows is PAPER_SIZES else []
   if args.json:
-    print(json.dumps({"soma": table, "eggroll_gru": gru_rows}, indent=1))
+    print(json.dumps(gru_size_table() if args.gru else table, indent=1))
     return
   print(f"{'N':>5} {'d_t':>5} {'head':>18} {'ensemble params':>16} {'body params/expert':>19}")
   for r in table:

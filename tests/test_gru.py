@@ -34,6 +34,21 @@ def test_width_339_depth_6_is_the_papers_8_44m_row():
   assert {r["d"]: r["params"] for r in sizing.gru_size_table()}[339] == n
 
 
+def test_sizing_cli_lists_the_gru_rows():
+  import json
+  import subprocess
+  import sys
+
+  out = subprocess.run([sys.executable, "-m", "soma_jax.sizing", "--json", "--gru"], check=True,
+                       capture_output=True, text=True).stdout
+  rows = {r["d"]: r for r in json.loads(out)}
+  assert sorted(rows) == [20, 29, 58, 118, 339] and rows[339]["depth"] == 6
+  assert abs(rows[339]["params"] / 8.44e6 - 1) < 0.02
+  text = subprocess.run([sys.executable, "-m", "soma_jax.sizing", "--table"], check=True,
+                        capture_output=True, text=True).stdout
+  assert "EGGROLL GRU" in text and "8,456,355" in text
+
+
 def test_layer_is_the_reference_block():
   """One layer by hand: x + GRU(LN x), then + MLP(LN x); f gates the past and the update."""
   cfg = gru.GruConfig(d=8, depth=1)
