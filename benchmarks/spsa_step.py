@@ -6,8 +6,14 @@
 Measures, after warm-up, the median of --reps rounds, each round timing the step and
 both ideals once (interleaved, so their ratios do not drift with the machine):
   * the jitted SOMA step (every expert x direction x sign, Adam, head update) at the
-    config's pert_chunk ("auto" resolved as training resolves it);
-  * the ideal: the 2 A n_pert plain forward passes of B sequences (unperturbed weights)
+    config's pert_chunk ("auto" resolved as training resolves it), in the device layout
+    training uses (`train.layout`; like every entry point, this one starts JAX with one
+    CPU host device per usable core, --cpu_devices to change it) -> `step_seconds`, and
+    beside it the plain one-device step -> `one_device_step_seconds`,
+    `speedup_vs_one_device`, and both layouts' losses after one update from the same state
+    (`loss_max_relative_difference`, float32 rounding);
+  * the ideal (a one-device program, read against the one-device step): the 2 A n_pert
+    plain forward passes of B sequences (unperturbed weights)
     that one update stands for -> `efficiency`; and plain forwards of 2 C B sequences at
     once, a chunk's both signs -> `efficiency_vs_batched` (a stronger ideal: one
     weight matrix shared by all rows, which perturbed copies cannot share);

@@ -9,6 +9,7 @@ by the tests (a module defining absl flags could not be imported beside another)
 import dataclasses
 import functools
 import itertools
+import os
 import statistics
 import time
 
@@ -18,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from soma_jax import config as config_lib
-from soma_jax import memory, methods, runs, sizing, spsa
+from soma_jax import memory, methods, parallel, runs, sizing, spsa, train
 from soma_jax import model as model_lib
 from soma_jax.errors import UserError
 
@@ -96,12 +97,50 @@ def step_inputs(c: ml_collections.ConfigDict) -> StepInputs:
   return StepInputs(c, runs.initial_state(c), jnp.asarray(batch), jnp.arange(n, dtype=jnp.int32))
 
 
+@dataclasses.dataclass(frozen=True)
+class LayoutStep:
+  """The step on the mesh training would use for this config (`train.layout`), not donating,
+  compiled, with its inputs laid out as training lays them out."""
+
+  layout: parallel.Layout
+  choice: memory.ChunkChoice
+  run: object  # () -> (state, metrics)
+
+  @staticmethod
+  def build(inputs: StepInputs) -> "LayoutStep | None":
+    """None when training would run on one device (the plain step is the layout's)."""
+    c = inputs.c
+    placed = train.layout(c, c.n_experts)
+    if (placed.expert, placed.pert) == (1, 1):
+      return None
+    mesh = parallel.make_mesh(placed.expert, placed.pert, n_experts=c.n_experts)
+    choice = methods.choose_chunk(c, c.n_experts, mesh)
+    step = parallel.make_train_step(methods.get(c).step_config(c, choice.chunk), mesh,
+                                    donate=False)
+    state = parallel.put_state(inputs.state, mesh)
+    batch = parallel.global_batch(np.asarray(inputs.batch), mesh)
+    ids = parallel.expert_ids(c.n_experts, mesh)
+    with memory.matmul_precision(c.precision):
+      compiled = step.lower(state, batch, ids).compile()
+    return LayoutStep(placed, choice, lambda: compiled(state, batch, ids))
+
+
+def losses_agree(one_device, layout) -> dict:
+  """The two layouts' per-expert losses after one update from the same state, and their
+  largest relative difference (float32 rounding: about 1e-6)."""
+  a = np.asarray(jax.device_get(one_device[1]["loss"]), np.float64)
+  b = np.asarray(jax.device_get(layout[1]["loss"]), np.float64)
+  return {"loss_one_device": a.tolist(), "loss_layout": b.tolist(),
+          "loss_max_relative_difference": float(np.max(np.abs(a - b) / np.abs(a)))}
+
+
 def describe(c: ml_collections.ConfigDict, **config) -> dict:
   """The fields every benchmark record starts with: the shapes, the backend, the device."""
   return {"config": {"n_experts": c.n_experts, "d_t": c.model.d_t, "n_pert": c.spsa.n_pert,
                      "batch": c.spsa.batch, "accum": c.spsa.accum, "seq_len": c.data.seq_len,
                      "precision": c.precision, **config},
-          "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind)}
+          "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
+          "devices": jax.device_count()}
 
 
 def ideal_forward(cfg: spsa.StepConfig, together: int = 1):
@@ -141,13 +180,24 @@ def estimate_only(cfg: spsa.StepConfig):
 
 
 def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
-  """The figures above; `ideals=False` times the step alone (paper_shapes.py's rows)."""
+  """The figures above; `ideals=False` times the step alone (paper_shapes.py's rows).
+
+  `step_seconds` and the rates are the step in the device layout training uses
+  (`train.layout`: on a CPU one host device per core under the entry points); when that is
+  not one device, the plain one-device step is timed in the same rounds
+  (`one_device_step_seconds`, `speedup_vs_one_device`) and the ideals' ratios
+  (`efficiency`, ...) read the one-device step, a one-device program like them.
+  """
+  load = os.getloadavg()[0]
   inputs = step_inputs(c)
   state, batch = inputs.state, inputs.batch
   choice = methods.choose_chunk(c, c.n_experts)
   cfg = methods.get(c).step_config(c, choice.chunk)
   compiled = inputs.compile(cfg)
-  fns = {"step": inputs.runner(compiled)}
+  sharded = LayoutStep.build(inputs)
+  fns = {"one_device_step": inputs.runner(compiled)}
+  if sharded is not None:
+    fns["step"] = lambda: sharded.run()[0].body
   if ideals:  # timed in the same rounds as the step, so their ratios are robust
     fwd, wide = ideal_forward(cfg), ideal_forward(cfg, together=2 * cfg.spsa.chunk)
     fns["forward"] = lambda: fwd(state.body, state.head, batch)
@@ -156,22 +206,34 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
     fns["estimate"] = lambda: est(state, batch, inputs.ids)
   with memory.matmul_precision(c.precision):
     seconds = interleaved(fns, reps)
-  step_s, tokens = seconds["step"], inputs.tokens
-  out = describe(c, depth=c.model.depth, pert_chunk=choice.chunk,
+  one_s = seconds["one_device_step"]
+  step_s, tokens = seconds.get("step", one_s), inputs.tokens
+  placed = sharded.layout if sharded else train.layout(c, c.n_experts)
+  out = describe(c, depth=c.model.depth,
+                 pert_chunk=sharded.choice.chunk if sharded else choice.chunk,
                  pert_chunk_setting=str(c.spsa.pert_chunk), time_block=cfg.spsa.time_block,
                  unroll=cfg.spsa.unroll, probe=c.spsa.probe,
                  signs=cfg.spsa.signs, forward=cfg.spsa.forward,
                  dot_algorithm=memory.dot_algorithm(c.precision),
                  params_per_expert=sizing.body_params(cfg.model))
   out.update(
+      load_average_1m_at_start=load,
       reps=reps,
+      layout={"mesh_expert": placed.expert, "mesh_pert": placed.pert, "what": placed.why},
       step_seconds=step_s,
       perturbed_tokens_per_second=tokens / step_s,
       achieved_gflops=tokens * sizing.flops_per_token(cfg.model) / step_s / 1e9,
-      # The timed step's plan (not donating its state; training's donating step may plan less).
+      one_device_step_seconds=one_s, one_device_pert_chunk=choice.chunk,
+      one_device_perturbed_tokens_per_second=tokens / one_s,
+      speedup_vs_one_device=one_s / step_s,
+      # The one-device step's plan (not donating its state; training's donating step may
+      # plan less).
       peak_memory_bytes=memory.planned_bytes(compiled),
       device_limit_bytes=choice.limit_bytes,
   )
+  if sharded is not None:
+    with memory.matmul_precision(c.precision):
+      out.update(losses_agree(compiled(state, batch, inputs.ids), sharded.run()))
   stats = jax.devices()[0].memory_stats() or {}
   if "peak_bytes_in_use" in stats:  # the allocator's peak so far: the step's alone without
     # the ideals (paper_shapes.py's rows, one process each), else the step's and the ideals'
@@ -183,8 +245,8 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
   with memory.matmul_precision(c.precision):
     out["matmul_peak_gflops"] = matmul_peak_gflops(4096 if jax.default_backend() == "gpu" else 2048)
   out.update(forward_seconds=fwd_s, forward_tokens_per_second=tokens / fwd_s,
-             efficiency=fwd_s / step_s, batched_forward_seconds=wide_s,
-             efficiency_vs_batched=wide_s / step_s,
+             efficiency=fwd_s / one_s, batched_forward_seconds=wide_s,
+             efficiency_vs_batched=wide_s / one_s,
              # The SPSA estimate alone (probes, perturbed forwards, the sum over directions):
              # what the step adds beyond it is the update (Adam; the delta-rule head's own
              # unperturbed forward when it trains the head).

@@ -79,6 +79,9 @@ FIGURES = {
         dest="docs/independent_vs_summed_cpu.png", cheap=False),
     "bench": Figure(("-m", "benchmarks.spsa_step", "--config=experiments/configs/soma.py:n=4,size=cpu",
                      "--json={out}/spsa_step.json"), json="{out}/spsa_step.json", cheap=False),
+    # Needs PyTorch (pip install -e ".[bench]"): the SOMA step against nn.LSTM + MeZO.
+    "torch_mezo": Figure(("-m", "benchmarks.torch_mezo", "--json={out}/torch_mezo.json"),
+                         json="{out}/torch_mezo.json", cheap=False),
     # The CPU's chunk rule (memory.cpu_chunk) and the cpu preset's time block come from these.
     **{f"step_sweep_cpu_n{n}": Figure(
         ("-m", "benchmarks.step_sweep", f"--config=experiments/configs/soma.py:n={n},size=cpu",

@@ -1,4 +1,5 @@
-"""Entry-point plumbing shared by experiments/ and benchmarks/: flag errors exit 2."""
+"""Entry-point plumbing shared by experiments/ and benchmarks/: flag errors exit 2, and one
+CPU host device per usable core (`host_devices.start`) before `main` runs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from collections.abc import Callable
 
 from absl import app, flags, logging
 
+from soma_jax import host_devices
 from soma_jax.errors import UserError, exit_on_user_error
+
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices", 0, "CPU host devices: 0 = one per usable core (CPU affinity and cgroup "
+    "quota), unless JAX_NUM_CPU_DEVICES or XLA_FLAGS=--xla_force_host_platform_device_count "
+    "sets it; no effect on a GPU run")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -18,6 +25,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   try:
     argv = flags.FLAGS(argv)
     _check_config_files()
+    host_devices.start(_CPU_DEVICES.value)
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)  # library info logs (orbax) only on request
     return argv
@@ -56,7 +64,8 @@ def _check_config_files() -> None:
 
 def run(main: Callable[[list[str]], None]) -> None:
   """`app.run(main)` with one-line errors (exit 2) for bad flags, stray arguments and
-  UserError, and a quiet exit when the reader of stdout goes away (`| head`).
+  UserError, and a quiet exit when the reader of stdout goes away (`| head`); the CPU
+  device count is set (`host_devices.start`, --cpu_devices) before `main` runs.
 
   Info-level logs of libraries are hidden unless --verbosity is given; progress and
   results are printed by the entry points themselves.

@@ -115,9 +115,13 @@ def _io_fields(c: ml_collections.ConfigDict) -> None:
   c.data.seq_len = 256  # T: targets per window (must divide 1024)
   c.data.val_windows = 64  # expert-validation windows per expert per evaluation
 
+  # Both "auto" (the default): on a CPU, one host device per usable core (entry points set
+  # that up) with experts over the devices (FSO) when they divide N, else the directions
+  # (DDPP), else both; on a GPU one device. Integers choose the layout; one of them "auto"
+  # takes the devices the other leaves (parallel.resolve_layout).
   c.mesh = ml_collections.ConfigDict()
-  c.mesh.expert = "1"  # devices along the expert axis (FSO); "auto" = all devices / pert
-  c.mesh.pert = "1"  # devices along the direction axis (DDPP): one all-reduce per update
+  c.mesh.expert = "auto"  # devices along the expert axis (FSO): N / E experts per device
+  c.mesh.pert = "auto"  # devices along the direction axis (DDPP): one all-reduce per update
 
   c.ckpt = ml_collections.ConfigDict()
   c.ckpt.keep = 3  # newest checkpoints kept

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +66,77 @@ def mesh_shape(expert: int | str, pert: int, n_devices: int,
                     f"use an E that divides N (e.g. mesh.expert={np.gcd(n_experts, expert)}) "
                     f"or a multiple of E experts")
   return expert, pert
+
+
+class Layout(NamedTuple):
+  """A resolved mesh.expert x mesh.pert and the start-up line's words for it."""
+
+  expert: int
+  pert: int
+  why: str
+
+
+def _splits(n_pert: int, chunk: int | None, p: int) -> bool:
+  """Whether P pert devices each get whole chunks of n_pert / P directions."""
+  return n_pert % p == 0 and (chunk is None or (n_pert // p) % min(chunk, n_pert // p) == 0)
+
+
+def auto_layout(n_experts: int, n_pert: int, n_devices: int, chunk: int | None = None
+                ) -> Layout:
+  """mesh.expert = mesh.pert = "auto" on D devices: experts over all D when D divides N
+  (FSO, no collective), else directions over all D when they split (DDPP, one all-reduce),
+  else both (the most devices, then the most expert groups); `chunk` a fixed pert_chunk."""
+  d = n_devices
+  if n_experts % d == 0:
+    return Layout(d, 1, f"experts over {d} devices (FSO)")
+  if _splits(n_pert, chunk, d):
+    return Layout(1, d, f"the {n_pert} directions over {d} devices (DDPP)")
+  fits = [(e * p, e, p) for e in range(1, d + 1) for p in range(1, d // e + 1)
+          if n_experts % e == 0 and _splits(n_pert, chunk, p)]
+  used, e, p = max(fits)
+  if used == 1:
+    return Layout(1, 1, f"one device: N={n_experts} experts and {n_pert} directions do not "
+                  f"split over {d} devices")
+  idle = f", {d - used} of {d} devices idle" if used < d else ""
+  return Layout(e, p, f"experts over {e} x directions over {p} devices (FSO x DDPP{idle})")
+
+
+def resolve_layout(expert: str, pert: str, *, n_experts: int, n_pert: int, n_devices: int,
+                   chunk: int | None, can_shard: bool, method: str, backend: str,
+                   processes: int = 1) -> Layout:
+  """mesh.expert / mesh.pert of a config ("auto" or integers) as (E, P) on this machine.
+
+  Both "auto" (the default): on a CPU, `auto_layout` over one host device per core; a
+  method that cannot shard its step runs on one device. Elsewhere (a GPU) one device, as an
+  explicit 1 x 1, unless the job spans processes (then every device, as it must).
+  """
+  auto = lambda v: v in ("auto", "0")
+  if auto(expert) and auto(pert):
+    if not can_shard:
+      return Layout(1, 1, f"one device: method={method} does not shard its step"
+                    + (f" ({n_devices - 1} of {n_devices} devices idle)" if n_devices > 1 else ""))
+    if backend != "cpu" and processes == 1:
+      return Layout(1, 1, "one device (mesh auto on a GPU; set mesh.expert / mesh.pert to shard)")
+    if n_devices == 1:
+      return Layout(1, 1, "one device")
+    return auto_layout(n_experts, n_pert, n_devices, chunk)
+  try:
+    e = None if auto(expert) else int(expert)
+    p = None if auto(pert) else int(pert)
+  except ValueError:
+    raise UserError(f"mesh.expert={expert!r} / mesh.pert={pert!r} must be integers or auto") \
+        from None
+  if p is None:  # mesh.expert given: the directions take the devices left per expert group
+    free = max(1, n_devices // max(e, 1))
+    p = max(q for q in range(1, free + 1) if free % q == 0 and _splits(n_pert, chunk, q))
+  e, p = mesh_shape("auto" if e is None else e, p, n_devices, n_experts)
+  if (e, p) != (1, 1) and not can_shard:
+    raise UserError(f"mesh.expert / mesh.pert shard the SOMA step; method={method} runs on one "
+                    "device: use mesh.expert=auto mesh.pert=auto (or 1 and 1, or independent "
+                    "experts=a:b jobs)")
+  kind = {(True, True): "one device", (True, False): "FSO", (False, True): "DDPP"}.get(
+      (p == 1, e == 1), "FSO x DDPP")
+  return Layout(e, p, f"mesh.expert={e} x mesh.pert={p} ({kind})")
 
 
 def make_mesh(expert: int | str, pert: int = 1, n_experts: int | None = None) -> Mesh:
@@ -137,14 +208,15 @@ def abstract_state(cfg: spsa.StepConfig, n: int) -> PyTree:
 # ----------------------------------------------------------------------------- step
 
 
-def make_train_step(cfg: spsa.StepConfig, mesh: Mesh):
+def make_train_step(cfg: spsa.StepConfig, mesh: Mesh, donate: bool = True):
   """The jitted, sharded `step(state, batch_NxAxBxT1, expert_ids_N) -> (state, metrics)`.
 
   FSO (pert = 1): each device runs `spsa.train_step` on its local experts; nothing is
   exchanged. DDPP (pert > 1): each pert device evaluates K/P directions of every
   accumulation batch, one `psum` over "pert" of a single flat vector (partial estimates
   and loss sums) completes the estimate, then every replica takes the same Adam step.
-  The state is donated. Results match a one-device `spsa.train_step` up to float
+  The state is donated (unless `donate=False`: benchmarks run one state again and again).
+  Results match a one-device `spsa.train_step` up to float
   summation order.
   """
   n_pert_dev = mesh.shape["pert"]
@@ -190,7 +262,8 @@ def make_train_step(cfg: spsa.StepConfig, mesh: Mesh):
   # state_sharding) pass through without copies; the outputs keep the state's layout so
   # the next step needs no resharding; donation reuses the old state's buffers.
   return jax.jit(step, in_shardings=(state_sh, batch_sh, batch_sh),
-                 out_shardings=(state_sh, named(metric_specs)), donate_argnames=("state",))
+                 out_shardings=(state_sh, named(metric_specs)),
+                 donate_argnames=("state",) if donate else ())
 
 
 # ---------------------------------------------------------------------------- inputs

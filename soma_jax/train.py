@@ -27,7 +27,7 @@ from absl import logging
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import config as config_lib
 from soma_jax import evaluate as eval_lib
-from soma_jax import memory, methods, parallel, runs, spsa
+from soma_jax import host_devices, memory, methods, parallel, runs, spsa
 from soma_jax import metrics as metrics_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
@@ -229,7 +229,8 @@ class _Run:
   to_global: Callable
   data: pipeline.TrainBatches
   ckpt: ckpt_lib.Checkpointer
-  n_devices: int
+  n_devices: int  # devices the step runs on
+  layout: parallel.Layout
   ops_step: int  # operations of one update of the job's experts (SPEC 7)
   tokens_step: int
   chunk: memory.ChunkChoice
@@ -244,7 +245,7 @@ def _build(c: ml_collections.ConfigDict, workdir: str) -> _Run:
   method = methods.get(c)
   a, b = config_lib.expert_range(c)
   n_local = b - a
-  mesh = _mesh(c, method, n_local)
+  mesh, placed = _mesh(c, method, n_local)
   t0 = time.perf_counter()
   chunk = methods.choose_chunk(c, n_local, mesh)  # compiles the step (reused on one device)
   plan_seconds = time.perf_counter() - t0
@@ -274,7 +275,7 @@ def _build(c: ml_collections.ConfigDict, workdir: str) -> _Run:
   return _Run(c=c, method=method, step_cfg=step_cfg, workdir=workdir, experts=range(a, b),
               state=state, step_fn=step_fn, expert_ids=expert_ids, to_global=to_global,
               data=data, ckpt=ckpt_lib.Checkpointer(workdir, keep=c.ckpt.keep),
-              n_devices=1 if mesh is None else mesh.size, ops_step=ops_step,
+              n_devices=1 if mesh is None else mesh.size, layout=placed, ops_step=ops_step,
               tokens_step=ops_step // method.flops_per_token(c),
               chunk=chunk, val_windows=to_global(_expert_val_windows(c, feed)),
               plan_seconds=plan_seconds)
@@ -310,7 +311,10 @@ def _resume(run: _Run, overrides: list[str]) -> None:
 
 
 class _Clock:
-  """Device-seconds (wall x devices held) of training updates only, the rest apart (SPEC 7).
+  """Device-seconds of training updates only, the rest apart (SPEC 7): wall seconds x
+  `host_devices.charged_units`, i.e. core-seconds on a CPU (every core the process may use,
+  whatever the layout, so that methods that shard and methods that cannot are charged
+  alike) and device-seconds of the step's devices elsewhere.
 
   `count` each update dispatched, `lap` once they have all finished; time `aside` for
   evaluation, checkpoint saves and the first (compiling) update. Training time is
@@ -319,7 +323,8 @@ class _Clock:
   """
 
   def __init__(self, run: _Run):
-    self.n_devices, self.ops_step, self.base = run.n_devices, run.ops_step, run.totals
+    self.units = host_devices.charged_units(run.n_devices)
+    self.ops_step, self.base = run.ops_step, run.totals
     self.seconds, self.steps, self._pending = 0.0, 0, 0
     self.apart = dict.fromkeys((k for k in TIMERS if k != "device_seconds"), 0.0)
     self._planned = run.plan_seconds  # compile time before the loop, added to compile_seconds
@@ -354,10 +359,10 @@ class _Clock:
     """Cumulative ops and seconds after `updates` updates of this process."""
     mean = self.mean_step()
     out = {"ops": int(self.base.get("ops", 0)) + self.ops_step * updates,
-           "device_seconds": mean * updates * self.n_devices}
+           "device_seconds": mean * updates * self.units}
     apart = dict(self.apart, compile_seconds=max(self.apart["compile_seconds"] - mean, 0.0)
                  + self._planned)
-    out.update({k: v * self.n_devices for k, v in apart.items()})
+    out.update({k: v * self.units for k, v in apart.items()})
     return {k: v + self.base.get(k, 0) if k != "ops" else v for k, v in out.items()}
 
 
@@ -415,6 +420,18 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
           **clock.totals(done - run.start)}
 
 
+def _devices_line(placed: parallel.Layout) -> str:
+  """'2 cpu devices (one per usable core), experts over 2 devices (FSO)' and the like."""
+  d, platform = jax.device_count(), jax.devices()[0].platform
+  line = f"{d} {platform} device{'s' if d > 1 else ''}"
+  if platform == "cpu":
+    how = host_devices.chosen_by or "JAX's default"
+    cores = host_devices.usable_cores()
+    line += (" (one per usable core)" if how == "one per usable core" and cores == d
+             else f" ({how}; {cores} usable core{'s' if cores > 1 else ''})")
+  return f"{line}, {placed.why}"
+
+
 class _Log:
   """The metrics record of a log step, and what it remembers between log steps."""
 
@@ -464,19 +481,24 @@ def _periodic_evals(run: _Run, done: int, m, clock: _Clock, log: _Log) -> dict:
   return record
 
 
+def layout(c: ml_collections.ConfigDict, n_local: int,
+           method: methods.Method | None = None) -> parallel.Layout:
+  """mesh.expert x mesh.pert for this job's `n_local` experts on this process's devices."""
+  method = method or methods.get(c)
+  chunk = config_lib.pert_chunk(c) if method.plan_chunk else "auto"
+  return parallel.resolve_layout(
+      str(c.mesh.expert), str(c.mesh.pert), n_experts=n_local, n_pert=c.spsa.n_pert,
+      n_devices=jax.device_count(), chunk=None if chunk == "auto" else chunk,
+      can_shard=method.sharded_step is not None, method=c.method,
+      backend=jax.default_backend(), processes=jax.process_count())
+
+
 def _mesh(c: ml_collections.ConfigDict, method: methods.Method, n_local: int):
-  """The device mesh for mesh.expert x mesh.pert, or None for a plain one-device run."""
-  e, p = (str(c.mesh.expert), str(c.mesh.pert))
-  if e == "1" and p == "1" and jax.process_count() == 1:
-    return None
-  if method.sharded_step is None:
-    raise UserError(f"mesh.expert / mesh.pert shard the SOMA step; method={c.method} runs on "
-                    "one device: use mesh.expert=1 mesh.pert=1 (or independent experts=a:b jobs)")
-  as_arg = lambda v: "auto" if v in ("auto", "0") else int(v)
-  try:
-    return parallel.make_mesh(as_arg(e), int(p), n_experts=n_local)
-  except ValueError as err:
-    raise UserError(f"mesh.expert={e!r} / mesh.pert={p!r}: {err}; use integers or auto") from None
+  """(the device mesh, or None for a plain one-device run; the layout it realises)."""
+  chosen = layout(c, n_local, method)
+  if (chosen.expert, chosen.pert) == (1, 1) and jax.process_count() == 1:
+    return None, chosen
+  return parallel.make_mesh(chosen.expert, chosen.pert, n_experts=n_local), chosen
 
 
 def _to_host(tree):

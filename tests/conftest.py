@@ -64,7 +64,23 @@ def pytest_configure(config):
   os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
   flags = os.environ.get("XLA_FLAGS", "")
   if "xla_gpu_deterministic_ops" not in flags:
-    os.environ["XLA_FLAGS"] = (flags + " --xla_gpu_deterministic_ops=true").strip()
+    flags += " --xla_gpu_deterministic_ops=true"
+  # Entry points started by tests keep one CPU device (the user's XLA_FLAGS count wins over
+  # host_devices' one per core); a test that wants the default layout uses `default_env`.
+  if DEVICE_COUNT_FLAG not in flags:
+    flags += f" {DEVICE_COUNT_FLAG}=1"
+  os.environ["XLA_FLAGS"] = flags.strip()
+
+
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def default_env(**extra: str) -> dict:
+  """os.environ for a child entry point that picks its own CPU device count (one per usable
+  core), as a user's shell would: without the one-device XLA flag of pytest_configure."""
+  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                   if not f.startswith(DEVICE_COUNT_FLAG))
+  return dict(os.environ, XLA_FLAGS=flags, **extra)
 
 
 def equal_to_rounding(actual, desired, close: float = 1e-5, outliers: float = 0.001,

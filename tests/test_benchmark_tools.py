@@ -103,6 +103,9 @@ def test_benchmark_reports_ratios_of_the_times_it_measured():
   c = config_lib.base_config(n=2, size="tiny")
   out = step_timing.benchmark(c, reps=1, loop=False)
   assert out["reps"] == 1 and out["config"]["pert_chunk"] == 4  # the tiny preset fixes it
+  # One device here: the layout training uses is the plain step, timed once.
+  assert out["layout"]["what"] == "one device" and out["speedup_vs_one_device"] == 1.0
+  assert out["one_device_step_seconds"] == out["step_seconds"]
   assert out["efficiency"] == out["forward_seconds"] / out["step_seconds"]
   assert out["efficiency_vs_batched"] == out["batched_forward_seconds"] / out["step_seconds"]
   assert out["estimate_efficiency"] == out["forward_seconds"] / out["estimate_seconds"]
@@ -148,3 +151,48 @@ def test_estimate_only_is_the_steps_estimate():
                        jax.random.key(cfg.seed), cfg.spsa, shared_head=cfg.model.shared_head)
   for x, y in zip(jax.tree.leaves((g, loss)), jax.tree.leaves(want), strict=True):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+def _bench_child(script: str, *args: str, python: tuple[str, ...] = ()) -> dict:
+  """A benchmark as a user runs it (it picks its own CPU devices), its JSON output."""
+  from tests.conftest import default_env
+
+  cmd = [sys.executable, *python] if python else [sys.executable, "-m", f"benchmarks.{script}"]
+  proc = subprocess.run([*cmd, *args], cwd=ROOT, capture_output=True, text=True,
+                        env=default_env(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return proc.stdout
+
+
+def test_spsa_step_times_the_training_layout_beside_one_device():
+  import json
+
+  out = json.loads(_bench_child("spsa_step", "--config=experiments/configs/soma.py:n=2,size=tiny",
+                                "--cpu_devices=2", "--reps=1", "--noloop"))
+  assert out["devices"] == 2 and out["layout"]["mesh_expert"] == 2, out["layout"]
+  assert "FSO" in out["layout"]["what"]
+  assert out["speedup_vs_one_device"] == out["one_device_step_seconds"] / out["step_seconds"]
+  assert out["efficiency"] == out["forward_seconds"] / out["one_device_step_seconds"]
+  assert len(out["loss_layout"]) == 2 and out["loss_max_relative_difference"] < 1e-5
+
+
+def test_torch_mezo_says_so_without_pytorch():
+  hide = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['torch_mezo.py']; "
+          "runpy.run_module('benchmarks.torch_mezo', run_name='__main__')")
+  said = _bench_child("", python=("-c", hide))
+  assert said.strip() == "torch_mezo: PyTorch is not installed, nothing measured; fix: " \
+      "pip install -e '.[bench]' (or pip install torch)"
+
+
+def test_torch_mezo_measures_both_sides():
+  import json
+
+  pytest.importorskip("torch")
+  out = json.loads(_bench_child("torch_mezo", "--n=2", "--d_t=8", "--n_pert=2", "--batch=2",
+                                "--seq_len=16", "--reps=1", "--cpu_devices=2"))
+  assert out["perturbed_tokens_per_update"] == 2 * 2 * 2 * 16 * 2
+  assert out["jax_layout"]["mesh_expert"] == 2
+  assert out["speedup_vs_torch"] == out["torch_step_seconds"] / out["jax_step_seconds"]
+  # Same shape on both sides, bar the JAX head's place outside the body's count.
+  assert out["torch_params_per_expert"] == out["jax_params_per_expert"] + 256 * 32
+  assert all(4.5 < x < 7.0 for x in out["torch_mean_loss"])  # near ln 256 at init

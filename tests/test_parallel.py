@@ -120,6 +120,40 @@ def test_mesh_shape_auto_and_errors():
     parallel.make_mesh(2, 1)  # this process has one device
 
 
+@pytest.mark.parametrize("n,n_pert,devices,chunk,want", [
+    (4, 16, 2, None, (2, 1)),  # N allows: experts over the devices (FSO)
+    (3, 16, 2, None, (1, 2)),  # N odd: the directions (DDPP)
+    (2, 16, 4, None, (1, 4)),  # directions before mixing
+    (2, 6, 4, None, (2, 2)),  # neither alone: both
+    (6, 9, 4, None, (3, 1)),  # none uses all 4: the most devices, then expert groups
+    (3, 5, 2, None, (1, 1)),  # nothing splits
+    (3, 12, 2, 4, (1, 1)),  # 6 directions per device are not whole chunks of 4
+    (3, 12, 2, 6, (1, 2)),
+])
+def test_auto_layout_prefers_experts_then_directions_then_both(n, n_pert, devices, chunk, want):
+  got = parallel.auto_layout(n, n_pert, devices, chunk)
+  assert (got.expert, got.pert) == want, got
+  assert got.expert * got.pert <= devices and n % got.expert == 0 and n_pert % got.pert == 0
+
+
+def test_resolve_layout_auto_explicit_and_methods_that_cannot_shard():
+  kw = dict(n_experts=4, n_pert=16, chunk=None, method="soma", backend="cpu")
+  layout = lambda e, p, d, **more: parallel.resolve_layout(e, p, n_devices=d, **{**kw, **more})
+  assert layout("auto", "auto", 2, can_shard=True)[:2] == (2, 1)
+  assert "FSO" in layout("auto", "auto", 2, can_shard=True).why
+  bptt = layout("auto", "auto", 2, can_shard=False, method="bptt")
+  assert bptt[:2] == (1, 1) and "method=bptt does not shard" in bptt.why
+  assert layout("auto", "auto", 8, can_shard=True, backend="gpu")[:2] == (1, 1)  # GPU: as before
+  assert layout("auto", "auto", 8, can_shard=True, backend="gpu", processes=2)[:2] == (8, 1)
+  assert layout("1", "1", 2, can_shard=True)[:2] == (1, 1)  # explicit wins
+  assert layout("auto", "2", 4, can_shard=True)[:2] == (2, 2)
+  assert layout("2", "auto", 8, can_shard=True)[:2] == (2, 4)
+  with pytest.raises(UserError, match="method=bptt runs on one device"):
+    layout("2", "1", 2, can_shard=False, method="bptt")
+  with pytest.raises(UserError, match="must be integers or auto"):
+    layout("two", "1", 2, can_shard=True)
+
+
 def test_one_device_mesh():
   mesh = parallel.make_mesh("auto", 1, n_experts=3)
   assert dict(mesh.shape) == {"expert": 1, "pert": 1}

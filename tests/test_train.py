@@ -11,9 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from soma_jax import merge, runs, train
+from soma_jax import host_devices, merge, runs, train
 from soma_jax.errors import UserError
-from tests.conftest import equal_to_rounding
+from tests.conftest import default_env, equal_to_rounding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("step_seconds", "tokens_per_second", "device_seconds", "compile_seconds",
@@ -61,15 +61,18 @@ KILLER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {configs!r})
     import soma
-    from soma_jax import train
+    from soma_jax import host_devices, train
     from soma_jax.data import pipeline
 
+    if {default_layout!r}:  # as an entry point starts: one CPU device per usable core
+      host_devices.start()
     real_next = pipeline.TrainBatches.__next__
     def next_or_die(self):
       if self.step == {kill_at}:  # power loss while fetching the batch of this update
         os.kill(os.getpid(), signal.SIGKILL)
       return real_next(self)
-    pipeline.TrainBatches.__next__ = next_or_die
+    if {kill_at} >= 0:
+      pipeline.TrainBatches.__next__ = next_or_die
     c = soma.get_config("n=3,size=tiny")
     c.data.dir = {data!r}
     c.update(steps=8, log_every=1, eval_every=2, ckpt_every=2)
@@ -77,15 +80,64 @@ KILLER = textwrap.dedent("""
 """)
 
 
+def _child_train(workdir: str, data: str, kill_at: int = -1, default_layout: bool = False):
+  script = KILLER.format(configs=os.path.join(ROOT, "experiments", "configs"), kill_at=kill_at,
+                         data=data, workdir=workdir, default_layout=default_layout)
+  env = default_env(JAX_PLATFORMS="cpu") if default_layout else None
+  return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                        cwd=ROOT)
+
+
 def test_resume_after_kill9_is_bit_identical(data_prepared, tmp_path):
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
   train.train(tiny_config(data_prepared), straight)
-  script = KILLER.format(configs=os.path.join(ROOT, "experiments", "configs"), kill_at=5,
-                         data=data_prepared, workdir=resumed)
-  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+  proc = _child_train(resumed, data_prepared, kill_at=5)
   assert proc.returncode == -9, proc.stderr[-2000:]
   assert max(r["step"] for r in metrics_without_timing(resumed)) < 8
   assert_resumes_like(straight, resumed, data_prepared)
+
+
+def test_resume_after_kill9_in_the_default_layout_is_bit_identical(data_prepared, tmp_path):
+  """As `experiments/train.py` runs without flags: one host device per usable core, the
+  default mesh (on 2 cores, N = 3 experts: the directions over 2 devices, DDPP). The
+  uninterrupted run, the killed run and its resume all run in that layout."""
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  proc = _child_train(straight, data_prepared, default_layout=True)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  cores = host_devices.usable_cores()
+  devices = f"{cores} cpu device{'s' if cores > 1 else ''} (one per usable core)"
+  assert devices in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
+  proc = _child_train(resumed, data_prepared, kill_at=5, default_layout=True)
+  assert proc.returncode == -9, proc.stderr[-2000:]
+  assert max(r["step"] for r in metrics_without_timing(resumed)) < 8
+  proc = _child_train(resumed, data_prepared, default_layout=True)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert_same_params(straight, resumed)
+  assert metrics_without_timing(straight) == metrics_without_timing(resumed)
+
+
+@pytest.mark.parametrize("cpu_devices,what", [(2, "DDPP"), (3, "FSO")])
+def test_three_updates_equal_to_rounding_across_layouts(data_prepared, tmp_path, cpu_devices,
+                                                        what):
+  """3 tiny updates of N = 3 experts on one device and through experiments/train.py on 2
+  host devices (the directions split, DDPP) or 3 (experts split, FSO): equal losses and
+  weights to float32 rounding (XLA compiles each layout's program on its own)."""
+  one, laid = str(tmp_path / "one"), str(tmp_path / "laid")
+  c = tiny_config(data_prepared, steps=3)
+  train.train(c, one)
+  cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+         "--config=" + os.path.join(ROOT, "experiments", "configs", "soma.py") + ":n=3,size=tiny",
+         f"--config.data.dir={data_prepared}", f"--workdir={laid}", "--config.steps=3",
+         "--config.log_every=1", "--config.eval_every=2", "--config.ckpt_every=2",
+         f"--cpu_devices={cpu_devices}"]
+  proc = subprocess.run(cmd, env=default_env(JAX_PLATFORMS="cpu"), capture_output=True,
+                        text=True)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  said = proc.stdout + proc.stderr
+  assert f"{cpu_devices} cpu devices (--cpu_devices" in said and what in said, said[-2000:]
+  losses = lambda w: np.array([r["loss"] for r in metrics_without_timing(w) if "loss" in r])
+  np.testing.assert_allclose(losses(laid), losses(one), rtol=1e-5)
+  assert_same_params(one, laid, same_program=False)
 
 
 def test_expert_slices_merged_equal_one_job(data_prepared, tmp_path):
@@ -170,7 +222,14 @@ def test_resume_on_a_different_device_count(data_prepared, tmp_path):
   with open(os.path.join(sharded, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f]
   mean = np.mean([r["step_seconds"] for r in records[1:]])
-  assert records[-1]["device_seconds"] == pytest.approx(3 * 6 * mean, rel=1e-6)
+  # On a CPU they are core-seconds: the cores the process may use, not the 3 host devices
+  # (one partition of those cores), so one-device and sharded runs are charged alike.
+  cores = host_devices.usable_cores()
+  assert records[-1]["device_seconds"] == pytest.approx(cores * 6 * mean, rel=1e-6)
+  with open(os.path.join(straight, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  mean = np.mean([r["step_seconds"] for r in records[1:]])
+  assert records[-1]["device_seconds"] == pytest.approx(cores * 6 * mean, rel=1e-6)
   # Drop the last checkpoint, then resume from step 4 on a single device.
   shutil.rmtree(os.path.join(sharded, "checkpoints", "6"))
   summary = train.train(tiny_config(data_prepared, steps=6), sharded)
@@ -188,3 +247,22 @@ def test_train_to_end_refuses_a_run_stopped_early(monkeypatch):
     train.train_to_end(None, "w", "the seed run")
   monkeypatch.setattr(train, "train", lambda c, w: {"status": "done", "step": 8})
   assert train.train_to_end(None, "w", "the seed run")["step"] == 8
+
+
+@pytest.mark.parametrize("config", ["bptt.py:n=3,size=tiny", "eggroll.py:n=3,size=tiny"])
+def test_methods_that_cannot_shard_run_on_one_device_by_default(data_prepared, tmp_path,
+                                                               config):
+  """BPTT and EGGROLL steps have no mesh: on several CPU devices the default layout trains
+  them on one and the start-up line says so."""
+  cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+         f"--config={os.path.join(ROOT, 'experiments', 'configs', config)}",
+         f"--config.data.dir={data_prepared}", f"--workdir={tmp_path / 'w'}", "--config.steps=2",
+         "--cpu_devices=2"]
+  proc = subprocess.run(cmd, env=default_env(JAX_PLATFORMS="cpu"), capture_output=True,
+                        text=True)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  method = config.split(".")[0]
+  assert f"one device: method={method} does not shard its step (1 of 2 devices idle)" in \
+      proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
+  with open(os.path.join(tmp_path, "w", "summary.json")) as f:
+    assert json.load(f)["step"] == 2
