@@ -6,8 +6,9 @@ Runs, each as its own process: prepare the built-in corpus (N = 2), the tiny see
 SOMA runs, short runs (--steps updates) of the cpu seed and SOMA presets, and the
 evaluation of the short SOMA run (the test set's size and interval width). Records
 every command, its wall time and CPU time (other jobs on the machine stretch the wall
-time, not the CPU time), and the mean seconds per update after the first log interval
-(which holds the compile).
+time, not the CPU time), the mean seconds per update after the first log interval
+(which holds the compile), and a training run's start-up line (its devices and layout:
+the commands pass no device flag, so they show the default).
 """
 
 from __future__ import annotations
@@ -27,14 +28,20 @@ from soma_jax import config as config_lib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(cmd: list[str]) -> tuple[float, float]:
-  """(wall seconds, CPU seconds of the process and its children) of one command."""
+def _run(cmd: list[str]) -> tuple[float, float, str]:
+  """(wall seconds, CPU seconds of the process and its children, the training start-up line
+  naming devices and layout, or "") of one command."""
   before = resource.getrusage(resource.RUSAGE_CHILDREN)
   t0 = time.perf_counter()
-  subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+  proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                        text=True)
   wall = time.perf_counter() - t0
+  if proc.returncode:
+    raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
   after = resource.getrusage(resource.RUSAGE_CHILDREN)
-  return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+  start = [line for line in proc.stderr.splitlines() if line.startswith("training experts")]
+  return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), \
+      start[0] if start else ""
 
 
 def _train_record(workdir: str) -> dict:
@@ -74,8 +81,10 @@ def measure(work: str, steps: int) -> list[dict]:
                "command": [py, "experiments/evaluate.py", f"--workdir={os.path.join(work, 'cpu_soma')}",
                            "--split=test", f"--json={os.path.join(work, 'eval.json')}"]})
   for row in rows:
-    wall, cpu = _run(row["command"])
+    wall, cpu, start = _run(row["command"])
     row.update(wall_s=round(wall, 2), cpu_s=round(cpu, 2))
+    if start:
+      row["start_line"] = start
     if "workdir" in row:
       row.update(_train_record(row.pop("workdir")))
       arg = f"size={row['size']}" + (",n=2" if row["config"] == "soma.py" else "")
