@@ -11,7 +11,10 @@ both ideals once (interleaved, so their ratios do not drift with the machine):
     CPU host device per usable core, --cpu_devices to change it) -> `step_seconds`, and
     beside it the plain one-device step -> `one_device_step_seconds`,
     `speedup_vs_one_device`, and both layouts' losses after one update from the same state
-    (`loss_max_relative_difference`, float32 rounding);
+    (`loss_max_relative_difference`, float32 rounding); and the step once more in a child
+    process with one CPU device (`one_device_process_step_seconds`,
+    `speedup_vs_one_device_process`: what a `--cpu_devices=1` run gets, since a device of
+    a 2-device process may run one-device programs slower than a 1-device process does);
   * the ideal (a one-device program, read against the one-device step): the 2 A n_pert
     plain forward passes of B sequences (unperturbed weights)
     that one update stands for -> `efficiency`; and plain forwards of 2 C B sequences at
@@ -28,22 +31,58 @@ is reported as well (`process_peak_bytes_in_use`).
 """
 
 
+import json
+import os
+import subprocess
+import sys
+
 from absl import flags
 from ml_collections import config_flags
 
 from benchmarks.step_timing import benchmark
 from soma_jax import cli
+from soma_jax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _JSON = flags.DEFINE_string("json", None, "write the results here")
 _REPS = flags.DEFINE_integer("reps", 7, "timed rounds (median)")
 _LOOP = flags.DEFINE_bool("loop", True, "also time the naive per-direction loop")
+_STEP_ONLY = flags.DEFINE_bool("step_only", False, "time the step alone (no ideals, no loop)")
+_ONE_PROCESS = flags.DEFINE_bool(
+    "one_device_process", True, "when the layout has several devices, also time the step in "
+    "a child process with one CPU device, as a run with --cpu_devices=1 has it")
 flags.mark_flag_as_required("config")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def one_device_process(reps: int) -> dict:
+  """This benchmark's step, rerun in a child process with --cpu_devices=1 (step only).
+
+  Within one process the one-device step shares XLA's CPU runtime with the other host
+  devices; a process of its own is what a one-device run gets.
+  """
+  keep = [a for a in sys.argv[1:] if not a.startswith(("--json", "--cpu_devices", "--reps",
+                                                       "--one_device_process", "--step_only"))]
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.spsa_step", *keep, f"--reps={reps}",
+                         "--cpu_devices=1", "--step_only", "--noone_device_process"],
+                        capture_output=True, text=True, cwd=ROOT,
+                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                            filter(None, [ROOT, os.environ.get("PYTHONPATH")]))))
+  if proc.returncode:
+    raise UserError(f"the one-device child run failed:\n{proc.stderr[-2000:]}")
+  return json.loads(proc.stdout)
 
 
 def main(argv):
   del argv
-  cli.emit_json(benchmark(_CONFIG.value, _REPS.value, _LOOP.value), _JSON.value)
+  out = benchmark(_CONFIG.value, _REPS.value, _LOOP.value and not _STEP_ONLY.value,
+                  ideals=not _STEP_ONLY.value)
+  if _ONE_PROCESS.value and out["devices"] > 1:
+    child = one_device_process(_REPS.value)
+    out.update(one_device_process_step_seconds=child["step_seconds"],
+               one_device_process_pert_chunk=child["config"]["pert_chunk"],
+               speedup_vs_one_device_process=child["step_seconds"] / out["step_seconds"])
+  cli.emit_json(out, _JSON.value)
 
 
 if __name__ == "__main__":

@@ -174,6 +174,9 @@ def test_spsa_step_times_the_training_layout_beside_one_device():
   assert out["speedup_vs_one_device"] == out["one_device_step_seconds"] / out["step_seconds"]
   assert out["efficiency"] == out["forward_seconds"] / out["one_device_step_seconds"]
   assert len(out["loss_layout"]) == 2 and out["loss_max_relative_difference"] < 1e-5
+  # ... and the step once more in a one-device child process.
+  assert out["speedup_vs_one_device_process"] == (out["one_device_process_step_seconds"]
+                                                  / out["step_seconds"])
 
 
 def test_torch_mezo_says_so_without_pytorch():
