@@ -41,22 +41,32 @@ _D_T = flags.DEFINE_integer("d_t", 64, "body width")
 _N_PERT = flags.DEFINE_integer("n_pert", 16, "directions per update")
 _BATCH = flags.DEFINE_integer("batch", 16, "sequences B per batch")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "targets T per sequence")
+_TIME_BLOCK = flags.DEFINE_integer(
+    "time_block", 0, "JAX's spsa.time_block; 0 = the cpu preset's rows per block, "
+    "B x time_block = 2 x 256 = 512 (32 at B = 16)")
 _REPS = flags.DEFINE_integer("reps", 5, "timed updates per side (median)")
 _JSON = flags.DEFINE_string("json", None, "write the results here")
 
+PRESET_ROWS = 2 * 256  # the cpu preset's B x time_block
 MISSING = ("torch_mezo: PyTorch is not installed, nothing measured; fix: "
            "pip install -e '.[bench]' (or pip install torch)")
 
 
-def soma_config(n: int, d_t: int, n_pert: int, batch: int, seq_len: int):
-  """The cpu preset at the benchmark's shapes (width, directions, B, T)."""
+def soma_config(n: int, d_t: int, n_pert: int, batch: int, seq_len: int, time_block: int = 0):
+  """The cpu preset at the benchmark's shapes (width, directions, B, T).
+
+  Its time block of 256 positions was the fastest at B = 2 (step_sweep); what matters for
+  the cache is the block's rows, B x time_block, so `time_block=0` keeps those at the
+  preset's 512 (at B = 16 on 2 cores, 32 ran faster than 256: `--time_block=256` times it).
+  """
   c = config_lib.load_config_file(
       os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
                    "configs", "soma.py"), f"n={n},size=cpu")
   c.model.d_t = d_t
   c.spsa.update(n_pert=n_pert, batch=batch)
   c.data.seq_len = seq_len
-  c.spsa.time_block = min(c.spsa.time_block, seq_len)
+  rows = PRESET_ROWS
+  c.spsa.time_block = min(time_block or max(1, rows // batch), seq_len)
   return c
 
 
@@ -153,7 +163,8 @@ def main(argv):
   if importlib.util.find_spec("torch") is None:
     print(MISSING)
     return
-  c = soma_config(_N.value, _D_T.value, _N_PERT.value, _BATCH.value, _SEQ_LEN.value)
+  c = soma_config(_N.value, _D_T.value, _N_PERT.value, _BATCH.value, _SEQ_LEN.value,
+                  _TIME_BLOCK.value)
   load = os.getloadavg()[0]
   jax_out = jax_side(c, _REPS.value)
   batch = np.random.default_rng(0).integers(0, 256, (c.n_experts, c.spsa.batch,
@@ -164,7 +175,8 @@ def main(argv):
   result = {
       "config": {"n_experts": c.n_experts, "d_t": c.model.d_t, "d_e": c.model.d_e,
                  "depth": c.model.depth, "n_pert": c.spsa.n_pert, "batch": c.spsa.batch,
-                 "seq_len": c.data.seq_len, "reps": _REPS.value},
+                 "seq_len": c.data.seq_len, "time_block": c.spsa.time_block,
+                 "reps": _REPS.value},
       "load_average_1m_at_start": load, "perturbed_tokens_per_update": tokens,
       **{f"jax_{k}": v for k, v in jax_out.items()}, **torch_out,
       "torch_perturbed_tokens_per_second": tokens / torch_out["torch_step_seconds"],
