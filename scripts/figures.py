@@ -82,6 +82,9 @@ FIGURES = {
     # Needs PyTorch (pip install -e ".[bench]"): the SOMA step against nn.LSTM + MeZO.
     "torch_mezo": Figure(("-m", "benchmarks.torch_mezo", "--json={out}/torch_mezo.json"),
                          json="{out}/torch_mezo.json", cheap=False),
+    "torch_mezo_time_block_256": Figure(
+        ("-m", "benchmarks.torch_mezo", "--time_block=256", "--json={out}/torch_mezo.json"),
+        json="{out}/torch_mezo.json", cheap=False),
     # The CPU's chunk rule (memory.cpu_chunk) and the cpu preset's time block come from these.
     **{f"step_sweep_cpu_n{n}": Figure(
         ("-m", "benchmarks.step_sweep", f"--config=experiments/configs/soma.py:n={n},size=cpu",
