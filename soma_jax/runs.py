@@ -47,7 +47,11 @@ def shapes_only(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def restore_state(workdir: str, step: int | None = None):
   """(step, TrainState, iterator state, config) of a workdir's newest (or given) checkpoint."""
   c = ckpt_lib.read_config(workdir)
-  abstract = jax.eval_shape(lambda: initial_state(shapes_only(c)))
+  # Onto this process's first device, whatever layout saved it: a run trained on several
+  # (CPU host) devices restores in a one-device tool, and the other way round.
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                          jax.eval_shape(lambda: initial_state(shapes_only(c))))
   ckpt = ckpt_lib.Checkpointer(workdir)
   try:
     if step is not None and step not in ckpt.steps():

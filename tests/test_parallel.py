@@ -144,7 +144,8 @@ def test_resolve_layout_auto_explicit_and_methods_that_cannot_shard():
   bptt = layout("auto", "auto", 2, can_shard=False, method="bptt")
   assert bptt[:2] == (1, 1) and "method=bptt does not shard" in bptt.why
   assert layout("auto", "auto", 8, can_shard=True, backend="gpu")[:2] == (1, 1)  # GPU: as before
-  assert layout("auto", "auto", 8, can_shard=True, backend="gpu", processes=2)[:2] == (8, 1)
+  assert layout("auto", "auto", 8, can_shard=True, backend="gpu", processes=2,
+                n_experts=8)[:2] == (8, 1)  # a multi-process job uses every device
   assert layout("1", "1", 2, can_shard=True)[:2] == (1, 1)  # explicit wins
   assert layout("auto", "2", 4, can_shard=True)[:2] == (2, 2)
   assert layout("2", "auto", 8, can_shard=True)[:2] == (2, 4)
