@@ -382,7 +382,8 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
     progress.message(
         f"training experts {a}..{b - 1} of {c.n_experts} "
         f"({run.method.body_params(c):,} params each) from step "
-        f"{run.start}{warm} to {c.steps} on {jax.devices()[0].platform}; {run.chunk.describe()}; "
+        f"{run.start}{warm} to {c.steps} on {_devices_line(run.layout)}; "
+        f"{run.chunk.describe()}; "
         f"{signs}matmul precision {c.precision}")
     clock = _Clock(run)
     log = _Log(run, clock, progress)
