@@ -14,6 +14,7 @@ checkpoint that fails to restore is moved aside to `checkpoints/corrupt-<step>`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -315,9 +316,7 @@ class Checkpointer:
       if max_step is not None and step > max_step:
         continue
       try:
-        out = self._mngr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-        return step, out["state"], out["data"]
+        return (step, *self._restore(step, abstract_state))
       except Exception as e:  # noqa: BLE001 - any failure to read means "try an older one"
         why = f"{type(e).__name__}: {_first_words(e)}"
         where = ""
@@ -329,6 +328,22 @@ class Checkpointer:
       raise UserError(f"no readable checkpoint in {self.directory!r} (all "
                       f"{len(self.steps())} failed); fix: restore the files or use a new workdir")
     return None
+
+  def _restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+    """(state, data_state) of checkpoint `step`. A TrainState saved before `carry` existed
+    (every run before method=eggroll carried its streams) restores with carry = ()."""
+    restore = lambda target: self._mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
+    try:
+      out = restore(abstract_state)
+      return out["state"], out["data"]
+    except ValueError:
+      if getattr(abstract_state, "carry", None) != ():
+        raise
+      fields = {f.name: getattr(abstract_state, f.name)
+                for f in dataclasses.fields(abstract_state) if f.name != "carry"}
+      out = restore(fields)
+      return abstract_state.replace(**out["state"]), out["data"]
 
   def quarantine(self, step: int) -> str:
     """Moves checkpoint `step` to checkpoints/corrupt-<step>[.n]; returns the new path."""

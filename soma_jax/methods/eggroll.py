@@ -22,6 +22,7 @@ from soma_jax import eggroll as eggroll_lib
 from soma_jax import gru as gru_lib
 from soma_jax import sizing, spsa
 from soma_jax.data import pipeline
+from soma_jax.errors import UserError
 from soma_jax.layers import VOCAB
 from soma_jax.methods import lstm
 from soma_jax.methods.base import Method, Seed, adam_step, need
@@ -136,11 +137,21 @@ def gru_logits(body, head_e, inputs_BxT):
 def init_params(c, seed: Seed = None):
   """N GRUs from the run's seed (this job's slice) and the unused shared-head placeholder."""
   del seed  # validate refuses init_from: the GRU trains from its own init
+  check_gru_generation(c)
   a, b = config_lib.expert_range(c)
   keys = jax.random.split(jax.random.key(c.seed), c.n_experts)
   body_N = jax.vmap(lambda k: gru_lib.init_gru(k, gru_config(c)))(keys)
   head = jnp.zeros((VOCAB, c.model.d_e), jnp.float32)
   return jax.tree.map(lambda x: x[a:b], body_N), head
+
+
+def check_gru_generation(c) -> None:
+  """A run saved before eggroll.segment existed holds the earlier bare 3-gate GRU (6 d^2
+  weights a layer), whose weights do not fit today's block (mixer + MLP, 12 d^2)."""
+  if "segment" not in c.eggroll:
+    raise UserError("this method=eggroll run was trained on the earlier 3-gate GRU, whose "
+                    "weights do not fit today's GRU block (SPEC 9.4); fix: retrain it with "
+                    "experiments/train.py --config=experiments/configs/eggroll.py")
 
 
 def step_config(c, pert_chunk=None) -> EggrollStepConfig:
@@ -168,6 +179,7 @@ def train_data(c, experts: list[int], pooled: bool) -> pipeline.StreamSegments:
 
 
 def validate(c) -> None:
+  check_gru_generation(c)
   need(not c.init_from, "method=eggroll trains the GRU from its own init; set init_from=''")
   validate_es(c)
   need(1 <= c.eggroll.segment <= 1024,
