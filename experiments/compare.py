@@ -1,10 +1,11 @@
-"""SOMA against monolithic SPSA, EGGROLL and BPTT at equal size and compute (Table 4, Figure 1).
+"""The paper's comparisons from warm starts at equal device time (SPEC 9.1 and 9.2).
 
-  python experiments/compare.py --config=experiments/configs/compare.py:cpu --out=runs/compare
+  python experiments/compare.py --config=experiments/configs/compare.py:study=table4,size=cpu --out=runs/table4
+  python experiments/compare.py --config=experiments/configs/compare.py:study=table7,size=cpu --out=runs/table7
 
-Trains every method once per seed; writes OUT/table.md, OUT/results.json (with this
-command and its wall time), OUT/results.csv and OUT/figure1.png; re-run the same command
-to resume an interrupted comparison.
+Trains the seed runs, then every row (table4) or every grid point (table7) once per seed;
+writes OUT/table.md and OUT/results.json (with this command, its wall time and the load
+average); re-run the same command to resume an interrupted study.
 """
 
 import shlex
@@ -17,9 +18,10 @@ from ml_collections import config_flags
 from soma_jax import cli
 from soma_jax.studies import compare
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/configs/compare.py:cpu|tiny",
+_CONFIG = config_flags.DEFINE_config_file("config", None,
+                                          "experiments/configs/compare.py:study=table4|table7,size=cpu|tiny",
                                           lock_config=True)
-_OUT = flags.DEFINE_string("out", None, "output folder: runs/, table.md, results.json/.csv, figure1.png")
+_OUT = flags.DEFINE_string("out", None, "output folder: seeds/, runs/, table.md, results.json")
 flags.mark_flags_as_required(["config", "out"])
 
 

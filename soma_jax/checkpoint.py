@@ -43,10 +43,11 @@ SHAPE_KEYS = ("method", "n_experts", "experts", "model", "spsa.accum", "data.seq
 # Device layout and speed / memory knobs: they leave the math alone up to float rounding.
 SPEED_KEYS = ("mesh", "spsa.pert_chunk", "spsa.time_block", "spsa.unroll", "spsa.signs",
               "spsa.forward", "eggroll.pop_chunk")
-# Fields a resume may change freely: run length, logging and checkpoint cadence, precision
-# and the speed knobs.
-RESUMABLE_KEYS = ("steps", "log_every", "eval_every", "ckpt_every", "ensemble_eval_every",
-                  "ckpt.keep", "precision", "resume_overrides") + SPEED_KEYS
+# Fields a resume may change freely: run length (steps, time budget), logging and checkpoint
+# cadence, precision and the speed knobs.
+RESUMABLE_KEYS = ("steps", "budget_seconds", "budget_checkpoints", "log_every", "eval_every",
+                  "ckpt_every", "ensemble_eval_every", "ckpt.keep", "precision",
+                  "resume_overrides") + SPEED_KEYS
 MANIFEST_KEY = "data.manifest_sha256"  # the data dir's manifest.json, compared on resume
 
 

@@ -53,10 +53,14 @@ def _run_fields(n: int) -> ml_collections.ConfigDict:
   c.n_experts = n  # N: experts, each with its own data shard, loss and Adam state
   c.experts = ""  # "" = all; "a:b" trains experts a..b-1 only, as an independent job
   c.seed = 0  # base key of every probe: (seed, step, expert, accum, direction)
-  c.steps = 200  # updates per expert
+  c.steps = 200  # updates per expert (with budget_seconds: the most it may take)
+  # Stop after the update at which the training device-seconds (SPEC 7: update wall time x
+  # devices held, evaluation, checkpoints and compilation excluded) reach this; 0 = none.
+  c.budget_seconds = 0.0
+  c.budget_checkpoints = 4  # with a budget: checkpoints after 1/k, 2/k, ... k/k of it
   c.log_every = 10  # metrics.jsonl / TensorBoard / console cadence (updates)
   c.eval_every = 50  # expert validation on each expert's 1% split; drives the plateau rule
-  c.ensemble_eval_every = 0  # routed ensemble validation cadence (0 = at the end only)
+  c.ensemble_eval_every = 0  # routed ensemble validation cadence (0 = at the end only, -1 = never)
   c.ckpt_every = 50  # checkpoint cadence (also on SIGTERM / SIGINT)
   # The explicit dot algorithm of every matmul of the training step (memory.DOT_ALGORITHMS):
   # on a GPU default = TF32 (SPSA coefficients within 1.2% of full f32 at eps 1e-3,
@@ -212,6 +216,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.steps >= 1, f"steps={c.steps} must be >= 1")
   for key in ("log_every", "eval_every", "ckpt_every"):
     need(c[key] >= 1, f"{key}={c[key]} must be >= 1")
+  need(c.get("budget_seconds", 0.0) >= 0, f"budget_seconds={c.get('budget_seconds')} must be "
+       ">= 0 (0 = no time budget)")
+  need(c.get("budget_checkpoints", 1) >= 1,
+       f"budget_checkpoints={c.get('budget_checkpoints')} must be >= 1")
   need(not (c.model.shared_head and c.opt.train_head),
        "opt.train_head=True needs model.shared_head=False (a shared head stays frozen)")
   expert_range(c)

@@ -71,15 +71,16 @@ def target_logprobs(body_N: PyTree, head: jax.Array, e: int, windows: np.ndarray
 
 
 def routed_logprobs(body_N: PyTree, head: jax.Array, windows: np.ndarray, routes_nxk: np.ndarray,
-                    shared_head: bool, batch: int = 64,
+                    shared_head: bool, batch: int = 64, first: int = ROUTE_BYTES + 1,
                     logits_fn: LogitsFn = model_lib.logits) -> np.ndarray:
-  """log p_e(y_t) for each window's selected experts: [n, k, 768] float32."""
+  """log p_e(y_t) for each window's selected experts and targets first..W-1: [n, k, 768]
+  float32 for 1,025-byte windows at the paper's first = 257."""
   n, k = routes_nxk.shape
-  out = np.empty((n, k, windows.shape[1] - ROUTE_BYTES - 1), np.float32)
+  out = np.empty((n, k, windows.shape[1] - first), np.float32)
   for e in np.unique(routes_nxk):
     rows, slots = np.nonzero(routes_nxk == e)
     out[rows, slots] = target_logprobs(body_N, head, int(e), windows[rows], shared_head, batch,
-                                       logits_fn=logits_fn)
+                                       first, logits_fn)
   return out
 
 
@@ -254,11 +255,11 @@ def score(body_N: PyTree, head: jax.Array, windows: np.ndarray, routes_nxK: np.n
     routes = routes_nxK[i:i + block]
     if stats is None:
       lp = routed_logprobs(body_N, head, windows[i:i + block], routes, shared_head, batch,
-                           logits_fn)
+                           logits_fn=logits_fn)
     else:
       everyone = np.broadcast_to(np.arange(n_experts, dtype=np.int32), (len(routes), n_experts))
       lp_all = routed_logprobs(body_N, head, windows[i:i + block], everyone, shared_head, batch,
-                               logits_fn)
+                               logits_fn=logits_fn)
       lp = np.take_along_axis(lp_all, routes[:, :, None], axis=1)
       stats.update(lp, routes, -lp_all.mean(axis=1, dtype=np.float64))
     own[i:i + block] = -lp.mean(axis=2, dtype=np.float64)
@@ -404,7 +405,26 @@ def _pyplot():
 # ------------------------------------------------------------------- test split
 
 
-def unigram_nats(data_dir: str, split: str = "test") -> float:
+def cut_windows(windows_nx1025: np.ndarray, doc_ids_n: np.ndarray, route: int, score: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+  """Pieces of route + score + 1 bytes cut from each 1,025-byte window (and their documents).
+
+  1024 // (route + score) pieces per window, each starting route + score bytes after the
+  previous one (neighbours share one byte), so a model trained on T = route + score
+  targets is scored inside its trained context. route + score = 1024 is the paper's
+  window itself (route 256, score 768).
+  """
+  span = route + score
+  if route < 1 or score < 1 or span > windows_nx1025.shape[1] - 1:
+    raise UserError(f"route={route}, score={score}: need route, score >= 1 and route + score <= "
+                    f"{windows_nx1025.shape[1] - 1}")
+  pieces = (windows_nx1025.shape[1] - 1) // span
+  out = np.stack([windows_nx1025[:, i * span:i * span + span + 1] for i in range(pieces)], axis=1)
+  return out.reshape(-1, span + 1), np.repeat(doc_ids_n, pieces)
+
+
+def unigram_nats(data_dir: str, split: str = "test", route: int = ROUTE_BYTES,
+                 score: int = SCORED) -> float:
   """Cross entropy of the split's scored targets under the training shards' byte unigram."""
   manifest = pipeline.load_manifest(data_dir)
   counts = np.ones(256)  # add-one smoothing
@@ -412,20 +432,30 @@ def unigram_nats(data_dir: str, split: str = "test") -> float:
     w = np.load(os.path.join(pipeline.expert_dir(data_dir, e), "train.npy"), mmap_mode="r")
     counts += np.bincount(np.asarray(w).ravel(), minlength=256)
   logp = np.log(counts / counts.sum())
-  windows, _ = pipeline.eval_split(data_dir, split)
-  targets = windows[:, ROUTE_BYTES + 1:]
+  windows, docs = pipeline.eval_split(data_dir, split)
+  targets = cut_windows(windows, docs, route, score)[0][:, route + 1:]
   return float(-logp[targets].mean())
 
 
 class TestSet:
-  """The test windows, their documents and routes for every expert count in use."""
+  """An evaluation split's windows (test by default), their documents and routes for every
+  expert count in use.
 
-  def __init__(self, data_dir: str, max_windows: int = 0):
-    self.windows, self.doc_ids = pipeline.eval_split(data_dir, "test")
-    if max_windows:
-      self.windows, self.doc_ids = self.windows[:max_windows], self.doc_ids[:max_windows]
+  The router sees the first `route` bytes of a window and the loss is the mean over the
+  next `score` targets: the paper's 256 / 768 on whole 1,025-byte windows, or shorter
+  pieces of each window (`cut_windows`) for a model trained on T < 1024.
+  """
+
+  def __init__(self, data_dir: str, max_windows: int = 0, split: str = "test",
+               route: int = ROUTE_BYTES, score: int = SCORED):
+    windows, doc_ids = pipeline.eval_split(data_dir, split)
+    if max_windows:  # the first this many 1,025-byte windows, before they are cut
+      windows, doc_ids = windows[:max_windows], doc_ids[:max_windows]
+    self.windows, self.doc_ids = cut_windows(windows, doc_ids, route, score)
     if self.windows.shape[0] == 0:
-      raise UserError(f"{data_dir!r} has no test windows; fix: prepare it with --test_docs > 0")
+      raise UserError(f"{data_dir!r} has no {split} windows; fix: prepare it with more held-out "
+                      "documents (--test_docs, --ensemble_val_docs)")
+    self.split, self.route, self.score = split, route, score
     self.router = Router.load(os.path.join(data_dir, "router.npz"))
     self._routes = {}
 
@@ -435,7 +465,7 @@ class TestSet:
     k = min(4, n_experts)
     if n_experts not in self._routes:
       self._routes[n_experts] = self.router.route_to(
-          self.windows[:, :ROUTE_BYTES], k, n_experts)
+          self.windows[:, :self.route], k, n_experts)
     lp = routed_logprobs(body_N, head, self.windows, self._routes[n_experts], shared_head,
-                         logits_fn=logits_fn)
+                         first=self.route + 1, logits_fn=logits_fn)
     return mixture_nats(lp)

@@ -22,8 +22,13 @@ PyTree = Any
 
 def initial_params(c: ml_collections.ConfigDict) -> tuple[PyTree, jax.Array]:
   """Bodies and head(s) of this job's experts: warm from c.init_from's newest checkpoint
-  (SPEC 3.4), or the method's fresh init."""
+  (SPEC 3.4; LSTM and GRU methods alike), or the method's fresh init."""
   seed = restore_params(c.init_from) if c.init_from else None
+  if seed is not None:  # a GRU seeds a GRU, an LSTM an LSTM (the methods' model families)
+    ours, theirs = (methods.get(x).describe(x)["model"] for x in (c, seed[2]))
+    if ours != theirs:
+      raise UserError(f"init_from={c.init_from!r} is a {theirs} run (method={seed[2].method}); "
+                      f"method={c.method} trains a {ours}: fix: a seed of the same model")
   return methods.get(c).init_params(c, seed)
 
 

@@ -366,8 +366,43 @@ class _Clock:
     return {k: v + self.base.get(k, 0) if k != "ops" else v for k, v in out.items()}
 
 
+class _Budget:
+  """The time budget (`budget_seconds`): a checkpoint after each 1/k of it, and the stop.
+
+  With a budget, every update is waited for before the next is dispatched, so the
+  training device-seconds are known after each one; the run stops after the complete
+  update that reaches the budget (as the paper's Table 7 runs did).
+  """
+
+  def __init__(self, c: ml_collections.ConfigDict, clock: _Clock, start: int):
+    self.seconds = float(c.get("budget_seconds", 0.0))
+    k = int(c.get("budget_checkpoints", 1))
+    self.marks = [self.seconds * (i + 1) / k for i in range(k)]
+    self.clock, self.start = clock, start
+    self.used = float(clock.base.get("device_seconds", 0.0))  # restored on a resume
+    self.before = None  # the training seconds counted after the update before the last one
+    self._passed = sum(self.used >= mark for mark in self.marks)
+
+  def spent(self) -> bool:
+    return self.seconds > 0 and self.used >= self.seconds
+
+  def after(self, done: int, m) -> tuple[bool, bool]:
+    """(checkpoint now, stop now) once update `done` (its metrics `m`) has finished."""
+    if self.seconds <= 0:
+      return False, False
+    jax.block_until_ready(m)
+    self.clock.lap()
+    if not self.clock.steps:  # only the compiling update so far: no step time yet
+      return False, False
+    self.before, self.used = self.used, self.clock.totals(done - self.start)["device_seconds"]
+    passed = sum(self.used >= mark for mark in self.marks)
+    save, self._passed = passed > self._passed, passed
+    return save, self.used >= self.seconds
+
+
 def _step_loop(run: _Run, stop: _Stop) -> dict:
-  """Updates from run.start to c.steps with logging, validation and checkpoints between."""
+  """Updates from run.start to c.steps (or the time budget) with logging, validation and
+  checkpoints between."""
   c = run.c
   # closed even when an error ends the loop (a full disk must not fail again at exit)
   with metrics_lib.MetricWriter(run.workdir, start_step=run.start) as writer:
@@ -379,17 +414,21 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
     signs = (f"signs {run.step_cfg.spsa.signs}; forward {run.step_cfg.spsa.forward}; "
              if run.method.plan_chunk else "")
     warm = f" (warm start from {c.init_from})" if c.init_from and run.start == 0 else ""
+    budget = f"; until {c.budget_seconds:g} training device-seconds" if c.get(
+        "budget_seconds", 0.0) else ""
     progress.message(
         f"training experts {a}..{b - 1} of {c.n_experts} "
         f"({run.method.body_params(c):,} params each) from step "
-        f"{run.start}{warm} to {c.steps} on {_devices_line(run.layout)}; "
+        f"{run.start}{warm} to {c.steps}{budget} on {_devices_line(run.layout)}; "
         f"{run.chunk.describe()}; "
         f"{signs}matmul precision {c.precision}")
     clock = _Clock(run)
+    budget = _Budget(c, clock, run.start)
     log = _Log(run, clock, progress)
     pending = None  # the previous update's metrics
     status = "done"
-    for step in range(run.start, c.steps):
+    end = run.start if budget.spent() else c.steps  # a resumed run already at its budget: done
+    for step in range(run.start, end):
       batch = run.to_global(next(run.data))
       if pending is None:  # this process's first update compiles the step
         with clock.aside("compile_seconds"):
@@ -401,15 +440,20 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
         jax.block_until_ready(pending)  # at most one update in flight: signals act within one
       pending = m
       done = step + 1
-      record = _periodic_evals(run, done, m, clock, log)
+      mark, spent = budget.after(done, m)
+      record = _periodic_evals(run, done, m, clock, log, last=done == c.steps or spent)
       if record:
         writer.write(done, record)
         if "loss" in record:
           progress.update(done, record["loss"])
-      if done % c.ckpt_every == 0 or done == c.steps or stop.signum:
+      if done % c.ckpt_every == 0 or done == c.steps or stop.signum or mark or spent:
         with clock.aside("ckpt_seconds", sync=m):
           run.ckpt.save(done, run.state, {"iterator": run.data.get_state(),
                                           **clock.totals(done - run.start)})
+      if spent:
+        progress.message(f"time budget reached: {budget.used:.1f} of {budget.seconds:g} "
+                         f"device-seconds after {done} updates")
+        break
       if stop.signum:
         status = "interrupted"
         progress.message(f"stopping: checkpoint at step {done} ({signal.Signals(stop.signum).name})"
@@ -417,6 +461,7 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
         break
   done = int(run.state.step)
   return {"status": status, "step": done, "signal": stop.signum, "val_loss": log.last_val,
+          "budget_seconds_before_last_update": budget.before,
           "skipped": np.asarray(_to_host(run.state.skipped)).tolist(),
           **clock.totals(done - run.start)}
 
@@ -458,20 +503,22 @@ class _Log:
             "skipped": m_host["skipped"]}
 
 
-def _periodic_evals(run: _Run, done: int, m, clock: _Clock, log: _Log) -> dict:
-  """The log record, expert validation (+ plateau rule) and ensemble validation due now."""
+def _periodic_evals(run: _Run, done: int, m, clock: _Clock, log: _Log, last: bool) -> dict:
+  """The log record, expert validation (+ plateau rule) and ensemble validation due now
+  (all of them after the `last` update)."""
   c = run.c
   record = {}
-  if done % c.log_every == 0 or done == c.steps:
+  if done % c.log_every == 0 or last:
     record.update(log.record(done, m))
-  if done % c.eval_every == 0 or done == c.steps:
+  if done % c.eval_every == 0 or last:
     with clock.aside("eval_seconds", sync=m):
       val = _val_losses(run.state.body, run.state.head, run.val_windows,
                         shared_head=c.model.shared_head, loss_fn=run.method.val_loss)
       sched = _plateau(run.state.sched, val, done, cfg=plateau_config(c))
       run.state = run.state.replace(sched=sched)
       log.last_val = record["val_loss"] = np.asarray(_to_host(val)).tolist()
-  ensemble_due = done == c.steps or (c.ensemble_eval_every and done % c.ensemble_eval_every == 0)
+  every = c.ensemble_eval_every
+  ensemble_due = every >= 0 and (last or (every and done % every == 0))
   if ensemble_due and len(run.experts) == c.n_experts and jax.process_count() == 1:
     with clock.aside("eval_seconds", sync=m):
       ens = ensemble_validation(c, run.state)

@@ -51,6 +51,17 @@ def data_prepared(tmp_path_factory, data_textdir) -> str:
   return out
 
 
+@pytest.fixture(scope="session")
+def data_two_shards(tmp_path_factory, data_textdir) -> str:
+  """A data dir prepared from data_textdir with 2 clusters (the comparisons' SOMA N = 2)."""
+  from soma_jax.data import prepare
+
+  out = str(tmp_path_factory.mktemp("compare_data") / "dir")
+  prepare.prepare(f"textdir:{data_textdir}", 2, out, test_docs=6, ensemble_val_docs=3, min_df=2,
+                  svd_dims=16, val_fraction=0.05)
+  return out
+
+
 def pytest_configure(config):
   """Share compiled programs between tests and their subprocesses (persistent cache)."""
   cache = os.path.join(os.path.dirname(os.path.dirname(__file__)), ".pytest_cache", "jax")

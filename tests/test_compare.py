@@ -1,7 +1,5 @@
 """Baseline comparison (Table 4 / Figure 1) and independent vs summed losses (Figure 4)."""
 
-import csv
-import json
 import os
 
 import jax
@@ -11,7 +9,7 @@ import pytest
 from soma_jax import model as model_lib
 from soma_jax import sizing
 from soma_jax.config import load_config_file
-from soma_jax.studies import compare, independent
+from soma_jax.studies import independent
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,14 +19,13 @@ def load_config(name, arg):
   return load_config_file(os.path.join(ROOT, "experiments", "configs", f"{name}.py"), arg)
 
 
-@pytest.fixture(scope="module")
-def data_two_shards(tmp_path_factory, data_textdir):
-  from soma_jax.data import prepare
-
-  out = str(tmp_path_factory.mktemp("compare_data") / "dir")
-  prepare.prepare(f"textdir:{data_textdir}", 2, out, test_docs=6, ensemble_val_docs=3, min_df=2,
-                  svd_dims=16, val_fraction=0.05)
-  return out
+def ivs_tiny_config(data_dir: str, num_seeds: int):
+  """experiments/configs/independent_vs_summed.py at size tiny on the 3-shard fixture."""
+  config = load_config("independent_vs_summed", "tiny")
+  config.data_dir = data_dir
+  config.train.n_experts = 3  # the shared fixture has three shards
+  config.num_seeds = num_seeds
+  return config
 
 
 @pytest.mark.parametrize("n,d_e,depth,shared", [(1, 32, 2, False), (2, 32, 2, False),
@@ -49,63 +46,6 @@ def test_width_for_params_equal_size_targets():
   d_t = sizing.width_for_params(total, 1)
   assert abs(d_t - 509) <= 2, d_t
   assert abs(sizing.params_formula(d_t, 1) - total) < 0.001 * total
-
-
-def test_compare_tiny_end_to_end(tmp_path, data_two_shards):
-  config = load_config("compare", "tiny")
-  config.data_dir = data_two_shards
-  out = str(tmp_path / "out")
-  payload = compare.run(config, out, command="python experiments/compare.py --test")
-  for name in ("table.md", "results.json", "results.csv", "figure1.png"):
-    assert os.path.getsize(os.path.join(out, name)) > 0, name
-  with open(os.path.join(out, "results.json")) as f:
-    results = json.load(f)
-  assert results == json.loads(json.dumps(payload))
-  assert results["command"] == "python experiments/compare.py --test"
-  assert results["wall_seconds"] > 0 and results["seeds"] == [0, 1]
-  methods = results["methods"]
-  assert set(methods) == set(config.methods.keys()) == set(results["rows"])
-  assert list(methods)[0] == config.reference
-  budget = config.budget_ops
-  ref_params = methods[config.reference]["params"]
-  ref_losses = [p["test_nats_per_byte"] for p in methods[config.reference]["per_seed"]]
-  for name, r in methods.items():
-    assert r["updates"] >= 1 and r["ops"] == r["updates"] * r["ops_per_update"], name
-    assert r["ops_per_update"] == _spec7_ops_per_update(r, config.methods[name]), name
-    # Every method spends the budget up to one update (or takes the single update it must).
-    assert r["ops"] <= budget or r["updates"] == 1, name
-    assert r["ops"] > budget - r["ops_per_update"], name
-    assert abs(r["params"] - ref_params) <= 0.1 * ref_params, (name, r["params"], ref_params)
-    assert [p["seed"] for p in r["per_seed"]] == [0, 1], name
-    losses = [p["test_nats_per_byte"] for p in r["per_seed"]]
-    diffs = [p["minus_ref"] for p in r["per_seed"]]
-    np.testing.assert_allclose(diffs, np.subtract(losses, ref_losses), atol=1e-9)
-    assert r["test_nats_per_byte_mean"] == pytest.approx(np.mean(losses))
-    assert r["minus_ref_mean"] == pytest.approx(np.mean(diffs))
-    assert r["minus_ref_sd"] == pytest.approx(np.std(diffs, ddof=1))
-    assert r["ref_wins"] == sum(d > 0 for d in diffs), name
-    for p in r["per_seed"]:
-      assert np.isfinite(p["test_nats_per_byte"]), name
-      lo, hi = p["ci95"]
-      assert lo <= p["test_nats_per_byte"] <= hi, name
-      assert p["curve"][0]["ops"] == 0 and p["curve"][-1]["ops"] == r["ops"], name
-      assert p["device_seconds"] > 0, name
-  assert methods["eggroll"]["model"] == "gru" and methods["eggroll"]["depth"] == 6
-  # The seeds are different optimisation runs, not copies.
-  assert ref_losses[0] != ref_losses[1]
-  assert all(p["minus_ref"] == 0.0 for p in methods[config.reference]["per_seed"])
-  with open(os.path.join(out, "results.csv")) as f:
-    rows = list(csv.DictReader(f))
-  assert len(rows) == len(methods) * 2
-  assert {(row["method"], int(row["seed"])) for row in rows} == {(m, s) for m in methods
-                                                                  for s in (0, 1)}
-  for row in rows:  # each row is its method's seed in results.json, column by column
-    p = methods[row["method"]]["per_seed"][int(row["seed"])]
-    got = [float(row[k]) for k in ("test_nats_per_byte", "ci95_lo", "ci95_hi", "minus_ref",
-                                   "minus_ref_ci95_lo", "minus_ref_ci95_hi")]
-    assert got == [p["test_nats_per_byte"], *p["ci95"], p["minus_ref"], *p["minus_ref_ci95"]]
-  table = open(os.path.join(out, "table.md")).read()
-  assert all(f"| {name} |" in table for name in methods)
 
 
 def _spec7_ops_per_update(r, m) -> int:
@@ -131,39 +71,6 @@ def _lstm_flops_per_token(d_t, d_e=32, depth=2, v=256):
   return 2 * (16 * depth * d_t * d_t + (2 * d_e * d_t if d_t != d_e else 0) + v * d_e)
 
 
-def test_monoliths_are_the_papers_controls(data_two_shards):
-  """mono_k(4x): SOMA's B and windows per update, 4x its directions, 4x the ops (SPEC 7)."""
-  from soma_jax.data import pipeline
-
-  config = load_config("compare", "cpu")
-  runs = compare.plan(config, data_two_shards)
-  soma = runs["soma_n2"]
-  k = soma.spsa.n_pert
-  for mult in (1, 4, 16):
-    mono = runs[f"mono_k{k * mult}"]
-    assert (mono.method, mono.n_experts, mono.spsa.accum) == ("soma", 1, 1)
-    assert mono.spsa.n_pert == mult * k and mono.spsa.batch == soma.spsa.batch
-    assert mono.data.seq_len == soma.data.seq_len == 1024  # targets 257..1024 are trained on
-  one, four = runs[f"mono_k{k}"], runs[f"mono_k{4 * k}"]
-
-  def batches(c, steps=2):
-    it = pipeline.train_iterator(c.data.dir, [0], batch=c.spsa.batch, accum=c.spsa.accum,
-                                 seq_len=c.data.seq_len, seed=c.seed, pooled=True)
-    return [next(it) for _ in range(steps)]
-
-  soma_it = pipeline.train_iterator(soma.data.dir, [0, 1], batch=soma.spsa.batch,
-                                    accum=soma.spsa.accum, seq_len=soma.data.seq_len, seed=0)
-  soma_batch = next(soma_it)
-  for b1, b4 in zip(batches(one), batches(four), strict=True):
-    np.testing.assert_array_equal(b1, b4)  # the same sequences, whatever n_pert
-    assert b4.shape == (1,) + soma_batch.shape[1:]  # one model, SOMA's A x B x (T + 1)
-  # C = 2 T n_pert B N F_N s (SPEC 7), per update (s = 1).
-  for c in (one, four, soma):
-    expected = (2 * c.data.seq_len * c.spsa.n_pert * c.spsa.batch * c.n_experts
-                * _lstm_flops_per_token(c.model.d_t))
-    assert compare.ops_per_update(c) == expected
-  assert compare.ops_per_update(four) == 4 * compare.ops_per_update(one)
-  assert abs(four.steps - one.steps / 4) <= 1
 def test_summed_step_matches_shared_loss_estimate():
   """The summed variant's first update feeds Adam the shared-loss estimate written out:
   g_e = 1/K sum_j [sum_f (L_f+ - L_f-)] / (2 eps) z_ej for every expert e.
@@ -227,18 +134,19 @@ def test_an_existing_run_continues_only_under_the_same_experiment(tmp_path):
   from soma_jax import checkpoint
   from soma_jax.config import base_config
   from soma_jax.errors import UserError
+  from soma_jax.studies import protocol
 
   c = base_config(n=2, size="tiny")
   w = str(tmp_path)
   checkpoint.write_config(w, c)
   faster = c.copy_and_resolve_references()
   faster.spsa.update(signs="apart", time_block=8, pert_chunk=2)
-  compare._check_existing(w, faster)
+  protocol.check_existing(w, faster)
   older = c.copy_and_resolve_references()
   del older.spsa["signs"]  # a run made before the field existed
   checkpoint.write_config(w, older)
-  compare._check_existing(w, c)
+  protocol.check_existing(w, c)
   longer = c.copy_and_resolve_references()
   longer.steps += 1
   with pytest.raises(UserError, match="different config"):
-    compare._check_existing(w, longer)
+    protocol.check_existing(w, longer)

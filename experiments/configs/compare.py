@@ -1,60 +1,145 @@
-"""The paper's Table 4 / Figure 1 at small scale (SPEC 6-8): SOMA N = 2 against monolithic
-SPSA at three n_pert, the GRU EGGROLL and BPTT, at about equal total parameters and equal
-arithmetic budget, each over several optimisation seeds, all scored on the same test windows.
+"""The paper's comparisons (SPEC 9) at small scale, from warm starts at equal device time.
 
-  python experiments/compare.py --config=experiments/configs/compare.py:cpu --out=runs/compare
+  python experiments/compare.py --config=experiments/configs/compare.py:study=table4,size=cpu --out=runs/table4
+  python experiments/compare.py --config=experiments/configs/compare.py:study=table7,size=cpu --out=runs/table7
 
-Argument: cpu (3 seeds x 6 methods at 2e12 operations each: about 40 minutes on 2 busy
-CPU cores) or tiny (tests: under a minute).
-Each method is a complete training config from its own config file (soma.py, eggroll.py,
-bptt.py), so any field can be changed, e.g. --config.methods.bptt.opt.lr=1e-3.
-The monoliths are the paper's App. I.1 controls: one model of SOMA's total size, SOMA's
-batch (the same B sequences of T bytes per update) and 1x, 4x and 16x SOMA's directions
-per update, all evaluated on that one batch (the paper's 64 / 256 / 1024 against SOMA's 64).
+Arguments: study (table4: SPEC 9.1, the allocation rows and two controls; table7: SPEC 9.2,
+SOMA N = 2 against the monolith with equal tuning) and size (cpu: 15 min for table4 and 18 for table7
+on 2 cores, measured; tiny: tests). Every method is a complete training config from its own
+config file (soma.py, eggroll.py, bptt.py, seed.py), so any field can be changed, e.g.
+--config.methods.bptt.opt.lr=1e-3 or --config.budget_seconds=60.
+
+CPU scale: SOMA N = 2 experts of width 32 with their own delta-rule heads, n_pert = 4 on
+B = 4 windows of T = 256 bytes per expert per update; the monolith of the same total size
+is width 47. T = 256 < 1024, so the evaluation routes on the first 64 bytes of each
+257-byte piece of a 1,025-byte window and scores the next 192 targets (the paper: 256 and
+768 on the whole window); both are printed with every table.
 """
 
 import os
 
 import ml_collections
 
-from soma_jax.config import load_config_file
+from soma_jax.config import load_config_file, parse_arg
 from soma_jax.errors import UserError
+
+STUDIES = ("table4", "table7")
 
 
 def _method(file: str, arg: str) -> ml_collections.ConfigDict:
-  """get_config(arg) of a sibling config file (soma.py, bptt.py, eggroll.py)."""
+  """get_config(arg) of a sibling config file (soma.py, bptt.py, eggroll.py, seed.py)."""
   return load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), file), arg)
 
 
-def get_config(arg: str | None = None):
-  size = arg or "cpu"
-  if size not in ("cpu", "tiny"):
-    raise UserError(f"compare.py:{size}: use compare.py:cpu or compare.py:tiny")
-  c = ml_collections.ConfigDict()
-  c.data_dir = ""  # a prepared data dir with 2 shards; "" = prepare pystdlib under OUT/data
-  c.seeds = 3 if size == "cpu" else 2  # optimisation seeds per method (init, data order, noise)
-  c.first_seed = 0  # seeds first_seed .. first_seed + seeds - 1; seed s also seeds its bootstrap
-  c.budget_ops = 2e12 if size == "cpu" else 1.5e8  # training operations per method and seed
-  c.match_params = True  # set every other method's width so its total params match `reference`
-  c.reference = "soma_n2"  # the method whose size others match and differences are taken from
-  c.curve_points = 4 if size == "cpu" else 1  # checkpoints per run scored for figure 1
-  c.test_windows = 0 if size == "cpu" else 16  # 0 = every test window; else the first this many
-  c.bootstrap_draws = 10_000 if size == "cpu" else 1000  # paired document bootstrap draws
+def _scale(c: ml_collections.ConfigDict, size: str, lr: float, mult: int = 1
+           ) -> ml_collections.ConfigDict:
+  """The study's shared scale: T, B, heads and Adam settings of an LSTM method, and `mult`
+  times SOMA's n_pert directions per update."""
+  if size == "cpu":
+    c.model.update(d_t=32, shared_head=False)  # width of SOMA's experts (others: matched)
+    c.spsa.update(n_pert=4 * mult, batch=4, time_block=256)
+    c.data.update(seq_len=256, val_windows=16)
+  c.opt.update(lr=lr, weight_decay=1e-4)  # the paper's wide controls' coupled decay
+  c.spsa.eps = lr  # eps tied to lr, as the paper's wide controls start
+  c.opt.train_head = True  # every LSTM here has its own delta-rule head (SPEC 3.2)
+  c.update(log_every=100, eval_every=250)
+  return c
 
-  # Every method: a full training config. n_experts, n_pert and batch come from the file and
-  # its argument; width (unless reference), steps and checkpointing are set by the budget.
-  n_pert = 16 if size == "cpu" else 4  # SOMA's directions per update at this size
+
+def _table4_rows(c: ml_collections.ConfigDict, size: str, lr: float, mono) -> None:
+  """Table 4's rows beside SOMA: monoliths at 1x / 4x / 16x, EGGROLL, BPTT, two controls."""
+  cpu = size == "cpu"
+  k = c.methods.soma_n2.spsa.n_pert
+  for mult, paper in ((1, 64), (4, 256), (16, 1024)):
+    name = f"mono_k{k * mult}"
+    c.methods[name] = mono(mult)
+    c.rows[name] = f"monolithic SPSA, {mult}x SOMA's directions on SOMA's batch (paper: {paper})"
+    c.start[name] = "monolith"
+  egg = _method("eggroll.py", f"n=1,size={size}")
+  egg.opt.lr = 0.01  # ES on a GRU: larger steps (the paper's recorded lr alpha = 0.01)
+  if cpu:
+    egg.eggroll.update(pop=32, pop_chunk=32)  # 128 members ran 1 update/s here
+    egg.spsa.batch, egg.data.seq_len = 4, 256  # SOMA's windows
+    egg.data.val_windows = 16
+  c.methods.eggroll = egg
+  c.rows.eggroll = "EGGROLL: 6-layer GRU, untied head, rank-1 ES (paper: pop 2^20, B 256)"
+  c.start.eggroll = "gru"
+  bptt = _method("bptt.py", f"n=1,size={size}")
+  if cpu:
+    bptt.model.shared_head = False
+    bptt.spsa.batch, bptt.data.seq_len, bptt.data.val_windows = 4, 256, 16
+  c.methods.bptt = bptt  # backprop + Adam at bptt.py's lr, one model of the total size
+  c.rows.bptt = "BPTT: one LSTM of the same size, backprop + Adam"
+  c.start.bptt = "monolith"
+  c.methods.head_only = _scale(_method("soma.py", f"n=2,size={size}"), size, lr)
+  c.methods.head_only.method = "head_only"  # bodies frozen, the delta rule on each head
+  c.rows.head_only = "control: SOMA N = 2 with frozen bodies, only the delta-rule heads train"
+  c.start.head_only = "soma_expert"
+  c.methods.soma_n2_summed = _scale(_method("soma.py", f"n=2,size={size}"), size, lr)
+  c.methods.soma_n2_summed.method = "soma_summed"  # the N losses summed before each difference
+  c.rows.soma_n2_summed = "control: SOMA N = 2 with the N losses summed before each difference"
+  c.start.soma_n2_summed = "soma_expert"
+
+
+def get_config(arg: str | None = None):
+  a = parse_arg(arg, study="table4", size="cpu")
+  if a["study"] not in STUDIES or a["size"] not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study={a['study']},size={a['size']}: use study=table4 or "
+                    "table7 and size=cpu or tiny")
+  size, cpu = a["size"], a["size"] == "cpu"
+  c = ml_collections.ConfigDict()
+  c.study = a["study"]  # table4 (SPEC 9.1) or table7 (SPEC 9.2)
+  c.data_dir = ""  # a prepared data dir with 2 shards; "" = prepare pystdlib under OUT/data
+  c.seeds = 3 if cpu else 2  # optimisation seeds: they change the batches and the directions
+  c.first_seed = 0  # seeds first_seed .. first_seed + seeds - 1; seed s also seeds its bootstrap
+  # Training device-seconds per row (table4) or per configuration (table7), and per seed run.
+  c.budget_seconds = 32.0 if cpu else 0.4
+  c.seed_budget_seconds = 20.0 if cpu else 0.4
+  c.seed_run_seed = 0  # the optimisation seed of every seed run
+  c.curve_points = 4  # checkpoints after each quarter of the budget, scored for the curve
+  c.match_params = True  # every other method's width matches `reference`'s total params
+  c.reference = "soma_n2"  # the method others are sized to and differences are taken from
+  c.bootstrap_draws = 10_000 if cpu else 200  # paired document bootstrap draws
+  c.base_lr = 0.0025  # every method's lr and initial eps; table7's grids are multiples of it
+  c.lr_factors = (0.5, 1.0, 2.0)  # table7 stage 1: lr = f x base_lr at eps = base_lr
+  c.eps_factors = (0.5, 1.0, 2.0)  # table7 stage 2: eps = f x base_lr at the selected lr
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.route_bytes = 64 if cpu else 8  # the router sees this many leading bytes
+  c.eval.score_bytes = 192 if cpu else 24  # the loss is over the next this many targets
+  # The first this many 1,025-byte windows of each split (0 = all), each cut into pieces.
+  c.eval.val_windows = 128 if cpu else 4  # ensemble validation: selection and curves
+  c.eval.test_windows = 0 if cpu else 4  # test
+
+  lr = c.base_lr
+  soma = _scale(_method("soma.py", f"n=2,size={size}"), size, lr)
+  k = soma.spsa.n_pert
+  mono = lambda mult: _scale(_method("soma.py", f"mono={k * mult},size={size}"), size, lr, mult)
   c.methods = ml_collections.ConfigDict()
-  c.rows = ml_collections.ConfigDict()  # the paper's Table 4 row each method stands for
-  c.methods.soma_n2 = _method("soma.py", f"n=2,size={size}")  # SOMA, N = 2, own heads
-  c.rows.soma_n2 = "SOMA N = 2 (paper: n_pert 64, B 64 per expert)"
-  for mult, paper in ((1, 64), (4, 256), (16, 1024)):  # monolithic SPSA, SOMA's batch
-    name = f"mono_k{n_pert * mult}"
-    c.methods[name] = _method("soma.py", f"mono={n_pert * mult},size={size}")
-    c.rows[name] = f"monolithic SPSA n_pert = {paper} (paper), {mult}x SOMA's directions, B = SOMA's"
-  c.methods.eggroll = _method("eggroll.py", f"n=1,size={size}")  # the paper's GRU, rank 1
-  c.rows.eggroll = ("EGGROLL: the reference LM's 6-layer GRU, rank-1 ES, each pair on its own "
-                    "stream (paper: pop 2^20, 100 bytes per stream update)")
-  c.methods.bptt = _method("bptt.py", f"n=1,size={size}")  # backprop, one model
-  c.rows.bptt = "BPTT: one LSTM model of the same size, backprop + Adam"
+  c.rows = ml_collections.ConfigDict()  # what each row stands for in the paper's table
+  c.start = ml_collections.ConfigDict()  # the seed run each method starts from
+  c.methods.soma_n2 = soma
+  c.rows.soma_n2 = "SOMA N = 2, own delta-rule heads (paper: width 361, n_pert 64, B 64)"
+  c.start.soma_n2 = "soma_expert"
+  if c.study == "table7":
+    c.methods.mono = mono(1)
+    c.rows.mono = "monolith of the same total size, SOMA's directions and batch (paper: width 509)"
+    c.start.mono = "monolith"
+  else:
+    _table4_rows(c, size, lr, mono)
+  c.order = tuple(n for n in ("soma_n2", "mono", "mono_k4", "mono_k16", "mono_k64", "eggroll",
+                              "bptt", "head_only", "soma_n2_summed") if n in c.methods)  # rows
+  # Controls run the reference's number of updates in each seed, not the time budget.
+  c.match_updates = ml_collections.ConfigDict(
+      {"head_only": "soma_n2", "soma_n2_summed": "soma_n2"} if c.study == "table4" else {})
+
+  # Seed runs (SPEC 3.4 step 1): one per architecture, each at seed_budget_seconds; their
+  # width comes from the methods that start from them.
+  seed = _scale(_method("seed.py", f"size={size}"), size, lr)
+  seed.opt.weight_decay = 0.0
+  c.seed_runs = ml_collections.ConfigDict()
+  c.seed_runs.soma_expert = seed  # N = 1 at the width of one SOMA expert
+  c.seed_runs.monolith = ml_collections.ConfigDict(seed.to_dict())  # at the monolith's width
+  if c.study == "table4":
+    c.seed_runs.gru = ml_collections.ConfigDict(c.methods.eggroll.to_dict())  # EGGROLL's GRU
   return c

@@ -40,7 +40,7 @@ import ml_collections
 from soma_jax import config as config_lib
 from soma_jax import memory
 from soma_jax.errors import UserError
-from soma_jax.methods import bptt, eggroll, eggroll_lstm, soma
+from soma_jax.methods import bptt, eggroll, eggroll_lstm, head_only, soma, soma_summed
 from soma_jax.methods.base import Method, Seed
 
 METHODS: dict[str, Method] = {
@@ -48,6 +48,8 @@ METHODS: dict[str, Method] = {
     "bptt": bptt.METHOD,
     "eggroll": eggroll.METHOD,
     "eggroll_lstm": eggroll_lstm.METHOD,
+    "head_only": head_only.METHOD,
+    "soma_summed": soma_summed.METHOD,
 }
 
 __all__ = ["METHODS", "Method", "Seed", "choose_chunk", "get", "validate"]

@@ -135,13 +135,20 @@ def gru_logits(body, head_e, inputs_BxT):
 
 
 def init_params(c, seed: Seed = None):
-  """N GRUs from the run's seed (this job's slice) and the unused shared-head placeholder."""
-  del seed  # validate refuses init_from: the GRU trains from its own init
+  """N GRUs (this job's slice) and the unused shared-head placeholder: fresh from the run's
+  seed, or warm, every model a copy of the seed run's GRU (same width and depth)."""
   check_gru_generation(c)
   a, b = config_lib.expert_range(c)
+  head = jnp.zeros((VOCAB, c.model.d_e), jnp.float32)
+  if seed is not None:
+    body_N, _, seed_cfg = seed
+    theirs, ours = gru_config(seed_cfg), gru_config(c)
+    need(theirs == ours, f"init_from={c.init_from!r} is a GRU of width {theirs.d} and depth "
+         f"{theirs.depth}; this run has width {ours.d}, depth {ours.depth}; fix: seed at the "
+         "same model size")
+    return jax.tree.map(lambda x: jnp.broadcast_to(x[0], (b - a,) + x.shape[1:]), body_N), head
   keys = jax.random.split(jax.random.key(c.seed), c.n_experts)
   body_N = jax.vmap(lambda k: gru_lib.init_gru(k, gru_config(c)))(keys)
-  head = jnp.zeros((VOCAB, c.model.d_e), jnp.float32)
   return jax.tree.map(lambda x: x[a:b], body_N), head
 
 
@@ -180,7 +187,6 @@ def train_data(c, experts: list[int], pooled: bool) -> pipeline.StreamSegments:
 
 def validate(c) -> None:
   check_gru_generation(c)
-  need(not c.init_from, "method=eggroll trains the GRU from its own init; set init_from=''")
   validate_es(c)
   need(1 <= c.eggroll.segment <= 1024,
        f"eggroll.segment={c.eggroll.segment} bytes per stream update must be in 1..1024")

@@ -1,7 +1,9 @@
 """Studies built on the library: each trains or measures with soma_jax and writes JSON, CSV and
 figures. Nothing in soma_jax's core imports from here.
 
-  compare      the paper's Table 4 / Figure 1: methods at equal size and equal compute
+  compare      the paper's comparisons (SPEC 9): study=table4 (allocation at equal device
+               time) and study=table7 (equal tuning), on `protocol` (warm starts, budget,
+               evaluation span); table4.py and table7.py hold each protocol
   independent  independent per-expert losses against one summed loss (App. J, Figure 4)
   report       loss curves and final numbers of one or more runs
   variance     the SPEC 5 variance studies (measured against `soma_jax.variance_theory`)
