@@ -12,7 +12,7 @@ from soma_jax import evaluate as eval_lib
 from soma_jax import methods, runs
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import compare, protocol, table4, table7
+from soma_jax.studies import protocol, table4, table7
 from tests.test_compare import _spec7_ops_per_update, load_config
 
 
@@ -231,7 +231,7 @@ def test_head_only_step_leaves_bodies_and_their_adam_state(data_prepared):
       method.val_loss(expert(before.body, e), before.head[e], batch[e, 0]))])) for e in range(3)],
       rtol=1e-5)
   soma = tiny_config(data_prepared)
-  assert 2 * soma.spsa.n_pert * compare.ops_per_update(c) == compare.ops_per_update(soma)
+  assert 2 * soma.spsa.n_pert * protocol.ops_per_update(c) == protocol.ops_per_update(soma)
 
 
 def test_summed_method_and_refusals(data_prepared):
@@ -279,9 +279,9 @@ def test_cpu_scale_rows_and_sizes():
           soma.data.seq_len) == (2, 32, 4, 4, 256)
   assert list(t4) == ["soma_n2", "mono_k4", "mono_k16", "mono_k64", "eggroll", "bptt",
                       "head_only", "soma_n2_summed"]
-  total = compare.total_params(soma)
+  total = protocol.total_params(soma)
   for name, c in list(t4.items()) + list(t7.items()):
-    assert abs(compare.total_params(c) - total) <= 0.02 * total, name
+    assert abs(protocol.total_params(c) - total) <= 0.02 * total, name
     assert c.data.seq_len == 256 and c.spsa.batch == 4, name
   for k in (4, 16, 64):
     assert t4[f"mono_k{k}"].spsa.n_pert == k and t4[f"mono_k{k}"].model.d_t == 47

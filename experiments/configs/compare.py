@@ -133,13 +133,18 @@ def get_config(arg: str | None = None):
   c.match_updates = ml_collections.ConfigDict(
       {"head_only": "soma_n2", "soma_n2_summed": "soma_n2"} if c.study == "table4" else {})
 
-  # Seed runs (SPEC 3.4 step 1): one per architecture, each at seed_budget_seconds; their
-  # width comes from the methods that start from them.
+  c.seed_runs = _seed_runs(c, size, lr)
+  return c
+
+
+def _seed_runs(c: ml_collections.ConfigDict, size: str, lr: float) -> ml_collections.ConfigDict:
+  """Seed runs (SPEC 3.4 step 1): one per architecture, each at seed_budget_seconds; their
+  width comes from the methods that start from them."""
   seed = _scale(_method("seed.py", f"size={size}"), size, lr)
   seed.opt.weight_decay = 0.0
-  c.seed_runs = ml_collections.ConfigDict()
-  c.seed_runs.soma_expert = seed  # N = 1 at the width of one SOMA expert
-  c.seed_runs.monolith = ml_collections.ConfigDict(seed.to_dict())  # at the monolith's width
+  runs = ml_collections.ConfigDict()
+  runs.soma_expert = seed  # N = 1 at the width of one SOMA expert
+  runs.monolith = ml_collections.ConfigDict(seed.to_dict())  # at the monolith's width
   if c.study == "table4":
-    c.seed_runs.gru = ml_collections.ConfigDict(c.methods.eggroll.to_dict())  # EGGROLL's GRU
-  return c
+    runs.gru = ml_collections.ConfigDict(c.methods.eggroll.to_dict())  # EGGROLL's GRU
+  return runs

@@ -14,26 +14,15 @@ from __future__ import annotations
 
 import ml_collections
 
-from soma_jax import methods
 from soma_jax.errors import UserError
+from soma_jax.studies import table4, table7
 
 STUDIES = ("table4", "table7")
-
-
-def total_params(c: ml_collections.ConfigDict) -> int:
-  return methods.get(c).ensemble_params(c)
-
-
-def ops_per_update(c: ml_collections.ConfigDict) -> int:
-  """Training operations of one update of all N experts (SPEC 7)."""
-  return methods.get(c).ops_per_update(c) * c.n_experts
 
 
 def _module(study: object):
   if study not in STUDIES:
     raise UserError(f"study={study!r}; use one of {', '.join(STUDIES)}")
-  from soma_jax.studies import table4, table7
-
   return {"table4": table4, "table7": table7}[study]
 
 

@@ -29,9 +29,18 @@ from soma_jax import methods, runs
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.studies import compare
 
 MAX_UPDATES = 10_000_000  # the step cap of a budgeted run: its time budget ends it first
+
+
+def total_params(c: ml_collections.ConfigDict) -> int:
+  """Parameters of a config's N experts and their heads."""
+  return methods.get(c).ensemble_params(c)
+
+
+def ops_per_update(c: ml_collections.ConfigDict) -> int:
+  """Training operations of one update of all N experts (SPEC 7)."""
+  return methods.get(c).ops_per_update(c) * c.n_experts
 
 
 def optimisation_seeds(config: ml_collections.ConfigDict) -> list[int]:
@@ -258,7 +267,7 @@ def sized(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigD
     raise UserError(f"reference={ref!r} is not a method; have {', '.join(names)}")
   cfgs = {n: ml_collections.ConfigDict(config.methods[n].to_dict())
           for n in [ref] + [n for n in names if n != ref]}
-  target = compare.total_params(cfgs[ref])
+  target = total_params(cfgs[ref])
   for name, c in cfgs.items():
     if name != ref and config.match_params:
       c.model.d_t = methods.get(c).width_for_params(target, c)

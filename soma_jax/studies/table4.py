@@ -29,7 +29,7 @@ import numpy as np
 from soma_jax import evaluate as eval_lib
 from soma_jax import methods as methods_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import compare, protocol
+from soma_jax.studies import protocol
 
 
 def run_config(name: str, c: ml_collections.ConfigDict, config: ml_collections.ConfigDict,
@@ -115,9 +115,9 @@ def describe(name: str, c: ml_collections.ConfigDict, config: ml_collections.Con
              seed: dict) -> dict:
   """What a row is (its Method's `describe`: model, directions per update) and its budget."""
   return {"method": c.method, **methods_lib.get(c).describe(c), "n_experts": c.n_experts,
-          "d_t": c.model.d_t, "depth": c.model.depth, "params": compare.total_params(c),
+          "d_t": c.model.d_t, "depth": c.model.depth, "params": protocol.total_params(c),
           "seq_len": c.data.seq_len, "batch": c.spsa.batch, "lr": c.opt.lr, "eps": c.spsa.eps,
-          "ops_per_update": compare.ops_per_update(c), "start": protocol.start_of(seed),
+          "ops_per_update": protocol.ops_per_update(c), "start": protocol.start_of(seed),
           "budget": "updates of " + config.reference if name in config.match_updates
                     else "device time", "per_seed": []}
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from soma_jax import evaluate as eval_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import compare, protocol
+from soma_jax.studies import protocol
 
 
 def grid_point(c: ml_collections.ConfigDict, lr: float, eps: float) -> ml_collections.ConfigDict:
@@ -122,7 +122,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "",
 
 def describe(c: ml_collections.ConfigDict, config: ml_collections.ConfigDict, seed: dict) -> dict:
   return {"method": c.method, "n_experts": c.n_experts, "d_t": c.model.d_t,
-          "params": compare.total_params(c), "n_pert": c.spsa.n_pert, "batch": c.spsa.batch,
+          "params": protocol.total_params(c), "n_pert": c.spsa.n_pert, "batch": c.spsa.batch,
           "seq_len": c.data.seq_len, "weight_decay": c.opt.weight_decay,
           "start": protocol.start_of(seed), "per_seed": []}
 
