@@ -409,19 +409,7 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
     if run.start == 0:
       writer.hparams(json.loads(c.to_json()))
     progress = metrics_lib.Progress(c.steps, run.start)
-    a, b = run.experts.start, run.experts.stop
-    # The signs setting of an SPSA step (the methods with a pert_chunk to plan).
-    signs = (f"signs {run.step_cfg.spsa.signs}; forward {run.step_cfg.spsa.forward}; "
-             if run.method.plan_chunk else "")
-    warm = f" (warm start from {c.init_from})" if c.init_from and run.start == 0 else ""
-    budget = f"; until {c.budget_seconds:g} training device-seconds" if c.get(
-        "budget_seconds", 0.0) else ""
-    progress.message(
-        f"training experts {a}..{b - 1} of {c.n_experts} "
-        f"({run.method.body_params(c):,} params each) from step "
-        f"{run.start}{warm} to {c.steps}{budget} on {_devices_line(run.layout)}; "
-        f"{run.chunk.describe()}; "
-        f"{signs}matmul precision {c.precision}")
+    _start_message(run, progress)
     clock = _Clock(run)
     budget = _Budget(c, clock, run.start)
     log = _Log(run, clock, progress)
@@ -464,6 +452,24 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
           "budget_seconds_before_last_update": budget.before,
           "skipped": np.asarray(_to_host(run.state.skipped)).tolist(),
           **clock.totals(done - run.start)}
+
+
+def _start_message(run: _Run, progress: metrics_lib.Progress) -> None:
+  """The start-up line: experts, sizes, steps (and time budget), devices, chunk, precision."""
+  c = run.c
+  a, b = run.experts.start, run.experts.stop
+  # The signs setting of an SPSA step (the methods with a pert_chunk to plan).
+  signs = (f"signs {run.step_cfg.spsa.signs}; forward {run.step_cfg.spsa.forward}; "
+           if run.method.plan_chunk else "")
+  warm = f" (warm start from {c.init_from})" if c.init_from and run.start == 0 else ""
+  budget = f"; until {c.budget_seconds:g} training device-seconds" if c.get(
+      "budget_seconds", 0.0) else ""
+  progress.message(
+      f"training experts {a}..{b - 1} of {c.n_experts} "
+      f"({run.method.body_params(c):,} params each) from step "
+      f"{run.start}{warm} to {c.steps}{budget} on {_devices_line(run.layout)}; "
+      f"{run.chunk.describe()}; "
+      f"{signs}matmul precision {c.precision}")
 
 
 def _devices_line(placed: parallel.Layout) -> str:

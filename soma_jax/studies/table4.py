@@ -92,6 +92,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
       "eval": protocol.describe_span(test, test),
       "unigram_test_nats_per_byte": eval_lib.unigram_nats(data_dir, "test", test.route, test.score),
       "data_dir": protocol.shown(data_dir, out), "seeds": protocol.optimisation_seeds(config),
+      "bootstrap_draws": config.bootstrap_draws,
       "reference": ref,
       "seed_runs": {k: {f: v for f, v in r.items() if f != "_path"} for k, r in seeds.items()},
       "rows": {n: config.rows.get(n, "") for n in methods}, "methods": results,
