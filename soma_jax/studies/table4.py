@@ -117,7 +117,8 @@ def describe(name: str, c: ml_collections.ConfigDict, config: ml_collections.Con
   """What a row is (its Method's `describe`: model, directions per update) and its budget."""
   return {"method": c.method, **methods_lib.get(c).describe(c), "n_experts": c.n_experts,
           "d_t": c.model.d_t, "depth": c.model.depth, "params": protocol.total_params(c),
-          "seq_len": c.data.seq_len, "batch": c.spsa.batch, "lr": c.opt.lr, "eps": c.spsa.eps,
+          "seq_len": c.data.seq_len, "batch": c.spsa.batch, "accum": c.spsa.accum, "lr": c.opt.lr,
+          "eps": c.spsa.eps,
           "ops_per_update": protocol.ops_per_update(c), "start": protocol.start_of(seed),
           "budget": "updates of " + config.reference if name in config.match_updates
                     else "device time", "per_seed": []}
