@@ -180,7 +180,15 @@ def test_spsa_step_times_the_training_layout_beside_one_device():
 
 
 def test_torch_mezo_says_so_without_pytorch():
-  hide = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['torch_mezo.py']; "
+  # A finder that refuses torch, rather than sys.modules['torch'] = None: scipy treats a
+  # 'torch' key in sys.modules as an imported torch and fails on the None.
+  hide = ("import runpy, sys\n"
+          "class NoTorch:\n"
+          "  def find_spec(self, name, path=None, target=None):\n"
+          "    if name.split('.')[0] == 'torch': raise ImportError('hidden: ' + name)\n"
+          "sys.meta_path.insert(0, NoTorch()); sys.argv = ['torch_mezo.py']\n"
+          "import importlib.util as u; f = u.find_spec\n"
+          "u.find_spec = lambda n, p=None: None if n.split('.')[0] == 'torch' else f(n, p)\n"
           "runpy.run_module('benchmarks.torch_mezo', run_name='__main__')")
   said = _bench_child("", python=("-c", hide))
   assert said.strip() == "torch_mezo: PyTorch is not installed, nothing measured; fix: " \
