@@ -501,8 +501,10 @@ def test_a_warm_start_compiles_its_step_once(data_prepared, straight, tmp_path):
     assert proc.stderr.count("Compiling jit(train_step)") == 1, steps
     assert (f"from step 0 (warm start from {straight}) to 6" in proc.stderr) == (steps == 6)
   summary = json.load(open(os.path.join(w, "summary.json")))
-  # 8 tiny updates take about 0.03 s on 2 CPU cores; one compile of the step about 1.4 s
-  assert summary["device_seconds"] < 0.5 < summary["compile_seconds"], summary
+  # 8 tiny updates take about 0.03 s on 2 idle CPU cores, one compile of the step about 1.4 s
+  # (before the fix: 4.9 s of device time against 0.05 s of compile time). Compared with each
+  # other rather than with fixed seconds, since a loaded machine slows both.
+  assert summary["device_seconds"] < summary["compile_seconds"], summary
 
 
 def test_recovery_from_truncated_array_data_prints_one_line(data_prepared, tmp_path):
