@@ -266,3 +266,13 @@ def test_methods_that_cannot_shard_run_on_one_device_by_default(data_prepared, t
       proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
   with open(os.path.join(tmp_path, "w", "summary.json")) as f:
     assert json.load(f)["step"] == 2
+
+
+def test_a_summed_run_compiles_its_step_once(data_prepared, tmp_path, caplog):
+  """method=soma_summed planned its chunk on SOMA's step (no loss_groups), a program it never
+  runs: the summed step was compiled again at the first update, inside the run."""
+  c = tiny_config(data_prepared, method="soma_summed", steps=2, seed=5151)  # a new program
+  with jax.log_compiles(True), caplog.at_level("WARNING"):
+    train.train(c, str(tmp_path / "w"))
+  compiles = [r for r in caplog.records if "Compiling jit(train_step)" in r.getMessage()]
+  assert len(compiles) == 1, [r.getMessage()[:200] for r in compiles]

@@ -21,15 +21,16 @@ def ops_per_update(c) -> int:
   return 2 * c.spsa.n_pert * tokens_per_update(c) * lstm.flops_per_token(c)
 
 
-def plan_chunk(c, n_local: int, mesh=None, step=train_step) -> memory.ChunkChoice:
+def plan_chunk(c, n_local: int, mesh=None, step_config=lstm.step_config) -> memory.ChunkChoice:
   """spsa.pert_chunk for this device ("auto" resolved) and the step's planned memory.
 
-  Plans the one-device `step` on one device's share: N / mesh.expert experts and
-  n_pert / mesh.pert directions (compile only, nothing runs).
+  Plans the one-device `train_step` at the method's `step_config` (the program training
+  runs) on one device's share: N / mesh.expert experts and n_pert / mesh.pert directions
+  (compile only, nothing runs).
   """
   n_dev = n_local // (mesh.shape["expert"] if mesh is not None else 1)
   k_dev = c.spsa.n_pert // (mesh.shape["pert"] if mesh is not None else 1)
-  base = lstm.step_config(c)
+  base = step_config(c)
   # With the sharding the loop's state has (parallel.one_device), so that training reuses
   # this compile: an unspecified sharding would make it another program.
   state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=parallel.one_device()),
@@ -41,7 +42,7 @@ def plan_chunk(c, n_local: int, mesh=None, step=train_step) -> memory.ChunkChoic
     cfg = dataclasses.replace(base, spsa=dataclasses.replace(base.spsa, n_pert=k_dev,
                                                              pert_chunk=chunk))
     with memory.matmul_precision(c.precision):
-      return memory.planned_bytes(step.lower(state, batch, ids, cfg=cfg).compile())
+      return memory.planned_bytes(train_step.lower(state, batch, ids, cfg=cfg).compile())
 
   chunk = config_lib.pert_chunk(c)
   limit = memory.device_limit_bytes()

@@ -10,6 +10,7 @@ axis, so it runs as one job on one device.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from soma_jax.methods import lstm, soma
 from soma_jax.methods.base import need
@@ -26,4 +27,6 @@ def validate(c) -> None:
 
 METHOD = lstm.lstm_method(step_config=step_config, train_step=soma.train_step,
                           ops_per_update=soma.ops_per_update, describe=soma.describe,
-                          plan_chunk=soma.plan_chunk, validate=validate, table_rank=0)
+                          # planned on the summed step itself, the program training runs
+                          plan_chunk=functools.partial(soma.plan_chunk, step_config=step_config),
+                          validate=validate, table_rank=0)
