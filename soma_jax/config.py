@@ -54,8 +54,8 @@ def _run_fields(n: int) -> ml_collections.ConfigDict:
   c.experts = ""  # "" = all; "a:b" trains experts a..b-1 only, as an independent job
   c.seed = 0  # base key of every probe: (seed, step, expert, accum, direction)
   c.steps = 200  # updates per expert (with budget_seconds: the most it may take)
-  # Stop after the update at which the training device-seconds (SPEC 7: update wall time x
-  # devices held, evaluation, checkpoints and compilation excluded) reach this; 0 = none.
+  # Stop after the update at which the training device-seconds (SPEC 7: host_devices.CHARGE_RULE,
+  # core-seconds on a CPU; evaluation, checkpoints and compilation excluded) reach this; 0 = none.
   c.budget_seconds = 0.0
   c.budget_checkpoints = 4  # with a budget: checkpoints after 1/k, 2/k, ... k/k of it
   c.log_every = 10  # metrics.jsonl / TensorBoard / console cadence (updates)

@@ -128,6 +128,11 @@ def start(requested: int = 0) -> str:
   return chosen_by
 
 
+# What `charged_units` counts, in words: the rule results files quote beside a time budget.
+CHARGE_RULE = ("update wall time x host_devices.charged_units: on a CPU the cores the process may "
+               "use (core-seconds), elsewhere the devices the step holds")
+
+
 def charged_units(step_devices: int) -> int:
   """What one second of training costs, in device-seconds (SPEC 7): on a CPU, the cores every
   process may use, whatever the device layout; elsewhere the devices the step holds.

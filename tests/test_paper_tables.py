@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from soma_jax import evaluate as eval_lib
-from soma_jax import methods, runs
+from soma_jax import host_devices, methods, runs
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
 from soma_jax.studies import protocol, table4, table7
@@ -92,6 +92,7 @@ def test_table7_selects_on_validation_only(table7_run):
   with open(os.path.join(out, "results.json")) as f:
     assert json.load(f) == json.loads(json.dumps(payload))
   assert "seconds" in payload["budget"] and "device-seconds" in payload["budget"]["counts"]
+  assert host_devices.CHARGE_RULE in payload["budget"]["counts"]  # the rule train.py charges
   assert os.path.getsize(os.path.join(out, "table.md")) > 0
 
 
@@ -140,6 +141,7 @@ def test_table4_rows_budget_and_starts(table4_run):
   methods = payload["methods"]
   assert list(methods) == ["soma_n2", "mono_k4", "eggroll", "head_only", "soma_n2_summed"]
   assert "device-seconds" in payload["budget"]["counts"]
+  assert host_devices.CHARGE_RULE in payload["budget"]["counts"]
   ref = methods["soma_n2"]["per_seed"]
   for name, m in methods.items():
     firsts = [p["curve"][0] for p in m["per_seed"]]

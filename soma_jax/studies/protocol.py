@@ -6,9 +6,10 @@
   for no row (SPEC 9.1). Every optimisation seed of a row starts from the same seed
   checkpoint, so from bit-identical parameters; the optimisation seed changes only the
   batches and the directions.
-- The budget is training device-seconds (`train.budget_seconds`: update wall time x devices
-  held; compilation, evaluation and checkpoint saves excluded). A run stops after the
-  complete update that reaches it, with a checkpoint after each 1/k of it.
+- The budget is training device-seconds (`train.budget_seconds`, charged as
+  `host_devices.CHARGE_RULE`: core-seconds on a CPU; compilation, evaluation and checkpoint
+  saves excluded). A run stops after the complete update that reaches it, with a checkpoint
+  after each 1/k of it.
 - Scoring: the routed top-min(4, N) mixture on an evaluation split cut into pieces of
   route + score + 1 bytes (`evaluate.cut_windows`), so every scored target lies inside
   the trained context; the paper scores whole 1,025-byte windows (route 256, score 768).
@@ -20,12 +21,13 @@ import json
 import os
 import time
 
+import jax
 import ml_collections
 import numpy as np
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import evaluate as eval_lib
-from soma_jax import methods, runs
+from soma_jax import host_devices, methods, runs
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
@@ -231,6 +233,43 @@ def train_seeds(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collection
 def start_of(seed_record: dict) -> str:
   """The `start` field of a run: the seed checkpoint it began from."""
   return f"{seed_record['workdir']}@{seed_record['updates']}"
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def results(study: str, spec: str, config: ml_collections.ConfigDict, command: str, t0: float,
+            per: str, budget: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet],
+            data_dir: str, out: str, seeds: dict[str, dict], **rest) -> dict:
+  """The results.json fields both studies write, then the study's own (`rest`).
+
+  One budget is `per` a row, a configuration...; `budget` adds the study's own budget
+  fields; `scored` = (validation, test) sets; `seeds` the records of `train_seeds`.
+  """
+  val, test = scored
+  return {
+      "study": study, "spec": spec, "command": command,
+      "wall_seconds": time.perf_counter() - t0, "load_average": list(os.getloadavg()),
+      "platform": jax.devices()[0].platform,
+      "budget": {"counts": f"training device-seconds per {per} ({host_devices.CHARGE_RULE}; "
+                           "compilation, evaluation and checkpoints excluded)",
+                 "seconds": config.budget_seconds, **budget},
+      "eval": describe_span(val, test),
+      "unigram_test_nats_per_byte": eval_lib.unigram_nats(data_dir, "test", test.route, test.score),
+      "data_dir": shown(data_dir, out), "seeds": optimisation_seeds(config),
+      "bootstrap_draws": config.bootstrap_draws, "reference": config.reference,
+      "seed_runs": {k: {f: v for f, v in r.items() if f != "_path"} for k, r in seeds.items()},
+      **rest,
+  }
+
+
+def write(out: str, payload: dict, table) -> dict:
+  """OUT/results.json (the payload) and OUT/table.md (`table(payload)`); the payload."""
+  with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(payload, f, indent=1)
+  with open(os.path.join(out, "table.md"), "w") as f:
+    f.write(table(payload))
+  return payload
 
 
 # ----------------------------------------------------------------------------- statistics

@@ -17,12 +17,10 @@ at the smallest operation count any budget row reached).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 
-import jax
 import ml_collections
 import numpy as np
 
@@ -80,30 +78,16 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
       results[name]["per_seed"][-1].update(_paired(finals, ref, name, test, config, seed))
   for r in results.values():
     aggregate(r)
-  payload = {
-      "study": "table4", "spec": "SPEC 9.1 (paper App. I.1, Table 4 / Figure 1)",
-      "command": command, "wall_seconds": time.perf_counter() - t0,
-      "load_average": list(os.getloadavg()), "platform": jax.devices()[0].platform,
-      "budget": {"counts": "training device-seconds per row and seed (update wall time x "
-                           "devices held; compilation, evaluation and checkpoints excluded)",
-                 "seconds": config.budget_seconds,
-                 "controls": f"{', '.join(config.match_updates.keys())}: {ref}'s updates "
-                             "per seed, not the time budget"},
-      "eval": protocol.describe_span(test, test),
-      "unigram_test_nats_per_byte": eval_lib.unigram_nats(data_dir, "test", test.route, test.score),
-      "data_dir": protocol.shown(data_dir, out), "seeds": protocol.optimisation_seeds(config),
-      "bootstrap_draws": config.bootstrap_draws,
-      "reference": ref,
-      "seed_runs": {k: {f: v for f, v in r.items() if f != "_path"} for k, r in seeds.items()},
-      "rows": {n: config.rows.get(n, "") for n in methods}, "methods": results,
-  }
+  payload = protocol.results(
+      "table4", "SPEC 9.1 (paper App. I.1, Table 4 / Figure 1)", config, command, t0,
+      "row and seed",
+      {"controls": f"{', '.join(config.match_updates.keys())}: {ref}'s updates per seed, "
+                   "not the time budget"},
+      (test, test), data_dir, out, seeds,
+      rows={n: config.rows.get(n, "") for n in methods}, methods=results)
   payload["equal_ops"] = equal_ops(payload, [n for n in methods if n not in config.match_updates])
   payload["start_vs_end"] = start_vs_end(payload)
-  with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(payload, f, indent=1)
-  with open(os.path.join(out, "table.md"), "w") as f:
-    f.write(table(payload))
-  return payload
+  return protocol.write(out, payload, table)
 
 
 def _paired(finals: dict, ref: str, name: str, test: eval_lib.TestSet,

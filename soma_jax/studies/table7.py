@@ -18,11 +18,9 @@ sample sd over seeds and the wins.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
-import jax
 import ml_collections
 import numpy as np
 
@@ -94,31 +92,16 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "",
       results[name]["per_seed"].append(per_seed_record(seed, start, chosen, tried, rc, out,
                                                         finals[(seed, name)]))
   differences(results, finals, ref, other, test, config)
-  payload = {
-      "study": "table7", "spec": "SPEC 9.2 (paper App. I.2, Table 7)", "command": command,
-      "wall_seconds": time.perf_counter() - t0, "load_average": list(os.getloadavg()),
-      "platform": jax.devices()[0].platform,
-      "budget": {"counts": "training device-seconds per configuration (update wall time x "
-                           "devices held; compilation, evaluation and checkpoints excluded)",
-                 "seconds": config.budget_seconds,
-                 "per_expert": "SOMA's N experts share it equally (one vmapped step)"},
-      "tuning": {"base_lr": config.base_lr, "lr_factors": list(config.lr_factors),
-                 "eps_factors": list(config.eps_factors),
-                 "selection": "final ensemble-validation loss; test scored once, selected only"},
-      "eval": protocol.describe_span(val, test),
-      "unigram_test_nats_per_byte": eval_lib.unigram_nats(data_dir, "test", test.route, test.score),
-      "data_dir": protocol.shown(data_dir, out), "seeds": protocol.optimisation_seeds(config),
-      "bootstrap_draws": config.bootstrap_draws,
-      "reference": ref, "other": other,
-      "seed_runs": {k: {f: v for f, v in r.items() if f != "_path"} for k, r in seeds.items()},
-      "methods": results,
-  }
+  payload = protocol.results(
+      "table7", "SPEC 9.2 (paper App. I.2, Table 7)", config, command, t0,
+      "configuration", {"per_expert": "SOMA's N experts share it equally (one vmapped step)"},
+      (val, test), data_dir, out, seeds,
+      tuning={"base_lr": config.base_lr, "lr_factors": list(config.lr_factors),
+              "eps_factors": list(config.eps_factors),
+              "selection": "final ensemble-validation loss; test scored once, selected only"},
+      other=other, methods=results)
   payload["start_vs_end"] = start_vs_end(payload)
-  with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(payload, f, indent=1)
-  with open(os.path.join(out, "table.md"), "w") as f:
-    f.write(table(payload))
-  return payload
+  return protocol.write(out, payload, table)
 
 
 def describe(c: ml_collections.ConfigDict, config: ml_collections.ConfigDict, seed: dict) -> dict:
