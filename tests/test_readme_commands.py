@@ -1,4 +1,5 @@
-"""Every command in README's "What is here" table runs as written (as far as --help shows)."""
+"""Every command in README's "What is here" table runs as written (as far as --help shows),
+and its "Layout" tree lists every module on a line of its own."""
 
 from __future__ import annotations
 
@@ -127,3 +128,50 @@ def test_tensorboard_command_runs_when_the_extra_is_installed():
   if not os.path.exists(exe):
     pytest.skip('the tensorboard extra is not installed (pip install -e ".[tensorboard]")')
   assert subprocess.run([exe, "--help"], capture_output=True, timeout=300).returncode == 0
+
+
+LAYOUT_DIRS = ("soma_jax", "experiments", "benchmarks", "scripts")
+
+
+def layout_paths(readme: str) -> list[str]:
+  """The paths README's "Layout" tree names, one per line, folders from the indentation."""
+  block = readme.split("## Layout\n```\n", 1)[1].split("```", 1)[0]
+  stack, out = [], []
+  for line in block.splitlines():
+    indent = (len(line) - len(line.lstrip(" "))) // 2
+    name = line.split()[0]
+    stack = stack[:indent] + [name.rstrip("/")]
+    out.append("/".join(stack) + ("/" if name.endswith("/") else ""))
+  return out
+
+
+def _modules() -> set[str]:
+  """Every module and script of LAYOUT_DIRS (experiments/configs/ aside), and every
+  __init__.py that holds more than a docstring."""
+  import ast
+
+  out = set()
+  for top in LAYOUT_DIRS:
+    for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
+      dirs[:] = [d for d in dirs if d not in ("configs", "__pycache__")]
+      for name in files:
+        path = os.path.relpath(os.path.join(folder, name), ROOT)
+        if name == "__init__.py":
+          with open(os.path.join(ROOT, path)) as f:
+            body = ast.parse(f.read()).body
+          if len(body) <= 1 and all(isinstance(s, ast.Expr) for s in body):
+            continue
+        if name.endswith((".py", ".sh")):
+          out.add(path.replace(os.sep, "/"))
+  return out
+
+
+def test_layout_lists_every_module_once():
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    listed = layout_paths(f.read())
+  files = [p for p in listed if not p.endswith("/")]
+  assert len(files) == len(set(files)), "a module is listed twice in README's Layout"
+  missing = sorted(_modules() - set(files))
+  gone = sorted(p for p in listed if not os.path.exists(os.path.join(ROOT, p)))
+  assert not missing, f"README's Layout does not list {missing}"
+  assert not gone, f"README's Layout lists what does not exist: {gone}"
