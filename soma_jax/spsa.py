@@ -439,11 +439,17 @@ def train_step(state: TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.A
     ok_h = ok_N & jax.vmap(all_finite)(gh_N)
     head, head_opt = apply_updates(
         tx, state.head, state.head_opt, gh_N, state.sched.lr, ok_h)
+  return finish_update(state, body, opt, head, head_opt, loss_N, ok_N)
+
+
+def finish_update(state: TrainState, body, opt, head, head_opt, loss_N: jax.Array,
+                  ok_N: jax.Array) -> tuple[TrainState, dict]:
+  """The new state (step + 1, skip counters) and the metrics every method's step reports:
+  loss, finite, lr, eps, skipped (all [N])."""
   new = state.replace(step=state.step + 1, body=body, head=head, opt=opt, head_opt=head_opt,
                       skipped=state.skipped + (~ok_N).astype(jnp.int32))
-  metrics = {"loss": loss_N, "finite": ok_N, "lr": state.sched.lr, "eps": state.sched.eps,
-             "skipped": new.skipped}
-  return new, metrics
+  return new, {"loss": loss_N, "finite": ok_N, "lr": state.sched.lr, "eps": state.sched.eps,
+               "skipped": new.skipped}
 
 
 def expert_losses(body_N: PyTree, head: jax.Array, windows_NxBxT1: jax.Array,

@@ -66,18 +66,10 @@ def update_heads(state: spsa.TrainState, grads_head_N, ok_N, tx):
   return spsa.apply_updates(tx, state.head, state.head_opt, grads_head_N, state.sched.lr, ok_N)
 
 
-def finish(state: spsa.TrainState, body, opt, head, head_opt, loss_N, ok_N):
-  """The new state (step + 1, skip counters) and the metrics every method reports."""
-  new = state.replace(step=state.step + 1, body=body, opt=opt, head=head, head_opt=head_opt,
-                      skipped=state.skipped + (~ok_N).astype(jnp.int32))
-  return new, {"loss": loss_N, "finite": ok_N, "lr": state.sched.lr, "eps": state.sched.eps,
-               "skipped": new.skipped}
-
-
 def adam_step(state: spsa.TrainState, g_body_N, loss_N, weight_decay: float, g_head_N=None):
   """Per-expert Adam on the bodies (and heads), skipping experts with a non-finite loss."""
   tx = spsa.adam(weight_decay)
   ok_N = jax.vmap(spsa.all_finite)(g_body_N) & jnp.isfinite(loss_N)
   body, opt = spsa.apply_updates(tx, state.body, state.opt, g_body_N, state.sched.lr, ok_N)
   head, head_opt = update_heads(state, g_head_N, ok_N, tx)
-  return finish(state, body, opt, head, head_opt, loss_N, ok_N)
+  return spsa.finish_update(state, body, opt, head, head_opt, loss_N, ok_N)

@@ -15,7 +15,7 @@ from soma_jax import model as model_lib
 from soma_jax import spsa
 from soma_jax.layers import cross_entropy
 from soma_jax.methods import lstm
-from soma_jax.methods.base import finish, need, tokens_per_update, update_heads
+from soma_jax.methods.base import need, tokens_per_update, update_heads
 
 
 def _expert(body, head_VxE: jax.Array, batch_AxBxT1: jax.Array):
@@ -37,7 +37,7 @@ def _train_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N:
   loss_N, g_head_N = jax.vmap(_expert)(state.body, state.head, batch_NxAxBxT1)
   ok_N = jnp.isfinite(loss_N) & jax.vmap(spsa.all_finite)(g_head_N)
   head, head_opt = update_heads(state, g_head_N, ok_N, spsa.adam(cfg.weight_decay))
-  return finish(state, state.body, state.opt, head, head_opt, loss_N, ok_N)
+  return spsa.finish_update(state, state.body, state.opt, head, head_opt, loss_N, ok_N)
 
 
 train_step = jax.jit(_train_step, static_argnames="cfg", donate_argnames="state")
