@@ -31,7 +31,7 @@ from soma_jax import model as model_lib
 PyTree = Any
 PROBES = ("sparse", "rademacher", "gaussian")
 # How a perturbed copy applies theta + s eps z: "direct" forms each copy's weights;
-# "split" applies every matrix as x theta + s eps (x z) (`model.Split`), "split_recurrence"
+# "split" applies every matrix as x theta + s eps (x z) (`layers.Split`), "split_recurrence"
 # only the recurrent w_h (where each copy's own weights are read at every time step).
 FORWARDS = ("direct", "split", "split_recurrence")
 
@@ -152,7 +152,7 @@ def _splits(path, leaf: jax.Array, forward: str) -> bool:
 def perturb(body: PyTree, z: PyTree, scale: jax.Array, forward: str = "direct",
             probe_kind: str = "sparse") -> PyTree:
   """theta + scale z for one expert: formed leaf by leaf ("direct"), or with the matrices
-  `forward` splits left as `model.Split(theta, z, scale)`, which `model.linear` applies as
+  `forward` splits left as `layers.Split(theta, z, scale)`, which `layers.linear` applies as
   x theta + scale (x z). A split z is held in bfloat16 when the probe is ternary (sparse,
   rademacher: exact), in float32 when gaussian (bfloat16 would round it)."""
   z_dtype = jnp.float32 if probe_kind == "gaussian" else jnp.bfloat16
@@ -180,7 +180,7 @@ def _default_loss(cfg: SpsaConfig, loss_fn: LossFn | None) -> LossFn:
   if loss_fn is None:
     return functools.partial(model_lib.streamed_loss, time_block=cfg.time_block,
                              unroll=cfg.unroll)
-  if cfg.forward != "direct":  # a Split weight means something only to model.linear
+  if cfg.forward != "direct":  # a Split weight means something only to layers.linear
     raise ValueError(f"forward={cfg.forward!r} needs the model's own loss (loss_fn=None)")
   return loss_fn
 
