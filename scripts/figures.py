@@ -1,6 +1,6 @@
 r"""Regenerates the figures and numbers of README's "Measured results" into docs/.
 
-  python -m scripts.figures            # the cheap figures (about 5 min on 2 CPU cores)
+  python -m scripts.figures            # the cheap figures (each JSON's wall_s: minutes)
   python -m scripts.figures all        # every figure, including hour-long training runs
   python -m scripts.figures eggroll variance_tiny_n_pert   # named figures only
 
@@ -10,7 +10,7 @@ Each figure runs its command in a fresh process, then writes docs/results/NAME.j
 
 and copies its plot (if it makes one) to the docs/ path README links. README's numbers are
 these files' numbers; tests/test_readme_figures.py checks that every number in README's
-"Measured results" section appears in some committed JSON under docs/.
+"Measured results" section appears in a committed JSON that its subsection names.
 """
 
 from __future__ import annotations

@@ -6,10 +6,18 @@ that carries the visible marker NOT_RERUN is skipped: it holds figures nobody ha
 since the code changed. Code spans (commands) and link targets are not figures, and
 neither are references such as "SPEC 7", "Figure 4" or "Table 5". The paper's own
 figures live in docs/results/paper.json (copied from SPEC.md, not measured).
+
+Each figure must also be in a JSON that its own part of the section names: a "###"
+subsection, or one top-level bullet of "Other measured figures" (by path or file name,
+e.g. `docs/results/bench.json`, `input_pipeline.json`, `step_sweep_cpu_n*.json`), or in
+paper.json. Against every committed JSON at once, a figure of 2 decimals finds some match
+by chance about a third of the time. Confidence levels ("95% CI") and targets ("the
+target was 12M") are not measurements.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import json
 import math
@@ -28,6 +36,9 @@ NUMBER = re.compile(
     r"(?<![\w.])(?P<sign>[-−+]?)(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?"
     r"(?P<exp>e[-+]?\d+)?(?P<unit>[kMGT](?![A-Za-z])| ?[kMG]B\b|%| ?min\b| ?h\b)?")
 REFERENCE = re.compile(r"(SPEC|Figure|Table|section|Section|issue)\s*$")
+NOT_MEASURED_BEFORE = re.compile(r"\btarget(?: was|,)?\s*$")  # "the target was 12M"
+NOT_MEASURED_AFTER = re.compile(r"\s*(CI|interval|confidence)\b")  # "95% CI"
+JSON_NAME = re.compile(r"[\w*.-]+\.json")
 
 
 def measured_section(text: str) -> str:
@@ -46,7 +57,8 @@ def figures(section: str) -> list[tuple[str, str]]:
     text = re.sub(r"`[^`]*`", " ", line)  # commands
     text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets
     for m in NUMBER.finditer(text):
-      if REFERENCE.search(text[:m.start()]):
+      if (REFERENCE.search(text[:m.start()]) or NOT_MEASURED_BEFORE.search(text[:m.start()])
+          or (m["unit"] == "%" and NOT_MEASURED_AFTER.match(text[m.end():]))):
         continue
       out.append((m, line))
   return out
@@ -71,17 +83,55 @@ def _json_numbers(x, out: list[float]) -> None:
       _json_numbers(v, out)
 
 
-def committed_json_numbers() -> list[float]:
-  """Numbers of every JSON file under docs/ that git tracks (uncommitted files do not count)."""
+def committed_jsons() -> list[str]:
+  """Every JSON file under docs/ that git tracks (uncommitted files do not count)."""
   listed = subprocess.run(["git", "ls-files", "docs"], cwd=ROOT, capture_output=True, text=True)
   if listed.returncode:
     pytest.skip("not a git checkout: cannot tell committed files from others")
+  return [path for path in listed.stdout.split() if path.endswith(".json")]
+
+
+def json_numbers(paths: list[str]) -> list[float]:
   out: list[float] = []
-  for path in listed.stdout.split():
-    if path.endswith(".json"):
-      with open(os.path.join(ROOT, path)) as f:
-        _json_numbers(json.load(f), out)
+  for path in paths:
+    with open(os.path.join(ROOT, path)) as f:
+      _json_numbers(json.load(f), out)
   return out
+
+
+def committed_json_numbers() -> list[float]:
+  """Numbers of every JSON file under docs/ that git tracks."""
+  return json_numbers(committed_jsons())
+
+
+def parts(section: str) -> list[str]:
+  """The pieces of the section that each name their JSON: the text before the first "###",
+  each "###" subsection, and each top-level bullet of "Other measured figures"."""
+  out = []
+  for sub in re.split(r"\n(?=### )", section):
+    if sub.startswith("### Other measured figures"):
+      out.extend(re.split(r"\n(?=- )", sub))
+    else:
+      out.append(sub)
+  return out
+
+
+def named_jsons(part: str, committed: list[str]) -> list[str]:
+  """The committed JSONs a part names, by path or file name (shell patterns allowed)."""
+  names = {os.path.basename(n) for n in JSON_NAME.findall(part)}
+  return [p for p in committed if any(fnmatch.fnmatch(os.path.basename(p), n) for n in names)]
+
+
+def unsourced(section: str, committed: list[str], paper: str = "docs/results/paper.json"
+              ) -> list[str]:
+  """Figures that are in no JSON their part names, nor in the paper's."""
+  paper = json_numbers([paper])
+  out = []
+  for part in parts(section):
+    values = paper + json_numbers(named_jsons(part, committed))
+    out.extend(f"{m.group(0)!r} in: {line.strip()[:90]}" for m, line in figures(part)
+               if not appears(m, values))
+  return sorted(set(out))
 
 
 def appears(m: re.Match, values: list[float]) -> bool:
@@ -116,6 +166,34 @@ def test_every_readme_figure_is_in_a_committed_json():
   assert not missing, (
       f"{len(missing)} README figures are in no committed docs/**/*.json; rerun them "
       f"(make figures) or mark the line {NOT_RERUN}:\n" + "\n".join(missing))
+
+
+def test_every_readme_figure_is_in_a_json_its_part_names():
+  with open(os.path.join(ROOT, "README.md")) as f:
+    section = measured_section(f.read())
+  missing = unsourced(section, committed_jsons())
+  assert not missing, (
+      f"{len(missing)} README figures are in no JSON their subsection (or bullet of 'Other "
+      f"measured figures') names; name the docs/results/NAME.json they come from, rerun them "
+      f"or mark the line {NOT_RERUN}:\n" + "\n".join(missing))
+
+
+def test_a_figure_counts_only_in_the_json_its_part_names():
+  """2.5 is in a.json only: the part naming b.json (or none) does not find it there."""
+  import tempfile
+
+  with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+    rel = os.path.relpath(tmp, ROOT)
+    for name, value in (("a.json", 2.5), ("b.json", 7.25), ("paper.json", 1.75)):
+      with open(os.path.join(tmp, name), "w") as f:
+        json.dump({"x": value}, f)
+    committed = [f"{rel}/a.json", f"{rel}/b.json"]
+    section = ("## Measured results\nintro 1.75 and 2.5\n### One (`a.json`)\nrate 2.5, 95% CI\n"
+               "### Two (`b*.json`)\nrate 2.5 and 7.25; the target was 9.5\n"
+               "### Other measured figures\n- x (`a.json`): 2.5\n- y: 2.5\n")
+    missing = unsourced(section, committed, paper=f"{rel}/paper.json")
+  assert missing == ["'2.5' in: - y: 2.5", "'2.5' in: intro 1.75 and 2.5",
+                     "'2.5' in: rate 2.5 and 7.25; the target was 9.5"], missing
 
 
 def test_the_check_rejects_a_stale_figure():
