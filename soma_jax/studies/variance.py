@@ -226,6 +226,19 @@ def _ratio(err_a_RxN, err_b_RxN) -> tuple[float, float]:
   return float(ratio), float(np.std(x - ratio * y, ddof=1) / math.sqrt(len(x)) / y.mean())
 
 
+def _fixed_batch(c, n: int, params=None, mcfg: model_lib.ModelConfig | None = None,
+                 expert_shards: str | None = None):
+  """The experts (`_experts`), each one's fixed batch of c.batch windows (`expert_windows`,
+  on `expert_shards`, default c.expert_shards) and exact gradients on it:
+  (body_N, head, shared, windows, data record, g_NxD, g_NxD as float64 numpy, ||g_e||^2)."""
+  body_N, head, shared, _ = _experts(c, n, params, mcfg)
+  shards = c.get("expert_shards", "") if expert_shards is None else expert_shards
+  win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes, shards)
+  g = flat_N(exact_grads(body_N, head, jnp.asarray(win), shared))
+  g_np = np.asarray(g, np.float64)
+  return body_N, head, shared, win, data_rec, g, g_np, np.sum(g_np**2, -1)
+
+
 def study_shared_vs_separate(c, params=None) -> dict:
   """N = 4: one summed loss, two pair losses, four own losses; same weights, data, directions.
 
@@ -233,12 +246,7 @@ def study_shared_vs_separate(c, params=None) -> dict:
   q * g, predicted by `grouped_sparse_prediction` (dense: (M_G - 1) / n_pert per group).
   """
   n = 4
-  body_N, head, shared, _ = _experts(c, n, params)
-  win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes,
-                                 c.get("expert_shards", ""))
-  g = flat_N(exact_grads(body_N, head, jnp.asarray(win), shared))
-  g_np = np.asarray(g, np.float64)
-  g2 = np.sum(g_np**2, -1)
+  body_N, head, shared, win, data_rec, g, g_np, g2 = _fixed_batch(c, n, params)
   q = second_moment_N(body_N, c.probe)
   q_np = np.asarray(q, np.float64)
   d = g.shape[1]
@@ -286,12 +294,7 @@ def study_n_pert(c, params=None) -> dict:
   shared draws.
   """
   n = c.n_experts
-  body_N, head, shared, _ = _experts(c, n, params)
-  win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes,
-                                 c.get("expert_shards", ""))
-  g = flat_N(exact_grads(body_N, head, jnp.asarray(win), shared))
-  g_np = np.asarray(g, np.float64)
-  g2 = np.sum(g_np**2, -1)
+  body_N, head, shared, win, data_rec, g, g_np, g2 = _fixed_batch(c, n, params)
   k_max = max(c.n_pert_list)
   out: dict[str, Any] = {"points": [], "d_per_expert": g.shape[1], "seq_len": c.seq_len,
                          "batch": c.batch, "weights": _weights(c, params)}
@@ -328,13 +331,11 @@ def study_experts(c, params=None) -> dict:
   rows, records = [], {}
   for n in c.n_list:
     mcfg = sizing.sized_config(c.total_params, n, c.model.d_e, c.model.depth)
-    body_N, head, shared, _ = _experts(c, n, None, mcfg)
-    win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes)
-    g = flat_N(exact_grads(body_N, head, jnp.asarray(win), shared))
-    g_np = np.asarray(g, np.float64)
+    # Each N has its own experts and data: `expert_shards` names four, not n, of them.
+    body_N, head, shared, win, data_rec, g, g_np, g2 = _fixed_batch(c, n, None, mcfg, "")
     q = second_moment_N(body_N, c.probe)
     st = _stats(c, body_N, head, shared, win[:, None], (q * g)[:, None], c.n_pert, c.probe)
-    rel, se = relative(block_errors(st, c.n_pert), np.sum(g_np**2, -1))
+    rel, se = relative(block_errors(st, c.n_pert), g2)
     pred = (dense_prediction(g.shape[1], c.n_pert) if c.probe == "rademacher"
             else sparse_prediction(g_np, np.asarray(q, np.float64), c.n_pert))
     rows.append({"n": n, "d_t": mcfg.d_t, "body_params_per_expert": int(g.shape[1]),
