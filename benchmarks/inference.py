@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import os
 import resource
-import statistics
 import sys
-import time
 
 import jax
 import numpy as np
 from absl import app, flags, logging
 
+from benchmarks import step_timing
 from soma_jax import cli, runs, sizing
 from soma_jax import evaluate as eval_lib
 from soma_jax import model as model_lib
@@ -68,17 +67,6 @@ def peak_memory() -> tuple[int, str]:
   return int(rss if sys.platform == "darwin" else rss * 1024), "process peak RSS (ru_maxrss)"
 
 
-def time_batches(fn, windows: np.ndarray, repeats: int) -> list[float]:
-  """Seconds per call of fn(windows) after one untimed warm-up call (compiles every shape)."""
-  fn(windows)
-  out = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn(windows)
-    out.append(time.perf_counter() - t0)
-  return out
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -107,7 +95,7 @@ def main(argv):
     lp = eval_lib.routed_logprobs(body_N, head, w, routes, shared, _BATCH.value)
     return eval_lib.mixture_nats(lp)
 
-  ens_s = statistics.median(time_batches(routed, windows, _REPEATS.value))
+  ens_s = step_timing.timeit(lambda: routed(windows), _REPEATS.value)  # after a warm-up
   ens_mem, mem_source = peak_memory()
 
   mono_cfg = monolith_config(cfg, n)
@@ -116,7 +104,7 @@ def main(argv):
   def monolith(w):
     return eval_lib.target_logprobs(mono_body, mono_head, 0, w, False, _BATCH.value).mean(axis=1)
 
-  mono_s = statistics.median(time_batches(monolith, windows, _REPEATS.value))
+  mono_s = step_timing.timeit(lambda: monolith(windows), _REPEATS.value)
   mono_mem, _ = peak_memory()
 
   tokens = _REQUESTS.value * TOKENS_PER_REQUEST

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import statistics
-import time
 
 import numpy as np
 from absl import flags
@@ -138,16 +136,12 @@ def torch_side(n, d_t, d_e, depth, n_pert, batch_NxBxT1, reps) -> dict:
       out.append(mezo_update(expert, w[:-1], w[1:], seeds, eps=1e-3, lr=1e-4))
     return out
 
-  times, losses = [], []
-  with torch.inference_mode():
-    update()  # warm-up (oneDNN primitive caches)
-    for _ in range(reps):
-      t = time.perf_counter()
-      losses.append(update())
-      times.append(time.perf_counter() - t)
+  losses = []
+  with torch.inference_mode():  # one warm-up update (oneDNN primitive caches), then the median
+    seconds = step_timing.timeit(lambda: losses.append(update()), reps)
   return {"torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
           "torch_params_per_expert": sum(p.numel() for p in experts[0].params),
-          "torch_step_seconds": statistics.median(times), "torch_mean_loss": losses[-1]}
+          "torch_step_seconds": seconds, "torch_mean_loss": losses[-1]}
 
 
 def jax_side(c, reps) -> dict:
