@@ -1,4 +1,4 @@
-"""The paper's comparisons from warm starts at equal device time (SPEC 9.1 and 9.2).
+"""The paper's comparisons (SPEC 9.1 and 9.2), run here from warm starts at equal device time.
 
   python experiments/compare.py --config=experiments/configs/compare.py:study=table4,size=cpu --out=runs/table4
   python experiments/compare.py --config=experiments/configs/compare.py:study=table7,size=cpu --out=runs/table7

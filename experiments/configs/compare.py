@@ -5,7 +5,9 @@
 
 Arguments: study (table4: SPEC 9.1, the allocation rows and two controls; table7: SPEC 9.2,
 SOMA N = 2 against the monolith with equal tuning) and size (cpu: 15 min for table4 and 18 for table7
-on 2 cores, measured; tiny: tests). Every method is a complete training config from its own
+on 2 cores, measured when a CPU run was charged one device-second per wall second; it is
+now charged core-seconds (host_devices.CHARGE_RULE), so the same budgets train half as long
+on 2 cores; tiny: tests). Every method is a complete training config from its own
 config file (soma.py, eggroll.py, bptt.py, seed.py), so any field can be changed, e.g.
 --config.methods.bptt.opt.lr=1e-3 or --config.budget_seconds=60.
 

@@ -7,9 +7,11 @@ The argument is STUDY[,size=tiny|cpu|trained]: shared_vs_separate | n_pert | exp
 reference. Without --workdir the weights are a fresh init from `seed`; without
 `data_dir` the windows are real text from this Python's standard library. With --workdir
 the weights are that run's newest checkpoint and the windows its own shards' expert-
-validation windows (expert e on shard e). size=trained is the paper's setting (SPEC 9.5) at
-CPU scale, for a trained --workdir: T = 1024 windows, sparse probes where the study chooses
-one (shared_vs_separate; n_pert measures sparse and dense side by side).
+validation windows (expert e on shard e). size=trained follows SPEC 9.5 at CPU scale, for a
+trained --workdir: T = 1024 windows, sparse probes where the study chooses one
+(shared_vs_separate; n_pert measures sparse and dense side by side); the windows are each
+expert's own shard's expert-validation windows, where the paper uses ensemble-validation
+chunks.
 """
 
 import ml_collections

@@ -1,11 +1,13 @@
-"""What the paper's two comparisons share (SPEC 9): warm starts, the time budget, scoring.
+"""What the two comparisons here share (SPEC 9.1, 9.2): warm starts, the time budget, scoring.
 
 - Warm starts: every architecture starts from a seed run of its own (an N = 1 run at the
   SOMA expert's width for SOMA, one at the monolith's width for the monoliths, one GRU for
   EGGROLL). The seeds get one equal time budget; their cost is reported apart and counted
-  for no row (SPEC 9.1). Every optimisation seed of a row starts from the same seed
-  checkpoint, so from bit-identical parameters; the optimisation seed changes only the
-  batches and the directions.
+  for no row (as SPEC 9.1 does for the monoliths' seeds). Every optimisation seed of a row
+  starts from the same seed checkpoint, so from bit-identical parameters; the optimisation
+  seed changes only the batches and the directions (SPEC 9.2). Where the paper differs: its
+  Table 7 starts from each architecture's step-1 checkpoint with its optimizer state, while
+  `init_from` copies parameters only (Adam's moments start at zero here).
 - The budget is training device-seconds (`train.budget_seconds`, charged as
   `host_devices.CHARGE_RULE`: core-seconds on a CPU; compilation, evaluation and checkpoint
   saves excluded). A run stops after the complete update that reaches it, with a checkpoint

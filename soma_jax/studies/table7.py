@@ -2,14 +2,15 @@
 equal compute and equal tuning.
 
 Per architecture and optimisation seed, from that architecture's own warm start (the same
-for every seed):
+for every seed; a seed run's parameters with fresh Adam moments, where the paper starts from
+each architecture's step-1 checkpoint, optimizer state included):
 1. lr in base x lr_factors at eps = base; the lowest final ensemble-validation loss picks lr;
 2. at that lr, eps in base x eps_factors (the run at eps = base is reused): 5 configurations
    with the paper's factors 0.5, 1, 2. All of them see the same batches and directions
    (they share the optimisation seed; lr and eps change no random draw).
 Each configuration trains until `budget_seconds` of training device time (the monolith's
 time on one device; SOMA's N experts share it equally, each expert's updates taking 1/N of
-the vmapped step), with checkpoints after each quarter scored on the ensemble-validation
+the vmapped step, where the paper gives each expert its own GPU for 1/N of it), with checkpoints after each quarter scored on the ensemble-validation
 windows. The setting with the lowest final validation loss is selected, and only its final
 checkpoint is scored on the test set, once. Reported per seed: both test losses, the paired
 difference (monolith minus SOMA) with its document-bootstrap 95% CI; then the mean, the

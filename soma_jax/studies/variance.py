@@ -400,9 +400,9 @@ def study_batch(c, params=None) -> dict:
 def study_reference(c, params=None) -> dict:
   """Total error R against a backprop reference gradient, and seconds per step (Figure 5).
 
-  As in the paper (App. K), g_ref is `jax.grad` of the same loss over a large batch of
-  `ref_batch` windows per expert that no zero-order batch contains (`disjoint_windows`); the
-  zero-order batches are drawn from a pool of `pool` other windows. Probes `c.probe` (the
+  g_ref is SPEC 5's backprop reference, `jax.grad` of the same loss, here over a large batch
+  of `ref_batch` windows per expert that no zero-order batch contains (`disjoint_windows`);
+  the zero-order batches are drawn from a pool of `pool` other windows. Probes `c.probe` (the
   paper's sparse ones by default). With the pool's mean gradient g, its per-coordinate batch
   noise and the probe's q = E z^2, the prediction is
   R = (batch_error(g, var, q, n_pert, B) + ||q g - g_ref||^2) / ||g_ref||^2 (dense probes:
