@@ -38,7 +38,7 @@ from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 from soma_jax.methods import soma
-from soma_jax.studies import report, variance
+from soma_jax.studies import protocol, report, variance
 
 PyTree = jax.typing.ArrayLike
 VARIANTS = ("independent", "summed")
@@ -86,7 +86,7 @@ def ensemble_workdir(config: ml_collections.ConfigDict, out: str) -> str:
   s, e = (ml_collections.ConfigDict(config[k].to_dict()) for k in ("seed_run", "ensemble_run"))
   if s.n_experts != 1:
     raise UserError(f"seed_run.n_experts={s.n_experts}; the seed is one expert (SPEC 3.4)")
-  data_dir = config.data_dir or _prepare(out, e.n_experts)
+  data_dir = protocol.ensure_data(config, out, e.n_experts)
   seed_dir, ens_dir = os.path.join(out, "seed"), os.path.join(out, "ensemble")
   s.data.dir = e.data.dir = data_dir
   e.init_from = seed_dir
@@ -371,15 +371,6 @@ def _run_summary(c: ml_collections.ConfigDict) -> dict:
           "eps": c.spsa.eps, "n_pert": c.spsa.n_pert, "batch": c.spsa.batch,
           "seq_len": c.data.seq_len, "train_head": c.opt.train_head,
           "shared_head": c.model.shared_head}
-
-
-def _prepare(out: str, n: int) -> str:
-  data_dir = os.path.join(out, "data")
-  if not os.path.isfile(os.path.join(data_dir, "manifest.json")):
-    from soma_jax.data import prepare
-
-    prepare.prepare("pystdlib", n, data_dir)
-  return data_dir
 
 
 def _write_csv(payload: dict, path: str) -> None:
