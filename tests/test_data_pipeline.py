@@ -58,6 +58,10 @@ def test_state_resume_is_exact(data_prepared):
   other = pipeline.train_iterator(data_prepared, [0, 2], batch=2, accum=1, seq_len=128, seed=7)
   with pytest.raises(UserError, match="different settings"):
     other.set_state(state)
+  with pytest.raises(UserError, match=r"iterator state has an invalid step \{'step': -1\}"):
+    fresh.set_state({**state, "step": -1})
+  with pytest.raises(UserError, match=r"expert ids \[3\] are outside the data dir's 0\.\.2"):
+    pipeline.train_iterator(data_prepared, [0, 3], batch=2, accum=1, seq_len=128, seed=7)
 
 
 def test_expert_batches_independent_of_expert_subset(data_prepared, tmp_path):
@@ -154,5 +158,9 @@ def test_streams_resume_exactly_and_refuse_other_settings(data_prepared):
   other = pipeline.StreamSegments(data_prepared, [0], streams=3, segment=100, seed=2, pooled=True)
   with pytest.raises(UserError, match="different settings"):
     other.set_state(state)
+  with pytest.raises(UserError, match=r"stream state has an invalid step \{'step': 4, 'position': 801\}"):
+    fresh.set_state({**state, "position": 801})
+  with pytest.raises(UserError, match="no experts requested"):
+    pipeline.StreamSegments(data_prepared, [], streams=3, segment=200, seed=2)
   with pytest.raises(UserError, match="fewer than its"):
     pipeline.StreamSegments(data_prepared, [0], streams=10**6, segment=100, seed=2, pooled=True)

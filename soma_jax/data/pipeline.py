@@ -186,6 +186,15 @@ def _shard_source(data_dir: str, expert: int, seq_len: int) -> SubwindowSource:
   return SubwindowSource(_load_windows(path), seq_len)
 
 
+def _train_source(data_dir: str, expert: int, seq_len: int, pooled: bool
+                  ) -> SubwindowSource | ConcatSource:
+  """One expert's training sub-windows; pooled: every shard's, back to back."""
+  if not pooled:
+    return _shard_source(data_dir, expert, seq_len)
+  n = load_manifest(data_dir)["num_clusters"]
+  return ConcatSource([_shard_source(data_dir, e, seq_len) for e in range(n)])
+
+
 def expert_dataset(
   data_dir: str, expert: int, *, batch: int, accum: int, seq_len: int, seed: int, pooled: bool = False
 ) -> grain.MapDataset:
@@ -194,11 +203,7 @@ def expert_dataset(
   pooled: the expert reads every shard of the data dir (a monolith or the seed run on a
   clustered corpus), so N = 1 and N > 1 runs share one data dir and one test set.
   """
-  if pooled:
-    n = load_manifest(data_dir)["num_clusters"]
-    source = ConcatSource([_shard_source(data_dir, e, seq_len) for e in range(n)])
-  else:
-    source = _shard_source(data_dir, expert, seq_len)
+  source = _train_source(data_dir, expert, seq_len, pooled)
   if len(source) < batch:
     raise UserError(
       f"expert {expert}'s shard has {len(source)} sequences of {seq_len + 1} bytes, fewer than one batch of {batch}; "
@@ -213,7 +218,61 @@ def expert_dataset(
   )
 
 
-class TrainBatches:
+class _Feed:
+  """What both training feeds share: the experts they feed (global ids, checked against the
+  data dir), the step, and a JSON state that restores only under the settings it was saved
+  with. Subclasses give `next()`."""
+
+  _what = "iterator"  # names the state in its errors
+
+  def __init__(self, data_dir: str, experts: Sequence[int], settings: dict):
+    if not experts:
+      raise UserError("no experts requested; fix: pass at least one expert id")
+    n = load_manifest(data_dir)["num_clusters"]
+    bad = [e for e in experts if not 0 <= e < n]
+    if bad:
+      raise UserError(f"expert ids {bad} are outside the data dir's 0..{n - 1}; fix: request "
+                      "existing experts")
+    self.experts = [int(e) for e in experts]
+    if settings["pooled"] and self.experts != [0]:
+      raise UserError(f"a pooled iterator feeds one expert (id 0), not {self.experts}")
+    self._config = settings
+    self._step = 0
+
+  def __iter__(self):
+    return self
+
+  @property
+  def step(self) -> int:
+    """Index of the next batch."""
+    return self._step
+
+  def _position(self, step: int) -> dict:
+    """State fields that follow from the step (saved, and checked on restore)."""
+    return {}
+
+  def get_state(self) -> dict:
+    """JSON-serialisable state: the next step and the settings it is valid for."""
+    return {"step": self._step, **self._position(self._step), "experts": list(self.experts),
+            **self._config}
+
+  def set_state(self, state: dict) -> None:
+    """Restores a state from get_state; the settings must match (experts may be any subset)."""
+    mismatch = {k: (state.get(k, False), v) for k, v in self._config.items()
+                if state.get(k, False) != v}
+    if mismatch:
+      raise UserError(f"{self._what} state was saved with different settings {mismatch} (saved, "
+                      "now); fix: resume with the same settings")
+    step = state.get("step")
+    if not isinstance(step, int) or step < 0 or any(
+        state.get(k, v) != v for k, v in self._position(step).items()):
+      shown = {k: state.get(k) for k in ("step", *self._position(0))}
+      raise UserError(f"{self._what} state has an invalid step {shown}; fix: pass a state from "
+                      "get_state()")
+    self._step = step
+
+
+class TrainBatches(_Feed):
   """Iterator over uint8 [len(experts), accum, batch, seq_len + 1] batches with checkpointable state.
 
   Each expert's batches come from random access into its grain MapDataset at
@@ -233,29 +292,15 @@ class TrainBatches:
     seed: int,
     pooled: bool = False,
   ):
-    if not experts:
-      raise UserError("no experts requested; fix: pass at least one expert id")
     if batch < 1 or accum < 1:
       raise UserError(f"batch={batch} and accum={accum} must be >= 1; fix: pass positive sizes")
-    manifest = load_manifest(data_dir)
-    bad = [e for e in experts if not 0 <= e < manifest["num_clusters"]]
-    if bad:
-      raise UserError(
-        f"expert ids {bad} are outside the data dir's 0..{manifest['num_clusters'] - 1}; fix: request existing experts"
-      )
-    self.experts = [int(e) for e in experts]
+    super().__init__(data_dir, experts, {"batch": batch, "accum": accum, "seq_len": seq_len,
+                                         "seed": seed, "pooled": pooled})
     self.shape = (len(self.experts), accum, batch, seq_len + 1)
-    if pooled and self.experts != [0]:
-      raise UserError(f"a pooled iterator feeds one expert (id 0), not {self.experts}")
-    self._config = {"batch": batch, "accum": accum, "seq_len": seq_len, "seed": seed, "pooled": pooled}
     self._datasets = [
       expert_dataset(data_dir, e, batch=batch, accum=accum, seq_len=seq_len, seed=seed, pooled=pooled)
       for e in self.experts
     ]
-    self._step = 0
-
-  def __iter__(self) -> TrainBatches:
-    return self
 
   def __next__(self) -> np.ndarray:
     out = np.empty(self.shape, np.uint8)
@@ -263,27 +308,6 @@ class TrainBatches:
       out[i] = ds[self._step]
     self._step += 1
     return out
-
-  @property
-  def step(self) -> int:
-    """Index of the next batch."""
-    return self._step
-
-  def get_state(self) -> dict:
-    """JSON-serialisable state: the next step and the settings it is valid for."""
-    return {"step": self._step, "experts": list(self.experts), **self._config}
-
-  def set_state(self, state: dict) -> None:
-    """Restores a state from get_state; the settings must match (experts may be any subset)."""
-    mismatch = {k: (state.get(k, False), v) for k, v in self._config.items() if state.get(k, False) != v}
-    if mismatch:
-      raise UserError(
-        f"iterator state was saved with different settings {mismatch} (saved, now); fix: resume with the same settings"
-      )
-    step = state.get("step")
-    if not isinstance(step, int) or step < 0:
-      raise UserError(f"iterator state has an invalid step {step!r}; fix: pass a state from get_state()")
-    self._step = step
 
 
 # The training batches of the given (global) experts; only their shards are opened.
@@ -293,11 +317,7 @@ train_iterator = TrainBatches
 def _row_dataset(data_dir: str, expert: int, seed: int, pooled: bool, streams: int
                  ) -> grain.MapDataset:
   """One expert's shuffled, repeated 1,025-byte training windows (as `expert_dataset` reads)."""
-  if pooled:
-    n = load_manifest(data_dir)["num_clusters"]
-    source = ConcatSource([_shard_source(data_dir, e, windows.CHUNK_BYTES) for e in range(n)])
-  else:
-    source = _shard_source(data_dir, expert, windows.CHUNK_BYTES)
+  source = _train_source(data_dir, expert, windows.CHUNK_BYTES, pooled)
   if len(source) < streams:
     raise UserError(f"expert {expert}'s shard has {len(source)} windows, fewer than its "
                     f"{streams} streams (eggroll.pop / 2), so pairs would share bytes; fix: a "
@@ -305,7 +325,7 @@ def _row_dataset(data_dir: str, expert: int, seed: int, pooled: bool, streams: i
   return grain.MapDataset.source(source).shuffle(seed=expert_seed(seed, expert)).repeat()
 
 
-class StreamSegments:
+class StreamSegments(_Feed):
   """Each expert's `streams` byte streams, `segment` positions per update (method=eggroll).
 
   The EGGROLL reference LM cuts its corpus into one contiguous stream per antithetic pair
@@ -321,26 +341,21 @@ class StreamSegments:
   restores it exactly.
   """
 
+  _what = "stream"
+
   def __init__(self, data_dir: str, experts: Sequence[int], *, streams: int, segment: int,
                seed: int, pooled: bool = False):
-    if not experts:
-      raise UserError("no experts requested; fix: pass at least one expert id")
     if streams < 1 or not 1 <= segment <= windows.CHUNK_BYTES:
       raise UserError(f"streams={streams} must be >= 1 and segment={segment} in 1.."
                       f"{windows.CHUNK_BYTES}; fix: set eggroll.pop and eggroll.segment")
-    manifest = load_manifest(data_dir)
-    bad = [e for e in experts if not 0 <= e < manifest["num_clusters"]]
-    if bad:
-      raise UserError(f"expert ids {bad} are outside the data dir's 0.."
-                      f"{manifest['num_clusters'] - 1}; fix: request existing experts")
-    if pooled and list(experts) != [0]:
-      raise UserError(f"a pooled iterator feeds one expert (id 0), not {list(experts)}")
-    self.experts = [int(e) for e in experts]
+    super().__init__(data_dir, experts, {"streams": streams, "segment": segment, "seed": seed,
+                                         "pooled": pooled})
     self.streams, self.segment = streams, segment
-    self._config = {"streams": streams, "segment": segment, "seed": seed, "pooled": pooled}
     self._rows = [_row_dataset(data_dir, e, seed, pooled, streams) for e in self.experts]
     self._cache: dict[int, np.ndarray] = {}  # window index -> [N, S, 1025]
-    self._step = 0
+
+  def _position(self, step: int) -> dict:
+    return {"position": step * self.segment}  # the streams' byte position
 
   def _windows(self, j: int) -> np.ndarray:
     """Window j of every stream of every expert, [N, S, 1025]."""
@@ -350,9 +365,6 @@ class StreamSegments:
       self._cache[j] = np.stack([np.stack([ds[base + k] for k in range(self.streams)])
                                  for ds in self._rows])
     return self._cache[j]
-
-  def __iter__(self) -> StreamSegments:
-    return self
 
   def __next__(self) -> dict[str, np.ndarray]:
     pos = self._step * self.segment + np.arange(self.segment)
@@ -366,28 +378,6 @@ class StreamSegments:
     return {"inputs": np.ascontiguousarray(inputs.transpose(1, 2, 0)),
             "targets": np.ascontiguousarray(targets.transpose(1, 2, 0)),
             "reset": np.broadcast_to(off == 0, (n, self.segment)).copy()}
-
-  @property
-  def step(self) -> int:
-    return self._step
-
-  def get_state(self) -> dict:
-    """JSON-serialisable state: the next update, the streams' byte position, the settings."""
-    return {"step": self._step, "position": self._step * self.segment,
-            "experts": list(self.experts), **self._config}
-
-  def set_state(self, state: dict) -> None:
-    """Restores a state from get_state; the settings must match (experts may be any subset)."""
-    mismatch = {k: (state.get(k), v) for k, v in self._config.items() if state.get(k) != v}
-    if mismatch:
-      raise UserError(f"stream state was saved with different settings {mismatch} (saved, "
-                      "now); fix: resume with the same settings")
-    step = state.get("step")
-    if not isinstance(step, int) or step < 0 or state.get("position", step * self.segment) \
-        != step * self.segment:
-      raise UserError(f"stream state has an invalid step {step!r} or position "
-                      f"{state.get('position')!r}; fix: pass a state from get_state()")
-    self._step = step
 
 
 def expert_val_windows(data_dir: str, expert: int, seq_len: int, pooled: bool = False) -> np.ndarray:
