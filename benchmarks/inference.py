@@ -23,7 +23,7 @@ import sys
 
 import jax
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
 from benchmarks import step_timing
 from soma_jax import cli, runs, sizing
@@ -68,8 +68,7 @@ def peak_memory() -> tuple[int, str]:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv
   if min(_TOP_K.value, _REQUESTS.value, _BATCH.value, _REPEATS.value) < 1:
     raise UserError("--top_k, --requests, --batch and --repeats must be >= 1")
   if not os.path.isdir(_WORKDIR.value):

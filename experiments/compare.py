@@ -12,7 +12,7 @@ import shlex
 import sys
 
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 from soma_jax import cli
@@ -26,8 +26,7 @@ flags.mark_flags_as_required(["config", "out"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv
   logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
                jax.devices())
   command = "python " + shlex.join(sys.argv)

@@ -14,7 +14,7 @@ import json
 import os
 
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import cli, methods, runs
@@ -52,8 +52,7 @@ def _ks(n: int) -> list[int] | None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv
   if _TOP_K.value < 1 or _DRAWS.value < 1:
     raise UserError("--top_k and --draws must be >= 1")
   eval_lib.check_split(_SPLIT.value)

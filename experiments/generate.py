@@ -14,7 +14,7 @@ import os
 import sys
 
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import cli, methods, runs
@@ -38,8 +38,7 @@ flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv
   if not 0 <= _MAX_BYTES.value <= gen_lib.MAX_BYTES or _TOP_K.value < 1:
     raise UserError(f"--max_bytes must be in 0..{gen_lib.MAX_BYTES:,} and --top_k >= 1; "
                     "fix: pass values in range")

@@ -18,7 +18,6 @@ from absl import flags, logging
 
 from soma_jax import cli
 from soma_jax.data import prepare
-from soma_jax.errors import UserError
 
 _SOURCE = flags.DEFINE_string("source", "pystdlib", "Corpus: fineweb_edu:PATH, wikitext103:PATH, textdir:PATH, tfds:NAME[:FEATURE], pystdlib.")
 _NUM_CLUSTERS = flags.DEFINE_integer("num_clusters", 8, "Number of clusters = experts N.")
@@ -37,8 +36,7 @@ _TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "data_dir for --sour
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {argv[1:]}; fix: pass options as --name=value")
+  del argv
   t0 = time.time()
   manifest = prepare.prepare(
     _SOURCE.value,

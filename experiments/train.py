@@ -10,7 +10,7 @@ workdir's config_history.jsonl). SIGTERM / Ctrl-C stop within one update with a 
 """
 
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 from soma_jax import cli, train
@@ -28,8 +28,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv
   if _MULTIHOST.value:
     from soma_jax import parallel
 

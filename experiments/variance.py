@@ -133,8 +133,7 @@ def write_outputs(res: dict, out: str) -> dict:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {argv[1:]}; fix: pass options as --name=value")
+  del argv
   if _X64.value:
     jax.config.update("jax_enable_x64", True)
   c = _CONFIG.value

@@ -62,23 +62,25 @@ def _check_config_files() -> None:
                       "existing config file, e.g. experiments/configs/soma.py:n=4")
 
 
-def run(main: Callable[[list[str]], None]) -> None:
+def run(main: Callable[[list[str]], None], positional: bool = False) -> None:
   """`app.run(main)` with one-line errors (exit 2) for bad flags, stray arguments and
   UserError, and a quiet exit when the reader of stdout goes away (`| head`); the CPU
   device count is set (`host_devices.start`, --cpu_devices) before `main` runs.
 
-  Info-level logs of libraries are hidden unless --verbosity is given; progress and
-  results are printed by the entry points themselves.
+  Arguments that are not flags are refused unless `positional` (`main` reads argv[1:]:
+  merge.py's workdirs, report.py's NAME=WORKDIR). Info-level logs of libraries are hidden
+  unless --verbosity is given; progress and results are printed by the entry points.
   """
-  app.run(exit_on_user_error(functools.partial(_main_checked, main)), flags_parser=_parse_flags)
+  app.run(exit_on_user_error(functools.partial(_main_checked, main, positional)),
+          flags_parser=_parse_flags)
 
 
-def _main_checked(main: Callable[[list[str]], None], argv: list[str]) -> None:
+def _main_checked(main: Callable[[list[str]], None], positional: bool, argv: list[str]) -> None:
+  if len(argv) > 1 and not positional:  # absl would pass them on, and most mains ignore them
+    raise UserError(f"unexpected arguments: {argv[1:]}; fix: pass options as --name=value, and "
+                    "quote a value with spaces (--prompt='hello world')")
   try:
     main(argv)
-  except app.UsageError as e:  # absl would print its whole help and exit 1
-    raise UserError(f"{e}; fix: pass options as --name=value, and quote a value with spaces "
-                    "(--prompt='hello world')") from None
   except BrokenPipeError:  # the reader went away (e.g. `| head -c 100`): no traceback, and
     # the exit status of a process stopped by SIGPIPE, as `yes | head` gives
     devnull = os.open(os.devnull, os.O_WRONLY)

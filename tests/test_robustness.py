@@ -431,9 +431,12 @@ def test_closed_pipe_and_stray_arguments(straight, tmp_path):
   one_error_line(cli(gen + ["--prompt=hello", "world"]), "unexpected arguments: ['world']",
                  "quote a value with spaces")
   one_error_line(cli(TRAIN_CLI + [f"--workdir={tmp_path / 'w'}", "stray"]), "['stray']")
+  one_error_line(cli([sys.executable, "experiments/prepare_data.py", f"--out={tmp_path / 'd'}",
+                      "stray"]), "unexpected arguments: ['stray']")
+  one_error_line(cli([sys.executable, "-m", "benchmarks.input_pipeline", "stray"]), "['stray']")
   one_error_line(cli(TRAIN_CLI + [f"--workdir={tmp_path / 'w'}", "--config.stepz=3"]),
                  "unknown config field stepz (did you mean steps?)")
-  assert not os.path.exists(tmp_path / "w")
+  assert not os.path.exists(tmp_path / "w") and not os.path.exists(tmp_path / "d")
 
 
 def test_textdir_names_unreadable_folders_and_follows_symlinked_ones(data_textdir, tmp_path,
