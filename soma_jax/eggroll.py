@@ -153,22 +153,34 @@ def perturb(params: PyTree, key: jax.Array, member: jax.ArrayLike, sign: jax.Arr
   return _apply(params, noise(params, key, member, cfg), sign, cfg)
 
 
+def _by_chunk(one_noise: Callable, cfg: EggrollConfig, *xs_N: PyTree) -> PyTree:
+  """`one_noise(n, *x[n])` for every noise index n, leading [num_noise] axis on the outputs.
+
+  `vmap` over a chunk's pop_chunk / n_signs noise indices and `lax.map` over chunks, so
+  memory is bounded by one chunk; every x has a leading [num_noise] axis.
+  """
+  per_chunk, n_chunk = cfg.chunk // len(cfg.signs), cfg.pop // cfg.chunk
+  split = lambda x: x.reshape((n_chunk, per_chunk) + x.shape[1:])
+
+  def one_chunk(args):
+    c, *xs = args
+    return jax.vmap(one_noise)(c * per_chunk + jnp.arange(per_chunk), *xs)
+
+  out = jax.lax.map(one_chunk, (jnp.arange(n_chunk), *jax.tree.map(split, xs_N)))
+  return jax.tree.map(lambda x: x.reshape((cfg.num_noise,) + x.shape[2:]), out)
+
+
 def population_losses(params: PyTree, batch: Any, key: jax.Array, step: jax.ArrayLike,
                       loss_fn: LossFn, cfg: EggrollConfig) -> jax.Array:
   """Loss of every member on the same batch, [pop], member m = noise * n_signs + sign index."""
   skey = jax.random.fold_in(key, step)
   signs = jnp.asarray(cfg.signs, jnp.float32)
-  per_chunk = cfg.chunk // len(cfg.signs)
 
   def one_noise(n):
     eps = noise(params, skey, n, cfg)
     return jax.vmap(lambda s: loss_fn(_apply(params, eps, s, cfg), batch))(signs)
 
-  def one_chunk(c):
-    return jax.vmap(one_noise)(c * per_chunk + jnp.arange(per_chunk))
-
-  loss_CxPxS = jax.lax.map(one_chunk, jnp.arange(cfg.pop // cfg.chunk))
-  return loss_CxPxS.reshape(cfg.pop)
+  return _by_chunk(one_noise, cfg).reshape(cfg.pop)
 
 
 def fitness(loss_P: jax.Array) -> jax.Array:
@@ -239,20 +251,15 @@ def stream_losses(params: PyTree, segments_N: PyTree, carry_P: PyTree, key: jax.
   """
   skey = jax.random.fold_in(key, step)
   signs = jnp.asarray(cfg.signs, jnp.float32)
-  n_sign, per_chunk, n_chunk = len(cfg.signs), cfg.chunk // len(cfg.signs), cfg.pop // cfg.chunk
-  split = lambda tree, *axes: jax.tree.map(lambda x: x.reshape(axes + x.shape[1:]), tree)
 
   def one_noise(n, segment, carry_S):
     eps = noise(params, skey, n, cfg)
     return jax.vmap(lambda s, c: loss_fn(_apply(params, eps, s, cfg), segment, c))(signs, carry_S)
 
-  def one_chunk(xs):
-    c, segments, carry = xs
-    return jax.vmap(one_noise)(c * per_chunk + jnp.arange(per_chunk), segments, carry)
-
-  loss, carry = jax.lax.map(one_chunk, (jnp.arange(n_chunk), split(segments_N, n_chunk, per_chunk),
-                                        split(carry_P, n_chunk, per_chunk, n_sign)))
-  merge = lambda x: x.reshape((cfg.pop,) + x.shape[3:])
+  carry_NxS = jax.tree.map(lambda x: x.reshape((cfg.num_noise, len(cfg.signs)) + x.shape[1:]),
+                           carry_P)
+  loss, carry = _by_chunk(one_noise, cfg, segments_N, carry_NxS)
+  merge = lambda x: x.reshape((cfg.pop,) + x.shape[2:])
   return loss.reshape(cfg.pop), jax.tree.map(merge, carry)
 
 
