@@ -207,3 +207,14 @@ def test_run_continues_the_checkpoint_in_both_arms(tmp_path, tiny_ensemble, data
   for v in payload["variance"]["states"].values():
     assert v["probe"] == "sparse" and v["ratio_separate_vs_shared"] > 0
     assert v["replay"]["data"]["shard_of_expert"] == [1, 2, 3, 0]
+
+
+def test_seed_result_counts_the_documents_where_independent_is_lower():
+  """Per document, the mean of summed minus independent over its windows: doc 7 (+0.5, -0.1)
+  and doc 3 (+0.1, +0.1) favour independent losses, doc 9 (-0.5) the summed one."""
+  final = {"independent": np.array([1.0, 1.0, 2.0, 2.0, 3.0]),
+           "summed": np.array([1.5, 0.9, 2.1, 2.1, 2.5])}
+  r = independent._seed_result({}, final, np.array([7, 7, 3, 3, 9]), 200, 0)
+  assert (r["docs_independent_lower"], r["num_docs"]) == (2, 3)
+  assert r["final_diff"] == pytest.approx(0.02)
+  assert r["final_diff_ci95"][0] <= r["final_diff"] <= r["final_diff_ci95"][1]

@@ -321,3 +321,18 @@ def test_init_from_works_for_every_paper_preset(file, arg, data_prepared, tmp_pa
   assert jax.tree.map(lambda x: x.shape, (body_N, head)) == jax.tree.map(lambda x: x.shape, shapes)
   seed_body, _, _ = runs.restore_params(seed)
   assert leaves_equal(jax.tree.map(lambda x: x[-1], body_N), jax.tree.map(lambda x: x[0], seed_body))
+
+
+def test_equal_ops_reads_every_curve_at_the_smallest_final_ops():
+  """Each row's curve is interpolated linearly in operations at the smallest final operation
+  count of any row and seed (150 here, seed 0 of row b), then averaged over seeds."""
+  curve = lambda ops, loss: [{"ops": o, "loss": x} for o, x in zip(ops, loss, strict=True)]
+  payload = {"methods": {
+      "a": {"per_seed": [{"curve": curve([0, 100, 200], [3.0, 2.0, 1.0])},
+                         {"curve": curve([0, 100, 300], [3.0, 2.5, 1.0])}]},
+      "b": {"per_seed": [{"curve": curve([0, 50, 150], [3.0, 2.8, 2.6])},
+                         {"curve": curve([0, 160], [3.0, 2.0])}]}}}
+  eq = table4.equal_ops(payload, ["b", "a"])
+  assert eq["ops"] == 150 and eq["ranking"] == ["a", "b"]
+  assert eq["test_nats_per_byte"]["a"]["mean"] == pytest.approx((1.5 + 2.125) / 2)
+  assert eq["test_nats_per_byte"]["b"]["mean"] == pytest.approx((2.6 + 3.0 - 150 / 160) / 2)
