@@ -331,20 +331,33 @@ class Checkpointer:
     return None
 
   def _restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
-    """(state, data_state) of checkpoint `step`. A TrainState saved before `carry` existed
-    (every run before method=eggroll carried its streams) restores with carry = ()."""
-    restore = lambda target: self._mngr.restore(step, args=ocp.args.Composite(
+    """(state, data_state) of checkpoint `step`, onto `abstract_state`'s structure, less the
+    fields the checkpoint was written without (`_saved_fields`)."""
+    target = self._saved_fields(step, abstract_state)
+    out = self._mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
+    state = out["state"] if target is abstract_state else dataclasses.replace(abstract_state,
+                                                                              **out["state"])
+    return state, out["data"]
+
+  def _saved_fields(self, step: int, abstract_state: Any) -> Any:
+    """The restore target of checkpoint `step`: `abstract_state`, or, when it is a dataclass
+    whose fields the checkpoint lacks and those fields hold no arrays (a field added since,
+    empty for this run: TrainState.carry = () of every method but eggroll), its other fields
+    as a dict. Read from the checkpoint's tree metadata, so a checkpoint that fails to read
+    fails once, with its own error."""
+    if not dataclasses.is_dataclass(abstract_state):
+      return abstract_state
+    handler = ocp.StandardCheckpointHandler()
     try:
-      out = restore(abstract_state)
-      return out["state"], out["data"]
-    except ValueError:
-      if getattr(abstract_state, "carry", None) != ():
-        raise
-      fields = {f.name: getattr(abstract_state, f.name)
-                for f in dataclasses.fields(abstract_state) if f.name != "carry"}
-      out = restore(fields)
-      return abstract_state.replace(**out["state"]), out["data"]
+      saved = set(handler.metadata(self._mngr.directory / str(step) / "state").keys())
+    finally:
+      handler.close()
+    fields = {f.name: getattr(abstract_state, f.name) for f in dataclasses.fields(abstract_state)}
+    absent = [k for k in fields if k not in saved]
+    if not absent or any(jax.tree.leaves(fields[k]) for k in absent):
+      return abstract_state  # nothing absent, or arrays absent: the restore reports it
+    return {k: v for k, v in fields.items() if k in saved}
 
   def quarantine(self, step: int) -> str:
     """Moves checkpoint `step` to checkpoints/corrupt-<step>[.n]; returns the new path."""
