@@ -69,7 +69,7 @@ def _plot(res: dict, path: str) -> None:
     ax.set(xscale="log", yscale="log", xlabel="n_pert (directions)",
            ylabel="relative error E||g_hat - g||^2 / ||g||^2" if key == "grouping"
            else "relative centred variance")
-    where = (f"{_weights(res)}, T = {res['seq_len']}, B = {res['batch']}")
+    where = f"{res['weights']}, T = {res['seq_len']}, B = {res['batch']}"
     if study == "shared_vs_separate":
       ax.set_title(f"N = 4, {res['probe']} probes: one summed / separate = "
                    f"{res['ratio_separate_vs_shared']:.2f}x (predicted "
@@ -110,11 +110,6 @@ def _plot(res: dict, path: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
-
-
-def _weights(res: dict) -> str:
-  """Which weights the study measured, for the plot's caption."""
-  return res.get("weights") or f"fresh init (seed {res['config']['seed']})"
 
 
 def write_outputs(res: dict, out: str) -> dict:

@@ -169,6 +169,7 @@ def test_outputs_written(results, study, keys):
   with open(paths[".json"]) as f:
     saved = json.load(f)
   assert all(k in saved for k in keys + ("replay", "config", "seconds"))
+  assert saved["weights"] == f"fresh init (seed {saved['config']['seed']})"  # what was measured
   with open(paths[".csv"]) as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == len(r["points"]) > 0

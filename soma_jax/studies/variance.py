@@ -343,7 +343,7 @@ def study_experts(c, params=None) -> dict:
                  "measured": rel, "se": se, "predicted": pred, "n_pert": c.n_pert})
     records[str(n)] = {"probes": _probe_record(c, c.reps, c.n_pert, c.probe, n), "data": data_rec}
   return {"points": rows, "variance_by_n": rows, "total_params": c.total_params, "probe": c.probe,
-          "first_over_last": rows[0]["measured"] / rows[-1]["measured"],
+          "weights": _weights(c, None), "first_over_last": rows[0]["measured"] / rows[-1]["measured"],
           "replay": records}
 
 
@@ -391,6 +391,7 @@ def study_batch(c, params=None) -> dict:
                      "measured": rel, "se": se, "predicted": pred})
   return {"points": points, "nu": nu, "a": a, "budget": w, "b_star": best_batch(w, nu, a),
           "sigma2": sigma2.tolist(), "grad_norm_sq": g2.tolist(), "pool": c.pool,
+          "weights": _weights(c, params),
           "replay": {"probes": _probe_record(c, c.reps, need_j, "rademacher", n),
                      "data": data_rec, "pool_index_RxNxS": idx.tolist(),
                      "batch": "sequence groups of 1 window; a block of batch B uses S-slots "
