@@ -38,8 +38,7 @@ def initial_state(c: ml_collections.ConfigDict, cfg: Hashable | None = None) -> 
   method = methods.get(c)
   cfg = method.step_config(c) if cfg is None else cfg
   n = jax.tree.leaves(body_N)[0].shape[0]
-  carry = method.init_carry(c, n) if method.init_carry is not None else ()
-  return spsa.init_state(body_N, head, c.opt.lr, c.spsa.eps, cfg, carry)
+  return spsa.init_state(body_N, head, c.opt.lr, c.spsa.eps, cfg, method.init_carry(c, n))
 
 
 def shapes_only(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

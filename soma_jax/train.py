@@ -266,11 +266,7 @@ def _build(c: ml_collections.ConfigDict, workdir: str) -> _Run:
     to_global = functools.partial(parallel.global_batch, mesh=mesh)
     step_fn = method.sharded_step(step_cfg, mesh)
     state = parallel.put_state(state, mesh)
-  if method.train_data is not None:
-    data = method.train_data(c, feed, pooled(c))
-  else:
-    data = pipeline.train_iterator(c.data.dir, feed, batch=c.spsa.batch, accum=c.spsa.accum,
-                                   seq_len=c.data.seq_len, seed=c.seed, pooled=pooled(c))
+  data = method.train_data(c, feed, pooled(c))
   ops_step = ops_expert * n_local
   return _Run(c=c, method=method, step_cfg=step_cfg, workdir=workdir, experts=range(a, b),
               state=state, step_fn=step_fn, expert_ids=expert_ids, to_global=to_global,

@@ -25,8 +25,9 @@ evaluation, generation, the studies and the benchmarks call `get(c)` and use its
                           where the method runs on one device only
   streams                 its bodies can sample byte by byte (`generate`)
   table_rank              where compare.py's table lists the method (smaller first)
-  init_carry(c, n)        the state carried between updates (TrainState.carry), or None
-  train_data(c, experts, pooled)   its input iterator, or None for the shared batches of
+  init_carry(c, n)        the state carried between updates (TrainState.carry); by default
+                          none, () (the GRU EGGROLL: each member's GRU state)
+  train_data(c, experts, pooled)   its input iterator; by default each expert's batches of
                           `pipeline.train_iterator` (the GRU EGGROLL: each pair's stream)
 
 Adding a method is one module here that builds a `Method` (`lstm.lstm_method(...)` fills

@@ -10,12 +10,26 @@ import jax.numpy as jnp
 import ml_collections
 
 from soma_jax import memory, spsa
+from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 
 PyTree = Any
 Config = ml_collections.ConfigDict
 # The newest checkpoint of a seed workdir: (body_N, head, its config), or None.
 Seed = tuple[PyTree, jax.Array, Config] | None
+
+
+def no_carry(c: Config, n: int) -> tuple:
+  """No state carried from update to update: TrainState.carry = ()."""
+  del c, n
+  return ()
+
+
+def expert_batches(c: Config, experts: list[int], pooled: bool) -> pipeline.TrainBatches:
+  """Each expert's A batches of B windows of its own shard per update (every direction or
+  member of an expert reads them): `pipeline.train_iterator`."""
+  return pipeline.train_iterator(c.data.dir, experts, batch=c.spsa.batch, accum=c.spsa.accum,
+                                 seq_len=c.data.seq_len, seed=c.seed, pooled=pooled)
 
 
 class Method(NamedTuple):
@@ -41,11 +55,10 @@ class Method(NamedTuple):
   sharded_step: Callable[[Hashable, Any], Callable] | None = None
   streams: bool = True
   table_rank: int = 3
-  # A state carried from update to update (TrainState.carry) for this job's N experts, or
-  # None (carry = ()); and the input iterator (c, experts, pooled) -> iterator with
-  # get_state / set_state, or None for the shared batches of pipeline.train_iterator.
-  init_carry: Callable[[Config, int], PyTree] | None = None
-  train_data: Callable[[Config, list[int], bool], Any] | None = None
+  # The state carried from update to update (TrainState.carry) for this job's N experts;
+  # and the input iterator (c, experts, pooled) -> iterator with get_state / set_state.
+  init_carry: Callable[[Config, int], PyTree] = no_carry
+  train_data: Callable[[Config, list[int], bool], Any] = expert_batches
 
 
 def need(cond: bool, msg: str) -> None:
