@@ -132,6 +132,7 @@ def table4_run(tmp_path_factory, data_two_shards):
   for name in ("mono_k16", "mono_k64", "bptt"):  # kept lean: one monolith, the GRU, controls
     del config.methods[name], config.rows[name], config.start[name]
   config.order = tuple(n for n in config.order if n in config.methods)
+  config.eval.val_windows = 2  # not test_windows: the record must tell the two sets apart
   out = str(tmp_path_factory.mktemp("table4") / "out")
   return config, out, table4.run(config, out, "python experiments/compare.py --test")
 
@@ -142,6 +143,9 @@ def test_table4_rows_budget_and_starts(table4_run):
   assert list(methods) == ["soma_n2", "mono_k4", "eggroll", "head_only", "soma_n2_summed"]
   assert "device-seconds" in payload["budget"]["counts"]
   assert host_devices.CHARGE_RULE in payload["budget"]["counts"]
+  val, test = protocol.eval_sets(config, config.data_dir, [32])  # the seeds' and the rows' sets
+  assert (payload["eval"]["val_windows"], payload["eval"]["test_windows"]) == (
+      val.windows.shape[0], test.windows.shape[0])
   ref = methods["soma_n2"]["per_seed"]
   for name, m in methods.items():
     firsts = [p["curve"][0] for p in m["per_seed"]]

@@ -212,8 +212,9 @@ def seed_configs(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collectio
 
 
 def train_seeds(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collections.ConfigDict],
-                data_dir: str, out: str) -> dict[str, dict]:
-  """Trains every seed run to the seed budget in OUT/seeds/NAME; their cost, apart."""
+                data_dir: str, out: str, val: eval_lib.TestSet) -> dict[str, dict]:
+  """Trains every seed run to the seed budget in OUT/seeds/NAME; their cost, apart, and
+  their final loss on the study's ensemble-validation set `val`."""
   records = {}
   for name, s in seed_configs(config, cfgs).items():
     workdir = os.path.join(out, "seeds", name)
@@ -221,8 +222,6 @@ def train_seeds(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collection
     print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t} until "
           f"{config.seed_budget_seconds:g} training device-seconds", flush=True)
     wall = train(c, workdir, f"seed run {name}")
-    val = eval_lib.TestSet(data_dir, config.eval.val_windows, "ensemble_val",
-                           config.eval.route_bytes, config.eval.score_bytes)
     records[name] = {"workdir": shown(workdir, out), "method": s.method, "d_t": s.model.d_t,
                      "depth": s.model.depth, "lr": s.opt.lr, "eps": s.spsa.eps,
                      "n_pert": s.spsa.n_pert, "batch": s.spsa.batch, "seq_len": s.data.seq_len,

@@ -54,8 +54,8 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
       raise UserError(f"match_updates.{name}={target!r}: controls match the reference {ref!r}, "
                       "and must be methods")
   data_dir = protocol.ensure_data(config, out, max(c.n_experts for c in methods.values()))
-  _, test = protocol.eval_sets(config, data_dir, [c.data.seq_len for c in methods.values()])
-  seeds = protocol.train_seeds(config, methods, data_dir, out)
+  val, test = protocol.eval_sets(config, data_dir, [c.data.seq_len for c in methods.values()])
+  seeds = protocol.train_seeds(config, methods, data_dir, out, val)
   results = {n: describe(n, c, config, seeds[config.start[n]]) for n, c in methods.items()}
   for seed in protocol.optimisation_seeds(config):
     finals, ref_updates = {}, None
@@ -83,7 +83,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
       "row and seed",
       {"controls": f"{', '.join(config.match_updates.keys())}: {ref}'s updates per seed, "
                    "not the time budget"},
-      (test, test), data_dir, out, seeds,
+      (val, test), data_dir, out, seeds,
       rows={n: config.rows.get(n, "") for n in methods}, methods=results)
   payload["equal_ops"] = equal_ops(payload, [n for n in methods if n not in config.match_updates])
   payload["start_vs_end"] = start_vs_end(payload)

@@ -79,7 +79,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "",
   ref, other = list(methods)
   data_dir = protocol.ensure_data(config, out, max(c.n_experts for c in methods.values()))
   val, test = scorers or protocol.eval_sets(config, data_dir, [c.data.seq_len for c in methods.values()])
-  seeds = protocol.train_seeds(config, methods, data_dir, out)
+  seeds = protocol.train_seeds(config, methods, data_dir, out, val)
   results = {name: describe(c, config, seeds[config.start[name]]) for name, c in methods.items()}
   finals = {}
   for seed in protocol.optimisation_seeds(config):
