@@ -9,7 +9,7 @@ from __future__ import annotations
 import ml_collections
 
 from soma_jax import memory, spsa
-from soma_jax.errors import UserError
+from soma_jax.errors import UserError, need
 from soma_jax.sizing import PAPER_WIDTH
 
 SIZES = ("tiny", "cpu", "paper")
@@ -189,10 +189,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
   The checks every method shares; `methods.validate` adds the method's own.
   """
-  def need(cond: bool, msg: str) -> None:
-    if not cond:
-      raise UserError(msg)
-
   need(c.n_experts >= 1, f"n_experts={c.n_experts} must be >= 1")
   for key in ("d_t", "d_e", "depth"):
     need(c.model[key] >= 1, f"model.{key}={c.model[key]} must be >= 1")

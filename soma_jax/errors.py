@@ -13,6 +13,12 @@ class UserError(Exception):
   """A problem with the user's input (config, paths, data); the message names the fix."""
 
 
+def need(cond: bool, msg: str) -> None:
+  """A config check: UserError(msg) unless `cond` (msg names the field and the fix)."""
+  if not cond:
+    raise UserError(msg)
+
+
 def exit_on_user_error(fn: Callable[..., Any]) -> Callable[..., Any]:
   """Wraps an absl `main`: a UserError prints one line to stderr and exits with code 2."""
 

@@ -11,7 +11,6 @@ import ml_collections
 
 from soma_jax import memory, spsa
 from soma_jax.data import pipeline
-from soma_jax.errors import UserError
 
 PyTree = Any
 Config = ml_collections.ConfigDict
@@ -59,12 +58,6 @@ class Method(NamedTuple):
   # and the input iterator (c, experts, pooled) -> iterator with get_state / set_state.
   init_carry: Callable[[Config, int], PyTree] = no_carry
   train_data: Callable[[Config, list[int], bool], Any] = expert_batches
-
-
-def need(cond: bool, msg: str) -> None:
-  """A config check: UserError(msg) unless `cond` (msg names the field and the fix)."""
-  if not cond:
-    raise UserError(msg)
 
 
 def tokens_per_update(c: Config) -> int:

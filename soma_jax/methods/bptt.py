@@ -13,8 +13,9 @@ import jax.numpy as jnp
 
 from soma_jax import bptt as bptt_lib
 from soma_jax import spsa
+from soma_jax.errors import need
 from soma_jax.methods import lstm
-from soma_jax.methods.base import adam_step, need, tokens_per_update
+from soma_jax.methods.base import adam_step, tokens_per_update
 
 
 def _train_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,

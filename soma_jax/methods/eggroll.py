@@ -22,10 +22,10 @@ from soma_jax import eggroll as eggroll_lib
 from soma_jax import gru as gru_lib
 from soma_jax import sizing, spsa
 from soma_jax.data import pipeline
-from soma_jax.errors import UserError
+from soma_jax.errors import UserError, need
 from soma_jax.layers import VOCAB
 from soma_jax.methods import lstm
-from soma_jax.methods.base import Method, Seed, adam_step, need
+from soma_jax.methods.base import Method, Seed, adam_step
 
 
 @dataclasses.dataclass(frozen=True)

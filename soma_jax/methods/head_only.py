@@ -13,9 +13,10 @@ import jax.numpy as jnp
 
 from soma_jax import model as model_lib
 from soma_jax import spsa
+from soma_jax.errors import need
 from soma_jax.layers import cross_entropy
 from soma_jax.methods import lstm
-from soma_jax.methods.base import need, tokens_per_update, update_heads
+from soma_jax.methods.base import tokens_per_update, update_heads
 
 
 def _expert(body, head_VxE: jax.Array, batch_AxBxT1: jax.Array):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from soma_jax.errors import need
 from soma_jax.methods import lstm, soma
-from soma_jax.methods.base import need
 
 
 def step_config(c, pert_chunk=None):
