@@ -48,7 +48,7 @@ def main(argv):
     raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
   logging.info("devices: %s", jax.devices())
   step, state, _, c = runs.restore_state(_WORKDIR.value, _STEP.value)
-  if not methods.get(c).streams:
+  if not methods.get(c).generates:
     raise UserError(f"{_WORKDIR.value!r} is a method={c.method} run (the paper's GRU); generate.py "
                     "samples LSTM experts only; fix: pass a soma, bptt or eggroll_lstm run")
   ckpt_lib.check_router(_WORKDIR.value, c, _DATA_DIR.value)

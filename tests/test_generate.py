@@ -91,3 +91,19 @@ def test_cli_missing_workdir_exits_2_with_one_line(tmp_path):
   assert r.returncode == 2, r.stderr
   lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
   assert len(lines) == 1 and "does not exist" in lines[0], r.stderr
+
+
+def test_cli_refuses_a_gru_run_in_one_line(data_prepared, tmp_path):
+  """The GRU EGGROLL run has no byte-by-byte step (`Method.generates` is False for it)."""
+  from soma_jax import train
+  from soma_jax.config import load_config_file
+
+  c = load_config_file(os.path.join(ROOT, "experiments", "configs", "eggroll.py"), "n=1,size=tiny")
+  c.data.dir, c.steps = data_prepared, 1
+  train.train(c, str(tmp_path / "gru"))
+  r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "generate.py"),
+                      f"--workdir={tmp_path / 'gru'}", "--prompt=x"],
+                     capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert r.returncode == 2, r.stderr[-2000:]
+  lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+  assert len(lines) == 1 and "samples LSTM experts only" in lines[0], r.stderr[-2000:]

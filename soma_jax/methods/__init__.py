@@ -23,7 +23,7 @@ evaluation, generation, the studies and the benchmarks call `get(c)` and use its
                           None where the step has no chunk to plan
   sharded_step(cfg, mesh) -> step(state, batch, ids)   the step over a device mesh, or None
                           where the method runs on one device only
-  streams                 its bodies can sample byte by byte (`generate`)
+  generates               its bodies can sample byte by byte (`generate`)
   table_rank              where compare.py's table lists the method (smaller first)
   init_carry(c, n)        the state carried between updates (TrainState.carry); by default
                           none, () (the GRU EGGROLL: each member's GRU state)

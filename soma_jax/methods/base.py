@@ -52,7 +52,7 @@ class Method(NamedTuple):
   describe: Callable[[Config], dict]
   plan_chunk: Callable[..., memory.ChunkChoice] | None = None
   sharded_step: Callable[[Hashable, Any], Callable] | None = None
-  streams: bool = True
+  generates: bool = True
   table_rank: int = 3
   # The state carried from update to update (TrainState.carry) for this job's N experts;
   # and the input iterator (c, experts, pooled) -> iterator with get_state / set_state.

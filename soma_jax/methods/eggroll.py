@@ -206,5 +206,5 @@ METHOD = Method(
     ensemble_params=lambda c: c.n_experts * sizing.gru_params(gru_config(c)),
     width_for_params=lambda total, c: sizing.gru_width_for_params(total, c.n_experts,
                                                                   c.model.depth),
-    validate=validate, describe=describe, streams=False, table_rank=1,
+    validate=validate, describe=describe, generates=False, table_rank=1,
     init_carry=init_carry, train_data=train_data)
