@@ -49,7 +49,9 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
 def _run_fields(n: int) -> ml_collections.ConfigDict:
   """The run's top-level fields: method, experts, seed, length, cadences, precision."""
   c = ml_collections.ConfigDict()
-  c.method = "soma"  # soma | bptt | eggroll (the GRU of SPEC 6) | eggroll_lstm (ES on this body)
+  # A name in soma_jax.methods.METHODS: soma | bptt | eggroll (the GRU of SPEC 6) |
+  # eggroll_lstm (ES on this body) | head_only | soma_summed (the controls of SPEC 9)
+  c.method = "soma"
   c.n_experts = n  # N: experts, each with its own data shard, loss and Adam state
   c.experts = ""  # "" = all; "a:b" trains experts a..b-1 only, as an independent job
   c.seed = 0  # base key of every probe: (seed, step, expert, accum, direction)
