@@ -367,7 +367,10 @@ class _Budget:
 
   With a budget, every update is waited for before the next is dispatched, so the
   training device-seconds are known after each one; the run stops after the complete
-  update that reaches the budget (as the paper's Table 7 runs did).
+  update that reaches the budget. SPEC 9.2: the paper's Table 7 runs also stopped after a
+  complete update; their budget was GPU-hours (the monolith on one GPU, each of SOMA's two
+  experts 0.825 h on its own GPU), this one is the job's charged training seconds (`_Clock`:
+  core-seconds on a CPU, all experts in one job; evaluation, checkpoints, compiles excluded).
   """
 
   def __init__(self, c: ml_collections.ConfigDict, clock: _Clock, start: int):
