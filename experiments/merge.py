@@ -2,7 +2,7 @@
 
   python experiments/merge.py --out=runs/soma_n4 runs/soma_n4_0-2 runs/soma_n4_2-4
 
-Refuses jobs that are not slices of one run (config, data dir, router, step, head).
+Refuses jobs that are not slices of one run (config, prepared data, step, head).
 """
 
 import json

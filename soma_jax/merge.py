@@ -2,7 +2,7 @@
 
 Jobs launched with `--config.experts=a:b` share nothing while training (FSO across
 machines with no coupling at all). Merging checks they are slices of one run (same
-config apart from `experts`, same data dir and router, same step, the same frozen head)
+config apart from `experts`, the same prepared data, same step, the same frozen head)
 and writes a workdir that `evaluate.py` (or further training) reads like any other.
 """
 
@@ -91,27 +91,32 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
 
 def _check_slices(jobs: list[tuple]) -> None:
   """Slices may differ where a resume may (run length, log / eval / checkpoint cadence,
-  precision, device layout, speed knobs), not in anything that changes the experiment."""
-  ref = jobs[0][3]
-  router = ckpt_lib.file_sha256(os.path.join(ref.data.dir, "router.npz"))
+  precision, device layout, speed knobs), not in anything that changes the experiment; and
+  each trained on the same prepared data: the manifest hash it recorded at its start (its
+  data dir, one path for all since data.dir is not resumable, may have been re-prepared
+  between the jobs)."""
+  ref_w, ref = jobs[0][2], jobs[0][3]
+  data = ckpt_lib.last_history(ref_w).get("data_manifest_sha256")
   for _, _, w, c in jobs:
     diff = [k for k in ckpt_lib.config_changes(ref, c)
             if not ckpt_lib.under(k, ("experts",) + ckpt_lib.RESUMABLE_KEYS)]
     if diff:
       raise UserError(f"{w!r} has a different config ({', '.join(diff)}) from "
-                      f"{jobs[0][2]!r}; fix: merge only slices of one run")
-    if ckpt_lib.file_sha256(os.path.join(c.data.dir, "router.npz")) != router:
-      raise UserError(f"{w!r} was trained with a different router; fix: merge jobs that "
-                      "used the same data dir")
+                      f"{ref_w!r}; fix: merge only slices of one run")
+    sha = ckpt_lib.last_history(w).get("data_manifest_sha256")
+    if None not in (data, sha) and sha != data:
+      raise UserError(f"{w!r} trained on other data than {ref_w!r} (another manifest.json in "
+                      f"{c.data.dir!r}: re-prepared between the jobs); fix: merge jobs that "
+                      "trained on the same prepared data")
 
 
 def _merge_metrics(workdirs: list[str], out: str) -> None:
   """One metrics.jsonl: per-expert lists concatenated, totals summed, per step."""
-  runs = [{r["step"]: r for r in metrics_lib.read_metrics(w)} for w in workdirs]
-  common = sorted(set.intersection(*(set(r) for r in runs))) if runs else []
+  per_job = [{r["step"]: r for r in metrics_lib.read_metrics(w)} for w in workdirs]
+  common = sorted(set.intersection(*(set(r) for r in per_job))) if per_job else []
   with open(os.path.join(out, metrics_lib.METRICS_FILE), "w") as f:
     for step in common:
-      rows = [r[step] for r in runs]
+      rows = [r[step] for r in per_job]
       rec = {"step": step}
       for key in rows[0]:
         vals = [row.get(key) for row in rows]

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from soma_jax import checkpoint as ckpt_lib
 from soma_jax import host_devices, merge, runs, train
 from soma_jax.errors import UserError
 from tests.conftest import default_env, equal_to_rounding
@@ -161,6 +162,16 @@ def test_expert_slices_merged_equal_one_job(data_prepared, tmp_path):
   train.train(c, other)
   with pytest.raises(UserError, match=r"different config \(opt\.lr\)"):
     merge.merge([parts[0], other], str(tmp_path / "bad-lr"))
+  again = str(tmp_path / "re-prepared")  # job 1:3 as if trained after the data dir changed
+  shutil.copytree(parts[1], again)
+  history = os.path.join(again, ckpt_lib.HISTORY_FILE)
+  records = [json.loads(line) for line in open(history)]
+  assert records[-1]["data_manifest_sha256"] is not None
+  records[-1]["data_manifest_sha256"] = "0" * 64
+  with open(history, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  with pytest.raises(UserError, match="trained on other data than"):
+    merge.merge([parts[0], again], str(tmp_path / "bad-data"))
 
 
 def test_incompatible_workdir_and_data_refused(data_prepared, tmp_path):
