@@ -174,6 +174,32 @@ def test_expert_slices_merged_equal_one_job(data_prepared, tmp_path):
     merge.merge([parts[0], again], str(tmp_path / "bad-data"))
 
 
+def test_gru_eggroll_slices_merge_with_their_carried_states(data_prepared, tmp_path):
+  """merge concatenates each job's carried member states (TrainState.carry) with its experts:
+  the merged run is the whole job's, states and stream position included."""
+  from tests.test_compare import load_config
+
+  def config(**over):
+    c = load_config("eggroll", "n=3,size=tiny")
+    c.data.dir = data_prepared
+    c.update(steps=2, **over)
+    return c
+
+  full, merged = str(tmp_path / "full"), str(tmp_path / "merged")
+  train.train(config(), full)
+  parts = [str(tmp_path / rng.replace(":", "-")) for rng in ("0:1", "1:3")]
+  for rng, w in zip(("0:1", "1:3"), parts, strict=True):
+    train.train(config(experts=rng), w)
+  merge.merge(parts, merged)
+  _, a, data_a, _ = runs.restore_state(full)
+  _, b, data_b, _ = runs.restore_state(merged)
+  assert a.carry.shape == b.carry.shape and a.carry.shape[0] == 3
+  assert float(np.max(np.abs(np.asarray(a.carry)))) > 0, "the members' states must be carried"
+  equal_to_rounding((a.body, a.carry), (b.body, b.carry))
+  position = 2 * config().eggroll.segment  # the streams' byte position after 2 updates
+  assert data_b["iterator"]["position"] == data_a["iterator"]["position"] == position
+
+
 def test_incompatible_workdir_and_data_refused(data_prepared, tmp_path):
   w = str(tmp_path / "run")
   train.train(tiny_config(data_prepared, steps=2), w)
