@@ -75,6 +75,20 @@ def test_gate_activations_are_sigmoid_sigmoid_tanh_sigmoid():
   np.testing.assert_allclose(M.gate_activations(x), want, rtol=0, atol=2e-7)
 
 
+def test_gelu_is_exact_gelu_to_float32_rounding():
+  """model.gelu (the erf form) equals x Phi(x) computed in float64 to a few float32 ulps of
+  max(|x|, 1) over the range activations reach, and jax.nn.gelu(approximate=False)."""
+  from scipy.special import ndtr
+
+  x = np.linspace(-12.0, 12.0, 48_001, dtype=np.float32)
+  got = np.asarray(M.gelu(jnp.asarray(x)), np.float64)
+  want = x.astype(np.float64) * ndtr(x.astype(np.float64))
+  ulp = np.finfo(np.float32).eps * np.maximum(np.abs(x), 1.0)
+  assert np.max(np.abs(got - want) / ulp) < 4
+  np.testing.assert_allclose(got, jax.nn.gelu(jnp.asarray(x), approximate=False),
+                             rtol=0, atol=4 * 12 * np.finfo(np.float32).eps)
+
+
 def test_lstm_matches_naive_loop():
   cfg = M.ModelConfig(d_t=8, d_e=8)
   body = M.init_body(jax.random.key(0), cfg)
