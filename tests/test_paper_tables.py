@@ -293,6 +293,9 @@ def test_cpu_scale_rows_and_sizes():
     assert t4[f"mono_k{k}"].spsa.n_pert == k and t4[f"mono_k{k}"].model.d_t == 47
   assert t7["mono"].spsa.n_pert == 4 and t7["mono"].model.d_t == 47
   assert (t4["head_only"].method, t4["soma_n2_summed"].method) == ("head_only", "soma_summed")
+  # EGGROLL keeps the lr and sigma of the recorded run (compare_table4_cpu.json), not the
+  # eggroll.py cpu preset's (its sweep ran at population 8,192)
+  assert (t4["eggroll"].opt.lr, t4["eggroll"].eggroll.sigma) == (0.01, 2**-3)
 
 
 def test_seed_accepts_any_width():
