@@ -4,7 +4,9 @@ r"""SPSA gradient variance measured against the theory (SPEC 5); writes OUT/STUD
       --x64 --out=runs/variance [--workdir=runs/soma_n4]
 
 Studies: shared_vs_separate, n_pert, experts, batch, reference. Points carry standard
-errors over repeated probe draws; predictions are drawn dashed and never fitted.
+errors over repeated probe draws; predictions are drawn dashed and never fitted. The
+experts and reference studies measure one trained run per N with
+--config.trained_dir=DIR (DIR/N{n}, trained by `python -m scripts.train_sizes`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from soma_jax import cli  # noqa: E402
 from soma_jax.errors import UserError  # noqa: E402
-from soma_jax.studies import variance  # noqa: E402
+from soma_jax.studies import trained_sizes, variance  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/configs/variance.py:STUDY",
                                           lock_config=True)
@@ -39,9 +41,9 @@ def load_params(workdir: str, c) -> tuple:
   and so do the windows (its data dir, expert e on shard e) unless data_dir is set."""
   from soma_jax import runs  # imported here: the studies need no checkpoint machinery
 
-  if c.study in ("experts", "reference"):
-    raise UserError(f"--workdir: the {c.study} study sizes its own experts for each N and "
-                    "measures fresh ones; fix: drop --workdir")
+  if "trained_dir" in c:
+    raise UserError(f"--workdir: the {c.study} study needs one trained run per N; fix: "
+                    "--config.trained_dir=DIR holding DIR/N{n} (python -m scripts.train_sizes)")
   step, state, _, run_cfg = runs.restore_state(workdir)
   with c.unlocked():
     for key in ("d_t", "d_e", "depth"):
@@ -49,6 +51,22 @@ def load_params(workdir: str, c) -> tuple:
     c.data_dir = c.data_dir or run_cfg.data.dir
     c.weights = f"trained: {os.path.normpath(workdir)} at update {int(step)}"
   return state.body, state.head
+
+
+def _weights(c):
+  """What the study measures: a --workdir's checkpoint, one trained run per N
+  (`trained_dir`), or None for a fresh init."""
+  if c.get("trained_dir", ""):
+    if _WORKDIR.value:
+      raise UserError("--workdir and --config.trained_dir both name weights; fix: keep one")
+    return trained_sizes.load_all(c)
+  if _WORKDIR.value:
+    return load_params(_WORKDIR.value, c)
+  if c.size == "trained":
+    raise UserError("size=trained measures trained weights; fix: --workdir=RUN (a trained "
+                    "SOMA workdir), or for the experts and reference studies "
+                    "--config.trained_dir=DIR (python -m scripts.train_sizes --out=DIR)")
+  return None
 
 
 def _plot(res: dict, path: str) -> None:
@@ -80,8 +98,11 @@ def _plot(res: dict, path: str) -> None:
   elif study == "experts":
     series(pts, "n", "N experts", colors[0])
     ax.set(xscale="log", yscale="log", xlabel="N experts (fixed total parameters)",
-           ylabel="relative centred variance",
-           title=f"about {res['total_params']:,} parameters, {res['probe']} probes")
+           ylabel="relative centred variance")
+    ax.set_title(f"about {res['total_params']:,} parameters, {res['probe']} probes: N = "
+                 f"{pts[0]['n']} / N = {pts[-1]['n']} = {res['first_over_last']:.1f}x (predicted "
+                 f"{res['predicted_first_over_last']:.1f}x)\n{res['weights']}, T = "
+                 f"{res['seq_len']}, B = {res['batch']}", fontsize=8)
   elif study == "batch":
     series([r for r in pts if r["series"] == "tradeoff"], "batch",
            f"n_pert B = {res['budget']}", colors[0])
@@ -104,7 +125,9 @@ def _plot(res: dict, path: str) -> None:
       series(rows, "seconds_per_step", f"{alloc} allocation", colors[i])
     ax.set(xscale="log", yscale="log", xlabel="seconds per global step (jitted train_step)",
            ylabel="R = E||g_hat - g_ref||^2 / ||g_ref||^2",
-           title=f"error against backprop on {res['ref_batch']} disjoint windows per expert")
+           title=f"error against backprop on {res['ref_batch']} disjoint windows per expert, "
+                 f"{res['probe']} probes\n{res['weights']}, T = {res['seq_len']}")
+    ax.title.set_fontsize(8)
   ax.grid(True, which="both", alpha=0.3)
   ax.legend(fontsize=7, loc="lower left")
   fig.tight_layout()
@@ -133,8 +156,7 @@ def main(argv):
     jax.config.update("jax_enable_x64", True)
   c = _CONFIG.value
   logging.info("devices %s, process %d, x64=%s", jax.devices(), jax.process_index(), _X64.value)
-  params = load_params(_WORKDIR.value, c) if _WORKDIR.value else None
-  res = variance.run_study(c, params)
+  res = variance.run_study(c, _weights(c))
   paths = write_outputs(res, _OUT.value)
   logging.info("%s done in %.1fs: %s", c.study, res["seconds"], ", ".join(paths.values()))
 

@@ -6,7 +6,8 @@ r"""Regenerates the figures and numbers of README's "Measured results" into docs
 
 Each figure runs its command in a fresh process, then writes docs/results/NAME.json:
 
-  {"name", "command", "wall_s", "platform", "results": <the command's JSON output>}
+  {"name", "command", "wall_s", "platform", "loadavg_before", "loadavg_after",
+   "results": <the command's JSON output>}
 
 and copies its plot (if it makes one) to the docs/ path README links. README's numbers are
 these files' numbers; tests/test_readme_figures.py checks that every number in README's
@@ -66,6 +67,10 @@ FIGURES = {
     **{f"variance_trained_{study}": Figure(
         ("scripts/variance_trained.sh", "{out}", study), json=f"{{out}}/{study}.json",
         png=f"{{out}}/{study}.png", cheap=False) for study in ("shared_vs_separate", "n_pert")},
+    # One trained SOMA run per N at one total size (scripts/train_sizes.py), T = 1024, sparse.
+    **{f"variance_{study}_trained": Figure(
+        ("scripts/variance_trained.sh", "{out}", study), json=f"{{out}}/{study}.json",
+        png=f"{{out}}/{study}.png", cheap=False) for study in ("experts", "reference")},
     "variance_experts": _variance("experts", "cpu"),  # sparse probes, about 2M parameters
     "variance_reference": _variance("reference", "cpu"),  # BPTT reference on disjoint windows
     # The paper's Table 4 and Table 7 protocols (SPEC 9) at CPU scale: about 20 min each.
@@ -120,6 +125,7 @@ def run(name: str, fig: Figure, docs: str) -> dict:
   with tempfile.TemporaryDirectory() as out:
     args = [a.replace("{out}", out) for a in fig.args]
     print(f"[figures] {name}: {command_line(fig)}", flush=True)
+    load_before = os.getloadavg()
     t0 = time.perf_counter()
     launcher = [sys.executable] if _launcher(fig) == ["python"] else ["bash"]
     env = dict(os.environ, PYTHONPATH=ROOT, PY=sys.executable)
@@ -132,6 +138,9 @@ def run(name: str, fig: Figure, docs: str) -> dict:
       results = json.loads(f.read().replace(out, "OUT").replace(ROOT, "."))
     record = {"name": name, "command": command_line(fig), "wall_s": round(wall, 1),
               "platform": f"{platform.machine()}, {os.cpu_count()} CPUs",
+              # 1, 5 and 15 min load averages as the command started and ended (shared cores)
+              "loadavg_before": [round(x, 2) for x in load_before],
+              "loadavg_after": [round(x, 2) for x in os.getloadavg()],
               "results": results}
     os.makedirs(os.path.join(docs, "results"), exist_ok=True)
     with open(os.path.join(docs, "results", f"{name}.json"), "w") as f:

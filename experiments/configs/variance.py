@@ -12,12 +12,26 @@ trained --workdir: T = 1024 windows, sparse probes where the study chooses one
 (shared_vs_separate; n_pert measures sparse and dense side by side); the windows are each
 expert's own shard's expert-validation windows, where the paper uses ensemble-validation
 chunks.
+
+The experts and reference studies compare N experts of one total size, so at size=trained
+each N of n_list is its own trained run: `trained_dir` holds one SOMA workdir per N,
+DIR/N{n}, every one trained by `train_run` (same updates, n_pert, B and T) at the width
+`total_params` gives that N. `python -m scripts.train_sizes` trains them:
+
+  python -m scripts.train_sizes --config=experiments/configs/variance.py:experts,size=trained \
+      --out=runs/trained_sizes
+  python experiments/variance.py --config=experiments/configs/variance.py:experts,size=trained \
+      --config.trained_dir=runs/trained_sizes --x64 --out=runs/variance
 """
+
+import os
 
 import ml_collections
 
-from soma_jax.config import parse_arg
+from soma_jax.config import load_config_file, parse_arg
 from soma_jax.errors import UserError
+
+PER_N = ("experts", "reference")  # the studies that compare N experts of one total size
 
 STUDIES = ("shared_vs_separate", "n_pert", "experts", "batch", "reference")
 
@@ -30,17 +44,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   a = parse_arg(rest, size="cpu")
   if a["size"] not in ("tiny", "cpu", "trained"):
     raise UserError(f"size={a['size']!r}; use tiny, cpu or trained")
-  if a["size"] == "trained" and study not in ("shared_vs_separate", "n_pert"):
-    raise UserError(f"size=trained measures a trained --workdir; the {study} study sizes fresh "
-                    "experts for each N; fix: size=cpu")
+  if a["size"] == "trained" and study not in ("shared_vs_separate", "n_pert", *PER_N):
+    raise UserError(f"size=trained: the {study} study has no trained preset; fix: size=cpu")
   c = _fields(study, a["size"])
   _study_settings(c, study)
-  if a["size"] == "trained":  # a trained width-32 run, 1,024-byte windows (SPEC 9.5)
+  if study in PER_N:
+    _per_n_fields(c, a["size"])
+  if a["size"] == "trained":  # trained runs, 1,024-byte windows (SPEC 9.5)
     c.update(seq_len=1024, batch=1, probe="sparse")
     if study == "shared_vs_separate":
       c.update(n_pert_list=(4, 16, 64), n_pert=16, reps=24)
     elif study == "n_pert":
       c.update(n_pert_list=(1, 4, 16, 64), reps=16)
+    elif study in PER_N:
+      _trained_per_n(c, study)
   if a["size"] == "tiny":  # unit tests: seconds
     _tiny(c, study)
   return c
@@ -77,7 +94,10 @@ def _fields(study: str, size: str) -> ml_collections.ConfigDict:
   c.accum_batch = 4  # batch study: b windows per accumulated batch
   c.accum_n_pert = 4  # batch study: directions per accumulated batch
   c.n_list = (1, 2, 8, 32)  # experts / reference studies: expert counts N
-  c.total_params = 2_000_000  # experts study: ensemble size from the count formula
+  # Experts study (and both per-N studies at size=trained): each N's width is the one whose
+  # ensemble count (SPEC 2: N heads when wide, one shared at width d_E) is nearest this.
+  # 0 = N bodies that together match one body of width model.d_t (the reference study).
+  c.total_params = 2_000_000
   c.alloc_mult = (1, 2, 4, 8)  # reference: n_pert and B allocations, multiples of the base
   c.time_steps = 3  # reference: timed train steps per allocation (after one compile)
 
@@ -98,9 +118,50 @@ def _study_settings(c: ml_collections.ConfigDict, study: str) -> None:
   if study == "reference":
     c.n_list = (1, 2, 4, 8)  # N allocation at the base model's body size
     c.n_pert, c.reps = 8, 16
+    c.total_params = 0  # each N's bodies together hold one width-d_t body
   if study == "batch":
     c.reps = 32
     c.pool = 128
+
+
+def _sibling(name: str, arg: str) -> ml_collections.ConfigDict:
+  return load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), name), arg)
+
+
+def _per_n_fields(c: ml_collections.ConfigDict, size: str) -> None:
+  """The experts and reference studies' trained runs: where they are, how they are trained."""
+  c.trained_dir = ""  # a folder of trained workdirs N{n}/ (scripts/train_sizes.py); "" = fresh
+  # The reference study's windows with a data dir: "expert_val" (expert e's own shard) or
+  # "ensemble_val" (the ensemble-validation chunks SPEC 9.5 names, the same for every expert).
+  c.windows = "expert_val"
+  c.trained_source = "pystdlib"  # the corpus train_sizes prepares into N shards for each N
+  # The recipe of every N's run (soma.py; n_experts and the width set per N, each expert its
+  # own head trained by the delta rule, as the paper's wide controls): same updates, n_pert,
+  # B and T for every N, so each expert reads B T bytes of its own shard per update.
+  c.train_run = _sibling("soma.py", f"n=1,size={'tiny' if size == 'tiny' else 'cpu'}")
+  r = c.train_run
+  r.model.shared_head, r.opt.train_head = False, True
+  r.ensemble_eval_every = -1  # the study needs the weights only
+  if size == "tiny":
+    r.update(steps=4, eval_every=2, ckpt_every=2, log_every=2)
+    return
+  # The Figure 4 recipe's CPU shape (experiments/configs/independent_vs_summed.py:cpu):
+  # n_pert 4, B 4, T 256; lr = eps = 0.0025 and weight decay 1e-4 as the paper's wide controls.
+  r.spsa.update(n_pert=4, batch=4, eps=0.0025)
+  r.data.seq_len = 256
+  r.opt.update(lr=0.0025, weight_decay=1e-4)
+  r.update(steps=1000, eval_every=250, ckpt_every=500, log_every=250)
+
+
+def _trained_per_n(c: ml_collections.ConfigDict, study: str) -> None:
+  """size=trained for the experts and reference studies: one trained run per N."""
+  c.update(total_params=500_000, n_list=(1, 2, 4, 8))
+  if study == "experts":
+    c.update(n_pert=16, reps=16, rep_chunk=4)
+  else:  # T = 1024 windows of the ensemble-validation split, one window per zero-order batch;
+    # rep_chunk 1: the loss keeps [copies, windows, T, 256] float64 logits of a repeat
+    c.update(windows="ensemble_val", n_pert=4, alloc_mult=(1, 2, 4), reps=8, rep_chunk=1,
+             pool=32, ref_batch=128, time_steps=2)
 
 
 def _tiny(c: ml_collections.ConfigDict, study: str) -> None:

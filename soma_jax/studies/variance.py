@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +17,7 @@ from soma_jax import model as model_lib
 from soma_jax import sizing, spsa
 from soma_jax.errors import UserError
 from soma_jax.variance_measure import (
+  PyTree,
   block_errors,
   exact_grads,
   flat_N,
@@ -126,35 +127,49 @@ def expert_windows(n: int, count: int, seq_len: int, seed: int, data_dir: str = 
                        "byte_offsets": [s.tolist() for s in starts]}
 
 
+def _slot_sources(n: int, seq_len: int, data_dir: str, corpus_bytes: int, split: str
+                  ) -> tuple[list[np.ndarray], dict]:
+  """Each expert's windows of T + 1 bytes to draw from, and how to find them again."""
+  if data_dir:
+    from soma_jax.data import pipeline
+
+    if split == "ensemble_val":  # the same chunks for every expert (SPEC 9.5)
+      w = pipeline.subwindows(pipeline.eval_split(data_dir, "ensemble_val")[0], seq_len)
+      return [np.asarray(w)] * n, {"data_dir": data_dir, "split": split,
+                                   "slot": f"index into ensemble_val.npy's {seq_len + 1}-byte "
+                                           "sub-windows"}
+    if split != "expert_val":
+      raise UserError(f"windows={split!r}; use expert_val or ensemble_val")
+    shards = int(pipeline.load_manifest(data_dir)["num_clusters"])
+    sources = [np.asarray(pipeline.expert_val_windows(data_dir, e % shards, seq_len))
+               for e in range(n)]
+    return sources, {"data_dir": data_dir, "split": split,
+                     "shard_of_expert": [e % shards for e in range(n)],
+                     "slot": "index into the shard's expert-validation windows"}
+  corpus = stdlib_corpus(corpus_bytes)
+  part = len(corpus) // n
+  slots = part // (seq_len + 1)
+  sources = [corpus[e * part:e * part + slots * (seq_len + 1)].reshape(slots, seq_len + 1)
+             for e in range(n)]
+  return sources, {"source": "pystdlib", "corpus_bytes": len(corpus),
+                   "slot": f"bytes e * {part} + slot * {seq_len + 1} onwards, {seq_len + 1} of them"}
+
+
 def disjoint_windows(n: int, count_zo: int, count_ref: int, seq_len: int, seed: int,
-                     data_dir: str = "", corpus_bytes: int = 1 << 21
+                     data_dir: str = "", corpus_bytes: int = 1 << 21, split: str = "expert_val"
                      ) -> tuple[np.ndarray, np.ndarray, dict]:
   """Zero-order and reference windows per expert that share no window, and their record.
 
   Returns [N, count_zo, T + 1], [N, count_ref, T + 1]. Each expert's source is cut into
   slots of T + 1 bytes: with `data_dir`, its expert-validation windows of shard
-  e mod num_clusters; else non-overlapping slots of its 1/N slice of the standard-library
-  corpus. One seeded permutation per expert gives the zero-order set its first count_zo
-  slots and the reference set the next count_ref, so no slot is in both.
+  e mod num_clusters (split="expert_val") or the ensemble-validation chunks
+  (split="ensemble_val"); else non-overlapping slots of its 1/N slice of the
+  standard-library corpus. One seeded permutation per expert gives the zero-order set its
+  first count_zo slots and the reference set the next count_ref, so no slot is in both.
   """
   rng = np.random.default_rng(seed)
   need = count_zo + count_ref
-  if data_dir:
-    from soma_jax.data import pipeline
-
-    shards = int(pipeline.load_manifest(data_dir)["num_clusters"])
-    sources = [np.asarray(pipeline.expert_val_windows(data_dir, e % shards, seq_len))
-               for e in range(n)]
-    record = {"data_dir": data_dir, "shard_of_expert": [e % shards for e in range(n)],
-              "slot": "index into the shard's expert-validation windows"}
-  else:
-    corpus = stdlib_corpus(corpus_bytes)
-    part = len(corpus) // n
-    slots = part // (seq_len + 1)
-    sources = [corpus[e * part:e * part + slots * (seq_len + 1)].reshape(slots, seq_len + 1)
-               for e in range(n)]
-    record = {"source": "pystdlib", "corpus_bytes": len(corpus),
-              "slot": f"bytes e * {part} + slot * {seq_len + 1} onwards, {seq_len + 1} of them"}
+  sources, record = _slot_sources(n, seq_len, data_dir, corpus_bytes, split)
   zo, ref, zo_slots, ref_slots = [], [], [], []
   for e, src in enumerate(sources):
     if len(src) < need:
@@ -227,13 +242,15 @@ def _ratio(err_a_RxN, err_b_RxN) -> tuple[float, float]:
 
 
 def _fixed_batch(c, n: int, params=None, mcfg: model_lib.ModelConfig | None = None,
-                 expert_shards: str | None = None):
+                 expert_shards: str | None = None, data_dir: str | None = None):
   """The experts (`_experts`), each one's fixed batch of c.batch windows (`expert_windows`,
-  on `expert_shards`, default c.expert_shards) and exact gradients on it:
+  on `expert_shards`, default c.expert_shards, of `data_dir`, default c.data_dir) and exact
+  gradients on it:
   (body_N, head, shared, windows, data record, g_NxD, g_NxD as float64 numpy, ||g_e||^2)."""
   body_N, head, shared, _ = _experts(c, n, params, mcfg)
   shards = c.get("expert_shards", "") if expert_shards is None else expert_shards
-  win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, c.data_dir, c.corpus_bytes, shards)
+  data_dir = c.data_dir if data_dir is None else data_dir
+  win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, data_dir, c.corpus_bytes, shards)
   g = flat_N(exact_grads(body_N, head, jnp.asarray(win), shared))
   g_np = np.asarray(g, np.float64)
   return body_N, head, shared, win, data_rec, g, g_np, np.sum(g_np**2, -1)
@@ -325,25 +342,68 @@ def study_n_pert(c, params=None) -> dict:
   return out
 
 
-def study_experts(c, params=None) -> dict:
-  """Relative centred variance at a fixed total size for N experts (paper Figure 10, left)."""
-  del params  # each N has its own widths, so the experts are always fresh
+class Trained(NamedTuple):
+  """One N's trained run, as the experts and reference studies read it (`trained_sizes`)."""
+
+  body: PyTree  # the N bodies, stacked
+  head: jax.Array  # [N, V, d_E] own heads, or one shared [V, d_E]
+  model: model_lib.ModelConfig  # the run's model
+  data_dir: str  # the run's data dir (expert e trained on shard e)
+  weights: str  # which weights: the workdir and its update
+  run: dict  # the run's record for the results (its recipe, validation loss, seconds)
+
+
+def sized_model(c, n: int) -> model_lib.ModelConfig:
+  """N experts at the study's size: the width whose ensemble count (SPEC 2) is nearest
+  `total_params`, or, when it is 0, N bodies that together hold one width-model.d_t body."""
+  d_e, depth = c.model.d_e, c.model.depth
+  if c.total_params:
+    return sizing.sized_config(c.total_params, n, d_e, depth)
+  m_total = sizing.body_count(c.model.d_t, d_e, depth)
+  d_t = min(range(1, 4097), key=lambda x: abs(n * sizing.body_count(x, d_e, depth) - m_total))
+  return model_lib.ModelConfig(d_t=d_t, d_e=d_e, depth=depth, shared_head=True)
+
+
+def _per_n(c, n: int, trained: dict[int, Trained] | None):
+  """(params or None, model config, data dir, what was measured, the trained run's record or
+  None) of the N-expert ensemble."""
+  if trained is None:
+    return None, sized_model(c, n), c.data_dir, f"fresh init (seed {c.seed})", None
+  t = trained[n]
+  return (t.body, t.head), t.model, t.data_dir, t.weights, t.run
+
+
+def _per_n_weights(c, trained: dict[int, Trained] | None) -> str:
+  if trained is None:
+    return f"fresh init (seed {c.seed})"
+  return c.get("weights", "") or "trained (one run per N)"
+
+
+def study_experts(c, trained: dict[int, Trained] | None = None) -> dict:
+  """Relative centred variance at a fixed total size for N experts (paper Figure 10, left):
+  fresh experts sized for each N, or `trained`, one trained run per N of `c.n_list`."""
   rows, records = [], {}
   for n in c.n_list:
-    mcfg = sizing.sized_config(c.total_params, n, c.model.d_e, c.model.depth)
+    params, mcfg, data_dir, weights, run = _per_n(c, n, trained)
     # Each N has its own experts and data: `expert_shards` names four, not n, of them.
-    body_N, head, shared, win, data_rec, g, g_np, g2 = _fixed_batch(c, n, None, mcfg, "")
+    body_N, head, shared, win, data_rec, g, g_np, g2 = _fixed_batch(c, n, params, mcfg, "",
+                                                                    data_dir)
     q = second_moment_N(body_N, c.probe)
     st = _stats(c, body_N, head, shared, win[:, None], (q * g)[:, None], c.n_pert, c.probe)
     rel, se = relative(block_errors(st, c.n_pert), g2)
     pred = (dense_prediction(g.shape[1], c.n_pert) if c.probe == "rademacher"
             else sparse_prediction(g_np, np.asarray(q, np.float64), c.n_pert))
     rows.append({"n": n, "d_t": mcfg.d_t, "body_params_per_expert": int(g.shape[1]),
-                 "ensemble_params": sizing.ensemble_count(n, mcfg.d_t, mcfg.d_e, mcfg.depth),
-                 "measured": rel, "se": se, "predicted": pred, "n_pert": c.n_pert})
+                 "ensemble_params": sizing.params_formula(mcfg.d_t, n, mcfg.d_e, mcfg.depth,
+                                                          shared),
+                 "measured": rel, "se": se, "predicted": pred, "n_pert": c.n_pert,
+                 "measured_over_predicted": rel / pred, "grad_norm_sq": g2.tolist(),
+                 "weights": weights, "run": run})
     records[str(n)] = {"probes": _probe_record(c, c.reps, c.n_pert, c.probe, n), "data": data_rec}
   return {"points": rows, "variance_by_n": rows, "total_params": c.total_params, "probe": c.probe,
-          "weights": _weights(c, None), "first_over_last": rows[0]["measured"] / rows[-1]["measured"],
+          "seq_len": c.seq_len, "batch": c.batch, "weights": _per_n_weights(c, trained),
+          "first_over_last": rows[0]["measured"] / rows[-1]["measured"],
+          "predicted_first_over_last": rows[0]["predicted"] / rows[-1]["predicted"],
           "replay": records}
 
 
@@ -398,60 +458,66 @@ def study_batch(c, params=None) -> dict:
                               "b B .. (b + 1) B - 1 of its repeat"}}
 
 
-def study_reference(c, params=None) -> dict:
+def _reference_n(c, n: int, trained: dict[int, Trained] | None) -> tuple[list[dict], dict]:
+  """The reference study's points and replay record for the N-expert ensemble."""
+  mults, k0, b0 = list(c.alloc_mult), c.n_pert, c.batch
+  params, mcfg, data_dir, weights, run = _per_n(c, n, trained)
+  body_N, head, shared, _ = _experts(c, n, params, mcfg)
+  pool, ref, data_rec = disjoint_windows(n, c.pool, c.ref_batch, c.seq_len, c.seed, data_dir,
+                                         c.corpus_bytes, c.get("windows", "expert_val"))
+  g, var = pool_grad_moments(body_N, head, jnp.asarray(pool), shared)
+  # The mean of per-window gradients over the reference batch is jax.grad of its mean loss.
+  g_ref = pool_grad_stats(body_N, head, jnp.asarray(ref), shared)[0]
+  g_np, ref_np, var_np = (np.asarray(x, np.float64) for x in (g, g_ref, var))
+  q_np = np.asarray(second_moment_N(body_N, c.probe), np.float64)
+  g2, ref2 = np.sum(g_np**2, -1), np.sum(ref_np**2, -1)
+  # ||q g - g_ref||^2: the estimator's mean (q g over the pool) against the reference.
+  offset = float(np.sum((q_np * g_np - ref_np) ** 2))
+  nu = batch_noise(var_np.sum(-1), g2)
+  grid = ([("N", k0, b0)] if n != 1 else
+          [("n_pert", k0 * m, b0) for m in mults] + [("B", k0, b0 * m) for m in mults[1:]])
+  j = max(k for _, k, _ in grid)
+  win, idx = _random_windows(pool, c.reps, max(b for _, _, b in grid), c.seed)
+  st = _stats(c, body_N, head, shared, win, g_ref[:, None], j, c.probe)
+  points = []
+  for alloc, k, b in grid:
+    rel, se = relative(block_errors(st, k, n_groups=b), ref2)
+    secs = step_seconds(mcfg, n, k, b, c.seq_len, c.dir_chunk, c.time_steps, c.seed)
+    pred = (batch_error(g_np, var_np, q_np, k, b) + offset) / ref2.sum()
+    points.append({"allocation": alloc, "n": n, "d_t": mcfg.d_t, "n_pert": k, "batch": b,
+                   "body_params": n * int(g.shape[1]), "measured": rel, "se": se,
+                   "predicted": pred, "measured_over_predicted": rel / pred, "nu": nu,
+                   "pool_vs_reference": offset / ref2.sum(),
+                   "ref_grad_norm_sq": float(ref2.sum()), "seconds_per_step": secs,
+                   "weights": weights, "run": run})
+    if n == 1 and alloc == "n_pert" and k == k0:
+      points.append({**points[-1], "allocation": "N"})  # N = 1 starts the N allocation
+  return points, {"probes": _probe_record(c, c.reps, j, c.probe, n), "data": data_rec,
+                  "pool_index_RxNxS": idx.tolist(),
+                  "pool_index": "indexes each expert's zero_order_slots"}
+
+
+def study_reference(c, trained: dict[int, Trained] | None = None) -> dict:
   """Total error R against a backprop reference gradient, and seconds per step (Figure 5).
 
   g_ref is SPEC 5's backprop reference, `jax.grad` of the same loss, here over a large batch
   of `ref_batch` windows per expert that no zero-order batch contains (`disjoint_windows`);
-  the zero-order batches are drawn from a pool of `pool` other windows. Probes `c.probe` (the
-  paper's sparse ones by default). With the pool's mean gradient g, its per-coordinate batch
-  noise and the probe's q = E z^2, the prediction is
+  the zero-order batches are drawn from a pool of `pool` other windows. The N experts are
+  fresh ones sized by `sized_model`, or `trained`, one trained run per N. Probes `c.probe`
+  (the paper's sparse ones by default). With the pool's mean gradient g, its per-coordinate
+  batch noise and the probe's q = E z^2, the prediction is
   R = (batch_error(g, var, q, n_pert, B) + ||q g - g_ref||^2) / ||g_ref||^2 (dense probes:
   v ||g||^2 + ||g - g_ref||^2 with v = batch_prediction(d - 1, nu, n_pert, B)).
   """
-  mults = list(c.alloc_mult)
-  k0, b0 = c.n_pert, c.batch
-  base = model_lib.ModelConfig(d_t=c.model.d_t, d_e=c.model.d_e, depth=c.model.depth)
-  m_total = sizing.body_count(base.d_t, base.d_e, base.depth)
   points, records = [], {}
   for n in c.n_list:
-    d_t = min(range(1, 4097),
-              key=lambda x: abs(n * sizing.body_count(x, base.d_e, base.depth) - m_total))
-    mcfg = model_lib.ModelConfig(d_t=d_t, d_e=base.d_e, depth=base.depth, shared_head=True)
-    body_N, head, shared, _ = _experts(c, n, params if n == 1 else None, mcfg)
-    pool, ref, data_rec = disjoint_windows(n, c.pool, c.ref_batch, c.seq_len, c.seed,
-                                           c.data_dir, c.corpus_bytes)
-    g, var = pool_grad_moments(body_N, head, jnp.asarray(pool), shared)
-    # The mean of per-window gradients over the reference batch is jax.grad of its mean loss.
-    g_ref = pool_grad_stats(body_N, head, jnp.asarray(ref), shared)[0]
-    g_np, ref_np, var_np = (np.asarray(x, np.float64) for x in (g, g_ref, var))
-    q_np = np.asarray(second_moment_N(body_N, c.probe), np.float64)
-    g2, ref2 = np.sum(g_np**2, -1), np.sum(ref_np**2, -1)
-    # ||q g - g_ref||^2: the estimator's mean (q g over the pool) against the reference.
-    offset = float(np.sum((q_np * g_np - ref_np) ** 2))
-    nu = batch_noise(var_np.sum(-1), g2)
-    grid = ([("N", k0, b0)] if n != 1 else
-            [("n_pert", k0 * m, b0) for m in mults] + [("B", k0, b0 * m) for m in mults[1:]])
-    j = max(k for _, k, _ in grid)
-    s = max(b for _, _, b in grid)
-    win, idx = _random_windows(pool, c.reps, s, c.seed)
-    st = _stats(c, body_N, head, shared, win, g_ref[:, None], j, c.probe)
-    for alloc, k, b in grid:
-      rel, se = relative(block_errors(st, k, n_groups=b), ref2)
-      secs = step_seconds(mcfg, n, k, b, c.seq_len, c.dir_chunk, c.time_steps, c.seed)
-      pred = (batch_error(g_np, var_np, q_np, k, b) + offset) / ref2.sum()
-      points.append({"allocation": alloc, "n": n, "d_t": d_t, "n_pert": k, "batch": b,
-                     "measured": rel, "se": se, "predicted": pred, "nu": nu,
-                     "pool_vs_reference": offset / ref2.sum(),
-                     "ref_grad_norm_sq": float(ref2.sum()), "seconds_per_step": secs})
-      if n == 1 and alloc == "n_pert" and k == k0:
-        points.append({**points[-1], "allocation": "N"})  # N = 1 starts the N allocation
-    records[str(n)] = {"probes": _probe_record(c, c.reps, j, c.probe, n),
-                       "data": data_rec, "pool_index_RxNxS": idx.tolist(),
-                       "pool_index": "indexes each expert's zero_order_slots"}
-  return {"points": points, "body_params_total": m_total, "pool": c.pool,
-          "ref_batch": c.ref_batch, "probe": c.probe, "seq_len": c.seq_len,
-          "weights": _weights(c, params),
+    rows, records[str(n)] = _reference_n(c, n, trained)
+    points.extend(rows)
+  return {"points": points, "total_params": c.total_params,
+          "body_params_by_n": {str(p["n"]): p["body_params"] for p in points},
+          "pool": c.pool, "ref_batch": c.ref_batch, "probe": c.probe, "seq_len": c.seq_len,
+          "batch": c.batch, "windows": c.get("windows", "expert_val"),
+          "weights": _per_n_weights(c, trained),
           "reference": f"jax.grad of the loss over {c.ref_batch} windows per expert, disjoint "
                        f"from the {c.pool}-window pool the zero-order batches come from",
           "replay": records}

@@ -1,0 +1,135 @@
+"""One trained SOMA run per N at one total size: the weights of the experts and reference
+variance studies at size=trained (SPEC 9.5).
+
+The folder `out` holds, for each N of the study's `n_list`, `out/data_n{N}` (the corpus
+`trained_source` prepared into N shards) and `out/N{N}` (a SOMA workdir: N experts of the
+width `variance.sized_model` gives N, each on its own shard, trained by the study's
+`train_run` recipe). Every N gets the same updates, n_pert, B and T. `train_all` trains or
+resumes them (a finished run is reused as it is); `load_all` reads them back for the
+studies and refuses a folder that does not match the study's sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import ml_collections
+
+from soma_jax import checkpoint as ckpt_lib
+from soma_jax import methods, runs
+from soma_jax import model as model_lib
+from soma_jax import train as train_lib
+from soma_jax.data import pipeline
+from soma_jax.errors import UserError
+from soma_jax.studies import variance
+
+# The recipe fields every N's run must share with the study's train_run.
+RECIPE = ("steps", "spsa.n_pert", "spsa.batch", "data.seq_len", "opt.lr", "spsa.eps")
+
+
+def workdir(out: str, n: int) -> str:
+  return os.path.join(out, f"N{n}")
+
+
+def _fix(c: ml_collections.ConfigDict, out: str) -> str:
+  return (f"fix: python -m scripts.train_sizes --config=experiments/configs/variance.py:"
+          f"{c.study},size={c.size} --out={out} (trains each missing N, reuses finished ones)")
+
+
+def run_config(c: ml_collections.ConfigDict, n: int, data_dir: str) -> ml_collections.ConfigDict:
+  """The training config of the N-expert run: `train_run` at the width of `sized_model`."""
+  m = variance.sized_model(c, n)
+  if m.shared_head:
+    raise UserError(f"total_params={c.total_params:,} puts N = {n} at width d_E = {m.d_e}, "
+                    "which shares one frozen E seeded first (SPEC 3.4); train_sizes trains "
+                    "every N from scratch with its own head; fix: another total_params or n_list")
+  run = ml_collections.ConfigDict(c.train_run.to_dict())
+  run.n_experts = n
+  run.model.update(d_t=m.d_t, d_e=m.d_e, depth=m.depth, shared_head=False)
+  run.opt.train_head = True
+  run.data.dir = data_dir
+  return run
+
+
+def train_all(c: ml_collections.ConfigDict, out: str) -> dict[int, str]:
+  """Prepares the data and trains (or resumes, or reuses) every N's run; {N: workdir}."""
+  from soma_jax.data import prepare
+
+  done = {}
+  for n in c.n_list:
+    data_dir = os.path.join(out, f"data_n{n}")
+    if not os.path.isfile(os.path.join(data_dir, "manifest.json")):
+      prepare.prepare(c.trained_source, n, data_dir)
+    pipeline.check_data_dir(data_dir, n)
+    run = run_config(c, n, data_dir)
+    t0 = time.perf_counter()
+    train_lib.train_to_end(run, workdir(out, n), f"the N = {n} run")
+    print(f"[train_sizes] N = {n}: width {run.model.d_t}, {run.steps} updates, "
+          f"{time.perf_counter() - t0:.0f} s ({workdir(out, n)})", flush=True)
+    done[n] = workdir(out, n)
+  return done
+
+
+def _check_run(c: ml_collections.ConfigDict, n: int, run_cfg: ml_collections.ConfigDict,
+               where: str) -> model_lib.ModelConfig:
+  """The run's model, once its N, width and recipe are the study's; else one UserError."""
+  want = variance.sized_model(c, n)
+  m = run_cfg.model
+  fix = _fix(c, os.path.dirname(where))
+  if methods.get(run_cfg).describe(run_cfg)["model"] != "lstm" or run_cfg.get("experts", ""):
+    raise UserError(f"{where!r} is not a whole LSTM ensemble (method={run_cfg.method}, "
+                    f"experts={run_cfg.get('experts', '')!r}); {fix}")
+  got, need = (run_cfg.n_experts, m.d_t, m.d_e, m.depth), (n, want.d_t, want.d_e, want.depth)
+  if got != need:
+    raise UserError(f"{where!r} holds N = {got[0]} experts of width {got[1]} (d_E {got[2]}, "
+                    f"depth {got[3]}); the study needs N = {n} at width {want.d_t} (d_E "
+                    f"{want.d_e}, depth {want.depth}) for total_params={c.total_params:,}; {fix}")
+  flat, ours = run_cfg.to_dict(), c.train_run.to_dict()
+  for key in RECIPE:
+    a, b = flat, ours
+    for part in key.split("."):
+      a, b = a[part], b[part]
+    if a != b:
+      raise UserError(f"{where!r} was trained with {key}={a}, the study's train_run has {b}; "
+                      f"{fix}")
+  return model_lib.ModelConfig(d_t=m.d_t, d_e=m.d_e, depth=m.depth,
+                               shared_head=bool(m.shared_head))
+
+
+def _record(where: str, run_cfg: ml_collections.ConfigDict, step: int) -> dict:
+  """What the results say of one N's run: recipe, last expert-validation loss, seconds."""
+  summary = {}
+  if os.path.isfile(os.path.join(where, train_lib.SUMMARY_FILE)):
+    with open(os.path.join(where, train_lib.SUMMARY_FILE)) as f:
+      summary = json.load(f)
+  return {"workdir": os.path.normpath(where), "update": step, "n_experts": run_cfg.n_experts,
+          "d_t": run_cfg.model.d_t, "n_pert": run_cfg.spsa.n_pert, "batch": run_cfg.spsa.batch,
+          "seq_len": run_cfg.data.seq_len, "lr": run_cfg.opt.lr, "eps": run_cfg.spsa.eps,
+          "weight_decay": run_cfg.opt.weight_decay, "data_dir": run_cfg.data.dir,
+          "val_loss": summary.get("val_loss"), "device_seconds": summary.get("device_seconds")}
+
+
+def load_all(c: ml_collections.ConfigDict) -> dict[int, variance.Trained]:
+  """Every N's newest checkpoint in `c.trained_dir`, checked against the study's sizes."""
+  out = c.trained_dir
+  if not os.path.isdir(out):
+    raise UserError(f"trained_dir={out!r} does not exist; {_fix(c, out)}")
+  loaded = {}
+  for n in c.n_list:
+    where = workdir(out, n)
+    if not os.path.isfile(os.path.join(where, ckpt_lib.CONFIG_FILE)):
+      raise UserError(f"trained_dir={out!r} has no trained N = {n} (no {where}); {_fix(c, out)}")
+    mcfg = _check_run(c, n, ckpt_lib.read_config(where), where)
+    step, state, _, run_cfg = runs.restore_state(where)
+    if int(step) != c.train_run.steps:
+      raise UserError(f"{where!r} is at update {int(step)} of {c.train_run.steps}; "
+                      f"{_fix(c, out)}")
+    loaded[n] = variance.Trained(state.body, state.head, mcfg, run_cfg.data.dir,
+                                 f"trained: {os.path.normpath(where)} at update {int(step)}",
+                                 _record(where, run_cfg, int(step)))
+  with c.unlocked():
+    c.weights = (f"trained: one SOMA run per N in {os.path.normpath(out)}, "
+                 f"{c.train_run.steps} updates each")
+  return loaded
