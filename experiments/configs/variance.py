@@ -160,7 +160,7 @@ def _trained_per_n(c: ml_collections.ConfigDict, study: str) -> None:
     c.update(n_pert=16, reps=16, rep_chunk=4)
   else:  # T = 1024 windows of the ensemble-validation split, one window per zero-order batch;
     # rep_chunk 1: the loss keeps [copies, windows, T, 256] float64 logits of a repeat
-    c.update(windows="ensemble_val", n_pert=4, alloc_mult=(1, 2, 4), reps=8, rep_chunk=1,
+    c.update(windows="ensemble_val", n_pert=4, alloc_mult=(1, 2, 4), reps=16, rep_chunk=1,
              pool=32, ref_batch=128, time_steps=2)
 
 
