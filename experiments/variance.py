@@ -129,7 +129,7 @@ def _plot(res: dict, path: str) -> None:
                  f"{res['probe']} probes\n{res['weights']}, T = {res['seq_len']}")
     ax.title.set_fontsize(8)
   ax.grid(True, which="both", alpha=0.3)
-  ax.legend(fontsize=7, loc="lower left")
+  ax.legend(fontsize=7, loc="best")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
