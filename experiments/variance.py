@@ -69,6 +69,14 @@ def _weights(c):
   return None
 
 
+def _experts_title(res: dict) -> str:
+  pts = res["points"]
+  return (f"about {res['total_params']:,} parameters, {res['probe']} probes: N = {pts[0]['n']} / "
+          f"N = {pts[-1]['n']} = {res['first_over_last']:.1f}x (predicted "
+          f"{res['predicted_first_over_last']:.1f}x)\n{res['weights']}, T = {res['seq_len']}, "
+          f"B = {res['batch']}")
+
+
 def _plot(res: dict, path: str) -> None:
   pts, study = res["points"], res["study"]
   fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -98,11 +106,7 @@ def _plot(res: dict, path: str) -> None:
   elif study == "experts":
     series(pts, "n", "N experts", colors[0])
     ax.set(xscale="log", yscale="log", xlabel="N experts (fixed total parameters)",
-           ylabel="relative centred variance")
-    ax.set_title(f"about {res['total_params']:,} parameters, {res['probe']} probes: N = "
-                 f"{pts[0]['n']} / N = {pts[-1]['n']} = {res['first_over_last']:.1f}x (predicted "
-                 f"{res['predicted_first_over_last']:.1f}x)\n{res['weights']}, T = "
-                 f"{res['seq_len']}, B = {res['batch']}", fontsize=8)
+           ylabel="relative centred variance", title=_experts_title(res))
   elif study == "batch":
     series([r for r in pts if r["series"] == "tradeoff"], "batch",
            f"n_pert B = {res['budget']}", colors[0])
@@ -127,7 +131,7 @@ def _plot(res: dict, path: str) -> None:
            ylabel="R = E||g_hat - g_ref||^2 / ||g_ref||^2",
            title=f"error against backprop on {res['ref_batch']} disjoint windows per expert, "
                  f"{res['probe']} probes\n{res['weights']}, T = {res['seq_len']}")
-    ax.title.set_fontsize(8)
+  ax.title.set_fontsize(8)
   ax.grid(True, which="both", alpha=0.3)
   ax.legend(fontsize=7, loc="best")
   fig.tight_layout()
