@@ -11,7 +11,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from absl import logging
@@ -138,26 +138,48 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-  """steps/s, ETA and per-expert loss: a live line on a terminal, log lines otherwise."""
+  """steps/s, ETA and per-expert loss: a live line on a terminal, log lines otherwise.
+
+  A run that ends at a time budget (`track_budget`) shows the training device-seconds spent
+  of the budget, and its ETA is the budget left at the rate device-seconds have been spent
+  per wall second so far; a run that ends at a step count shows step / steps and its ETA
+  from steps/s.
+  """
 
   def __init__(self, total: int, start: int, stream=None):
     self.total, self.start = total, start
     self.stream = stream or sys.stderr
     self.tty = self.stream.isatty()
     self.t0 = time.perf_counter()
+    self.budget = None  # () -> (device-seconds spent, budget), when a budget ends the run
+    self.spent0 = 0.0
+
+  def track_budget(self, spent_and_budget: Callable[[], tuple[float, float]]) -> None:
+    self.budget, self.spent0 = spent_and_budget, spent_and_budget()[0]
+
+  def _eta(self, step: int, elapsed: float) -> tuple[float, float, str]:
+    """(fraction done, seconds left, the position text)."""
+    if self.budget is None:
+      rate = (step - self.start) / elapsed if elapsed > 0 else 0.0
+      left = (self.total - step) / rate if rate > 0 else float("nan")
+      return step / max(self.total, 1), left, f"step {step}/{self.total}"
+    spent, seconds = self.budget()
+    rate = (spent - self.spent0) / elapsed if elapsed > 0 else 0.0
+    left = max(seconds - spent, 0.0) / rate if rate > 0 else float("nan")
+    return (min(spent / seconds, 1.0), left,
+            f"step {step} | {spent:.1f}/{seconds:g} device-s")
 
   def line(self, step: int, loss: Sequence[float], extra: str = "") -> str:
     elapsed = time.perf_counter() - self.t0
     done = step - self.start
     rate = done / elapsed if elapsed > 0 and done > 0 else float("nan")
-    eta = (self.total - step) / rate if rate == rate and rate > 0 else float("nan")
+    frac, eta, where = self._eta(step, elapsed)
     shown = " ".join(f"{x:.3f}" for x in list(loss)[:8]) + (" ..." if len(loss) > 8 else "")
-    frac = step / max(self.total, 1)
     bar = ""
     if self.tty:
       filled = int(20 * frac)
       bar = "[" + "#" * filled + "." * (20 - filled) + "] "
-    return (f"{bar}step {step}/{self.total} | {rate:.2f} steps/s | ETA {_duration(eta)} | "
+    return (f"{bar}{where} | {rate:.2f} steps/s | ETA {_duration(eta)} | "
             f"loss [{shown}]{extra}")
 
   def update(self, step: int, loss: Sequence[float], extra: str = "") -> None:

@@ -411,6 +411,8 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
     _start_message(run, progress)
     clock = _Clock(run)
     budget = _Budget(c, clock, run.start)
+    if budget.seconds > 0:  # the budget ends the run, not c.steps: progress and ETA by it
+      progress.track_budget(lambda: (budget.used, budget.seconds))
     log = _Log(run, clock, progress)
     pending = None  # the previous update's metrics
     status = "done"

@@ -184,7 +184,7 @@ def test_table4_head_only_bodies_do_not_change(table4_run):
 # ----------------------------------------------------------------------------- pieces
 
 
-def test_time_budget_stops_after_the_update_that_reaches_it(data_prepared, tmp_path):
+def test_time_budget_stops_after_the_update_that_reaches_it(data_prepared, tmp_path, capsys):
   from tests.test_train import tiny_config
 
   c = tiny_config(data_prepared, steps=100_000, budget_seconds=0.3, budget_checkpoints=3,
@@ -200,6 +200,8 @@ def test_time_budget_stops_after_the_update_that_reaches_it(data_prepared, tmp_p
     _, _, data_state, _ = runs.restore_state(w, step=s)
     marks.append(data_state["device_seconds"])
   assert 1 <= len(marks) <= 3 and marks[-1] >= 0.3  # one slow update may pass two marks
+  progress = [line for line in capsys.readouterr().err.splitlines() if "steps/s" in line]
+  assert progress and all("/0.3 device-s" in line and "/100000" not in line for line in progress)
   again = train_lib.train(c, w)  # a finished budget run resumed: nothing more to do
   assert again["step"] == summary["step"]
 
