@@ -8,10 +8,11 @@ each architecture's step-1 checkpoint, optimizer state included):
 2. at that lr, eps in base x eps_factors (the run at eps = base is reused): 5 configurations
    with the paper's factors 0.5, 1, 2. All of them see the same batches and directions
    (they share the optimisation seed; lr and eps change no random draw).
-Each configuration trains until `budget_seconds` of training device time (the monolith's
-time on one device; SOMA's N experts share it equally, each expert's updates taking 1/N of
-the vmapped step, where the paper gives each expert its own GPU for 1/N of it), with checkpoints after each quarter scored on the ensemble-validation
-windows. The setting with the lowest final validation loss is selected, and only its final
+Each configuration trains until `budget_seconds` of training device time, the job's charged
+time in whatever layout training picks (on a CPU: core-seconds, with SOMA's experts over the
+cores by FSO and the monolith's directions over them by DDPP; the paper runs the monolith on
+one GPU and gives each expert its own GPU for 1/N of it), with checkpoints after each quarter
+scored on the ensemble-validation windows. The setting with the lowest final validation loss is selected, and only its final
 checkpoint is scored on the test set, once. Reported per seed: both test losses, the paired
 difference (monolith minus SOMA) with its document-bootstrap 95% CI; then the mean, the
 sample sd over seeds and the wins.
@@ -95,7 +96,8 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "",
   differences(results, finals, ref, other, test, config)
   payload = protocol.results(
       "table7", "SPEC 9.2 (paper App. I.2, Table 7)", config, command, t0,
-      "configuration", {"per_expert": "SOMA's N experts share it equally (one vmapped step)"},
+      "configuration", {"per_expert": "SOMA's N experts share it equally (one job: a vmapped step, or "
+                                     "the experts over devices by FSO)"},
       (val, test), data_dir, out, seeds,
       tuning={"base_lr": config.base_lr, "lr_factors": list(config.lr_factors),
               "eps_factors": list(config.eps_factors),
