@@ -157,11 +157,10 @@ class Progress:
   def track_budget(self, spent_and_budget: Callable[[], tuple[float, float]]) -> None:
     self.budget, self.spent0 = spent_and_budget, spent_and_budget()[0]
 
-  def _eta(self, step: int, elapsed: float) -> tuple[float, float, str]:
+  def _eta(self, step: int, elapsed: float, steps_per_s: float) -> tuple[float, float, str]:
     """(fraction done, seconds left, the position text)."""
     if self.budget is None:
-      rate = (step - self.start) / elapsed if elapsed > 0 else 0.0
-      left = (self.total - step) / rate if rate > 0 else float("nan")
+      left = (self.total - step) / steps_per_s if steps_per_s > 0 else float("nan")
       return step / max(self.total, 1), left, f"step {step}/{self.total}"
     spent, seconds = self.budget()
     rate = (spent - self.spent0) / elapsed if elapsed > 0 else 0.0
@@ -173,7 +172,7 @@ class Progress:
     elapsed = time.perf_counter() - self.t0
     done = step - self.start
     rate = done / elapsed if elapsed > 0 and done > 0 else float("nan")
-    frac, eta, where = self._eta(step, elapsed)
+    frac, eta, where = self._eta(step, elapsed, rate)
     shown = " ".join(f"{x:.3f}" for x in list(loss)[:8]) + (" ..." if len(loss) > 8 else "")
     bar = ""
     if self.tty:
