@@ -25,6 +25,7 @@ import sys
 import time
 
 from soma_jax import cli, host_devices, runs
+from soma_jax import metrics as metrics_lib
 from soma_jax import train as train_lib
 from soma_jax.config import load_config_file
 from soma_jax.errors import UserError, exit_on_user_error
@@ -69,12 +70,7 @@ def _retrained(args, kept: dict) -> list[dict]:
 
 def _train_losses(workdir: str) -> list[float]:
   """The population's mean training loss at each update, from the run's metrics.jsonl."""
-  by_step = {}
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      record = json.loads(line)
-      if "loss" in record:
-        by_step[record["step"]] = record["loss"][0]
+  by_step = {r["step"]: r["loss"][0] for r in metrics_lib.read_metrics(workdir) if "loss" in r}
   return [by_step[s] for s in sorted(by_step)]
 
 
@@ -88,19 +84,20 @@ def _point(args, data_dir: str, lr: float, sigma: float) -> dict:
   workdir = os.path.dirname(done)
   if os.path.isfile(done):  # a finished grid point of an earlier call
     with open(done) as f:
-      return {**json.load(f), "train_loss": _train_losses(workdir)}
-  t0 = time.perf_counter()
-  summary = train_lib.train_to_end(c, workdir, f"grid point lr={lr:g} sigma={sigma:g}")
-  _, state, _, _ = runs.restore_state(workdir)
-  point = {"lr": lr, "sigma": sigma,
-           "ensemble_val_loss": train_lib.ensemble_validation(c, state),
-           "expert_val_loss": summary["val_loss"][0], "updates": summary["step"],
-           "step_seconds": summary["device_seconds"] / max(summary["step"], 1),
-           "wall_seconds": time.perf_counter() - t0, "loadavg": list(os.getloadavg()),
-           "train_loss": _train_losses(workdir)}
-  with open(done, "w") as f:
-    json.dump(point, f)
-  return point
+      point = json.load(f)
+  else:
+    t0 = time.perf_counter()
+    summary = train_lib.train_to_end(c, workdir, f"grid point lr={lr:g} sigma={sigma:g}")
+    _, state, _, _ = runs.restore_state(workdir)
+    point = {"lr": lr, "sigma": sigma,
+             "ensemble_val_loss": train_lib.ensemble_validation(c, state),
+             "expert_val_loss": summary["val_loss"][0], "updates": summary["step"],
+             "step_seconds": summary["device_seconds"] / max(summary["step"], 1),
+             "wall_seconds": time.perf_counter() - t0, "loadavg": list(os.getloadavg())}
+    with open(done, "w") as f:
+      json.dump(point, f)
+  # the training curve is the run's metrics.jsonl, read from there (not kept a second time)
+  return {**point, "train_loss": _train_losses(workdir)}
 
 
 def _positive(text: str) -> float | None:

@@ -92,3 +92,12 @@ def test_cpu_preset_takes_the_sweeps_best():
     best = json.load(f)["best"]
   c = load_config_file(os.path.join(ROOT, "experiments", "configs", "eggroll.py"), "n=1,size=cpu")
   assert (c.opt.lr, c.eggroll.sigma) == (best["lr"], best["sigma"])
+
+
+def test_train_losses_are_the_logged_losses_by_step(tmp_path):
+  """One loss per update in step order, from metrics.jsonl's loss records only (a step
+  logged twice keeps its later record)."""
+  records = [{"step": 2, "loss": [4.0]}, {"step": 1, "loss": [5.0]}, {"step": 2, "val_loss": [9.0]},
+             {"step": 2, "loss": [3.5]}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  assert eggroll_sweep._train_losses(str(tmp_path)) == [5.0, 3.5]
