@@ -14,6 +14,7 @@ def _clock(monkeypatch, start: float) -> list[float]:
 def test_eta_from_steps_per_second_when_a_step_count_ends_the_run(monkeypatch):
   now = _clock(monkeypatch, 100.0)
   p = metrics.Progress(total=1000, start=200, stream=io.StringIO())
+  assert "nan steps/s | ETA ? |" in p.line(200, [2.5])  # no update timed yet: no ETA
   now[0] = 110.0  # 300 steps in 10 s: 30 steps/s, 500 steps left
   line = p.line(500, [2.5, 3.25])
   assert line.startswith("step 500/1000 | 30.00 steps/s | ETA 0m16s | loss [2.500 3.250]"), line
