@@ -166,8 +166,9 @@ def main() -> None:
   setup = {"config": f"{CONFIG}:n=1,size=cpu", "model": {"d": c.model.d_t, "depth": c.model.depth},
            "eggroll": {k: c.eggroll[k] for k in ("pop", "pop_chunk", "segment", "rank")}}
   kept = _kept(args.reuse, args.steps, setup) if args.reuse else {}
+  reused = {p: kept[p] for p in grid_keys if p in kept}  # the kept points this grid names
   data_dir = _data(args)
-  grid = [kept.get(p) or _point(args, data_dir, *p) for p in grid_keys]
+  grid = [reused.get(p) or _point(args, data_dir, *p) for p in grid_keys]
   best = min(grid, key=lambda r: r["ensemble_val_loss"])
   cli.emit_json({
       "command": "python -m scripts.eggroll_sweep " + " ".join(
@@ -175,8 +176,8 @@ def main() -> None:
           for a in sys.argv[1:]),
       **setup,
       "updates": args.steps, "seed": 0, "selected_by": "ensemble_val_loss (lowest)",
-      "reused_points": sorted(p for p in grid_keys if p in kept),
-      "reused_points_retrained": _retrained(args, {p: kept[p] for p in grid_keys if p in kept}),
+      "reused_points": sorted(reused),
+      "reused_points_retrained": _retrained(args, reused),
       "step_seconds_are": f"train's device_seconds per update: {host_devices.CHARGE_RULE} "
                           "(reused points: what their earlier run recorded)",
       "best": {"lr": best["lr"], "sigma": best["sigma"],

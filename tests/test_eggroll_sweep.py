@@ -101,3 +101,34 @@ def test_train_losses_are_the_logged_losses_by_step(tmp_path):
              {"step": 2, "loss": [3.5]}]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
   assert eggroll_sweep._train_losses(str(tmp_path)) == [5.0, 3.5]
+
+
+def test_main_reuses_only_the_kept_points_its_grid_names(tmp_path, monkeypatch, capsys):
+  """--reuse: a kept point of this grid is not retrained and is listed as reused; a kept
+  point outside the grid is neither listed nor in the grid."""
+  c = eggroll_sweep.load_config_file(os.path.join(ROOT, eggroll_sweep.CONFIG), "n=1,size=cpu")
+  setup = {"config": f"{eggroll_sweep.CONFIG}:n=1,size=cpu",
+           "model": {"d": c.model.d_t, "depth": c.model.depth},
+           "eggroll": {k: c.eggroll[k] for k in ("pop", "pop_chunk", "segment", "rank")}}
+  old = tmp_path / "old.json"
+  old.write_text(json.dumps({**setup, "grid": [
+      {"lr": 0.01, "sigma": 0.125, "updates": 12, "ensemble_val_loss": 4.0},
+      {"lr": 0.5, "sigma": 0.5, "updates": 12, "ensemble_val_loss": 1.0}]}))
+  trained = []
+
+  def point(args, data_dir, lr, sigma):
+    trained.append((lr, sigma))
+    return {"lr": lr, "sigma": sigma, "updates": 12, "ensemble_val_loss": 5.0}
+
+  monkeypatch.setattr(eggroll_sweep, "_point", point)
+  monkeypatch.setattr(eggroll_sweep, "_data", lambda args: "")
+  out = tmp_path / "sweep.json"
+  monkeypatch.setattr(sys, "argv", ["eggroll_sweep", f"--out={tmp_path / 'runs'}",
+                                    "--lrs", "0.01", "0.03", "--sigmas", "0.125", "--points",
+                                    f"--reuse={old}", f"--json={out}"])
+  eggroll_sweep.main()
+  record = json.loads(out.read_text())
+  assert trained == [(0.03, 0.125)]
+  assert record["reused_points"] == [[0.01, 0.125]] and record["reused_points_retrained"] == []
+  assert [(p["lr"], p["sigma"]) for p in record["grid"]] == [(0.01, 0.125), (0.03, 0.125)]
+  assert record["best"] == {"lr": 0.01, "sigma": 0.125, "ensemble_val_loss": 4.0}
