@@ -148,6 +148,13 @@ def _kept(path: str, steps: int, current: dict) -> dict:
   return points
 
 
+def _setup() -> dict:
+  """What a --reuse JSON must share with today's grid: the config, model and population."""
+  c = load_config_file(os.path.join(ROOT, CONFIG), "n=1,size=cpu")
+  return {"config": f"{CONFIG}:n=1,size=cpu", "model": {"d": c.model.d_t, "depth": c.model.depth},
+          "eggroll": {k: c.eggroll[k] for k in ("pop", "pop_chunk", "segment", "rank")}}
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="folder of the grid's runs (and data)")
@@ -162,9 +169,7 @@ def main() -> None:
                       "points at the same --steps are kept, not retrained")
   args = parser.parse_args()
   grid_keys = _grid(args)
-  c = load_config_file(os.path.join(ROOT, CONFIG), "n=1,size=cpu")
-  setup = {"config": f"{CONFIG}:n=1,size=cpu", "model": {"d": c.model.d_t, "depth": c.model.depth},
-           "eggroll": {k: c.eggroll[k] for k in ("pop", "pop_chunk", "segment", "rank")}}
+  setup = _setup()
   kept = _kept(args.reuse, args.steps, setup) if args.reuse else {}
   reused = {p: kept[p] for p in grid_keys if p in kept}  # the kept points this grid names
   data_dir = _data(args)

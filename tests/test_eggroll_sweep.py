@@ -83,6 +83,8 @@ def test_default_grid_is_the_recorded_one():
   defaults = _args(lrs=eggroll_sweep.LRS, sigmas=eggroll_sweep.SIGMAS, points=eggroll_sweep.POINTS)
   assert eggroll_sweep._grid(defaults) == [(p["lr"], p["sigma"]) for p in record["grid"]]
   assert (record["best"]["lr"], record["best"]["sigma"]) in eggroll_sweep._grid(defaults)
+  setup = eggroll_sweep._setup()  # and --reuse of it is accepted by today's config
+  assert {k: record[k] for k in setup} == setup
 
 
 def test_cpu_preset_takes_the_sweeps_best():
@@ -106,10 +108,7 @@ def test_train_losses_are_the_logged_losses_by_step(tmp_path):
 def test_main_reuses_only_the_kept_points_its_grid_names(tmp_path, monkeypatch, capsys):
   """--reuse: a kept point of this grid is not retrained and is listed as reused; a kept
   point outside the grid is neither listed nor in the grid."""
-  c = eggroll_sweep.load_config_file(os.path.join(ROOT, eggroll_sweep.CONFIG), "n=1,size=cpu")
-  setup = {"config": f"{eggroll_sweep.CONFIG}:n=1,size=cpu",
-           "model": {"d": c.model.d_t, "depth": c.model.depth},
-           "eggroll": {k: c.eggroll[k] for k in ("pop", "pop_chunk", "segment", "rank")}}
+  setup = eggroll_sweep._setup()
   old = tmp_path / "old.json"
   old.write_text(json.dumps({**setup, "grid": [
       {"lr": 0.01, "sigma": 0.125, "updates": 12, "ensemble_val_loss": 4.0},
@@ -132,3 +131,4 @@ def test_main_reuses_only_the_kept_points_its_grid_names(tmp_path, monkeypatch, 
   assert record["reused_points"] == [[0.01, 0.125]] and record["reused_points_retrained"] == []
   assert [(p["lr"], p["sigma"]) for p in record["grid"]] == [(0.01, 0.125), (0.03, 0.125)]
   assert record["best"] == {"lr": 0.01, "sigma": 0.125, "ensemble_val_loss": 4.0}
+  assert {k: record[k] for k in setup} == setup
