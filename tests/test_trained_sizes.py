@@ -148,6 +148,15 @@ def test_a_folder_that_does_not_match_is_refused(trained, tmp_path):
   bad.train_run.spsa.n_pert = 2 * c.train_run.spsa.n_pert
   with pytest.raises(UserError, match="trained with spsa.n_pert="):
     TS.load_all(bad)
+  for key, value in (("opt.weight_decay", 0.5), ("seed", 7)):  # any recipe field, not a list
+    bad = _config("experts", trained)
+    parent, _, leaf = key.rpartition(".")
+    (bad.train_run[parent] if parent else bad.train_run)[leaf] = value
+    with pytest.raises(UserError, match=f"trained with {key}="):
+      TS.load_all(bad)
+  fast = _config("experts", trained)  # cadence is no part of the recipe
+  fast.train_run.log_every = 1
+  assert set(TS.load_all(fast)) == set(fast.n_list)
 
 
 def test_entry_point_refuses_in_one_line(tmp_path):

@@ -25,9 +25,6 @@ from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 from soma_jax.studies import variance
 
-# The recipe fields every N's run must share with the study's train_run.
-RECIPE = ("steps", "spsa.n_pert", "spsa.batch", "data.seq_len", "opt.lr", "spsa.eps")
-
 
 def workdir(out: str, n: int) -> str:
   return os.path.join(out, f"N{n}")
@@ -86,12 +83,11 @@ def _check_run(c: ml_collections.ConfigDict, n: int, run_cfg: ml_collections.Con
     raise UserError(f"{where!r} holds N = {got[0]} experts of width {got[1]} (d_E {got[2]}, "
                     f"depth {got[3]}); the study needs N = {n} at width {want.d_t} (d_E "
                     f"{want.d_e}, depth {want.depth}) for total_params={c.total_params:,}; {fix}")
-  flat, ours = run_cfg.to_dict(), c.train_run.to_dict()
-  for key in RECIPE:
-    a, b = flat, ours
-    for part in key.split("."):
-      a, b = a[part], b[part]
-    if a != b:
+  # The run's whole config against the one train_all writes for this N (`run_config`):
+  # what a resume may change (cadence, speed knobs) aside, but not the length.
+  changes = ckpt_lib.config_changes(run_cfg, run_config(c, n, run_cfg.data.dir))
+  for key, (a, b) in changes.items():
+    if key == "steps" or not ckpt_lib.under(key, ckpt_lib.RESUMABLE_KEYS):
       raise UserError(f"{where!r} was trained with {key}={a}, the study's train_run has {b}; "
                       f"{fix}")
   return model_lib.ModelConfig(d_t=m.d_t, d_e=m.d_e, depth=m.depth,
