@@ -368,15 +368,9 @@ def _per_n(c, n: int, trained: dict[int, Trained] | None):
   """(params or None, model config, data dir, what was measured, the trained run's record or
   None) of the N-expert ensemble."""
   if trained is None:
-    return None, sized_model(c, n), c.data_dir, f"fresh init (seed {c.seed})", None
+    return None, sized_model(c, n), c.data_dir, _weights(c, None), None
   t = trained[n]
   return (t.body, t.head), t.model, t.data_dir, t.weights, t.run
-
-
-def _per_n_weights(c, trained: dict[int, Trained] | None) -> str:
-  if trained is None:
-    return f"fresh init (seed {c.seed})"
-  return c.get("weights", "") or "trained (one run per N)"
 
 
 def study_experts(c, trained: dict[int, Trained] | None = None) -> dict:
@@ -401,7 +395,7 @@ def study_experts(c, trained: dict[int, Trained] | None = None) -> dict:
                  "weights": weights, "run": run})
     records[str(n)] = {"probes": _probe_record(c, c.reps, c.n_pert, c.probe, n), "data": data_rec}
   return {"points": rows, "variance_by_n": rows, "total_params": c.total_params, "probe": c.probe,
-          "seq_len": c.seq_len, "batch": c.batch, "weights": _per_n_weights(c, trained),
+          "seq_len": c.seq_len, "batch": c.batch, "weights": _weights(c, trained),
           "first_over_last": rows[0]["measured"] / rows[-1]["measured"],
           "predicted_first_over_last": rows[0]["predicted"] / rows[-1]["predicted"],
           "replay": records}
@@ -517,7 +511,7 @@ def study_reference(c, trained: dict[int, Trained] | None = None) -> dict:
           "body_params_by_n": {str(p["n"]): p["body_params"] for p in points},
           "pool": c.pool, "ref_batch": c.ref_batch, "probe": c.probe, "seq_len": c.seq_len,
           "batch": c.batch, "windows": c.get("windows", "expert_val"),
-          "weights": _per_n_weights(c, trained),
+          "weights": _weights(c, trained),
           "reference": f"jax.grad of the loss over {c.ref_batch} windows per expert, disjoint "
                        f"from the {c.pool}-window pool the zero-order batches come from",
           "replay": records}
