@@ -49,6 +49,12 @@ def _variance(study: str, size: str) -> Figure:
                 cheap=size == "tiny")
 
 
+def _variance_trained(study: str) -> Figure:
+  """A variance study at size=trained (scripts/variance_trained.sh trains its weights first)."""
+  return Figure(("scripts/variance_trained.sh", "{out}", study), json=f"{{out}}/{study}.json",
+                png=f"{{out}}/{study}.png", cheap=False)
+
+
 FIGURES = {
     "demo": Figure(("scripts/demo.sh", "{out}"), json="{out}/report.json",
                    png="{out}/loss_curves.png", dest="docs/demo_loss_curves.png", cheap=False),
@@ -64,13 +70,10 @@ FIGURES = {
                        "--json={out}/scaling.json"), json="{out}/scaling.json"),
     "variance_n_pert": _variance("n_pert", "cpu"),  # fresh init, T = 64
     # On the weights of a trained SOMA N = 8 (scripts/train_ensemble.py), T = 1024, sparse.
-    **{f"variance_trained_{study}": Figure(
-        ("scripts/variance_trained.sh", "{out}", study), json=f"{{out}}/{study}.json",
-        png=f"{{out}}/{study}.png", cheap=False) for study in ("shared_vs_separate", "n_pert")},
+    **{f"variance_trained_{study}": _variance_trained(study)
+       for study in ("shared_vs_separate", "n_pert")},
     # One trained SOMA run per N at one total size (scripts/train_sizes.py), T = 1024, sparse.
-    **{f"variance_{study}_trained": Figure(
-        ("scripts/variance_trained.sh", "{out}", study), json=f"{{out}}/{study}.json",
-        png=f"{{out}}/{study}.png", cheap=False) for study in ("experts", "reference")},
+    **{f"variance_{study}_trained": _variance_trained(study) for study in ("experts", "reference")},
     "variance_experts": _variance("experts", "cpu"),  # sparse probes, about 2M parameters
     "variance_reference": _variance("reference", "cpu"),  # BPTT reference on disjoint windows
     # The paper's Table 4 and Table 7 protocols (SPEC 9) at CPU scale: about 20 min each.
