@@ -350,7 +350,9 @@ def plans(c: ml_collections.ConfigDict, chunks: list[int], signs: tuple[str, ...
   rows = []
   for chunk, sign in itertools.product([ch for ch in chunks if k % ch == 0], signs):
     ci = c.copy_and_resolve_references()  # the caller's config stays as it was
-    ci.spsa.update(pert_chunk=chunk, signs=sign)
+    with ci.unlocked():  # resolved, the field is typed by its value ("auto": str): retype it
+      del ci.spsa["pert_chunk"]
+      ci.spsa.update(pert_chunk=chunk, signs=sign)
     choice = methods.choose_chunk(ci, ci.n_experts)
     rows.append({"pert_chunk": chunk, "signs": sign, "planned_bytes": choice.planned_bytes})
   if not rows:

@@ -99,11 +99,12 @@ def gelu(x: jax.Array) -> jax.Array:
 
   The erf form (PyTorch's) rather than `jax.nn.gelu(approximate=False)`'s erfc one: XLA
   computes erf with one clamped rational polynomial, erfc with two and an exp, and on a
-  CPU that was a tenth of the SPSA step. Written as x (1/2 + erf / 2), XLA:CPU plans the
-  paper-shaped N = 2 step at 14.8 GB, against 16.3 GB as x (1 + erf) / 2 (13.3 GB with
-  erfc), with the step within 2% of the latter's speed. The forms agree to float32
-  rounding in absolute terms (for x below about -4, where Phi(x) < 4e-5, the erf form
-  loses relative accuracy).
+  CPU that was a tenth of the SPSA step. Written as x (1/2 + erf / 2) rather than
+  x (1 + erf) / 2, XLA:CPU's plan of the paper-shaped N = 2 step is smaller (the test_memory
+  bare step: 14.8 GB against 16.3 GB, 13.3 GB with erfc; the preset's own at 64 directions:
+  15.36 GB in docs/results/plan_paper_n2.json), with the step within 2% of the latter's
+  speed. The forms agree to float32 rounding in absolute terms (for x below about -4,
+  where Phi(x) < 4e-5, the erf form loses relative accuracy).
   """
   return x * (0.5 + 0.5 * jax.lax.erf(x * math.sqrt(0.5)))
 

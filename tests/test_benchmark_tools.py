@@ -128,6 +128,8 @@ def test_plan_memory_plans_each_dividing_chunk_and_signs():
   assert c.spsa.pert_chunk == 4 and c.spsa.signs == "auto"  # the caller's config unchanged
   with pytest.raises(UserError, match="nothing to plan"):
     step_timing.plans(c, [3], ("apart",))
+  c.spsa.pert_chunk = "auto"  # every preset's default (the paper one's too): still planned
+  assert [r["pert_chunk"] for r in step_timing.plans(c, [1, 4], ("apart",))["rows"]] == [1, 4]
   with c.unlocked():
     c.method = "bptt"
   with pytest.raises(UserError, match="only the SOMA step"):
