@@ -11,6 +11,7 @@ from collections.abc import Hashable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from soma_jax import checkpoint as ckpt_lib
@@ -33,12 +34,42 @@ def initial_params(c: ml_collections.ConfigDict) -> tuple[PyTree, jax.Array]:
 
 
 def initial_state(c: ml_collections.ConfigDict, cfg: Hashable | None = None) -> spsa.TrainState:
-  """The TrainState a run starts from; `cfg` is the run's step config (built if None)."""
+  """The TrainState a run starts from; `cfg` is the run's step config (built if None).
+
+  With `init_state` (and `init_from`) the seed run's state goes on: see `continued`.
+  """
   body_N, head = initial_params(c)
   method = methods.get(c)
   cfg = method.step_config(c) if cfg is None else cfg
   n = jax.tree.leaves(body_N)[0].shape[0]
-  return spsa.init_state(body_N, head, c.opt.lr, c.spsa.eps, cfg, method.init_carry(c, n))
+  state = spsa.init_state(body_N, head, c.opt.lr, c.spsa.eps, cfg, method.init_carry(c, n))
+  if c.init_from and c.get("init_state", False):
+    return continued(state, c)
+  return state
+
+
+def continued(fresh: spsa.TrainState, c: ml_collections.ConfigDict) -> spsa.TrainState:
+  """`fresh` (this run's initial state, warm from the seed's parameters) with the rest of
+  the seed run's newest state: every expert takes the seed's Adam moments and count, its
+  plateau state (lr and eps set to this config's) and its step counter (SPEC 9.6: the
+  compared phase continues the seed run)."""
+  _, seed, _, _ = restore_state(c.init_from)
+  n = fresh.skipped.shape[0]
+  every = lambda x: jnp.broadcast_to(x[0], (n,) + x.shape[1:])  # the seed's expert 0
+  take = lambda ours, theirs, what: _same_tree(ours, theirs, what, c.init_from) and jax.tree.map(
+      every, theirs)
+  sched = jax.tree.map(every, seed.sched).replace(lr=fresh.sched.lr, eps=fresh.sched.eps)
+  head_opt = take(fresh.head_opt, seed.head_opt, "head optimizer") if fresh.head_opt != () else ()
+  return fresh.replace(step=seed.step, opt=take(fresh.opt, seed.opt, "optimizer"),
+                       head_opt=head_opt, sched=sched)
+
+
+def _same_tree(ours, theirs, what: str, where: str) -> bool:
+  if jax.tree.structure(ours) != jax.tree.structure(theirs) or any(
+      a.shape[1:] != b.shape[1:] for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs))):
+    raise UserError(f"init_from={where!r}: its {what} state does not fit this run's (another "
+                    "method or optimizer); fix: init_state=False, or a seed of this method")
+  return True
 
 
 def shapes_only(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -107,7 +107,8 @@ def _check_inputs(c: ml_collections.ConfigDict) -> None:
 
 
 # Cumulative seconds each run keeps in its checkpoints (SPEC 7 device-seconds, and apart).
-TIMERS = ("device_seconds", "compile_seconds", "eval_seconds", "ckpt_seconds")
+TIMERS = ("device_seconds", "cpu_seconds", "compile_seconds", "eval_seconds", "ckpt_seconds")
+TRAINING_TIMERS = ("device_seconds", "cpu_seconds")  # of training updates; the rest apart
 
 
 def train_to_end(c: ml_collections.ConfigDict, workdir: str, what: str) -> dict:
@@ -285,7 +286,8 @@ def _resume(run: _Run, overrides: list[str]) -> None:
   `resume_overrides` that live in the state (opt.lr, spsa.eps) take their new values.
   """
   restored = run.ckpt.restore_latest(ckpt_lib.abstract_like(run.state), heal=True)
-  if restored is None:
+  if restored is None:  # a fresh run; one continuing its seed (init_state) counts on from it
+    run.start = int(run.state.step)
     return
   step, state, data_state = restored
   iterator = data_state["iterator"]
@@ -303,6 +305,7 @@ def _resume(run: _Run, overrides: list[str]) -> None:
   run.start = int(step)
   run.totals = {k: float(data_state.get(k, 0.0)) for k in TIMERS}
   run.totals["ops"] = int(data_state.get("ops", run.ops_step * step))
+  run.totals["updates"] = int(data_state.get("updates", step))  # this run's, warm start aside
   logging.info("resumed from step %d in %s", step, run.workdir)
 
 
@@ -321,20 +324,21 @@ class _Clock:
   def __init__(self, run: _Run):
     self.units = host_devices.charged_units(run.n_devices)
     self.ops_step, self.base = run.ops_step, run.totals
-    self.seconds, self.steps, self._pending = 0.0, 0, 0
-    self.apart = dict.fromkeys((k for k in TIMERS if k != "device_seconds"), 0.0)
+    self.seconds, self.cpu, self.steps, self._pending = 0.0, 0.0, 0, 0
+    self.apart = dict.fromkeys((k for k in TIMERS if k not in TRAINING_TIMERS), 0.0)
     self._planned = run.plan_seconds  # compile time before the loop, added to compile_seconds
-    self._t = time.perf_counter()
+    self._t, self._cpu_t = time.perf_counter(), time.process_time()
 
   def count(self) -> None:
     self._pending += 1
 
   def lap(self) -> None:
-    now = time.perf_counter()
+    now, cpu = time.perf_counter(), time.process_time()
     if self._pending:
       self.seconds += now - self._t
+      self.cpu += cpu - self._cpu_t
       self.steps += self._pending
-    self._t, self._pending = now, 0
+    self._t, self._cpu_t, self._pending = now, cpu, 0
 
   @contextlib.contextmanager
   def aside(self, key: str, sync=None):
@@ -344,7 +348,7 @@ class _Clock:
     yield
     now = time.perf_counter()
     self.apart[key] += now - self._t
-    self._t = now
+    self._t, self._cpu_t = now, time.process_time()
 
   def mean_step(self) -> float:
     if self.steps:
@@ -354,49 +358,58 @@ class _Clock:
   def totals(self, updates: int) -> dict:
     """Cumulative ops and seconds after `updates` updates of this process."""
     mean = self.mean_step()
+    cpu_mean = self.cpu / self.steps if self.steps else 0.0
     out = {"ops": int(self.base.get("ops", 0)) + self.ops_step * updates,
-           "device_seconds": mean * updates * self.units}
+           "updates": int(self.base.get("updates", 0)) + updates,
+           "device_seconds": mean * updates * self.units, "cpu_seconds": cpu_mean * updates}
     apart = dict(self.apart, compile_seconds=max(self.apart["compile_seconds"] - mean, 0.0)
                  + self._planned)
     out.update({k: v * self.units for k, v in apart.items()})
-    return {k: v + self.base.get(k, 0) if k != "ops" else v for k, v in out.items()}
+    return {k: v + self.base.get(k, 0) if k not in ("ops", "updates") else v
+            for k, v in out.items()}
 
 
 class _Budget:
-  """The time budget (`budget_seconds`): a checkpoint after each 1/k of it, and the stop.
+  """The run's budget (`budget`, in `budget_unit`): a checkpoint after each 1/k of it, and
+  the stop after the complete update that reaches it.
 
-  With a budget, every update is waited for before the next is dispatched, so the
-  training device-seconds are known after each one; the run stops after the complete
-  update that reaches the budget. SPEC 9.2: the paper's Table 7 runs also stopped after a
-  complete update; their budget was GPU-hours (the monolith on one GPU, each of SOMA's two
-  experts 0.825 h on its own GPU), this one is the job's charged training seconds (`_Clock`:
-  core-seconds on a CPU, all experts in one job; evaluation, checkpoints, compiles excluded).
+  "updates" counts this run's updates; "cpu_seconds" the process's CPU time in training
+  updates (all threads: a busy machine slows the run but does not move the count much);
+  "device_seconds" the charged training seconds of `_Clock` (core-seconds on a CPU). With a
+  time budget every update is waited for before the next is dispatched, so the seconds are
+  known after each one. SPEC 9.2's Table 7 runs also stopped after a complete update; their
+  budget was GPU-hours; SPEC 9.6 says which unit a CPU-scale comparison may use.
   """
 
   def __init__(self, c: ml_collections.ConfigDict, clock: _Clock, start: int):
-    self.seconds = float(c.get("budget_seconds", 0.0))
+    self.amount = float(c.get("budget", 0.0))
+    self.unit = c.get("budget_unit", "device_seconds")
     k = int(c.get("budget_checkpoints", 1))
-    self.marks = [self.seconds * (i + 1) / k for i in range(k)]
+    self.marks = [self.amount * (i + 1) / k for i in range(k)]
     self.clock, self.start = clock, start
-    self.used = float(clock.base.get("device_seconds", 0.0))  # restored on a resume
-    self.before = None  # the training seconds counted after the update before the last one
+    self.used = float(clock.base.get(self.unit, 0.0))  # restored on a resume
+    self.before = None  # the amount counted after the update before the last one
     self._passed = sum(self.used >= mark for mark in self.marks)
 
   def spent(self) -> bool:
-    return self.seconds > 0 and self.used >= self.seconds
+    return self.amount > 0 and self.used >= self.amount
 
   def after(self, done: int, m) -> tuple[bool, bool]:
     """(checkpoint now, stop now) once update `done` (its metrics `m`) has finished."""
-    if self.seconds <= 0:
+    if self.amount <= 0:
       return False, False
-    jax.block_until_ready(m)
-    self.clock.lap()
-    if not self.clock.steps:  # only the compiling update so far: no step time yet
-      return False, False
-    self.before, self.used = self.used, self.clock.totals(done - self.start)["device_seconds"]
+    if self.unit != "updates":
+      jax.block_until_ready(m)
+      self.clock.lap()
+      if not self.clock.steps:  # only the compiling update so far: no step time yet
+        return False, False
+    self.before, self.used = self.used, self.clock.totals(done - self.start)[self.unit]
     passed = sum(self.used >= mark for mark in self.marks)
     save, self._passed = passed > self._passed, passed
-    return save, self.used >= self.seconds
+    return save, self.used >= self.amount
+
+  def describe(self) -> str:
+    return f"{self.used:g} of {self.amount:g} {self.unit.replace('_', '-')}"
 
 
 def _step_loop(run: _Run, stop: _Stop) -> dict:
@@ -405,14 +418,14 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
   c = run.c
   # closed even when an error ends the loop (a full disk must not fail again at exit)
   with metrics_lib.MetricWriter(run.workdir, start_step=run.start) as writer:
-    if run.start == 0:
+    if not run.totals.get("updates"):  # the run's first update (a continued seed's too)
       writer.hparams(json.loads(c.to_json()))
     progress = metrics_lib.Progress(c.steps, run.start)
     _start_message(run, progress)
     clock = _Clock(run)
     budget = _Budget(c, clock, run.start)
-    if budget.seconds > 0:  # the budget ends the run, not c.steps: progress and ETA by it
-      progress.track_budget(lambda: (budget.used, budget.seconds))
+    if budget.amount > 0:  # the budget ends the run, not c.steps: progress and ETA by it
+      progress.track_budget(lambda: (budget.used, budget.amount), budget.unit)
     log = _Log(run, clock, progress)
     pending = None  # the previous update's metrics
     status = "done"
@@ -440,8 +453,7 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
           run.ckpt.save(done, run.state, {"iterator": run.data.get_state(),
                                           **clock.totals(done - run.start)})
       if spent:
-        progress.message(f"time budget reached: {budget.used:.1f} of {budget.seconds:g} "
-                         f"device-seconds after {done} updates")
+        progress.message(f"budget reached: {budget.describe()} after {done} updates")
         break
       if stop.signum:
         status = "interrupted"
@@ -450,7 +462,7 @@ def _step_loop(run: _Run, stop: _Stop) -> dict:
         break
   done = int(run.state.step)
   return {"status": status, "step": done, "signal": stop.signum, "val_loss": log.last_val,
-          "budget_seconds_before_last_update": budget.before,
+          "budget_unit": budget.unit, "budget_before_last_update": budget.before,
           "skipped": np.asarray(_to_host(run.state.skipped)).tolist(),
           **clock.totals(done - run.start)}
 
@@ -463,8 +475,8 @@ def _start_message(run: _Run, progress: metrics_lib.Progress) -> None:
   signs = (f"signs {run.step_cfg.spsa.signs}; forward {run.step_cfg.spsa.forward}; "
            if run.method.plan_chunk else "")
   warm = f" (warm start from {c.init_from})" if c.init_from and run.start == 0 else ""
-  budget = f"; until {c.budget_seconds:g} training device-seconds" if c.get(
-      "budget_seconds", 0.0) else ""
+  budget = (f"; until {c.budget:g} training {c.budget_unit.replace('_', '-')}"
+            if c.get("budget", 0.0) else "")
   progress.message(
       f"training experts {a}..{b - 1} of {c.n_experts} "
       f"({run.method.body_params(c):,} params each) from step "

@@ -17,7 +17,7 @@ from soma_jax.errors import UserError
 from tests.conftest import default_env, equal_to_rounding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMING = ("step_seconds", "tokens_per_second", "device_seconds", "compile_seconds",
+TIMING = ("step_seconds", "tokens_per_second", "device_seconds", "cpu_seconds", "compile_seconds",
           "eval_seconds", "ckpt_seconds")
 
 
