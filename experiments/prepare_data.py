@@ -3,10 +3,13 @@ r"""Turns a corpus into N expert shards, evaluation sets and a router.
   python experiments/prepare_data.py --source=pystdlib --num_clusters=4 --out=/tmp/soma_data
   python experiments/prepare_data.py --source=fineweb_edu:/data/fineweb-edu/sample/100BT \
       --num_clusters=256 --out=/data/soma_fwe
+  python experiments/prepare_data.py --source=jsonl:/data/c4/en:text --num_clusters=64 --out=/data/soma_c4
+  python experiments/prepare_data.py --source=textdir:/data/manual --extract=auto --out=/data/soma_manual
 
-SOURCE is fineweb_edu:PATH, wikitext103:PATH, textdir:PATH, tfds:NAME[:FEATURE]
-or pystdlib. Bad input prints one line and exits with code 2; an existing --out
-is only replaced when the new data dir is complete.
+SOURCE is fineweb_edu:PATH, wikitext103:PATH, textdir:PATH, tfds:NAME[:FEATURE],
+pystdlib, jsonl:PATH[:FIELD[:ID]], parquet:PATH[:COLUMN[:ID]], hf_disk:FOLDER[:COLUMN[:ID]]
+or warc:PATH (README "Your own text"). Bad input prints one line and exits with code 2;
+an existing --out is only replaced when the new data dir is complete.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from absl import flags, logging
 from soma_jax import cli
 from soma_jax.data import prepare
 
-_SOURCE = flags.DEFINE_string("source", "pystdlib", "Corpus: fineweb_edu:PATH, wikitext103:PATH, textdir:PATH, tfds:NAME[:FEATURE], pystdlib.")
+_SOURCE = flags.DEFINE_string(
+  "source", "pystdlib", "Corpus: fineweb_edu:PATH, wikitext103:PATH, textdir:PATH, tfds:NAME[:FEATURE], pystdlib, "
+  "jsonl:PATH[:FIELD[:ID]], parquet:PATH[:COLUMN[:ID]], hf_disk:FOLDER[:COLUMN[:ID]], warc:PATH.")
 _NUM_CLUSTERS = flags.DEFINE_integer("num_clusters", 8, "Number of clusters = experts N.")
 _OUT = flags.DEFINE_string("out", None, "Output data dir (written to a temporary folder, then renamed).")
 flags.mark_flag_as_required("out")
@@ -33,6 +38,12 @@ _MIN_DF = flags.DEFINE_integer("min_df", 5, "tf-idf min_df (scaled down only for
 _MAX_FEATURES = flags.DEFINE_integer("max_features", 50_000, "tf-idf vocabulary size.")
 _SVD_DIMS = flags.DEFINE_integer("svd_dims", 128, "Truncated SVD dimensions.")
 _TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "data_dir for --source=tfds:NAME.")
+_EXTRACT = flags.DEFINE_enum(
+  "extract", "none", ["none", "html", "auto"], "Main text of HTML (needs .[web]): html = every document, "
+  "auto = textdir's *.html / *.htm files; warc: sources are always extracted.")
+_ON_BAD_RECORD = flags.DEFINE_enum(
+  "on_bad_record", "fail", ["fail", "skip"], "A JSON line that does not parse, a record without the field or "
+  "not a string, a WARC response that is not HTTP: fail (one line, exit 2) or skip and count.")
 
 
 def main(argv):
@@ -52,6 +63,8 @@ def main(argv):
     max_features=_MAX_FEATURES.value,
     svd_dims=_SVD_DIMS.value,
     tfds_data_dir=_TFDS_DATA_DIR.value,
+    extract=_EXTRACT.value,
+    on_bad_record=_ON_BAD_RECORD.value,
   )
   print(prepare.summary(manifest, _OUT.value, time.time() - t0))
   for e, terms in enumerate(manifest["top_terms"]):

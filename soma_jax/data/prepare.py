@@ -66,18 +66,22 @@ class _Corpus:
     self.empty = 0  # zero-length documents skipped
     self.not_text = 0  # binary documents skipped (NUL bytes or mostly invalid UTF-8)
     self.skipped: dict[str, list[str]] = {}  # sources.Skipped reason -> the ids skipped
+    self.counts: collections.Counter = collections.Counter()  # the source's own counts (html_extracted)
     self.data: np.ndarray | None = None
 
   def doc(self, i: int) -> bytes:
     return self.data[self.offsets[i] : self.offsets[i] + self.lengths[i]].tobytes()
 
 
-def _read_corpus(spec: sources.SourceSpec, path: str, max_bytes: int | None, tfds_data_dir: str | None) -> _Corpus:
+def _read_corpus(spec: sources.SourceSpec, path: str, max_bytes: int | None, tfds_data_dir: str | None,
+                 extract: str = "none", on_bad_record: str = "fail") -> _Corpus:
   """Pass over the source: spool nonempty documents to disk and fingerprint them."""
   corpus = _Corpus(path)
   total = 0
+  docs = sources.iter_documents(spec, tfds_data_dir=tfds_data_dir, extract=extract, on_bad_record=on_bad_record,
+                                counts=corpus.counts)
   with open(path, "wb") as f:
-    for doc_id, data in sources.iter_documents(spec, tfds_data_dir=tfds_data_dir):
+    for doc_id, data in docs:
       if isinstance(data, sources.Skipped):
         corpus.skipped.setdefault(data.reason, []).append(doc_id)
         continue
@@ -232,6 +236,8 @@ def prepare(
   max_features: int = 50_000,
   svd_dims: int = 128,
   tfds_data_dir: str | None = None,
+  extract: str = "none",
+  on_bad_record: str = "fail",
 ) -> dict:
   """Builds the data dir `out` from `source`; returns the manifest. Bad input raises UserError."""
   settings = {
@@ -247,8 +253,11 @@ def prepare(
     "max_features": max_features,
     "svd_dims": svd_dims,
     "tfds_data_dir": tfds_data_dir,
+    "extract": extract,  # none | html | auto (sources.iter_documents)
+    "on_bad_record": on_bad_record,  # fail | skip
   }
   _check_settings(settings)
+  sources.check_options(extract, on_bad_record)
   spec = sources.parse_source(source)
   out = _check_out(out)
   tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=os.path.dirname(out))
@@ -284,8 +293,10 @@ def summary(manifest: dict, out: str, seconds: float) -> str:
      if n] + [_named(why, v["names"], v["count"]) for why, v in d.get("skipped", {}).items()]
   )
   a = manifest["assignment"]
+  pages = d.get("html_extracted", 0)  # those left empty are among the skipped, by name
+  extracted = f", main text extracted from {pages} HTML pages" if pages else ""
   return (
-    f"wrote {out} in {seconds:.1f}s: {d['nonempty']} documents read ({d['bytes']:,} bytes)"
+    f"wrote {out} in {seconds:.1f}s: {d['nonempty']} documents read ({d['bytes']:,} bytes){extracted}"
     f"{f', skipped {skipped}' if skipped else ''}; {manifest['training_windows']} training windows in "
     f"{manifest['num_clusters']} shards {a['windows_per_shard']} (each at its nearest "
     f"centroid); {manifest['test_windows']} test windows, {manifest['ensemble_val_windows']} ensemble-val windows"
@@ -317,7 +328,8 @@ def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict) -> dict:
   work = os.path.join(tmp, "_work")
   os.makedirs(work)
   notes: list[str] = []
-  corpus = _read_corpus(spec, os.path.join(work, "corpus.bin"), settings["max_bytes"], settings["tfds_data_dir"])
+  corpus = _read_corpus(spec, os.path.join(work, "corpus.bin"), settings["max_bytes"], settings["tfds_data_dir"],
+                        settings["extract"], settings["on_bad_record"])
   logging.info("read %d documents, %d bytes (%.1fs)", len(corpus.ids), sum(corpus.lengths), time.time() - t0)
   test_ids, ens_ids, screening = _hold_out(corpus, settings, notes)
   all_w = _spool_training_windows(corpus, set(test_ids) | set(ens_ids), os.path.join(work, "windows.bin"), settings)
@@ -332,6 +344,7 @@ def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict) -> dict:
     "zero_length_skipped": corpus.empty,
     "not_text_skipped": corpus.not_text,
     "skipped": {why: {"count": len(ids), "names": ids[:_MAX_LISTED_EXCLUSIONS]} for why, ids in corpus.skipped.items()},
+    "html_extracted": corpus.counts["html_extracted"],  # pages whose main text was extracted
     "bytes": int(sum(corpus.lengths)),
     "shorter_than_window": int(sum(n < windows.WINDOW_BYTES for n in corpus.lengths)),
   }

@@ -7,9 +7,14 @@ SOURCE strings (see `parse_source`):
   textdir:PATH       every file under a folder, one document per file (.gz decompressed).
   tfds:NAME[:FEATURE] a prepared TFDS dataset via tfds.data_source (feature default `text`).
   pystdlib           this Python's standard-library *.py files (no tests, no site-packages).
+  jsonl:PATH[:FIELD[:ID]], parquet:PATH[:COLUMN[:ID]], hf_disk:FOLDER[:COLUMN[:ID]]
+                     one record = one document (soma_jax.data.records).
+  warc:PATH          the HTML responses of WARC archives, main text extracted (data.web).
 
-Zero-length documents are yielded as-is; `prepare` skips and counts them, and likewise
-documents that are not text (`is_text`: binaries such as .so files in a textdir).
+`extract="html"` replaces every document by its main text (data.web.extract); "auto" does so
+for textdir's *.html / *.htm files. Zero-length documents are yielded as-is; `prepare` skips
+and counts them, and likewise documents that are not text (`is_text`: binaries such as .so
+files in a textdir) and Skipped entries.
 """
 
 from __future__ import annotations
@@ -18,13 +23,18 @@ import gzip
 import os
 import sysconfig
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from soma_jax.data import windows
 from soma_jax.errors import UserError
 
-KINDS = ("fineweb_edu", "wikitext103", "textdir", "tfds", "pystdlib")
+KINDS = ("fineweb_edu", "wikitext103", "textdir", "tfds", "pystdlib", "jsonl", "parquet", "hf_disk", "warc")
+RECORD_KINDS = ("jsonl", "parquet", "hf_disk")  # KIND:PATH[:FIELD[:ID]]
+FILE_KINDS = ("jsonl", "parquet", "warc")  # PATH may be one file
+EXTRACT = ("none", "html", "auto")
+ON_BAD_RECORD = ("fail", "skip")
 Document = tuple[str, bytes]
 TEXT_SAMPLE_BYTES = 1 << 16  # is_text looks at this many leading bytes
 MAX_INVALID_FRACTION = 0.3  # random bytes are about half invalid UTF-8; Latin-1 text a few %
@@ -44,24 +54,28 @@ class SourceSpec:
   """A parsed SOURCE string."""
 
   kind: str
-  path: str | None = None  # folder for file sources, dataset name for tfds
-  feature: str = "text"  # tfds feature holding the text
+  path: str | None = None  # folder (or file) for file sources, dataset name for tfds
+  feature: str = "text"  # tfds feature, or the field / column of a record source, holding the text
+  id_field: str | None = None  # a record source's field giving each document's id
 
   def __str__(self) -> str:
     if self.kind == "pystdlib":
       return "pystdlib"
     if self.kind == "tfds":
       return f"tfds:{self.path}:{self.feature}"
+    if self.kind in RECORD_KINDS:
+      return f"{self.kind}:{self.path}:{self.feature}" + (f":{self.id_field}" if self.id_field else "")
     return f"{self.kind}:{self.path}"
 
 
 def parse_source(source: str) -> SourceSpec:
-  """Parses `KIND[:PATH]`; raises UserError for an unknown kind or a missing path."""
+  """Parses `KIND[:PATH[:FIELD[:ID]]]`; raises UserError for an unknown kind or a missing path."""
   kind, _, rest = (source or "").partition(":")
   if kind not in KINDS:
     raise UserError(
-      f"unknown --source={source!r}; fix: use one of fineweb_edu:PATH, wikitext103:PATH, "
-      "textdir:PATH, tfds:NAME[:FEATURE], pystdlib"
+      f"unknown --source={source!r}; fix: use one of fineweb_edu:PATH, wikitext103:PATH, textdir:PATH, "
+      "tfds:NAME[:FEATURE], pystdlib, jsonl:PATH[:FIELD[:ID]], parquet:PATH[:COLUMN[:ID]], "
+      "hf_disk:FOLDER[:COLUMN[:ID]], warc:PATH"
     )
   if kind == "pystdlib":
     return SourceSpec("pystdlib")
@@ -70,12 +84,37 @@ def parse_source(source: str) -> SourceSpec:
   if kind == "tfds":
     name, _, feature = rest.partition(":")
     return SourceSpec("tfds", name, feature or "text")
-  path = os.path.abspath(os.path.expanduser(rest))
-  if not os.path.isdir(path):
+  path, fields = _split_path(rest) if kind in RECORD_KINDS else (rest, [])
+  path = os.path.abspath(os.path.expanduser(path))
+  if not (os.path.isdir(path) or (kind in FILE_KINDS and os.path.isfile(path))):
+    what = "file or folder" if kind in FILE_KINDS else "folder"
     raise UserError(
-      f"source folder {path!r} does not exist or is not a folder; fix: pass an existing folder to --source={kind}:PATH"
+      f"source {what} {path!r} does not exist{'' if kind in FILE_KINDS else ' or is not a folder'}; "
+      f"fix: pass an existing {what} to --source={kind}:PATH"
     )
-  return SourceSpec(kind, path)
+  if len(fields) > 2 or not all(fields):
+    raise UserError(f"--source={source!r}: after the path come at most a text field and an id field, "
+                    f"neither empty; fix: write --source={kind}:PATH[:FIELD[:ID]]")
+  return SourceSpec(kind, path, *fields) if fields else SourceSpec(kind, path)
+
+
+def _split_path(rest: str) -> tuple[str, list[str]]:
+  """PATH and the fields after it in `PATH[:FIELD[:ID]]`: the longest prefix that exists is the
+  path (so a path may hold a colon); if none exists, the part before the first colon."""
+  parts = rest.split(":")
+  for n in range(len(parts), 0, -1):
+    if os.path.exists(os.path.expanduser(":".join(parts[:n]))):
+      return ":".join(parts[:n]), parts[n:]
+  return parts[0], parts[1:]
+
+
+def check_options(extract: str, on_bad_record: str) -> None:
+  """UserError for an --extract or --on_bad_record value that is not one of the choices."""
+  if extract not in EXTRACT:
+    raise UserError(f"--extract={extract!r} is not one of {', '.join(EXTRACT)}; fix: pass --extract=html or auto")
+  if on_bad_record not in ON_BAD_RECORD:
+    raise UserError(f"--on_bad_record={on_bad_record!r} is not one of {', '.join(ON_BAD_RECORD)}; "
+                    "fix: pass --on_bad_record=skip or fail")
 
 
 @dataclass(frozen=True)
@@ -83,13 +122,14 @@ class Skipped:
   """Yielded in place of a document's bytes for what a file source could not use: `prepare`
   counts these by `reason` and names the first few in its summary line."""
 
-  reason: str  # "unreadable folder" or "over the size cap"
+  reason: str  # "unreadable folder", "over the size cap", "bad record", "empty after extraction", ...
 
 
+Entry = tuple[str, bytes | Skipped]
 MAX_DOCUMENT_BYTES = 256 << 20  # a file (after gunzip) larger than this is skipped, never read
 
 
-def _walk_files(root: str, exts: tuple[str, ...] | None = None,
+def walk_files(root: str, exts: tuple[str, ...] | None = None,
                 unreadable: list[str] | None = None) -> list[str]:
   """Sorted relative paths of regular files under root (hidden entries skipped).
 
@@ -117,57 +157,17 @@ def _walk_files(root: str, exts: tuple[str, ...] | None = None,
   return sorted(out)
 
 
-def _check_nonempty(files: list[str], root: str, what: str) -> None:
+def check_nonempty(files: list[str], root: str, what: str) -> None:
   if not files:
     raise UserError(f"no {what} found under {root!r}; fix: point the source at a folder that holds them")
 
 
-def iter_fineweb_edu(root: str) -> Iterator[Document]:
-  """FineWeb-Edu parquet files under root, read one row group at a time."""
-  import pyarrow as pa
-  import pyarrow.parquet as pq
+def iter_fineweb_edu(root: str) -> Iterator[Entry]:
+  """FineWeb-Edu parquet files under root (column `text`, ids from `id` where present)."""
+  from soma_jax.data import records
 
-  files = _walk_files(root, (".parquet",))
-  _check_nonempty(files, root, "*.parquet files")
-  for rel in files:
-    full = os.path.join(root, rel)
-    try:
-      pf = pq.ParquetFile(full)
-    except (pa.ArrowException, OSError) as e:
-      raise UserError(
-        f"parquet file {full!r} is unreadable or truncated ({e}); fix: re-download or remove it"
-      ) from None
-    names = pf.schema_arrow.names
-    if "text" not in names:
-      raise UserError(
-        f"parquet file {full!r} has no 'text' column (columns: {', '.join(names)}); "
-        "fix: use FineWeb-Edu parquet files with a 'text' column"
-      )
-    text_type = pf.schema_arrow.field("text").type
-    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)
-            or pa.types.is_binary(text_type) or pa.types.is_large_binary(text_type)):
-      raise UserError(
-        f"parquet file {full!r} has a 'text' column of {text_type}, not strings; "
-        "fix: use FineWeb-Edu parquet files whose 'text' column holds the documents"
-      )
-    cols = ["text", "id"] if "id" in names else ["text"]
-    row = 0
-    for g in range(pf.num_row_groups):
-      try:
-        table = pf.read_row_group(g, columns=cols)
-      except (pa.ArrowException, OSError) as e:
-        raise UserError(
-          f"parquet file {full!r} row group {g} is unreadable or truncated ({e}); fix: re-download or remove it"
-        ) from None
-      texts = table.column("text").to_pylist()
-      ids = table.column("id").to_pylist() if "id" in cols else [None] * len(texts)
-      for text, doc_id in zip(texts, ids, strict=True):
-        if text is None:
-          data = b""
-        else:
-          data = text if isinstance(text, bytes) else text.encode("utf-8", errors="surrogatepass")
-        yield (str(doc_id) if doc_id is not None else f"{rel}:{row}"), data
-        row += 1
+  return records.iter_parquet(root, "text", "id", id_if_present=True,
+                              fix="use FineWeb-Edu parquet files with a 'text' column of strings")
 
 
 def iter_wikitext103(root: str, split: str = "train") -> Iterator[Document]:
@@ -205,9 +205,9 @@ def iter_textdir(root: str) -> Iterator[tuple[str, bytes | Skipped]]:
   """Every file under root, one document per file, sorted by relative path; then a Skipped
   entry for each folder that could not be listed."""
   unreadable: list[str] = []
-  files = _walk_files(root, unreadable=unreadable)
+  files = walk_files(root, unreadable=unreadable)
   if not files and not unreadable:
-    _check_nonempty(files, root, "files")
+    check_nonempty(files, root, "files")
   for rel in files:
     yield rel, _read_text_file(os.path.join(root, rel))
   for rel in unreadable:
@@ -226,7 +226,14 @@ def iter_tfds(name: str, feature: str = "text", data_dir: str | None = None, spl
       "fix: prepare it with tfds.builder(NAME).download_and_prepare() and pass --tfds_data_dir"
     ) from None
   for i in range(len(src)):
-    record = src[i]
+    try:
+      record = src[i]
+    except Exception as e:  # noqa: BLE001 - a truncated or corrupt array_record file
+      raise UserError(
+        f"TFDS dataset {name!r} split {split!r}: record {i} cannot be read ({type(e).__name__}: "
+        f"{str(e).splitlines()[0][:200] if str(e) else ''}); fix: prepare the dataset again "
+        "(tfds.builder(NAME).download_and_prepare()) or restore its files"
+      ) from None
     if feature not in record:
       raise UserError(
         f"TFDS dataset {name!r} has no feature {feature!r} (features: {', '.join(sorted(record))}); "
@@ -235,7 +242,14 @@ def iter_tfds(name: str, feature: str = "text", data_dir: str | None = None, spl
     value = record[feature]
     if hasattr(value, "item") and getattr(value, "shape", None) == ():
       value = value.item()
-    data = value if isinstance(value, bytes) else str(value).encode("utf-8")
+    if not isinstance(value, bytes | str):
+      texts = [k for k, v in record.items() if isinstance(v, bytes | str)
+               or getattr(getattr(v, "dtype", None), "kind", "-") in ("S", "U", "O")]
+      raise UserError(
+        f"TFDS feature {feature!r} of {name!r} holds {type(value).__name__} values, not text; "
+        f"fix: --source=tfds:{name}:FEATURE with a text feature ({', '.join(sorted(texts)) or 'none found'})"
+      )
+    data = value if isinstance(value, bytes) else value.encode("utf-8")
     yield f"{name}/{split}/{i}", data
 
 
@@ -263,10 +277,38 @@ def iter_pystdlib() -> Iterator[Document]:
       yield rel, f.read()
 
 
-def iter_documents(spec: SourceSpec | str, *, tfds_data_dir: str | None = None) -> Iterator[Document]:
-  """The training-corpus documents of a source, lazily and in a fixed order."""
+def iter_documents(spec: SourceSpec | str, *, tfds_data_dir: str | None = None, extract: str = "none",
+                   on_bad_record: str = "fail", counts: Counter | None = None) -> Iterator[Entry]:
+  """The training-corpus documents of a source, lazily and in a fixed order, HTML extracted
+  as `extract` says (warc: always); `counts` gains "html_extracted", the pages extracted."""
   if isinstance(spec, str):
     spec = parse_source(spec)
+  check_options(extract, on_bad_record)
+  docs = _raw_documents(spec, tfds_data_dir, on_bad_record)
+  if spec.kind == "warc" or extract == "html":
+    which = lambda _: True
+  elif extract == "auto" and spec.kind == "textdir":
+    from soma_jax.data import web
+
+    which = lambda doc_id: doc_id.lower().endswith(web.HTML_SUFFIXES)
+  else:
+    return docs
+  from soma_jax.data import web
+
+  return web.extracted(docs, which, Counter() if counts is None else counts)
+
+
+def _raw_documents(spec: SourceSpec, tfds_data_dir: str | None, on_bad_record: str) -> Iterator[Entry]:
+  if spec.kind in ("jsonl", "parquet", "hf_disk", "warc"):
+    from soma_jax.data import records, web
+
+    if spec.kind == "jsonl":
+      return records.iter_jsonl(spec.path, spec.feature, spec.id_field, on_bad_record)
+    if spec.kind == "parquet":
+      return records.iter_parquet(spec.path, spec.feature, spec.id_field)
+    if spec.kind == "hf_disk":
+      return records.iter_hf_disk(spec.path, spec.feature, spec.id_field)
+    return web.iter_warc(spec.path, on_bad_record)
   if spec.kind == "fineweb_edu":
     return iter_fineweb_edu(spec.path)
   if spec.kind == "wikitext103":
