@@ -7,7 +7,7 @@ Measures, after warm-up, the median of --reps rounds, each round timing the step
 both ideals once (interleaved, so their ratios do not drift with the machine):
   * the jitted SOMA step (every expert x direction x sign, Adam, head update) at the
     config's pert_chunk ("auto" resolved as training resolves it), in the device layout
-    training uses (`train.layout`; like every entry point, this one starts JAX with one
+    training uses (`plan.layout`; like every entry point, this one starts JAX with one
     CPU host device per usable core, --cpu_devices to change it) -> `step_seconds`, and
     beside it the plain one-device step -> `one_device_step_seconds`,
     `speedup_vs_one_device`, and both layouts' losses after one update from the same state
@@ -61,8 +61,13 @@ def one_device_process(reps: int) -> dict:
   Within one process the one-device step shares XLA's CPU runtime with the other host
   devices; a process of its own is what a one-device run gets.
   """
-  keep = [a for a in sys.argv[1:] if not a.startswith(("--json", "--cpu_devices", "--reps",
-                                                       "--one_device_process", "--step_only"))]
+  dropped = ("--json", "--cpu_devices", "--reps", "--one_device_process", "--step_only")
+  keep, args = [], iter(sys.argv[1:])
+  for a in args:
+    if a in ("--json", "--cpu_devices", "--reps"):  # the space form: its value follows
+      next(args, None)
+    elif not a.startswith(dropped):
+      keep.append(a)
   proc = subprocess.run([sys.executable, "-m", "benchmarks.spsa_step", *keep, f"--reps={reps}",
                          "--cpu_devices=1", "--step_only", "--noone_device_process"],
                         capture_output=True, text=True, cwd=ROOT,

@@ -8,6 +8,7 @@ by the tests (a module defining absl flags could not be imported beside another)
 
 import dataclasses
 import functools
+import inspect
 import itertools
 import os
 import statistics
@@ -19,8 +20,9 @@ import ml_collections
 import numpy as np
 
 from soma_jax import config as config_lib
-from soma_jax import memory, methods, parallel, runs, sizing, spsa, train
+from soma_jax import memory, methods, parallel, runs, sizing, spsa, train_state
 from soma_jax import model as model_lib
+from soma_jax import plan as plan_lib
 from soma_jax.errors import UserError
 
 
@@ -61,8 +63,11 @@ def matmul_peak_gflops(n: int = 2048, reps: int = 5) -> float:
   return 2 * n**3 / timeit(lambda: f(a), reps) / 1e9
 
 
-# Not donating: the benchmarks time one state again and again.
-_STEP = jax.jit(spsa.train_step, static_argnames="cfg")
+@functools.cache
+def undonated(train_step):
+  """A method's jitted step (`Method.train_step`) jitted again without donating its state:
+  the benchmarks time one state again and again."""
+  return jax.jit(inspect.unwrap(train_step), static_argnames="cfg")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,14 +76,15 @@ class StepInputs:
   benchmark of the step compiles and runs it on."""
 
   c: ml_collections.ConfigDict
-  state: spsa.TrainState
+  state: train_state.TrainState
   batch: jax.Array
   ids: jax.Array
 
   def compile(self, cfg: spsa.StepConfig):
     """The step compiled at the config's matmul precision (no run)."""
     with memory.matmul_precision(self.c.precision):
-      return _STEP.lower(self.state, self.batch, self.ids, cfg=cfg).compile()
+      step = undonated(methods.get(self.c).train_step)
+      return step.lower(self.state, self.batch, self.ids, cfg=cfg).compile()
 
   def runner(self, compiled):
     return lambda: compiled(self.state, self.batch, self.ids)[0].body
@@ -99,7 +105,7 @@ def step_inputs(c: ml_collections.ConfigDict) -> StepInputs:
 
 @dataclasses.dataclass(frozen=True)
 class LayoutStep:
-  """The step on the mesh training would use for this config (`train.layout`), not donating,
+  """The step on the mesh training would use for this config (`plan.layout`), not donating,
   compiled, with its inputs laid out as training lays them out."""
 
   layout: parallel.Layout
@@ -110,13 +116,13 @@ class LayoutStep:
   def build(inputs: StepInputs) -> "LayoutStep | None":
     """None when training would run on one device (the plain step is the layout's)."""
     c = inputs.c
-    placed = train.layout(c, c.n_experts)
+    placed = plan_lib.layout(c, c.n_experts)
     if (placed.expert, placed.pert) == (1, 1):
       return None
     mesh = parallel.make_mesh(placed.expert, placed.pert, n_experts=c.n_experts)
     choice = methods.choose_chunk(c, c.n_experts, mesh)
-    step = parallel.make_train_step(methods.get(c).step_config(c, choice.chunk), mesh,
-                                    donate=False)
+    method = methods.get(c)
+    step = method.sharded_step(method.step_config(c, choice.chunk), mesh, donate=False)
     state = parallel.put_state(inputs.state, mesh)
     batch = parallel.global_batch(np.asarray(inputs.batch), mesh)
     ids = parallel.expert_ids(c.n_experts, mesh)
@@ -183,7 +189,7 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
   """The figures above; `ideals=False` times the step alone (paper_shapes.py's rows).
 
   `step_seconds` and the rates are the step in the device layout training uses
-  (`train.layout`: on a CPU one host device per core under the entry points); when that is
+  (`plan.layout`: on a CPU one host device per core under the entry points); when that is
   not one device, the plain one-device step is timed in the same rounds
   (`one_device_step_seconds`, `speedup_vs_one_device`) and the ideals' ratios
   (`efficiency`, ...) read the one-device step, a one-device program like them.
@@ -208,7 +214,7 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
     seconds = interleaved(fns, reps)
   one_s = seconds["one_device_step"]
   step_s, tokens = seconds.get("step", one_s), inputs.tokens
-  placed = sharded.layout if sharded else train.layout(c, c.n_experts)
+  placed = sharded.layout if sharded else plan_lib.layout(c, c.n_experts)
   out = describe(c, depth=c.model.depth,
                  pert_chunk=sharded.choice.chunk if sharded else choice.chunk,
                  pert_chunk_setting=str(c.spsa.pert_chunk), time_block=cfg.spsa.time_block,
@@ -278,8 +284,8 @@ def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> fl
                             shared_head=cfg.model.shared_head)
     return g, loss
 
-  tx = spsa.adam(cfg.weight_decay)
-  update = jax.jit(functools.partial(spsa.apply_updates, tx))
+  tx = train_state.adam(cfg.weight_decay)
+  update = jax.jit(functools.partial(train_state.apply_updates, tx))
 
   def run():
     g_sum = None

@@ -9,8 +9,7 @@ list of fields, unless named in --config.resume_overrides=opt.lr,... (recorded i
 workdir's config_history.jsonl). SIGTERM / Ctrl-C stop within one update with a checkpoint.
 """
 
-import jax
-from absl import flags, logging
+from absl import flags
 from ml_collections import config_flags
 
 from soma_jax import cli, train
@@ -33,9 +32,10 @@ def main(argv):
     from soma_jax import parallel
 
     parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
-               jax.devices())
-  summary = train.train(_CONFIG.value, _WORKDIR.value)
+  cli.log_devices()
+  workdir = cli.workdir_flag(_WORKDIR.value)
+  cli.absolute_paths(_CONFIG.value)  # config.json names the data wherever a tool runs later
+  summary = train.run(_CONFIG.value, workdir)
   if summary["status"] == "interrupted":
     raise SystemExit(128 + summary["signal"])
 

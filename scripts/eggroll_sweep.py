@@ -7,7 +7,7 @@
 Trains `experiments/configs/eggroll.py:n=1,size=cpu` (the paper's GRU, each antithetic
 pair on its own stream) once per (lr, sigma) for --steps updates from the same init, data
 and noise (seed 0), and scores each end state on the data dir's ensemble-validation
-windows (`train.ensemble_validation`, routed as every method is). The points are the
+windows (`evaluate.ensemble_validation`, routed as every method is). The points are the
 --lrs x --sigmas grid, then each --points LR:SIGMA not already in it. Without --data it
 prepares the built-in pystdlib corpus with 2 clusters under OUT/data, as compare.py:cpu
 does. Runs resume: rerunning the same command reuses finished grid points, and --reuse
@@ -24,7 +24,8 @@ import os
 import sys
 import time
 
-from soma_jax import cli, host_devices, runs
+from soma_jax import cli, host_devices, methods, runs
+from soma_jax import evaluate as eval_lib
 from soma_jax import metrics as metrics_lib
 from soma_jax import train as train_lib
 from soma_jax.config import load_config_file
@@ -90,7 +91,9 @@ def _point(args, data_dir: str, lr: float, sigma: float) -> dict:
     summary = train_lib.train_to_end(c, workdir, f"grid point lr={lr:g} sigma={sigma:g}")
     _, state, _, _ = runs.restore_state(workdir)
     point = {"lr": lr, "sigma": sigma,
-             "ensemble_val_loss": train_lib.ensemble_validation(c, state),
+             "ensemble_val_loss": eval_lib.ensemble_validation(
+                 c.data.dir, state.body, state.head, c.model.shared_head,
+                 methods.get(c).logits),
              "expert_val_loss": summary["val_loss"][0], "updates": summary["step"],
              "step_seconds": summary["device_seconds"] / max(summary["step"], 1),
              "wall_seconds": time.perf_counter() - t0, "loadavg": list(os.getloadavg())}

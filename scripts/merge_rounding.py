@@ -42,11 +42,11 @@ def tiny(data_dir: str, signs: str, experts: str = "") -> ml_collections.ConfigD
 
 def merged_vs_one_job(tmp: str, data_dir: str, signs: str) -> dict:
   one = os.path.join(tmp, f"one_{signs}")
-  train.train(tiny(data_dir, signs), one)
+  train.run(tiny(data_dir, signs), one)
   parts = []
   for s in SLICES:
     parts.append(os.path.join(tmp, f"{signs}_{s.replace(':', '-')}"))
-    train.train(tiny(data_dir, signs, s), parts[-1])
+    train.run(tiny(data_dir, signs, s), parts[-1])
   merged = os.path.join(tmp, f"merged_{signs}")
   merge.merge(parts, merged)
   a, b = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(runs.restore_params(w)[:2])])

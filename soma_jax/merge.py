@@ -15,15 +15,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from soma_jax import budget as budget_lib
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import config as config_lib
 from soma_jax import metrics as metrics_lib
 from soma_jax import runs
-from soma_jax import train as train_lib
 from soma_jax.errors import UserError
 
 # Cumulative counters of each job, summed over jobs: ops and device-seconds (SPEC 7).
-TOTALS = ("ops",) + train_lib.TIMERS
+TOTALS = ("ops",) + budget_lib.TIMERS
 
 
 def merge(workdirs: list[str], out: str) -> dict:
@@ -45,6 +45,7 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
   jobs.sort(key=lambda j: j[0])
   ref = jobs[0][3]
   _check_slices(jobs)
+  ckpt_lib.check_data(jobs[0][2], ref, files=(), required=False)  # its data, if here, unchanged
   covered = [e for a, b, _, _ in jobs for e in range(a, b)]
   if covered != list(range(ref.n_experts)):
     raise UserError(f"the jobs cover experts {covered}, not 0..{ref.n_experts - 1} once each; "
@@ -86,6 +87,8 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
   ckpt.save(step, state, data_state)
   ckpt.close()
   _merge_metrics([w for _, _, w, _ in jobs], out)
+  ckpt_lib.record_start(out, step, {}, [],  # the data hash the tools check the merged run by
+                        ckpt_lib.last_history(jobs[0][2]).get("data_manifest_sha256"))
   return {"out": out, "step": step, "experts": len(covered), "jobs": len(jobs)}
 
 

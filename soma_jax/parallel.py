@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -29,7 +30,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from soma_jax import model as model_lib
-from soma_jax import spsa
+from soma_jax import train_state
 from soma_jax.errors import UserError
 
 PyTree = Any
@@ -162,7 +163,7 @@ def _check_divisible(n: int, mesh: Mesh) -> None:
 
 
 def state_specs(state: PyTree) -> PyTree:
-  """PartitionSpecs for a (possibly abstract) `spsa.TrainState`, one per leaf."""
+  """PartitionSpecs for a (possibly abstract) `train_state.TrainState`, one per leaf."""
   # Per-expert leaves (bodies, their Adam moments and counts, per-expert heads, the
   # plateau schedule, skip counters) carry a leading N axis: split it on "expert", so each
   # device holds only its own experts, and replicate it over "pert" (every DDPP replica
@@ -197,19 +198,21 @@ def one_device() -> jax.sharding.Sharding:
   return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
 
-def abstract_state(cfg: spsa.StepConfig, n: int) -> PyTree:
+def abstract_state(cfg: Any, n: int) -> PyTree:
   """A TrainState of ShapeDtypeStructs for N experts (for shardings and restores)."""
   def init():
     body_N, head = model_lib.init_experts(jax.random.key(0), cfg.model, n)
-    return spsa.init_state(body_N, head, 1.0, 1.0, cfg)
+    return train_state.init_state(body_N, head, 1.0, 1.0, cfg.weight_decay, cfg.train_head)
   return jax.eval_shape(init)
 
 
 # ----------------------------------------------------------------------------- step
 
 
-def make_train_step(cfg: spsa.StepConfig, mesh: Mesh, donate: bool = True):
-  """The jitted, sharded `step(state, batch_NxAxBxT1, expert_ids_N) -> (state, metrics)`.
+def make_train_step(train_step: Callable, cfg: Any, mesh: Mesh, donate: bool = True):
+  """The jitted, sharded `step(state, batch_NxAxBxT1, expert_ids_N) -> (state, metrics)` of
+  a one-device `train_step(state, batch, ids, cfg, directions=, combine=)` (SOMA's
+  `spsa.train_step`; this module imports no estimator).
 
   FSO (pert = 1): each device runs `spsa.train_step` on its local experts; nothing is
   exchanged. DDPP (pert > 1): each pert device evaluates K/P directions of every
@@ -231,7 +234,7 @@ def make_train_step(cfg: spsa.StepConfig, mesh: Mesh, donate: bool = True):
   specs = state_specs(abstract)
   ids = jax.ShapeDtypeStruct((1,), jnp.int32)
   batch = jax.ShapeDtypeStruct((1, cfg.spsa.accum, 1, 2), jnp.uint8)
-  _, metrics = jax.eval_shape(lambda s, b, i: spsa.train_step(s, b, i, cfg), abstract, batch, ids)
+  _, metrics = jax.eval_shape(lambda s, b, i: train_step(s, b, i, cfg), abstract, batch, ids)
   metric_specs = jax.tree.map(lambda x: P("expert") if x.ndim else P(), metrics)
 
   def combine(g_N, loss_N):
@@ -241,9 +244,9 @@ def make_train_step(cfg: spsa.StepConfig, mesh: Mesh, donate: bool = True):
 
   def local_step(state, batch, expert_ids):
     if n_pert_dev == 1:
-      return spsa.train_step(state, batch, expert_ids, cfg)
+      return train_step(state, batch, expert_ids, cfg)
     start = jax.lax.axis_index("pert") * k
-    return spsa.train_step(state, batch, expert_ids, cfg, directions=(start, k),
+    return train_step(state, batch, expert_ids, cfg, directions=(start, k),
                            combine=combine)
 
   # check_vma=False: the model's and the estimator's scans start from fresh zeros, which

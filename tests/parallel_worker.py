@@ -45,7 +45,7 @@ def initial_state(cfg, n: int, lr: float = 1e-2, x64: bool = False):
   import jax
   import jax.numpy as jnp
 
-  from soma_jax import model, spsa
+  from soma_jax import model, spsa, train_state
 
   rng = np.random.default_rng(1)
   dtype = np.float64 if x64 else np.float32
@@ -58,7 +58,7 @@ def initial_state(cfg, n: int, lr: float = 1e-2, x64: bool = False):
   shapes = jax.eval_shape(lambda: model.init_experts(jax.random.key(0), cfg.model, n))
   body_N, head_N = jax.tree_util.tree_map_with_path(fill, shapes)
   def init(body_N, head_N):
-    state = spsa.init_state(body_N, head_N, lr, lr, cfg)
+    state = train_state.init_state(body_N, head_N, lr, lr, cfg.weight_decay, cfg.train_head)
     return jax.tree.map(lambda x: x.astype(dtype) if x.dtype == jnp.float32 else x, state)
 
   with jax.enable_x64(True) if x64 else contextlib.nullcontext():
@@ -81,11 +81,11 @@ def run_case(n: int, e: int, p: int, steps: int = STEPS, cfg=None, x64: bool = F
   import jax
   from jax.experimental import multihost_utils
 
-  from soma_jax import parallel
+  from soma_jax import parallel, spsa
 
   cfg = cfg or step_config()
   mesh = parallel.make_mesh(e, p, n_experts=n)
-  step = parallel.make_train_step(cfg, mesh)
+  step = parallel.make_train_step(spsa.train_step, cfg, mesh)
   state = parallel.put_state(initial_state(cfg, n, x64=x64), mesh)
   ids = parallel.expert_ids(n, mesh)
   mine = parallel.local_experts(n, mesh)
@@ -149,7 +149,7 @@ def bench(per_device: int, seconds: float, d_t: int, seq_len: int) -> dict:
   """FSO steps/s with `per_device` experts on each of this process's devices."""
   import jax
 
-  from soma_jax import model, parallel
+  from soma_jax import model, parallel, spsa
 
   d = jax.device_count()
   n = per_device * d
@@ -157,7 +157,7 @@ def bench(per_device: int, seconds: float, d_t: int, seq_len: int) -> dict:
       step_config(n_pert=8, pert_chunk=8),
       model=model.ModelConfig(d_t=d_t, d_e=32, shared_head=False))
   mesh = parallel.make_mesh(d, 1, n_experts=n)
-  step = parallel.make_train_step(cfg, mesh)
+  step = parallel.make_train_step(spsa.train_step, cfg, mesh)
   state = parallel.put_state(initial_state(cfg, n, lr=1e-3), mesh)
   ids = parallel.expert_ids(n, mesh)
   batch = parallel.global_batch(batches(n, 1, seq_len)[0], mesh)

@@ -18,19 +18,19 @@ def test_budget_in_updates_stops_at_exactly_that_count(data_prepared, tmp_path):
                   budget_checkpoints=3, log_every=50, eval_every=50, ckpt_every=100_000)
   c.ckpt.keep = 5
   w = str(tmp_path / "run")
-  summary = train_lib.train(c, w)
+  summary = train_lib.run(c, w)
   assert summary["status"] == "done"
   assert summary["step"] == 6 and summary["updates"] == 6
   assert summary["budget_unit"] == "updates" and summary["budget_before_last_update"] == 5
   assert protocol.checkpoints(w) == [2, 4, 6]
-  assert train_lib.train(c, w)["step"] == 6
+  assert train_lib.run(c, w)["step"] == 6
 
 
 def test_budget_in_cpu_seconds_counts_process_time(data_prepared, tmp_path):
   """budget_unit=cpu_seconds: stops after the update whose CPU time reaches the budget."""
   c = tiny_config(data_prepared, steps=100_000, budget=0.2, budget_unit="cpu_seconds",
                   budget_checkpoints=1, log_every=50, eval_every=50, ckpt_every=100_000)
-  summary = train_lib.train(c, str(tmp_path / "run"))
+  summary = train_lib.run(c, str(tmp_path / "run"))
   assert summary["status"] == "done" and 1 < summary["step"] < 100_000
   assert summary["budget_before_last_update"] < 0.2 <= summary["cpu_seconds"]
   # CPU time of the updates only: well below the run's charged wall time x cores plus apart
@@ -47,7 +47,7 @@ def test_continued_run_starts_from_the_seeds_last_state(data_prepared, tmp_path)
   plateau counters and step; lr and eps are this config's; numbering goes on from there."""
   seed_dir = str(tmp_path / "seed")
   seed_c = tiny_config(data_prepared, n_experts=1, steps=4, seed=11)
-  train_lib.train(seed_c, seed_dir)
+  train_lib.run(seed_c, seed_dir)
   _, seed, _, _ = runs.restore_state(seed_dir)
   c = tiny_config(data_prepared, n_experts=3, steps=4 + 3, seed=3, init_from=seed_dir,
                   init_state=True)
@@ -62,6 +62,6 @@ def test_continued_run_starts_from_the_seeds_last_state(data_prepared, tmp_path)
     assert float(start.sched.best[n]) == float(seed.sched.best[0])
   np.testing.assert_array_equal(np.asarray(start.sched.lr), np.float32(0.005))
   w = str(tmp_path / "continued")
-  summary = train_lib.train(c, w)
+  summary = train_lib.run(c, w)
   assert summary["step"] == 7 and summary["updates"] == 3
   assert protocol.checkpoints(w)[0] > 4  # no checkpoint at or before the seed's step

@@ -13,21 +13,22 @@ from flax import struct
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import model as M
 from soma_jax import spsa as S
+from soma_jax import train_state as TS
 from soma_jax.errors import UserError
 
 CFG = S.StepConfig(model=M.ModelConfig(d_t=4, d_e=4, depth=1, shared_head=False),
                    spsa=S.SpsaConfig(n_pert=2, pert_chunk=2), train_head=True)
 
 
-def _trained_state() -> S.TrainState:
+def _trained_state() -> TS.TrainState:
   """A state where every field differs from its initial value: two updates, a plateau step."""
   body_N, head_N = M.init_experts(jax.random.key(0), CFG.model, 2)
-  state = S.init_state(body_N, head_N, 1e-2, 1e-3, CFG)
+  state = TS.init_state(body_N, head_N, 1e-2, 1e-3, CFG.weight_decay, CFG.train_head)
   batch = jax.random.randint(jax.random.key(1), (2, 1, 2, 9), 0, 256).astype(jnp.uint8)
   step = jax.jit(lambda s, b: S.train_step(s, b, jnp.arange(2), CFG)[0])
   for _ in range(2):
     state = step(state, batch)
-  sched = S.plateau_update(state.sched, jnp.array([2.5, 3.0]), 2, S.PlateauConfig(patience=1))
+  sched = TS.plateau_update(state.sched, jnp.array([2.5, 3.0]), 2, TS.PlateauConfig(patience=1))
   return state.replace(sched=sched, skipped=jnp.array([0, 3], jnp.int32))
 
 

@@ -78,7 +78,7 @@ def test_summed_step_matches_shared_loss_estimate():
   Adam's first step is lr * sign(g) whatever g's scale, so the check reads Adam's first
   moment (0.1 g); a group mean instead of the sum (g / 3) is rejected by the same check.
   """
-  from soma_jax import spsa
+  from soma_jax import spsa, train_state
   from tests.test_spsa import _flat, _hand_estimate, _perturbed_losses
 
   cfg = spsa.StepConfig(model=model_lib.ModelConfig(d_t=8, d_e=8, shared_head=True),
@@ -88,7 +88,7 @@ def test_summed_step_matches_shared_loss_estimate():
     body_N, head = jax.tree.map(lambda x: x.astype(np.float64), (body_N, head))
     batch = jax.random.randint(jax.random.key(1), (3, 1, 2, 9), 0, 256).astype(np.uint8)
     ids = np.arange(3, dtype=np.int32)
-    state = spsa.init_state(body_N, head, 1e-3, 1e-3, cfg)
+    state = train_state.init_state(body_N, head, 1e-3, 1e-3, cfg.weight_decay, cfg.train_head)
     state = state.replace(sched=jax.tree.map(  # float64 lr and eps, like the parameters
         lambda x: x.astype(np.float64) if x.dtype == np.float32 else x, state.sched))
     new, _ = jax.jit(independent.summed_train_step, static_argnames="cfg")(

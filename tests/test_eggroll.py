@@ -12,7 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from soma_jax import eggroll, gru, methods, model, runs, sizing
+from soma_jax import eggroll, gru, methods, model, runs, sizing, train_state
+from soma_jax import plan as plan_lib
 from soma_jax.layers import LowRank
 from soma_jax.methods import lstm
 from tests.test_compare import gru_flops_per_token, load_config
@@ -217,22 +218,26 @@ def _gru_method_config(data_dir, **over):
   return c
 
 
+def make_step(c):
+  """(the method's step at its step config, its operations per update per expert)."""
+  method = methods.get(c)
+  return functools.partial(method.train_step, cfg=method.step_config(c)), method.ops_per_update(c)
+
+
 def test_method_eggroll_is_the_papers_gru(data_prepared):
-  from soma_jax import train
 
   c = _gru_method_config(data_prepared)
   body_N, _ = runs.initial_params(c)
   assert c.method == "eggroll" and c.model.depth == 6
   assert len(body_N["layers"]) == 6 and "head" in body_N and "embed" in body_N  # untied head
   assert body_N["head"].shape == (1, c.model.d_t, 256)
-  _, ops = train.make_step(c)  # each member forwards its pair's segment
+  _, ops = make_step(c)  # each member forwards its pair's segment
   assert ops == c.eggroll.pop * c.eggroll.segment * gru_flops_per_token(c.model.d_t, 6)
 
 
 def test_gru_eggroll_loss_falls_by_the_es_update(data_prepared):
   """On fixed segments (the streams' first, which start from a reset) the loss falls under
   the ES update, and not at lr = 0."""
-  from soma_jax import train
   from soma_jax.data import pipeline
 
   c = _gru_method_config(data_prepared, steps=25)
@@ -242,7 +247,7 @@ def test_gru_eggroll_loss_falls_by_the_es_update(data_prepared):
                                       pooled=True))
   assert segs["reset"][0, 0]
   segs = jax.tree.map(jnp.asarray, segs)
-  step_fn, _ = train.make_step(c)
+  step_fn, _ = make_step(c)
   ids = jnp.zeros((1,), jnp.int32)
   h0 = jnp.zeros(gru.state_shape(methods.eggroll.gru_config(c)))
   each = jax.vmap(gru.segment_loss, in_axes=(None, 0, 0, None, None))
@@ -266,15 +271,15 @@ def test_gru_eggroll_loss_falls_by_the_es_update(data_prepared):
 
 def test_gru_eggroll_trains_checkpoints_and_evaluates(data_prepared, tmp_path):
   """method=eggroll runs the whole loop: train, checkpoint, restore, expert validation."""
-  from soma_jax import spsa, train
+  from soma_jax import train
 
   c = _gru_method_config(data_prepared)
-  summary = train.train(c, str(tmp_path / "run"))
+  summary = train.run(c, str(tmp_path / "run"))
   assert summary["status"] == "done" and np.isfinite(summary["val_loss"]).all()
   body_N, head, restored = runs.restore_params(str(tmp_path / "run"))
   assert restored.method == "eggroll" and len(body_N["layers"]) == 6
-  windows = jnp.asarray(train._expert_val_windows(c, range(1)))
-  val = spsa.expert_losses(body_N, head, windows, shared_head=True,
+  windows = jnp.asarray(plan_lib.resolve(c).val_windows)
+  val = train_state.expert_losses(body_N, head, windows, shared_head=True,
                            loss_fn=methods.get(restored).val_loss)
   np.testing.assert_allclose(np.asarray(val), summary["val_loss"], rtol=1e-5)
 
@@ -287,7 +292,7 @@ def test_eggroll_lstm_extra_runs_es_on_the_soma_expert(data_prepared):
   the population's mean loss; a step that ascends would move every weight the other way.
   The own head takes Adam's first step along the delta rule (spsa.head_grad).
   """
-  from soma_jax import spsa, train
+  from soma_jax import spsa
   from soma_jax.data import pipeline
 
   c = load_config("eggroll", "n=1,size=tiny,model=lstm")
@@ -295,7 +300,7 @@ def test_eggroll_lstm_extra_runs_es_on_the_soma_expert(data_prepared):
   assert c.method == "eggroll_lstm"
   state = runs.initial_state(c)
   assert "blocks" in state.body
-  step_fn, ops = train.make_step(c)
+  step_fn, ops = make_step(c)
   tokens = c.data.seq_len * c.spsa.batch * c.spsa.accum
   assert ops == c.eggroll.pop * tokens * sizing.flops_per_token(lstm.model_config(c))
   batch = next(pipeline.train_iterator(data_prepared, [0], batch=c.spsa.batch, accum=1,
@@ -377,12 +382,11 @@ def test_gru_state_carries_across_segments_and_resets():
 def test_cpu_update_stands_to_soma_as_in_the_paper():
   """Perturbed token-forwards per update: EGGROLL at size=cpu against SOMA N = 2 per expert,
   within 20% of the paper's 2^20 x 100 : 2 x 64 x 64 x 1,024 (about 12x)."""
-  from soma_jax import train
 
   assert abs(2**20 * 100 / (2 * 64 * 64 * 1024) / 12 - 1) < 0.05
   egg, soma = load_config("eggroll", "n=1,size=cpu"), load_config("soma", "n=2,size=cpu")
-  egg_tokens = train.make_step(egg)[1] // sizing.gru_flops_per_token(methods.eggroll.gru_config(egg))
-  soma_tokens = train.make_step(soma)[1] // sizing.flops_per_token(lstm.model_config(soma))
+  egg_tokens = make_step(egg)[1] // sizing.gru_flops_per_token(methods.eggroll.gru_config(egg))
+  soma_tokens = make_step(soma)[1] // sizing.flops_per_token(lstm.model_config(soma))
   assert egg_tokens == egg.eggroll.pop * egg.eggroll.segment and egg.eggroll.segment == 100
   assert soma_tokens == 2 * soma.spsa.n_pert * soma.spsa.batch * soma.data.seq_len
   assert abs(egg_tokens / soma_tokens / 12 - 1) < 0.2, egg_tokens / soma_tokens
@@ -412,13 +416,13 @@ def test_gru_eggroll_resume_is_exact_with_carried_states(data_prepared, tmp_path
 
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
   c = _gru_method_config(data_prepared, steps=6, log_every=1, eval_every=3, ckpt_every=3)
-  train.train(c, straight)
-  train.train(_gru_method_config(data_prepared, steps=3, log_every=1, eval_every=3,
+  train.run(c, straight)
+  train.run(_gru_method_config(data_prepared, steps=3, log_every=1, eval_every=3,
                                  ckpt_every=3), resumed)
   _, mid, data_state, _ = runs.restore_state(resumed)
   assert data_state["iterator"]["position"] == 3 * c.eggroll.segment
   assert float(jnp.max(jnp.abs(mid.carry))) > 0, "the members' states must be carried"
-  train.train(c, resumed)
+  train.run(c, resumed)
   _, a, _, _ = runs.restore_state(straight)
   _, b, _, _ = runs.restore_state(resumed)
   assert a.carry.shape == (1, c.eggroll.pop, 6, c.model.d_t)

@@ -100,7 +100,7 @@ def test_cli_refuses_a_gru_run_in_one_line(data_prepared, tmp_path):
 
   c = load_config_file(os.path.join(ROOT, "experiments", "configs", "eggroll.py"), "n=1,size=tiny")
   c.data.dir, c.steps = data_prepared, 1
-  train.train(c, str(tmp_path / "gru"))
+  train.run(c, str(tmp_path / "gru"))
   r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "generate.py"),
                       f"--workdir={tmp_path / 'gru'}", "--prompt=x"],
                      capture_output=True, text=True, cwd=ROOT, timeout=300)

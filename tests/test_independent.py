@@ -125,7 +125,7 @@ def test_refuses_a_workdir_with_fewer_than_four_experts(tmp_path, data_prepared)
   c.data.dir = data_prepared
   c.steps = 1
   workdir = str(tmp_path / "n3")
-  train_lib.train(c, workdir)
+  train_lib.run(c, workdir)
   config = ivs_tiny_config(data_prepared)
   config.init_from = workdir
   with pytest.raises(UserError, match="has 3 experts"):

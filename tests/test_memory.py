@@ -11,6 +11,7 @@ from soma_jax import config as config_lib
 from soma_jax import memory, methods, sizing
 from soma_jax import model as M
 from soma_jax import spsa as S
+from soma_jax import train_state as TS
 from soma_jax.errors import UserError
 from soma_jax.methods import lstm
 
@@ -55,7 +56,7 @@ def test_expert_losses_equal_per_expert_loss():
   cfg = M.ModelConfig(d_t=16, shared_head=False)
   body_N, head_N = M.init_experts(jax.random.key(0), cfg, 3)
   w = jnp.stack([_window(2, 80, seed=i) for i in range(3)])
-  got = S.expert_losses(body_N, head_N, w, shared_head=False)
+  got = TS.expert_losses(body_N, head_N, w, shared_head=False)
   want = [M.loss(jax.tree.map(lambda x, e=e: x[e], body_N), head_N[e], w[e]) for e in range(3)]
   np.testing.assert_allclose(got, want, rtol=2e-6)
 
@@ -69,7 +70,7 @@ def _plan(n, d_t, b, t, n_pert, chunk, time_block, signs_together=True) -> int:
 
   def init():
     body_N, head = M.init_experts(jax.random.key(0), mc, n)
-    return S.init_state(body_N, head, 1e-3, 1e-3, cfg)
+    return TS.init_state(body_N, head, 1e-3, 1e-3, cfg.weight_decay, cfg.train_head)
 
   state = jax.eval_shape(init)
   batch = jax.ShapeDtypeStruct((n, 1, b, t + 1), jnp.uint8)
@@ -197,8 +198,8 @@ def _lowered_step(forward: str, name: str, platform: str):
   mc = M.ModelConfig(d_t=8, d_e=4, depth=1, shared_head=False)
   cfg = S.StepConfig(model=mc, spsa=S.SpsaConfig(n_pert=4, pert_chunk=2, time_block=8,
                                                  forward=forward), train_head=True)
-  state = jax.eval_shape(lambda: S.init_state(*M.init_experts(jax.random.key(0), mc, 2),
-                                              1e-3, 1e-3, cfg))
+  state = jax.eval_shape(lambda: TS.init_state(*M.init_experts(jax.random.key(0), mc, 2),
+                                              1e-3, 1e-3, cfg.weight_decay, cfg.train_head))
   args = (state, jax.ShapeDtypeStruct((2, 1, 2, 21), jnp.uint8),
           jax.ShapeDtypeStruct((2,), jnp.int32))
   with memory.matmul_precision(name, platform):
@@ -239,7 +240,7 @@ def test_dot_algorithm_per_backend_and_evaluation_in_float32():
   body_N, head_N = jax.eval_shape(lambda: M.init_experts(jax.random.key(0), mc, 2))
   windows = jax.ShapeDtypeStruct((2, 2, 17), jnp.uint8)
   with memory.matmul_precision("default", "gpu"), memory.full_precision("gpu"):
-    traced = jax.jit(S.expert_losses, static_argnames="shared_head").trace(
+    traced = jax.jit(TS.expert_losses, static_argnames="shared_head").trace(
         body_N, head_N, windows, shared_head=False)
   algs = _dot_algorithms(traced.lower(lowering_platforms=("cuda",)))
   assert algs and set(algs) == {_alg("f32")}

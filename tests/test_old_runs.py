@@ -57,7 +57,7 @@ def test_an_old_gru_run_is_refused_in_one_line(data_prepared, tmp_path):
   c = ckpt_lib.read_config(workdir)
   c.steps, c.resume_overrides = 6, "data.dir"
   with pytest.raises(UserError, match="earlier 3-gate GRU"):
-    train.train(c, workdir)
+    train.run(c, workdir)
 
 
 @pytest.mark.parametrize("name", ["soma_n3"])
@@ -79,7 +79,7 @@ def test_an_old_run_resumes_to_where_the_old_code_went(name, data_prepared, tmp_
   c = ckpt_lib.read_config(workdir)
   c.steps = 6
   c.resume_overrides = "data.dir"  # the same data, prepared again in another folder
-  summary = train.train(c, workdir)
+  summary = train.run(c, workdir)
   assert summary["status"] == "done" and summary["step"] == 6
   np.testing.assert_allclose(summary["val_loss"], _expected()["runs"][name]["val_loss_at_6"],
                              rtol=1e-6)

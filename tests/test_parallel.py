@@ -177,7 +177,7 @@ def test_state_specs_split_experts_and_replicate_the_rest():
 def test_bad_layouts_raise_user_errors():
   cfg = W.step_config()  # n_pert 8, pert_chunk 4
   with pytest.raises(UserError, match="n_pert=8 must split evenly over mesh.pert=3"):
-    parallel.make_train_step(cfg, AbstractMesh((1, 3), parallel.AXES))
+    parallel.make_train_step(spsa.train_step, cfg, AbstractMesh((1, 3), parallel.AXES))
   with pytest.raises(UserError, match=r"N=3 experts .* mesh.expert=2"):
     parallel.state_sharding(parallel.abstract_state(cfg, 3), AbstractMesh((2, 1), parallel.AXES))
 

@@ -17,9 +17,9 @@ from tests.test_train import tiny_config
 def test_report_for_seed_and_warm_started_soma(data_prepared, tmp_path):
   seed_cfg = tiny_config(data_prepared, steps=2, n_experts=1)
   seed = str(tmp_path / "seed")
-  train.train(seed_cfg, seed)
+  train.run(seed_cfg, seed)
   soma = str(tmp_path / "soma")
-  train.train(tiny_config(data_prepared, steps=2, init_from=seed), soma)
+  train.run(tiny_config(data_prepared, steps=2, init_from=seed), soma)
   out = str(tmp_path / "report")
   payload = report.write_report(out, {"seed": seed, "soma": soma}, data_prepared)
   for name in ("report.md", "report.json", "loss_curves.png"):
@@ -60,7 +60,7 @@ def _hand_routed_loss(workdir, data_dir):
 
 def test_warm_start_copies_seed_into_every_expert(data_prepared, tmp_path):
   seed = str(tmp_path / "seed")
-  train.train(tiny_config(data_prepared, steps=2, n_experts=1), seed)
+  train.run(tiny_config(data_prepared, steps=2, n_experts=1), seed)
   body_1, head_1, _ = runs.restore_params(seed)
   c = tiny_config(data_prepared, steps=2, init_from=seed)
   body_N, head_N = runs.initial_params(c)

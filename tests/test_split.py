@@ -14,6 +14,7 @@ from soma_jax import layers as L
 from soma_jax import memory
 from soma_jax import model as M
 from soma_jax import spsa as S
+from soma_jax import train_state as TS
 
 U32, U16 = 2.0 ** -24, 2.0 ** -8  # unit roundoff of float32 and bfloat16
 
@@ -130,7 +131,7 @@ def _train(forward: str, steps: int = 12):
   cfg = S.StepConfig(model=mc, spsa=S.SpsaConfig(n_pert=8, pert_chunk=4, time_block=16,
                                                  forward=forward), train_head=True)
   body_N, head_N = M.init_experts(jax.random.key(0), mc, 2)
-  state = S.init_state(body_N, head_N, 1e-2, 1e-3, cfg)
+  state = TS.init_state(body_N, head_N, 1e-2, 1e-3, cfg.weight_decay, cfg.train_head)
   data = np.frombuffer(TEXT, np.uint8)
   rng = np.random.default_rng(0)
   step = jax.jit(S.train_step, static_argnames="cfg")
@@ -140,7 +141,7 @@ def _train(forward: str, steps: int = 12):
       batch = jnp.asarray(data[starts[..., None] + np.arange(33)])
       state, _ = step(state, batch, jnp.arange(2), cfg=cfg)
   held_out = jnp.asarray(np.stack([data[i:i + 33] for i in range(0, 8 * 40, 40)]).reshape(2, 4, 33))
-  return np.asarray(S.expert_losses(state.body, state.head, held_out, shared_head=False))
+  return np.asarray(TS.expert_losses(state.body, state.head, held_out, shared_head=False))
 
 
 def test_twelve_updates_split_end_within_0_2_percent_of_direct():
@@ -161,8 +162,8 @@ def test_split_weights_are_read_once_per_expert():
   def rhs_shapes(forward):
     cfg = S.StepConfig(model=mc, spsa=S.SpsaConfig(n_pert=3, pert_chunk=3, time_block=8,
                                                    forward=forward), train_head=True)
-    state = jax.eval_shape(lambda: S.init_state(*M.init_experts(jax.random.key(0), mc, 2),
-                                                1e-3, 1e-3, cfg))
+    state = jax.eval_shape(lambda: TS.init_state(*M.init_experts(jax.random.key(0), mc, 2),
+                                                1e-3, 1e-3, cfg.weight_decay, cfg.train_head))
     batch = jax.ShapeDtypeStruct((2, 1, 5, 17), jnp.uint8)
     text = jax.jit(S.train_step, static_argnames="cfg").lower(
         state, batch, jax.ShapeDtypeStruct((2,), jnp.int32), cfg=cfg).as_text()

@@ -10,6 +10,7 @@ from jax import enable_x64
 
 from soma_jax import model as M
 from soma_jax import spsa as S
+from soma_jax import train_state as TS
 
 TINY = M.ModelConfig(d_t=4, d_e=4, depth=2)
 
@@ -108,12 +109,12 @@ def test_adam_matches_hand_written_adam():
     theta_N = {"w": rng.normal(size=(3, 5))}
     grads = [rng.normal(size=(3, 5)) * 10.0 ** rng.integers(-2, 2, (3, 1)) for _ in range(steps)]
     lrs = [np.array([1e-2, 3e-3, 1e-1]) * (0.5 ** t) for t in range(steps)]
-    tx = S.adam(wd)
+    tx = TS.adam(wd)
     params = jax.tree.map(jnp.asarray, theta_N)
     opt = jax.vmap(tx.init)(params)
     ok = jnp.array([True, True, False])
     for g, lr in zip(grads, lrs, strict=True):
-      params, opt = S.apply_updates(tx, params, opt, {"w": jnp.asarray(g)}, jnp.asarray(lr), ok)
+      params, opt = TS.apply_updates(tx, params, opt, {"w": jnp.asarray(g)}, jnp.asarray(lr), ok)
     got = np.asarray(params["w"])
   for e in range(2):
     want = _hand_adam(theta_N["w"][e], [g[e] for g in grads], [lr[e] for lr in lrs], wd)
@@ -143,7 +144,7 @@ def test_train_step_is_adam_on_the_estimate_and_the_delta_rule():
   with enable_x64():
     body_N, head_N = M.init_experts(jax.random.key(0), cfg.model, n)
     body_N, head_N = jax.tree.map(lambda x: x.astype(jnp.float64), (body_N, head_N))
-    state = S.init_state(body_N, head_N, 1e-3, 1e-3, cfg)
+    state = TS.init_state(body_N, head_N, 1e-3, 1e-3, cfg.weight_decay, cfg.train_head)
     lr_N, eps_N = jnp.array([2e-3, 5e-3]), jnp.array([1e-3, 2e-3])
     state = state.replace(sched=state.sched.replace(lr=lr_N, eps=eps_N))
     batches = jax.random.randint(jax.random.key(1), (2, n, 1, 2, 9), 0, 256).astype(jnp.uint8)
@@ -283,7 +284,7 @@ def _step_cfg(**kw):
 def _state(n=3):
   cfg = dataclasses.replace(TINY, shared_head=False)
   body_N, head_N = M.init_experts(jax.random.key(0), cfg, n)
-  return S.init_state(body_N, head_N, 1e-3, 1e-3, _step_cfg())
+  return TS.init_state(body_N, head_N, 1e-3, 1e-3, train_head=True)
 
 
 def test_experts_are_isolated():
@@ -437,17 +438,17 @@ def test_head_grad_is_the_gradient_with_features_fixed_averaged_over_batches():
 
 
 def test_plateau_halves_lr_and_eps_together():
-  cfg = S.PlateauConfig(patience=10, floor=1e-5)
-  p = S.plateau_init(jnp.array([1e-3, 1e-3]), jnp.array([1e-3, 1e-3]))
-  p = S.plateau_update(p, jnp.array([2.0, 2.0]), 0, cfg)
-  p = S.plateau_update(p, jnp.array([1.9, 2.0]), 5, cfg)  # expert 0 improves
-  p = S.plateau_update(p, jnp.array([1.9, 2.0]), 10, cfg)  # expert 1: 10 updates stale
+  cfg = TS.PlateauConfig(patience=10, floor=1e-5)
+  p = TS.plateau_init(jnp.array([1e-3, 1e-3]), jnp.array([1e-3, 1e-3]))
+  p = TS.plateau_update(p, jnp.array([2.0, 2.0]), 0, cfg)
+  p = TS.plateau_update(p, jnp.array([1.9, 2.0]), 5, cfg)  # expert 0 improves
+  p = TS.plateau_update(p, jnp.array([1.9, 2.0]), 10, cfg)  # expert 1: 10 updates stale
   np.testing.assert_allclose(p.lr, [1e-3, 5e-4])
   np.testing.assert_allclose(p.eps, [1e-3, 5e-4])
-  p = S.plateau_update(p, jnp.array([1.9, 2.0]), 15, cfg)  # expert 0 stale for 10
+  p = TS.plateau_update(p, jnp.array([1.9, 2.0]), 15, cfg)  # expert 0 stale for 10
   np.testing.assert_allclose(p.lr, [5e-4, 5e-4])
   for s in range(20, 400, 10):
-    p = S.plateau_update(p, jnp.array([1.9, 2.0]), s, cfg)
+    p = TS.plateau_update(p, jnp.array([1.9, 2.0]), s, cfg)
   np.testing.assert_allclose(p.lr, [1e-5, 1e-5])  # floor
 
 
@@ -460,13 +461,13 @@ def _fit_periodic_bytes(probe, updates=40):
   cfg = S.StepConfig(model=dataclasses.replace(TINY, d_t=8, d_e=8, shared_head=True),
                      spsa=S.SpsaConfig(n_pert=8, pert_chunk=8, probe=probe), train_head=False)
   body_N, head = M.init_experts(jax.random.key(0), cfg.model, 1)
-  state = S.init_state(body_N, head, 1e-2, 1e-2, cfg)
+  state = TS.init_state(body_N, head, 1e-2, 1e-2, cfg.weight_decay, cfg.train_head)
   text = np.frombuffer(b"abcabcabd" * 8, np.uint8)[:33]
   batch = jnp.asarray(np.broadcast_to(text, (1, 1, 2, 33)))
   # A fresh function: jit caches traces per function, and the control test below swaps
   # `spsa.estimate` for a broken one.
   step = jax.jit(lambda state, batch: S.train_step(state, batch, jnp.arange(1), cfg))
-  loss = lambda st: float(S.expert_losses(st.body, st.head, batch[:, 0])[0])
+  loss = lambda st: float(TS.expert_losses(st.body, st.head, batch[:, 0])[0])
   before = loss(state)
   for _ in range(updates):
     state, _ = step(state, batch)

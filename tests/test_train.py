@@ -52,7 +52,7 @@ def assert_same_params(w1, w2, same_program: bool = True):
 
 def assert_resumes_like(straight, w, data_dir):
   """Training w on to step 8 ends done, with straight's parameters and metrics exactly."""
-  summary = train.train(tiny_config(data_dir), w)
+  summary = train.run(tiny_config(data_dir), w)
   assert summary["status"] == "done" and summary["step"] == 8
   assert_same_params(straight, w)
   assert metrics_without_timing(straight) == metrics_without_timing(w)
@@ -77,7 +77,7 @@ KILLER = textwrap.dedent("""
     c = soma.get_config("n=3,size=tiny")
     c.data.dir = {data!r}
     c.update(steps=8, log_every=1, eval_every=2, ckpt_every=2)
-    train.train(c, {workdir!r})
+    train.run(c, {workdir!r})
 """)
 
 
@@ -91,7 +91,7 @@ def _child_train(workdir: str, data: str, kill_at: int = -1, default_layout: boo
 
 def test_resume_after_kill9_is_bit_identical(data_prepared, tmp_path):
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  train.train(tiny_config(data_prepared), straight)
+  train.run(tiny_config(data_prepared), straight)
   proc = _child_train(resumed, data_prepared, kill_at=5)
   assert proc.returncode == -9, proc.stderr[-2000:]
   assert max(r["step"] for r in metrics_without_timing(resumed)) < 8
@@ -125,7 +125,7 @@ def test_three_updates_equal_to_rounding_across_layouts(data_prepared, tmp_path,
   weights to float32 rounding (XLA compiles each layout's program on its own)."""
   one, laid = str(tmp_path / "one"), str(tmp_path / "laid")
   c = tiny_config(data_prepared, steps=3)
-  train.train(c, one)
+  train.run(c, one)
   cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
          "--config=" + os.path.join(ROOT, "experiments", "configs", "soma.py") + ":n=3,size=tiny",
          f"--config.data.dir={data_prepared}", f"--workdir={laid}", "--config.steps=3",
@@ -143,13 +143,13 @@ def test_three_updates_equal_to_rounding_across_layouts(data_prepared, tmp_path,
 
 def test_expert_slices_merged_equal_one_job(data_prepared, tmp_path):
   full = str(tmp_path / "full")
-  train.train(tiny_config(data_prepared, steps=4), full)
+  train.run(tiny_config(data_prepared, steps=4), full)
   parts = []
   for rng in ("0:1", "1:3"):
     w = str(tmp_path / rng.replace(":", "-"))
     c = tiny_config(data_prepared, steps=4, experts=rng)
     c.log_every = 1 if rng == "1:3" else c.log_every  # free to differ, as on resume
-    train.train(c, w)
+    train.run(c, w)
     parts.append(w)
   merged = str(tmp_path / "merged")
   merge.merge(parts, merged)
@@ -159,7 +159,7 @@ def test_expert_slices_merged_equal_one_job(data_prepared, tmp_path):
   other = str(tmp_path / "other-lr")
   c = tiny_config(data_prepared, steps=4, experts="1:3")
   c.opt.lr = 2 * c.opt.lr  # another experiment: refused
-  train.train(c, other)
+  train.run(c, other)
   with pytest.raises(UserError, match=r"different config \(opt\.lr\)"):
     merge.merge([parts[0], other], str(tmp_path / "bad-lr"))
   again = str(tmp_path / "re-prepared")  # job 1:3 as if trained after the data dir changed
@@ -186,10 +186,10 @@ def test_gru_eggroll_slices_merge_with_their_carried_states(data_prepared, tmp_p
     return c
 
   full, merged = str(tmp_path / "full"), str(tmp_path / "merged")
-  train.train(config(), full)
+  train.run(config(), full)
   parts = [str(tmp_path / rng.replace(":", "-")) for rng in ("0:1", "1:3")]
   for rng, w in zip(("0:1", "1:3"), parts, strict=True):
-    train.train(config(experts=rng), w)
+    train.run(config(experts=rng), w)
   merge.merge(parts, merged)
   _, a, data_a, _ = runs.restore_state(full)
   _, b, data_b, _ = runs.restore_state(merged)
@@ -202,14 +202,14 @@ def test_gru_eggroll_slices_merge_with_their_carried_states(data_prepared, tmp_p
 
 def test_incompatible_workdir_and_data_refused(data_prepared, tmp_path):
   w = str(tmp_path / "run")
-  train.train(tiny_config(data_prepared, steps=2), w)
+  train.run(tiny_config(data_prepared, steps=2), w)
   c = tiny_config(data_prepared, steps=2)
   c.model.d_t = 16
   with pytest.raises(UserError, match="holds another run"):
-    train.train(c, w)
+    train.run(c, w)
   c = tiny_config(data_prepared, steps=2, n_experts=2)
   with pytest.raises(UserError, match="expert shards"):
-    train.train(c, str(tmp_path / "other"))
+    train.run(c, str(tmp_path / "other"))
 
 
 @pytest.mark.parametrize("flag,message", [
@@ -234,7 +234,7 @@ def test_nonwritable_workdir(data_prepared, tmp_path):
   ro.mkdir()
   (ro / "file").write_text("x")
   with pytest.raises(UserError, match="is a file, not a folder"):
-    train.train(tiny_config(data_prepared), str(ro / "file" / "sub"))
+    train.run(tiny_config(data_prepared), str(ro / "file" / "sub"))
 
 
 def test_resume_on_a_different_device_count(data_prepared, tmp_path):
@@ -244,7 +244,7 @@ def test_resume_on_a_different_device_count(data_prepared, tmp_path):
   thread count), so the comparison is allclose; within one layout resume is bit-identical.
   """
   sharded, straight = str(tmp_path / "sharded"), str(tmp_path / "straight")
-  train.train(tiny_config(data_prepared, steps=6), straight)
+  train.run(tiny_config(data_prepared, steps=6), straight)
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=3",
              JAX_PLATFORMS="cpu")
   cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
@@ -269,7 +269,7 @@ def test_resume_on_a_different_device_count(data_prepared, tmp_path):
   assert records[-1]["device_seconds"] == pytest.approx(cores * 6 * mean, rel=1e-6)
   # Drop the last checkpoint, then resume from step 4 on a single device.
   shutil.rmtree(os.path.join(sharded, "checkpoints", "6"))
-  summary = train.train(tiny_config(data_prepared, steps=6), sharded)
+  summary = train.run(tiny_config(data_prepared, steps=6), sharded)
   assert summary["status"] == "done"
   b1, h1, _ = runs.restore_params(sharded)
   b2, h2, _ = runs.restore_params(straight)
@@ -310,6 +310,6 @@ def test_a_summed_run_compiles_its_step_once(data_prepared, tmp_path, caplog):
   runs: the summed step was compiled again at the first update, inside the run."""
   c = tiny_config(data_prepared, method="soma_summed", steps=2, seed=5151)  # a new program
   with jax.log_compiles(True), caplog.at_level("WARNING"):
-    train.train(c, str(tmp_path / "w"))
+    train.run(c, str(tmp_path / "w"))
   compiles = [r for r in caplog.records if "Compiling jit(train_step)" in r.getMessage()]
   assert len(compiles) == 1, [r.getMessage()[:200] for r in compiles]

@@ -21,7 +21,7 @@ evaluation, generation, the studies and the benchmarks call `get(c)` and use its
   describe(c) -> dict     compare.py's columns: model, n_pert, directions_per_update
   plan_chunk(c, n_local, mesh=None) -> memory.ChunkChoice   the pert_chunk planner, or
                           None where the step has no chunk to plan
-  sharded_step(cfg, mesh) -> step(state, batch, ids)   the step over a device mesh, or None
+  sharded_step(cfg, mesh, donate=True) -> step(state, batch, ids)   the step over a mesh, or None
                           where the method runs on one device only
   generates               its bodies can sample byte by byte (`generate`)
   table_rank              where compare.py's table lists the method (smaller first)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from soma_jax import memory, spsa
+from soma_jax import memory, train_state
 from soma_jax.data import pipeline
 
 PyTree = Any
@@ -40,7 +40,7 @@ class Method(NamedTuple):
 
   init_params: Callable[[Config, Seed], tuple[PyTree, jax.Array]]
   step_config: Callable[[Config, int | None], Hashable]
-  train_step: Callable[..., tuple[spsa.TrainState, dict]]
+  train_step: Callable[..., tuple[train_state.TrainState, dict]]
   val_loss: Callable[[PyTree, jax.Array, jax.Array], jax.Array]
   logits: Callable[[PyTree, jax.Array, jax.Array], jax.Array]
   flops_per_token: Callable[[Config], int]
@@ -58,6 +58,12 @@ class Method(NamedTuple):
   # and the input iterator (c, experts, pooled) -> iterator with get_state / set_state.
   init_carry: Callable[[Config, int], PyTree] = no_carry
   train_data: Callable[[Config, list[int], bool], Any] = expert_batches
+  # The model family ("lstm" or "gru"): a seed run seeds only a run of its own family.
+  family: str = "lstm"
+  # Config fields of the method's own section a resume may never change (they fix the
+  # state's shapes), and its speed knobs that it may (checkpoint.check_resume).
+  shape_keys: tuple[str, ...] = ()
+  speed_keys: tuple[str, ...] = ()
 
 
 def tokens_per_update(c: Config) -> int:
@@ -65,17 +71,17 @@ def tokens_per_update(c: Config) -> int:
   return c.data.seq_len * c.spsa.batch * c.spsa.accum
 
 
-def update_heads(state: spsa.TrainState, grads_head_N, ok_N, tx):
+def update_heads(state: train_state.TrainState, grads_head_N, ok_N, tx):
   """Adam on the per-expert heads with their gradient, or the heads unchanged (None)."""
   if grads_head_N is None:
     return state.head, state.head_opt
-  return spsa.apply_updates(tx, state.head, state.head_opt, grads_head_N, state.sched.lr, ok_N)
+  return train_state.apply_updates(tx, state.head, state.head_opt, grads_head_N, state.sched.lr, ok_N)
 
 
-def adam_step(state: spsa.TrainState, g_body_N, loss_N, weight_decay: float, g_head_N=None):
+def adam_step(state: train_state.TrainState, g_body_N, loss_N, weight_decay: float, g_head_N=None):
   """Per-expert Adam on the bodies (and heads), skipping experts with a non-finite loss."""
-  tx = spsa.adam(weight_decay)
-  ok_N = jax.vmap(spsa.all_finite)(g_body_N) & jnp.isfinite(loss_N)
-  body, opt = spsa.apply_updates(tx, state.body, state.opt, g_body_N, state.sched.lr, ok_N)
+  tx = train_state.adam(weight_decay)
+  ok_N = jax.vmap(train_state.all_finite)(g_body_N) & jnp.isfinite(loss_N)
+  body, opt = train_state.apply_updates(tx, state.body, state.opt, g_body_N, state.sched.lr, ok_N)
   head, head_opt = update_heads(state, g_head_N, ok_N, tx)
-  return spsa.finish_update(state, body, opt, head, head_opt, loss_N, ok_N)
+  return train_state.finish_update(state, body, opt, head, head_opt, loss_N, ok_N)

@@ -12,14 +12,14 @@ import jax
 import jax.numpy as jnp
 
 from soma_jax import bptt as bptt_lib
-from soma_jax import spsa
+from soma_jax import spsa, train_state
 from soma_jax.errors import need
 from soma_jax.methods import lstm
 from soma_jax.methods.base import adam_step, tokens_per_update
 
 
-def _train_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
-                cfg: spsa.StepConfig) -> tuple[spsa.TrainState, dict]:
+def _train_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
+                cfg: spsa.StepConfig) -> tuple[train_state.TrainState, dict]:
   """Backprop through the scan: gradients averaged over the A batches, per-expert Adam.
 
   With per-expert heads (`train_head`) E is trained by its exact gradient too.

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from soma_jax import config as config_lib
 from soma_jax import eggroll as eggroll_lib
 from soma_jax import gru as gru_lib
-from soma_jax import sizing, spsa
+from soma_jax import sizing, spsa, train_state
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError, need
 from soma_jax.layers import VOCAB
@@ -36,18 +36,14 @@ class EggrollStepConfig:
   es: eggroll_lib.EggrollConfig
   loss_fn: Callable  # (body, head_e, window_BxT1) -> mean nats/byte
 
-  # spsa.init_state reads these of any step config.
-  weight_decay = property(lambda self: self.step.weight_decay)
-  train_head = property(lambda self: self.step.train_head)
-
 
 def es_config(c) -> eggroll_lib.EggrollConfig:
   return eggroll_lib.EggrollConfig(pop=c.eggroll.pop, sigma=c.eggroll.sigma, rank=c.eggroll.rank,
                                    pop_chunk=c.eggroll.pop_chunk)
 
 
-def _eggroll_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
-                  cfg: EggrollStepConfig) -> tuple[spsa.TrainState, dict]:
+def _eggroll_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
+                  cfg: EggrollStepConfig) -> tuple[train_state.TrainState, dict]:
   """EGGROLL on each expert's body (its own population, key and loss), then Adam.
 
   The A batches are concatenated into one batch of A*B sequences per member. A GRU body
@@ -75,8 +71,8 @@ def _eggroll_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_
 eggroll_step = jax.jit(_eggroll_step, static_argnames="cfg", donate_argnames="state")
 
 
-def _stream_step(state: spsa.TrainState, segments: dict, expert_ids_N: jax.Array,
-                 cfg: EggrollStepConfig) -> tuple[spsa.TrainState, dict]:
+def _stream_step(state: train_state.TrainState, segments: dict, expert_ids_N: jax.Array,
+                 cfg: EggrollStepConfig) -> tuple[train_state.TrainState, dict]:
   """EGGROLL on each expert's GRU, every pair on its own stream (SPEC 9.4), then Adam.
 
   `segments` is `pipeline.StreamSegments` output: inputs and targets [N, S, L], reset
@@ -207,4 +203,6 @@ METHOD = Method(
     width_for_params=lambda total, c: sizing.gru_width_for_params(total, c.n_experts,
                                                                   c.model.depth),
     validate=validate, describe=describe, generates=False, table_rank=1,
-    init_carry=init_carry, train_data=train_data)
+    init_carry=init_carry, train_data=train_data,
+    family="gru", shape_keys=("eggroll.rank", "eggroll.pop", "eggroll.segment"),
+    speed_keys=("eggroll.pop_chunk",))

@@ -19,4 +19,4 @@ METHOD = lstm.lstm_method(
     step_config=step_config, train_step=eggroll.eggroll_step,
     ops_per_update=lambda c: c.eggroll.pop * tokens_per_update(c) * lstm.flops_per_token(c),
     validate=eggroll.validate_es, describe=lambda c: eggroll.es_describe(c, "lstm"),
-    table_rank=1)
+    table_rank=1, shape_keys=("eggroll.rank", "eggroll.pop"), speed_keys=("eggroll.pop_chunk",))

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from soma_jax import model as model_lib
-from soma_jax import spsa
+from soma_jax import spsa, train_state
 from soma_jax.errors import need
 from soma_jax.layers import cross_entropy
 from soma_jax.methods import lstm
@@ -31,14 +31,14 @@ def _expert(body, head_VxE: jax.Array, batch_AxBxT1: jax.Array):
   return jnp.mean(loss_A), jnp.mean(g_AxVxE, axis=0)
 
 
-def _train_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
-                cfg: spsa.StepConfig) -> tuple[spsa.TrainState, dict]:
+def _train_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
+                cfg: spsa.StepConfig) -> tuple[train_state.TrainState, dict]:
   """Delta rule on every expert's head at its frozen body; the bodies stay as they are."""
   del expert_ids_N
   loss_N, g_head_N = jax.vmap(_expert)(state.body, state.head, batch_NxAxBxT1)
-  ok_N = jnp.isfinite(loss_N) & jax.vmap(spsa.all_finite)(g_head_N)
-  head, head_opt = update_heads(state, g_head_N, ok_N, spsa.adam(cfg.weight_decay))
-  return spsa.finish_update(state, state.body, state.opt, head, head_opt, loss_N, ok_N)
+  ok_N = jnp.isfinite(loss_N) & jax.vmap(train_state.all_finite)(g_head_N)
+  head, head_opt = update_heads(state, g_head_N, ok_N, train_state.adam(cfg.weight_decay))
+  return train_state.finish_update(state, state.body, state.opt, head, head_opt, loss_N, ok_N)
 
 
 train_step = jax.jit(_train_step, static_argnames="cfg", donate_argnames="state")

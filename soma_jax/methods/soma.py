@@ -53,11 +53,16 @@ def plan_chunk(c, n_local: int, mesh=None, step_config=lstm.step_config) -> memo
                                   n_experts=n_dev, signs_together=base.spsa.signs_together)
 
 
+def sharded_step(cfg, mesh, donate: bool = True):
+  """`spsa.train_step` over the mesh (FSO: no collective; DDPP: one psum over "pert")."""
+  return parallel.make_train_step(spsa.train_step, cfg, mesh, donate=donate)
+
+
 def describe(c) -> dict:
   return {"model": "lstm", "n_pert": c.spsa.n_pert,
           "directions_per_update": c.spsa.n_pert * c.spsa.accum}
 
 
 METHOD = lstm.lstm_method(train_step=train_step, ops_per_update=ops_per_update,
-                          describe=describe, plan_chunk=plan_chunk, sharded_step=parallel.make_train_step,
+                          describe=describe, plan_chunk=plan_chunk, sharded_step=sharded_step,
                           table_rank=0)

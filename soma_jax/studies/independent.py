@@ -33,7 +33,7 @@ import numpy as np
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import evaluate as eval_lib
-from soma_jax import methods, runs, spsa
+from soma_jax import methods, runs, spsa, train_state
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
@@ -45,8 +45,8 @@ VARIANTS = ("independent", "summed")
 NUM_EXPERTS = 4  # the paper's Figure 4 ensemble; the variance study's groupings are of four
 
 
-def summed_train_step(state: spsa.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
-                      cfg: spsa.StepConfig) -> tuple[spsa.TrainState, dict]:
+def summed_train_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
+                      cfg: spsa.StepConfig) -> tuple[train_state.TrainState, dict]:
   """`spsa.train_step` with every expert's estimate taken from the sum of all N losses."""
   n = batch_NxAxBxT1.shape[0]
   return spsa.train_step(state, batch_NxAxBxT1, expert_ids_N,
@@ -99,7 +99,7 @@ def ensemble_workdir(config: ml_collections.ConfigDict, out: str) -> str:
 
 
 def continuation_start(workdir: str, ids: tuple[int, ...], lr: float, eps: float
-                       ) -> tuple[int, spsa.TrainState, ml_collections.ConfigDict]:
+                       ) -> tuple[int, train_state.TrainState, ml_collections.ConfigDict]:
   """(checkpoint step, state, the run's config): experts `ids` of the newest checkpoint.
 
   Bodies and Adam moments (mu, nu and count) are the checkpoint's own arrays; heads are
@@ -122,10 +122,10 @@ def continuation_start(workdir: str, ids: tuple[int, ...], lr: float, eps: float
   idx = np.asarray(ids)
   take = lambda tree: jax.tree.map(lambda x: x[idx], tree)  # noqa: E731
   n = len(ids)
-  state = spsa.TrainState(
+  state = train_state.TrainState(
       step=state.step, body=take(state.body),
       head=state.head if run_cfg.model.shared_head else state.head[idx], opt=take(state.opt),
-      head_opt=(), sched=spsa.plateau_init(jnp.full((n,), lr, jnp.float32),
+      head_opt=(), sched=train_state.plateau_init(jnp.full((n,), lr, jnp.float32),
                                            jnp.full((n,), eps, jnp.float32)),
       skipped=jnp.zeros((n,), jnp.int32))
   return int(step), state, run_cfg
@@ -206,9 +206,9 @@ def doc_means(values_n: np.ndarray, doc_ids_n: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- training
 
 
-def train_variant(start: spsa.TrainState, variant: str, cfg: spsa.StepConfig, ids: jax.Array,
+def train_variant(start: train_state.TrainState, variant: str, cfg: spsa.StepConfig, ids: jax.Array,
                   batches: Iterator[np.ndarray], steps: int, checkpoints: list[int],
-                  score) -> tuple[list[dict], np.ndarray, spsa.TrainState, float]:
+                  score) -> tuple[list[dict], np.ndarray, train_state.TrainState, float]:
   """One variant from its own copy of `start`: ([{step, test}], final per-window test losses,
   end state, seconds). Run under x64: the summed difference is formed in float64."""
   state = jax.tree.map(jnp.array, start)  # a copy: the step donates its input
@@ -224,7 +224,7 @@ def train_variant(start: spsa.TrainState, variant: str, cfg: spsa.StepConfig, id
   return curve, last, state, time.perf_counter() - t0
 
 
-def variance_at(vc: ml_collections.ConfigDict, state: spsa.TrainState) -> dict:
+def variance_at(vc: ml_collections.ConfigDict, state: train_state.TrainState) -> dict:
   """The shared-vs-separate study on `state`'s four experts, each on its own shard's
   expert-validation windows (`vc.expert_shards`); the study's ratios, its points, and
   its probe and data record."""

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from soma_jax import model as model_lib
-from soma_jax import sizing, spsa
+from soma_jax import sizing, spsa, train_state
 from soma_jax.errors import UserError
 from soma_jax.variance_measure import (
   PyTree,
@@ -49,7 +49,8 @@ def step_seconds(cfg: model_lib.ModelConfig, n: int, n_pert: int, batch: int, se
       train_head=False, seed=seed)
   body_N, head = model_lib.init_experts(jax.random.key(seed), cfg, n)
   body_N = jax.tree.map(lambda x: x.astype(jnp.float32), body_N)
-  state = spsa.init_state(body_N, head.astype(jnp.float32), 1e-3, 1e-3, step_cfg)
+  state = train_state.init_state(body_N, head.astype(jnp.float32), 1e-3, 1e-3, step_cfg.weight_decay,
+                                 step_cfg.train_head)
   data = jax.random.randint(jax.random.key(seed), (n, 1, batch, seq_len + 1), 0, 256)
   data = data.astype(jnp.uint8)
   step = jax.jit(spsa.train_step, static_argnames="cfg")

@@ -1,0 +1,126 @@
+"""What a training run spends, and when it stops: the clock of SPEC 7 and the budget.
+
+`Clock` counts the seconds (and CPU seconds) of training updates only, evaluation,
+checkpoints and compilation apart; `Budget` ends a run after the complete update that
+reaches its budget, in updates, CPU seconds or device-seconds (SPEC 9.6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import jax
+
+from soma_jax import host_devices
+
+# Cumulative seconds each run keeps in its checkpoints (SPEC 7 device-seconds, and apart).
+TIMERS = ("device_seconds", "cpu_seconds", "compile_seconds", "eval_seconds", "ckpt_seconds")
+TRAINING_TIMERS = ("device_seconds", "cpu_seconds")  # of training updates; the rest apart
+
+
+class Clock:
+  """Device-seconds of training updates only, the rest apart (SPEC 7): wall seconds x
+  `host_devices.charged_units`, i.e. core-seconds on a CPU (every core the process may use,
+  whatever the layout, so that methods that shard and methods that cannot are charged
+  alike) and device-seconds of the step's devices elsewhere.
+
+  `count` each update dispatched, `lap` once they have all finished; time `aside` for
+  evaluation, checkpoint saves and the first (compiling) update. Training time is
+  reported as updates x mean step seconds, so the compiling update counts at the mean
+  and only its excess is compile time.
+  """
+
+  def __init__(self, n_devices: int, ops_step: int, base: dict, plan_seconds: float = 0.0,
+               start: int = 0):
+    self.units = host_devices.charged_units(n_devices)
+    self.ops_step, self.base = ops_step, base  # base: the restored cumulative totals
+    self.start = start  # the step this process started from
+    self.seconds, self.cpu, self.steps, self._pending = 0.0, 0.0, 0, 0
+    self.apart = dict.fromkeys((k for k in TIMERS if k not in TRAINING_TIMERS), 0.0)
+    self._planned = plan_seconds  # compile time before the loop, added to compile_seconds
+    self._t, self._cpu_t = time.perf_counter(), time.process_time()
+
+  def count(self) -> None:
+    self._pending += 1
+
+  def lap(self) -> None:
+    now, cpu = time.perf_counter(), time.process_time()
+    if self._pending:
+      self.seconds += now - self._t
+      self.cpu += cpu - self._cpu_t
+      self.steps += self._pending
+    self._t, self._cpu_t, self._pending = now, cpu, 0
+
+  @contextlib.contextmanager
+  def aside(self, key: str, sync=None):
+    if sync is not None:
+      jax.block_until_ready(sync)
+    self.lap()
+    yield
+    now = time.perf_counter()
+    self.apart[key] += now - self._t
+    self._t, self._cpu_t = now, time.process_time()
+
+  def mean_step(self) -> float:
+    if self.steps:
+      return self.seconds / self.steps
+    return self.apart["compile_seconds"]  # only the compiling update so far
+
+  def at(self, done: int) -> dict:
+    """`totals` once the run stands at step `done`."""
+    return self.totals(done - self.start)
+
+  def totals(self, updates: int) -> dict:
+    """Cumulative ops and seconds after `updates` updates of this process."""
+    mean = self.mean_step()
+    cpu_mean = self.cpu / self.steps if self.steps else 0.0
+    out = {"ops": int(self.base.get("ops", 0)) + self.ops_step * updates,
+           "updates": int(self.base.get("updates", 0)) + updates,
+           "device_seconds": mean * updates * self.units, "cpu_seconds": cpu_mean * updates}
+    apart = dict(self.apart, compile_seconds=max(self.apart["compile_seconds"] - mean, 0.0)
+                 + self._planned)
+    out.update({k: v * self.units for k, v in apart.items()})
+    return {k: v + self.base.get(k, 0) if k not in ("ops", "updates") else v
+            for k, v in out.items()}
+
+
+class Budget:
+  """The run's budget (`budget`, in `budget_unit`): a checkpoint after each 1/k of it, and
+  the stop after the complete update that reaches it.
+
+  "updates" counts this run's updates; "cpu_seconds" the process's CPU time in training
+  updates (all threads: a busy machine slows the run but does not move the count much);
+  "device_seconds" the charged training seconds of `Clock` (core-seconds on a CPU). With a
+  time budget every update is waited for before the next is dispatched, so the seconds are
+  known after each one. SPEC 9.2's Table 7 runs also stopped after a complete update; their
+  budget was GPU-hours; SPEC 9.6 says which unit a CPU-scale comparison may use.
+  """
+
+  def __init__(self, unit: str, amount: float, checkpoints: int, clock: Clock, start: int):
+    self.amount, self.unit, k = amount, unit, checkpoints
+    self.marks = [self.amount * (i + 1) / k for i in range(k)]
+    self.clock, self.start = clock, start
+    self.used = float(clock.base.get(self.unit, 0.0))  # restored on a resume
+    self.before = None  # the amount counted after the update before the last one
+    self._passed = sum(self.used >= mark for mark in self.marks)
+
+  def spent(self) -> bool:
+    return self.amount > 0 and self.used >= self.amount
+
+  def after(self, done: int, m) -> tuple[bool, bool]:
+    """(checkpoint now, stop now) once update `done` (its metrics `m`) has finished."""
+    if self.amount <= 0:
+      return False, False
+    if self.unit != "updates":
+      jax.block_until_ready(m)
+      self.clock.lap()
+      if not self.clock.steps:  # only the compiling update so far: no step time yet
+        return False, False
+    self.before, self.used = self.used, self.clock.totals(done - self.start)[self.unit]
+    passed = sum(self.used >= mark for mark in self.marks)
+    save, self._passed = passed > self._passed, passed
+    return save, self.used >= self.amount
+
+  def describe(self) -> str:
+    return f"{self.used:g} of {self.amount:g} {self.unit.replace('_', '-')}"

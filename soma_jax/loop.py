@@ -1,0 +1,45 @@
+"""The one update loop: every place that advances a TrainState (training, the Figure 4
+study, the timing of a step) runs its updates through `Loop.run`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+class Loop:
+  """`state` advanced by `step_fn(state, batch, expert_ids) -> (state, metrics)` on the
+  batches of `batches` (host arrays; `to_device` places each one).
+
+  At most one update is in flight: update t + 1 is dispatched before update t's metrics are
+  waited for, so the host prepares the next batch while the device computes, and a signal
+  acts within one update. With a `clock` (`budget.Clock`) the first update (the compiling
+  one) is timed apart and every other is counted. Between updates the caller may read or
+  replace `state` (the plateau rule changes its schedule).
+  """
+
+  def __init__(self, state, step_fn: Callable, batches: Iterator, expert_ids: jax.Array,
+               to_device: Callable = jnp.asarray, clock: Any = None):
+    self.state, self.step_fn, self.batches = state, step_fn, batches
+    self.expert_ids, self.to_device, self.clock = expert_ids, to_device, clock
+
+  def run(self, start: int, end: int) -> Iterator[tuple[int, Any]]:
+    """Updates start + 1 .. end: yields (updates done, that update's metrics) after each."""
+    pending = None  # the previous update's metrics
+    for step in range(start, end):
+      batch = self.to_device(next(self.batches))
+      if pending is None and self.clock is not None:  # this process's first update compiles
+        with self.clock.aside("compile_seconds"):
+          self.state, m = self.step_fn(self.state, batch, self.expert_ids)
+          jax.block_until_ready(m)
+      else:
+        self.state, m = self.step_fn(self.state, batch, self.expert_ids)
+        if self.clock is not None:
+          self.clock.count()
+        if pending is not None:
+          jax.block_until_ready(pending)
+      pending = m
+      yield step + 1, m
