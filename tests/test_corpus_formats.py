@@ -185,16 +185,17 @@ def test_parquet_truncated(tmp_path):
 
 # ---------------------------------------------------------------- save_to_disk folders
 
-def save_to_disk(folder, table, shards=1):
+def save_to_disk(folder, table, shards=1, batch_rows=4):
   """What `datasets.Dataset.save_to_disk` (datasets 5.2) writes: data-0000k-of-0000n.arrow in
-  Arrow's streaming format, dataset_info.json and state.json listing the data files."""
+  Arrow's streaming format (record batches of `batch_rows`), dataset_info.json and state.json
+  listing the data files."""
   folder.mkdir(parents=True)
   names = [f"data-{k:05d}-of-{shards:05d}.arrow" for k in range(shards)]
   per = -(-table.num_rows // shards)
   for k, name in enumerate(names):
     part = table.slice(k * per, per)
     with pa.OSFile(str(folder / name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-      for batch in part.to_batches(max_chunksize=4):
+      for batch in part.to_batches(max_chunksize=batch_rows):
         writer.write_batch(batch)
   (folder / "dataset_info.json").write_text(json.dumps({"citation": "", "description": "", "features": {}}))
   state = {"_data_files": [{"filename": n} for n in names], "_fingerprint": "0123456789abcdef",
@@ -232,8 +233,8 @@ def test_hf_disk_errors(tmp_path):
 
 
 def test_hf_disk_memory_is_bounded_by_the_stream(tmp_path):
-  texts = pa.array(["word " * 400] * 12_000)  # 24 MB of text in one column
-  save_to_disk(tmp_path / "ds", pa.table({"text": texts}))
+  texts = pa.array(["word " * 400] * 12_000)  # 24 MB of text in one record batch
+  save_to_disk(tmp_path / "ds", pa.table({"text": texts}), batch_rows=12_000)
   tracemalloc.start()
   n = sum(1 for _ in sources.iter_documents(f"hf_disk:{tmp_path / 'ds'}"))
   peak = tracemalloc.get_traced_memory()[1]

@@ -1,15 +1,16 @@
-"""The paper's comparisons (SPEC 9) at small scale, from warm starts at equal device time.
+"""The paper's comparisons (SPEC 9) at small scale, by SPEC 9.6: equal-update seeds continued
+with their optimizer state, budgets the machine's load cannot move, the compared phase's gains.
 
   python experiments/compare.py --config=experiments/configs/compare.py:study=table4,size=cpu --out=runs/table4
   python experiments/compare.py --config=experiments/configs/compare.py:study=table7,size=cpu --out=runs/table7
 
 Arguments: study (table4: SPEC 9.1, the allocation rows and two controls; table7: SPEC 9.2,
-SOMA N = 2 against the monolith with equal tuning) and size (cpu: 15 min for table4 and 18 for table7
-on 2 cores, measured when a CPU run was charged one device-second per wall second; it is
-now charged core-seconds (host_devices.CHARGE_RULE), so the same budgets train half as long
-on 2 cores; tiny: tests). Every method is a complete training config from its own
-config file (soma.py, eggroll.py, bptt.py, seed.py), so any field can be changed, e.g.
---config.methods.bptt.opt.lr=1e-3 or --config.budget_seconds=60.
+SOMA N = 2 against the monolith with equal tuning) and size (cpu: 5 optimisation seeds,
+1,000-update seeds; tiny: tests). Budgets: table7 in updates (1,000 per configuration: the
+two architectures do equal operations per update), table4 in "auto" (the process's CPU
+seconds on a CPU, device-seconds on a GPU). Every method is a complete training config from
+its own config file (soma.py, eggroll.py, bptt.py, seed.py), so any field can be changed,
+e.g. --config.methods.bptt.opt.lr=1e-3 or --config.budget=2000.
 
 CPU scale: SOMA N = 2 experts of width 32 with their own delta-rule heads, n_pert = 4 on
 B = 4 windows of T = 256 bytes per expert per update; the monolith of the same total size
@@ -95,18 +96,27 @@ def get_config(arg: str | None = None):
   c = ml_collections.ConfigDict()
   c.study = a["study"]  # table4 (SPEC 9.1) or table7 (SPEC 9.2)
   c.data_dir = ""  # a prepared data dir with 2 shards; "" = prepare pystdlib under OUT/data
-  c.seeds = 3 if cpu else 2  # optimisation seeds: they change the batches and the directions
+  c.seeds = 5 if cpu else 2  # optimisation seeds: they change the batches and the directions
   c.first_seed = 0  # seeds first_seed .. first_seed + seeds - 1; seed s also seeds its bootstrap
-  # Training device-seconds per row (table4) or per configuration (table7), and per seed run.
-  c.budget_seconds = 32.0 if cpu else 0.4
-  c.seed_budget_seconds = 20.0 if cpu else 0.4
-  c.seed_run_seed = 0  # the optimisation seed of every seed run
+  # The budget of each row (table4) or configuration (table7) and seed, in budget_unit:
+  # "updates" (where the compared methods do equal operations per update, table7's pair),
+  # "cpu_seconds" (the process's CPU time in training updates), "device_seconds" (SPEC 7), or
+  # "auto" (cpu_seconds on a CPU, device_seconds elsewhere). Never wall time (SPEC 9.6).
+  c.budget_unit = "updates" if c.study == "table7" or not cpu else "auto"
+  c.budget = float((1000 if c.study == "table7" else 40) if cpu else 3)
+  # table7 in updates: ops per update may differ by this fraction (tiny's widths are 4% apart)
+  c.ops_tolerance = 0.02 if cpu else 0.05
+  c.seed_updates = 1000 if cpu else 3  # every seed run's updates (SPEC 3.4: about 1,000)
+  c.seed_run_seed = 1000  # the seed runs' data and direction seed: no optimisation seed
   c.curve_points = 4  # checkpoints after each quarter of the budget, scored for the curve
   c.match_params = True  # every other method's width matches `reference`'s total params
   c.reference = "soma_n2"  # the method others are sized to and differences are taken from
   c.bootstrap_draws = 10_000 if cpu else 200  # paired document bootstrap draws
   c.base_lr = 0.0025  # every method's lr and initial eps; table7's grids are multiples of it
-  c.lr_factors = (0.5, 1.0, 2.0)  # table7 stage 1: lr = f x base_lr at eps = base_lr
+  # table7 stage 1: lr = f x base_lr at eps = base_lr; while the best lr is at an edge, one
+  # more factor of 2 past it, at most lr_extend times (an lr still at the edge is flagged)
+  c.lr_factors = (0.25, 0.5, 1.0, 2.0, 4.0) if cpu else (0.5, 1.0, 2.0)
+  c.lr_extend = 2 if cpu else 1
   c.eps_factors = (0.5, 1.0, 2.0)  # table7 stage 2: eps = f x base_lr at the selected lr
 
   c.eval = ml_collections.ConfigDict()
@@ -143,7 +153,7 @@ def get_config(arg: str | None = None):
 
 
 def _seed_runs(c: ml_collections.ConfigDict, size: str, lr: float) -> ml_collections.ConfigDict:
-  """Seed runs (SPEC 3.4 step 1): one per architecture, each at seed_budget_seconds; their
+  """Seed runs (SPEC 3.4 step 1): one per architecture, each for seed_updates updates; their
   width comes from the methods that start from them."""
   seed = _scale(_method("seed.py", f"size={size}"), size, lr)
   seed.opt.weight_decay = 0.0
