@@ -7,9 +7,10 @@ import os
 import jax
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from soma_jax import evaluate as eval_lib
-from soma_jax import host_devices, methods, runs
+from soma_jax import methods, runs
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
 from soma_jax.studies import protocol, table4, table7
@@ -42,7 +43,6 @@ class Reversed:
 def tiny(study: str, data_dir: str):
   config = load_config("compare", f"study={study},size=tiny")
   config.data_dir = data_dir
-  config.budget_seconds = config.seed_budget_seconds = 0.25
   config.bootstrap_draws = 100
   return config
 
@@ -50,6 +50,37 @@ def tiny(study: str, data_dir: str):
 def assert_budget_met(record: dict, budget: float) -> None:
   """Stopped after the complete update that reached the budget: not before, not later."""
   assert record["device_seconds_before_last_update"] < budget <= record["device_seconds"]
+
+
+def assert_updates_exactly(record: dict, start_step: int, budget: int) -> None:
+  """budget_unit=updates: this run's updates are exactly the budget, counted on from the
+  seed's step, and its curve is increasing in both step and update."""
+  assert record["budget_unit"] == "updates" and record["updates"] == budget
+  assert record["step"] == start_step + budget
+  curve = record.get("val_curve", record.get("curve"))
+  assert [q["update"] for q in curve] == sorted({q["update"] for q in curve})
+  assert curve[0]["step"] == start_step and curve[-1]["update"] == budget
+
+
+def assert_gains(record: dict) -> None:
+  """start_loss, end_loss and gain (start - end) on both splits."""
+  for split in ("validation", "test"):
+    assert record["gain"][split] == pytest.approx(
+        record["start_loss"][split] - record["end_loss"][split], abs=1e-9)
+
+
+def assert_common_fields(payload: dict, config) -> None:
+  """The fields both studies record: budget unit, layout, load, seeds apart from the rows."""
+  assert payload["budget"]["unit"] == "updates" and payload["budget"]["amount"] == config.budget
+  assert set(payload["load_average"]) == {"start", "end"}
+  assert all(len(v) == 3 for v in payload["load_average"].values())
+  for name, m in payload["methods"].items():
+    lay = payload["layout"][name]
+    assert lay == m["layout"] and lay["devices"] >= lay["expert_devices"] * lay["pert_devices"]
+    assert "FSO" in lay["why"] or "DDPP" in lay["why"] or "device" in lay["why"], lay
+  for s in payload["seed_runs"].values():  # equal updates, at a seed no row uses
+    assert s["updates"] == config.seed_updates and s["step"] == config.seed_updates
+    assert s["seed"] == config.seed_run_seed and s["seed"] not in payload["seeds"]
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +93,34 @@ def table7_run(tmp_path_factory, data_two_shards):
   return config, out, payload, test
 
 
+def _expected_search(tried: list[dict], config) -> tuple[float, list[float]]:
+  """The lr stage-1 selection replayed from the records: grid, extensions, chosen lr."""
+  base = config.base_lr
+  lrs = [f * base for f in config.lr_factors]
+  assert [(r["lr"], r["eps"]) for r in tried[:len(lrs)]] == [(x, base) for x in lrs]
+  val = {r["lr"]: r["val_nats_per_byte"] for r in tried if r["eps"] == base}
+  lr = min(lrs, key=val.get)
+  for _ in range(config.lr_extend):
+    if lr not in (min(lrs), max(lrs)):
+      break
+    lrs.append(min(lrs) / 2 if lr == min(lrs) else max(lrs) * 2)
+    lr = min(lrs, key=val.get)
+  return lr, lrs
+
+
 def test_table7_selects_on_validation_only(table7_run):
   config, out, payload, test = table7_run
-  assert test.calls == 2 * config.seeds  # the selected checkpoint of each architecture and seed
+  # The start of each architecture (once) and the selected checkpoint of each architecture
+  # and seed; nothing else read the test set.
+  assert test.calls == 2 + 2 * config.seeds
   base = config.base_lr
   for name, m in payload["methods"].items():
+    seed = payload["seed_runs"][config.start[name]]
     for p in m["per_seed"]:
       tried = p["configurations"]
-      assert len(tried) == 5, name  # 3 lr, then 2 new eps (the middle one reused)
-      stage1 = tried[:3]
-      assert [(r["lr"], r["eps"]) for r in stage1] == [(f * base, base) for f in config.lr_factors]
-      lr = min(stage1, key=lambda r: r["val_nats_per_byte"])["lr"]
+      lr, lrs = _expected_search(tried, config)
+      assert sorted(lrs) == p["lr_grid"] and len(tried) == len(lrs) + 2, name
+      assert p["lr_at_edge"] == (lr in (min(lrs), max(lrs)))
       stage2 = [r for r in tried if r["lr"] == lr]
       assert sorted(r["eps"] for r in stage2) == sorted(f * base for f in config.eps_factors)
       best = min(stage2, key=lambda r: r["val_nats_per_byte"])
@@ -82,48 +130,71 @@ def test_table7_selects_on_validation_only(table7_run):
       # had selection read the test set, it would have chosen the worst validation run.
       assert p["test_nats_per_byte"] == pytest.approx(10.0 - best["val_nats_per_byte"])
       assert p["curve"] == best["val_curve"] and p["curve_split"] == "ensemble_val"
-      for r in tried:  # every configuration got the same device-time budget
-        assert_budget_met(r, config.budget_seconds)
-        assert [q["device_seconds"] for q in r["val_curve"]] == sorted(
-            q["device_seconds"] for q in r["val_curve"])
-        # A checkpoint after each quarter (one slow update may pass two marks at once).
-        assert 2 <= len(r["val_curve"]) <= config.curve_points + 1
-        assert r["val_curve"][-1]["device_seconds"] == r["device_seconds"]
+      for r in tried:  # every configuration: exactly the budget's updates, from the seed's step
+        assert_updates_exactly(r, seed["step"], config.budget)
+      assert p["updates"] == p["budget_used"] == config.budget
   with open(os.path.join(out, "results.json")) as f:
     assert json.load(f) == json.loads(json.dumps(payload))
-  assert "seconds" in payload["budget"] and "device-seconds" in payload["budget"]["counts"]
-  assert host_devices.CHARGE_RULE in payload["budget"]["counts"]  # the rule train.py charges
   assert os.path.getsize(os.path.join(out, "table.md")) > 0
 
 
-def test_table7_warm_start_identical_across_seeds(table7_run):
+def test_table7_rows_report_gains(table7_run):
+  config, out, payload, _ = table7_run
+  assert_common_fields(payload, config)
+  r, o = payload["methods"]["soma_n2"], payload["methods"]["mono"]
+  assert r["ops_per_update"] == protocol.ops_per_update(protocol.sized(config)["soma_n2"])
+  for a, b in zip(r["per_seed"], o["per_seed"], strict=True):
+    for q in (a, b):
+      assert_gains(q)
+      assert q["end_loss"]["validation"] == q["selected"]["val_nats_per_byte"]
+      assert q["end_loss"]["test"] == q["test_nats_per_byte"]
+      assert q["start_loss"]["validation"] == q["curve"][0]["loss"]
+      assert q["start_loss"]["test"] == pytest.approx(10.0 - q["curve"][0]["loss"])  # Reversed
+  g = payload["gain_difference"]["mono"]
+  diffs = [a["gain"]["test"] - b["gain"]["test"] for a, b in zip(r["per_seed"], o["per_seed"])]
+  assert g["mean"] == pytest.approx(np.mean(diffs)) and g["n"] == config.seeds
+  half = scipy_stats.t.ppf(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / np.sqrt(len(diffs))
+  np.testing.assert_allclose(g["ci95"], [np.mean(diffs) - half, np.mean(diffs) + half])
+  for d, want in zip(g["per_seed"], diffs, strict=True):  # the bootstrap's per-window mean
+    assert d["diff"] == pytest.approx(want, abs=1e-6)
+    assert d["bootstrap_ci95"][0] <= d["diff"] <= d["bootstrap_ci95"][1]
+  # ... equals end gap minus start gap
+  for a, b, d in zip(r["per_seed"], o["per_seed"], g["per_seed"], strict=True):
+    start_gap = b["start_loss"]["test"] - a["start_loss"]["test"]
+    assert d["diff"] == pytest.approx(b["minus_ref"] - start_gap, abs=1e-6)
+
+
+def test_table7_continues_the_seeds_state(table7_run):
+  """Every compared run starts from its seed's whole train state: parameters, Adam moments
+  and count, and the step counter, bit for bit, whatever the optimisation seed."""
   config, out, payload, _ = table7_run
   methods = protocol.sized(config)
   for name, m in payload["methods"].items():
     seed = payload["seed_runs"][config.start[name]]
-    assert m["start"] == f"{seed['workdir']}@{seed['updates']}"
+    assert m["start"] == f"{seed['workdir']}@{seed['step']}"
     firsts = [p["curve"][0] for p in m["per_seed"]]
-    assert all(f == firsts[0] for f in firsts) and firsts[0]["step"] == 0, name
+    assert all(f == firsts[0] for f in firsts) and firsts[0]["step"] == seed["step"], name
     # The warm start is used: the start scores what the seed scored at its end.
     assert firsts[0]["loss"] == seed["ensemble_val_nats_per_byte"], name
     seed_dir = os.path.join(out, seed["workdir"])
-    configs = [protocol.budgeted(methods[name], config.data_dir, s, seed_dir, 1.0, 4)
+    record = {**seed, "_path": seed_dir}
+    configs = [protocol.budgeted(methods[name], config.data_dir, s, record, "updates", 1, 1)
                for s in payload["seeds"]]
-    starts = [runs.initial_params(c) for c in configs]
-    assert leaves_equal(starts[0], starts[1]), name  # bit for bit, whatever the seed
-    seed_body, seed_head, _ = runs.restore_params(seed_dir)
-    for e in range(methods[name].n_experts):  # every expert copies the seed's body and E
-      assert leaves_equal(expert(starts[0][0], e), expert(seed_body, 0)), name
-    cold = configs[0].copy_and_resolve_references()
-    cold.init_from = ""
-    assert not leaves_equal(runs.initial_params(cold)[0], starts[0][0])
-  r, o = payload["methods"]["soma_n2"], payload["methods"]["mono"]
-  diffs = [p["minus_ref"] for p in o["per_seed"]]
-  np.testing.assert_allclose(diffs, [b["test_nats_per_byte"] - a["test_nats_per_byte"]
-                                     for a, b in zip(r["per_seed"], o["per_seed"], strict=True)],
-                             atol=1e-9)
-  assert o["ref_wins"] == sum(d > 0 for d in diffs)
-  assert o["minus_ref"]["sd"] == pytest.approx(np.std(diffs, ddof=1))
+    first = [runs.initial_state(c) for c in configs]  # what the first compared update reads
+    assert leaves_equal(first[0], first[1]), name  # bit for bit, whatever the seed
+    step, last, _, _ = runs.restore_state(seed_dir)  # the seed's last state
+    assert int(first[0].step) == int(last.step) == step == seed["step"]
+    for e in range(methods[name].n_experts):  # every expert: the seed's body, E and moments
+      assert leaves_equal(expert((first[0].body, first[0].opt, first[0].head_opt), e),
+                          expert((last.body, last.opt, last.head_opt), 0)), name
+    assert not leaves_equal(jax.tree.map(np.zeros_like, last.opt), last.opt)  # moments moved
+    tuned = runs.initial_state(table7.grid_point(configs[0], 0.00125, 0.005))
+    assert leaves_equal(tuned.opt, first[0].opt)  # the seed's moments, this config's lr / eps
+    np.testing.assert_array_equal(tuned.sched.lr, np.float32(0.00125))
+    np.testing.assert_array_equal(tuned.sched.eps, np.float32(0.005))
+    fresh = configs[0].copy_and_resolve_references()
+    fresh.init_state = False  # parameters only: fresh moments at step 0
+    assert int(runs.initial_state(fresh).step) == 0
 
 
 @pytest.fixture(scope="module")
@@ -141,24 +212,30 @@ def test_table4_rows_budget_and_starts(table4_run):
   config, out, payload = table4_run
   methods = payload["methods"]
   assert list(methods) == ["soma_n2", "mono_k4", "eggroll", "head_only", "soma_n2_summed"]
-  assert "device-seconds" in payload["budget"]["counts"]
-  assert host_devices.CHARGE_RULE in payload["budget"]["counts"]
+  assert_common_fields(payload, config)
   val, test = protocol.eval_sets(config, config.data_dir, [32])  # the seeds' and the rows' sets
   assert (payload["eval"]["val_windows"], payload["eval"]["test_windows"]) == (
       val.windows.shape[0], test.windows.shape[0])
-  ref = methods["soma_n2"]["per_seed"]
   for name, m in methods.items():
+    seed = payload["seed_runs"][config.start[name]]
     firsts = [p["curve"][0] for p in m["per_seed"]]
     assert all(f == firsts[0] for f in firsts), name
-    for i, p in enumerate(m["per_seed"]):
-      assert p["start"] == m["start"] and p["device_seconds"] > 0 and len(p["curve"]) >= 2
+    for p in m["per_seed"]:
+      assert p["start"] == m["start"] and len(p["curve"]) >= 2
       assert p["ops"] == p["updates"] * m["ops_per_update"], name
+      assert p["curve"][-1]["ops"] == p["ops"], name
       if m["method"] == "soma":  # SPEC 7 written out (the controls: below)
         assert m["ops_per_update"] == _spec7_ops_per_update(m, config.methods[name]), name
-      if name in config.match_updates:  # controls: SOMA's updates on the same seed
-        assert p["updates"] == ref[i]["updates"], name
-      else:
-        assert_budget_met(p, config.budget_seconds)
+      # Budget rows and controls (SOMA's updates) alike: exactly the budget's updates.
+      assert_updates_exactly(p, seed["step"], config.budget)
+      assert_gains(p)
+      assert p["start_loss"]["test"] == p["curve"][0]["loss"] == m["start_loss"]["test"]
+    if name != "soma_n2":
+      g = payload["gain_difference"][name]
+      diffs = [a["gain"]["test"] - b["gain"]["test"]
+               for a, b in zip(methods["soma_n2"]["per_seed"], m["per_seed"], strict=True)]
+      assert g["mean"] == pytest.approx(np.mean(diffs)) and len(g["ci95"]) == 2
+  assert set(payload["gain_difference"]) == set(methods) - {"soma_n2"}
   assert methods["soma_n2_summed"]["ops_per_update"] == methods["soma_n2"]["ops_per_update"]
   assert methods["eggroll"]["start"].startswith(os.path.join("seeds", "gru"))
   assert set(payload["equal_ops"]["ranking"]) == {"soma_n2", "mono_k4", "eggroll"}
@@ -181,20 +258,60 @@ def test_table4_head_only_bodies_do_not_change(table4_run):
                           jax.tree.map(lambda x: x[0], seed_body))
 
 
+def test_study_plans_refused(data_two_shards):
+  """The seed run's seed may not be an optimisation seed; an update budget needs equal
+  operations per update (Table 7's pair); the lr grid must be able to show an edge."""
+  config = tiny("table7", data_two_shards)
+  assert protocol.check_plan(config) == "updates"
+  config.seed_run_seed = config.first_seed + 1
+  with pytest.raises(UserError, match="seed_run_seed"):
+    protocol.check_plan(config)
+  config = tiny("table7", data_two_shards)
+  config.budget = 2.5
+  with pytest.raises(UserError, match="whole number"):
+    protocol.check_plan(config)
+  config = tiny("table7", data_two_shards)
+  config.budget_unit = "seconds"
+  with pytest.raises(UserError, match="budget_unit"):
+    protocol.check_plan(config)
+  config = tiny("table7", data_two_shards)
+  cfgs = protocol.sized(config)
+  tol = config.ops_tolerance
+  assert protocol.check_equal_ops(cfgs, tol, "updates")  # the equal-size pair passes
+  cfgs["mono"].spsa.n_pert *= 2  # twice the directions: twice the operations per update
+  with pytest.raises(UserError, match="operations per update"):
+    protocol.check_equal_ops(cfgs, tol, "updates")
+  protocol.check_equal_ops(cfgs, tol, "cpu_seconds")  # a time budget: printed, not refused
+  config.lr_factors = (1.0, 2.0)
+  with pytest.raises(UserError, match="lr_factors"):
+    table7.check_grid(config)
+
+
+def test_lr_grid_extends_past_an_edge_and_t_intervals():
+  assert table7.extended([1.0, 2.0, 4.0], 1.0) == 0.5
+  assert table7.extended([1.0, 2.0, 4.0], 4.0) == 8.0
+  assert table7.extended([1.0, 2.0, 4.0], 2.0) is None
+  t = protocol.t_interval([1.0, 2.0, 3.0])  # sd 1, t(0.975, 2) = 4.303
+  assert t["mean"] == 2.0 and t["sd"] == 1.0
+  np.testing.assert_allclose(t["ci95"], [2.0 - 4.302653 / np.sqrt(3), 2.0 + 4.302653 / np.sqrt(3)],
+                             rtol=1e-6)
+  assert protocol.t_interval([1.5])["ci95"] is None
+
+
 # ----------------------------------------------------------------------------- pieces
 
 
 def test_time_budget_stops_after_the_update_that_reaches_it(data_prepared, tmp_path, capsys):
   from tests.test_train import tiny_config
 
-  c = tiny_config(data_prepared, steps=100_000, budget_seconds=0.3, budget_checkpoints=3,
+  c = tiny_config(data_prepared, steps=100_000, budget=0.3, budget_checkpoints=3,
                   log_every=50, eval_every=50, ckpt_every=100_000)
   c.ckpt.keep = 5
   w = str(tmp_path / "run")
-  summary = train_lib.train(c, w)
+  summary = train_lib.run(c, w)
   assert summary["status"] == "done" and summary["step"] < 100_000
   assert_budget_met({"device_seconds": summary["device_seconds"], "device_seconds_before_last_update":
-                     summary["budget_seconds_before_last_update"]}, 0.3)
+                     summary["budget_before_last_update"]}, 0.3)
   marks = []
   for s in protocol.checkpoints(w):
     _, _, data_state, _ = runs.restore_state(w, step=s)
@@ -202,7 +319,7 @@ def test_time_budget_stops_after_the_update_that_reaches_it(data_prepared, tmp_p
   assert 1 <= len(marks) <= 3 and marks[-1] >= 0.3  # one slow update may pass two marks
   progress = [line for line in capsys.readouterr().err.splitlines() if "steps/s" in line]
   assert progress and all("/0.3 device-s" in line and "/100000" not in line for line in progress)
-  again = train_lib.train(c, w)  # a finished budget run resumed: nothing more to do
+  again = train_lib.run(c, w)  # a finished budget run resumed: nothing more to do
   assert again["step"] == summary["step"]
 
 
@@ -212,10 +329,10 @@ def test_step_compiles_once_per_run(data_prepared, tmp_path):
   from tests.test_train import tiny_config
 
   seed = str(tmp_path / "seed")
-  train_lib.train(tiny_config(data_prepared, n_experts=1, steps=2, seed=7), seed)
+  train_lib.run(tiny_config(data_prepared, n_experts=1, steps=2, seed=7), seed)
   c = tiny_config(data_prepared, steps=4, init_from=seed, seed=4242)  # a new static config
   before = methods.METHODS['soma'].train_step._cache_size()
-  train_lib.train(c, str(tmp_path / "run"))
+  train_lib.run(c, str(tmp_path / "run"))
   assert methods.METHODS['soma'].train_step._cache_size() == before + 1
 
 
@@ -298,6 +415,18 @@ def test_cpu_scale_rows_and_sizes():
   # EGGROLL keeps the lr and sigma of the recorded run (compare_table4_cpu.json), not the
   # eggroll.py cpu preset's (its sweep ran at population 8,192)
   assert (t4["eggroll"].opt.lr, t4["eggroll"].eggroll.sigma) == (0.01, 2**-3)
+  # SPEC 9.6: Table 7 in updates (its pair within 2% in operations per update), Table 4 in
+  # CPU seconds on a CPU; 1,000-update seeds at a seed no row uses; 5 seeds; the lr grid
+  # 0.25x .. 4x the preset lr.
+  c4, c7 = load_config("compare", "study=table4,size=cpu"), load_config("compare", "study=table7,size=cpu")
+  assert protocol.check_plan(c7) == "updates" and c7.budget == 1000
+  assert protocol.check_equal_ops(t7, c7.ops_tolerance, "updates")
+  assert protocol.check_plan(c4) == ("cpu_seconds" if jax.default_backend() == "cpu"
+                                     else "device_seconds")
+  for c in (c4, c7):
+    assert c.seeds == 5 and c.seed_updates == 1000
+    assert c.seed_run_seed not in protocol.optimisation_seeds(c)
+  assert [f * c7.base_lr for f in c7.lr_factors] == [0.000625, 0.00125, 0.0025, 0.005, 0.01]
 
 
 def test_seed_accepts_any_width():
@@ -323,7 +452,7 @@ def test_init_from_works_for_every_paper_preset(file, arg, data_prepared, tmp_pa
   s.data.update(seq_len=32, val_windows=1)
   s.update(steps=1, ensemble_eval_every=-1)
   seed = str(tmp_path / "seed")
-  train_lib.train(s, seed)
+  train_lib.run(s, seed)
   c.init_from = seed
   body_N, head = runs.initial_params(c)
   shapes = jax.eval_shape(lambda: runs.initial_params(runs.shapes_only(c)))

@@ -1,20 +1,27 @@
-"""What the two comparisons here share (SPEC 9.1, 9.2): warm starts, the time budget, scoring.
+"""What the comparisons here share (SPEC 9.1, 9.2, 9.6): seeds, budgets, scoring, statistics.
 
-- Warm starts: every architecture starts from a seed run of its own (an N = 1 run at the
-  SOMA expert's width for SOMA, one at the monolith's width for the monoliths, one GRU for
-  EGGROLL). The seeds get one equal time budget; their cost is reported apart and counted
-  for no row (as SPEC 9.1 does for the monoliths' seeds). Every optimisation seed of a row
-  starts from the same seed checkpoint, so from bit-identical parameters; the optimisation
-  seed changes only the batches and the directions (SPEC 9.2). Where the paper differs: its
-  Table 7 starts from each architecture's step-1 checkpoint with its optimizer state, while
-  `init_from` copies parameters only (Adam's moments start at zero here).
-- The budget is training device-seconds (`train.budget_seconds`, charged as
-  `host_devices.CHARGE_RULE`: core-seconds on a CPU; compilation, evaluation and checkpoint
-  saves excluded). A run stops after the complete update that reaches it, with a checkpoint
-  after each 1/k of it.
+- Starts (SPEC 9.6): every architecture starts from a seed run of its own (an N = 1 run at
+  the SOMA expert's width for SOMA, one at the monolith's width for the monoliths, one GRU
+  for EGGROLL). Every seed gets the same number of updates (`seed_updates`, never seconds:
+  a narrower model runs more updates per second and would start ahead) at `seed_run_seed`,
+  a data and direction seed outside the optimisation seeds. The compared phase continues it
+  (`init_state`): parameters, Adam moments, the plateau schedule's state and the step
+  counter, so its first update is the seed's last + 1. Every optimisation seed of a row
+  starts from that one state; the optimisation seed changes only the batches and directions.
+  The seeds' cost is reported apart and counted for no row.
+- The budget (`budget`, in `budget_unit`): "updates" where the compared models do equal
+  operations per update (Table 7's equal-size pair: `check_equal_ops`), else "cpu_seconds"
+  (the process's CPU time of training updates, all threads) on a CPU and "device_seconds"
+  (SPEC 7, `host_devices.CHARGE_RULE`) on a GPU; "auto" picks between the last two. Never
+  wall time. Compilation, evaluation and checkpoint saves are never counted; a run stops
+  after the complete update that reaches its budget, with a checkpoint after each 1/k of it.
 - Scoring: the routed top-min(4, N) mixture on an evaluation split cut into pieces of
   route + score + 1 bytes (`evaluate.cut_windows`), so every scored target lies inside
   the trained context; the paper scores whole 1,025-byte windows (route 256, score 768).
+- What is reported (SPEC 9.6): each row's start, end and gain (start - end) on validation
+  and test, and the reference's gain minus each other row's gain with a 95% t interval
+  across optimisation seeds (`gain_difference`) and, per seed, a paired document bootstrap
+  of the same difference (end gap - start gap: document noise only, around one start).
 """
 
 from __future__ import annotations
@@ -26,15 +33,25 @@ import time
 import jax
 import ml_collections
 import numpy as np
+from scipy import stats as scipy_stats
 
+from soma_jax import budget as budget_lib
 from soma_jax import checkpoint as ckpt_lib
+from soma_jax import config as config_lib
 from soma_jax import evaluate as eval_lib
-from soma_jax import host_devices, methods, runs
+from soma_jax import host_devices, methods, records, runs
+from soma_jax import plan as plan_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 
-MAX_UPDATES = 10_000_000  # the step cap of a budgeted run: its time budget ends it first
+MAX_UPDATES = 10_000_000  # the step cap of a budgeted run: its budget ends it first
+UNITS = config_lib.BUDGET_UNITS + ("auto",)  # a study's budget_unit
+COUNTS = {  # what each unit counts (results.json's budget.counts)
+    "updates": "this run's updates after its start (every run stops at exactly this count)",
+    "cpu_seconds": "the process's CPU time (all threads, time.process_time) in training updates",
+    "device_seconds": f"training device-seconds ({host_devices.CHARGE_RULE})",
+}
 
 
 def total_params(c: ml_collections.ConfigDict) -> int:
@@ -52,6 +69,54 @@ def optimisation_seeds(config: ml_collections.ConfigDict) -> list[int]:
   if config.seeds < 1:
     raise UserError(f"seeds={config.seeds} must be >= 1 (optimisation seeds per method)")
   return list(range(config.first_seed, config.first_seed + config.seeds))
+
+
+def started() -> dict:
+  """When and under what load a study began (`results` records both)."""
+  return {"t0": time.perf_counter(), "load_average": list(os.getloadavg())}
+
+
+def budget_unit(config: ml_collections.ConfigDict) -> str:
+  """The study's budget unit; "auto": cpu_seconds on a CPU, device_seconds elsewhere."""
+  unit = config.budget_unit
+  if unit not in UNITS:
+    raise UserError(f"budget_unit={unit!r}; use one of {', '.join(UNITS)}")
+  if unit == "auto":
+    return "cpu_seconds" if jax.default_backend() == "cpu" else "device_seconds"
+  return unit
+
+
+def check_plan(config: ml_collections.ConfigDict) -> str:
+  """The budget, the seeds' updates and the seed run's seed checked; the budget unit."""
+  unit = budget_unit(config)
+  if not config.budget > 0:
+    raise UserError(f"budget={config.budget} must be > 0 ({unit} per run)")
+  if unit == "updates" and config.budget != int(config.budget):
+    raise UserError(f"budget={config.budget} updates must be a whole number")
+  if config.seed_updates < 1:
+    raise UserError(f"seed_updates={config.seed_updates} must be >= 1 (SPEC 3.4: about 1,000)")
+  seeds = optimisation_seeds(config)
+  if config.seed_run_seed in seeds:
+    raise UserError(f"seed_run_seed={config.seed_run_seed} is one of the optimisation seeds "
+                    f"{seeds}: that seed's rows would replay the seed run's batches and "
+                    f"directions; fix: a seed outside them, e.g. {max(seeds) + 1000}")
+  return unit
+
+
+def check_equal_ops(cfgs: dict[str, ml_collections.ConfigDict], tolerance: float,
+                    unit: str) -> dict[str, int]:
+  """Each method's operations per update, printed; with an update budget they must agree
+  within `tolerance` (SPEC 9.6: equal updates mean equal compute only then)."""
+  ops = {name: ops_per_update(c) for name, c in cfgs.items()}
+  print("[compare] operations per update: " + ", ".join(f"{n} {o:,}" for n, o in ops.items()),
+        flush=True)
+  lo, hi = min(ops.values()), max(ops.values())
+  if unit == "updates" and hi - lo > tolerance * hi:
+    raise UserError(f"budget_unit=updates compares equal compute only if the methods do equal "
+                    f"operations per update; they differ by {(hi - lo) / hi:.1%} (> "
+                    f"{tolerance:.0%}: {', '.join(f'{n} {o:,}' for n, o in ops.items())}); fix: "
+                    "budget_unit=cpu_seconds or device_seconds, or methods of equal cost")
+  return ops
 
 
 def ensure_data(config: ml_collections.ConfigDict, out: str, n_experts: int) -> str:
@@ -89,15 +154,24 @@ def describe_span(val: eval_lib.TestSet, test: eval_lib.TestSet) -> dict:
           "test_documents": int(np.unique(test.doc_ids).size)}
 
 
+def layout_of(c: ml_collections.ConfigDict) -> dict:
+  """How training lays a config's run out on this machine: FSO / DDPP over how many devices."""
+  placed = plan_lib.layout(c, c.n_experts)
+  return {"expert_devices": placed.expert, "pert_devices": placed.pert,
+          "devices": jax.device_count(), "platform": jax.default_backend(), "why": placed.why}
+
+
 # ----------------------------------------------------------------------------- runs
 
 
-def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, init_from: str,
-             seconds: float, checkpoints: int) -> ml_collections.ConfigDict:
-  """A copy of training config `c` that runs until `seconds` of training device time."""
+def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict | None,
+             unit: str, amount: float, checkpoints: int) -> ml_collections.ConfigDict:
+  """A copy of training config `c` at optimisation seed `seed` that continues the seed run
+  record `start` (its whole train state; None: a fresh init) until `amount` of `unit`."""
   c = ml_collections.ConfigDict(c.to_dict())
-  c.data.dir, c.seed, c.init_from = data_dir, seed, init_from
-  c.budget_seconds, c.budget_checkpoints = float(seconds), checkpoints
+  c.data.dir, c.seed = data_dir, seed
+  c.init_from, c.init_state = (start["_path"], True) if start else ("", False)
+  c.budget_unit, c.budget, c.budget_checkpoints = unit, float(amount), checkpoints
   c.steps = MAX_UPDATES
   c.ckpt_every = MAX_UPDATES  # the budget's checkpoints are the curve
   c.ckpt.keep = checkpoints + 1
@@ -132,20 +206,39 @@ def checkpoints(workdir: str) -> list[int]:
     ckpt.close()
 
 
-def curve(workdir: str, c: ml_collections.ConfigDict, scorer: eval_lib.TestSet,
-          steps: list[int] | None = None) -> tuple[list[dict], np.ndarray]:
-  """The start (update 0: the warm start) and each checkpoint scored by `scorer`:
-  ([{step, ops, device_seconds, loss}], per-window losses of the last point)."""
-  logits = methods.get(c).logits
+def _score(scorer: eval_lib.TestSet, c: ml_collections.ConfigDict, body, head) -> np.ndarray:
+  return scorer.losses(body, head, c.n_experts, c.model.shared_head, methods.get(c).logits)
+
+
+def start_losses(c: ml_collections.ConfigDict, scorers: dict[str, eval_lib.TestSet]
+                 ) -> dict[str, np.ndarray]:
+  """Per-window losses of the parameters run config `c` starts from, on each scorer
+  ({"validation": ..., "test": ...}); the start is the same for every optimisation seed."""
   body, head = runs.initial_params(c)
-  last = scorer.losses(body, head, c.n_experts, c.model.shared_head, logits)
-  points = [{"step": 0, "ops": 0, "device_seconds": 0.0, "loss": float(last.mean())}]
-  for s in checkpoints(workdir) if steps is None else steps:
+  return {split: _score(s, c, body, head) for split, s in scorers.items()}
+
+
+def _point(data_state: dict, step: int, start_step: int, ops_update: int, loss: float) -> dict:
+  return {"step": step, "update": step - start_step, "ops": (step - start_step) * ops_update,
+          **{k: float(data_state.get(k, 0.0)) for k in budget_lib.TRAINING_TIMERS},
+          "loss": loss}
+
+
+def curve(workdir: str, c: ml_collections.ConfigDict, scorer: eval_lib.TestSet,
+          start_step: int, start_loss: float) -> tuple[list[dict], np.ndarray]:
+  """The start (the seed's state, `start_loss` on `scorer`, at the seed's step) and each of
+  the run's checkpoints scored by `scorer`: ([{step, update, ops, device_seconds,
+  cpu_seconds, loss}], per-window losses of the last checkpoint). `update` and `ops` are
+  this run's, counted from its start."""
+  opu = ops_per_update(c)
+  points, last = [_point({}, start_step, start_step, opu, float(start_loss))], None
+  for s in (s for s in checkpoints(workdir) if s > start_step):
     _, state, data_state, _ = runs.restore_state(workdir, step=s)
-    last = scorer.losses(state.body, state.head, c.n_experts, c.model.shared_head, logits)
-    points.append({"step": s, "ops": int(data_state.get("ops", 0)),
-                   "device_seconds": float(data_state.get("device_seconds", 0.0)),
-                   "loss": float(last.mean())})
+    last = _score(scorer, c, state.body, state.head)
+    points.append(_point(data_state, s, start_step, opu, float(last.mean())))
+  if last is None:
+    raise UserError(f"{workdir!r} has no checkpoint after its start (step {start_step}); "
+                    "fix: delete that folder and rerun")
   return points, last
 
 
@@ -153,18 +246,26 @@ def final_losses(workdir: str, c: ml_collections.ConfigDict, scorer: eval_lib.Te
                  ) -> np.ndarray:
   """Per-window losses of a run's newest checkpoint (scored once)."""
   body, head, _ = runs.restore_params(workdir)
-  return scorer.losses(body, head, c.n_experts, c.model.shared_head, methods.get(c).logits)
+  return _score(scorer, c, body, head)
 
 
-def summary(workdir: str) -> dict:
-  """Updates and cumulative training seconds of a finished run (its newest checkpoint), and
-  with a time budget the seconds counted one update before the stop (below the budget)."""
+def summary(workdir: str, c: ml_collections.ConfigDict, start_step: int) -> dict:
+  """A finished run (its newest checkpoint and summary.json): the step reached, this run's
+  updates and operations, its training and apart seconds, and the budget counted one update
+  before the stop (below the budget)."""
   step, _, data_state, _ = runs.restore_state(workdir)
-  with open(os.path.join(workdir, "summary.json")) as f:
-    before = json.load(f).get("budget_seconds_before_last_update")
-  return {"updates": int(step), "ops": int(data_state.get("ops", 0)),
-          **{k: float(data_state.get(k, 0.0)) for k in train_lib.TIMERS},
-          "device_seconds_before_last_update": before}
+  with open(os.path.join(workdir, records.SUMMARY_FILE)) as f:
+    done = json.load(f)
+  updates = int(step) - start_step
+  return {"step": int(step), "updates": updates, "ops": updates * ops_per_update(c),
+          **{k: float(data_state.get(k, 0.0)) for k in budget_lib.TIMERS},
+          "budget_unit": c.budget_unit,
+          "budget_before_last_update": done.get("budget_before_last_update")}
+
+
+def budget_used(record: dict) -> float:
+  """What a `summary` record spent in its budget unit."""
+  return float(record[record["budget_unit"]])
 
 
 def shown(path: str, out: str) -> str:
@@ -178,7 +279,7 @@ def shown(path: str, out: str) -> str:
 
 def model_kind(c: ml_collections.ConfigDict) -> str:
   """"lstm" or "gru": the model family of a config's method (its `describe`)."""
-  return methods.get(c).describe(c)["model"]
+  return methods.get(c).family
 
 
 def seed_configs(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collections.ConfigDict]
@@ -213,48 +314,50 @@ def seed_configs(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collectio
 
 def train_seeds(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collections.ConfigDict],
                 data_dir: str, out: str, val: eval_lib.TestSet) -> dict[str, dict]:
-  """Trains every seed run to the seed budget in OUT/seeds/NAME; their cost, apart, and
-  their final loss on the study's ensemble-validation set `val`."""
+  """Trains every seed run for `seed_updates` updates at `seed_run_seed` in OUT/seeds/NAME;
+  their cost, apart, and their final loss on the study's ensemble-validation set `val`."""
   records = {}
   for name, s in seed_configs(config, cfgs).items():
     workdir = os.path.join(out, "seeds", name)
-    c = budgeted(s, data_dir, config.seed_run_seed, "", config.seed_budget_seconds, 1)
-    print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t} until "
-          f"{config.seed_budget_seconds:g} training device-seconds", flush=True)
+    c = budgeted(s, data_dir, config.seed_run_seed, None, "updates", config.seed_updates, 1)
+    print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t}, {config.seed_updates} "
+          f"updates at seed {config.seed_run_seed}", flush=True)
     wall = train(c, workdir, f"seed run {name}")
     records[name] = {"workdir": shown(workdir, out), "method": s.method, "d_t": s.model.d_t,
                      "depth": s.model.depth, "lr": s.opt.lr, "eps": s.spsa.eps,
                      "n_pert": s.spsa.n_pert, "batch": s.spsa.batch, "seq_len": s.data.seq_len,
-                     "budget_seconds": config.seed_budget_seconds, **summary(workdir),
+                     "seed": config.seed_run_seed, **summary(workdir, c, 0),
+                     "ops_per_update": ops_per_update(c),
                      "ensemble_val_nats_per_byte": float(final_losses(workdir, c, val).mean()),
                      "wall_seconds_this_call": wall, "_path": workdir}
   return records
 
 
 def start_of(seed_record: dict) -> str:
-  """The `start` field of a run: the seed checkpoint it began from."""
-  return f"{seed_record['workdir']}@{seed_record['updates']}"
+  """The `start` field of a run: the seed checkpoint it continues."""
+  return f"{seed_record['workdir']}@{seed_record['step']}"
 
 
 # ----------------------------------------------------------------------------- results
 
 
-def results(study: str, spec: str, config: ml_collections.ConfigDict, command: str, t0: float,
-            per: str, budget: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet],
+def results(study: str, spec: str, config: ml_collections.ConfigDict, command: str,
+            begun: dict, budget: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet],
             data_dir: str, out: str, seeds: dict[str, dict], **rest) -> dict:
-  """The results.json fields both studies write, then the study's own (`rest`).
+  """The results.json fields every study writes, then the study's own (`rest`).
 
-  One budget is `per` a row, a configuration...; `budget` adds the study's own budget
-  fields; `scored` = (validation, test) sets; `seeds` the records of `train_seeds`.
+  `begun` is `started()`; `budget` = {unit, per, ...}: the budget's unit, what one budget is
+  for (a row, a configuration), and the study's own fields; `scored` = (validation, test)
+  sets; `seeds` the records of `train_seeds`.
   """
   val, test = scored
   return {
       "study": study, "spec": spec, "command": command,
-      "wall_seconds": time.perf_counter() - t0, "load_average": list(os.getloadavg()),
-      "platform": jax.devices()[0].platform,
-      "budget": {"counts": f"training device-seconds per {per} ({host_devices.CHARGE_RULE}; "
-                           "compilation, evaluation and checkpoints excluded)",
-                 "seconds": config.budget_seconds, **budget},
+      "wall_seconds": time.perf_counter() - begun["t0"],
+      "load_average": {"start": begun["load_average"], "end": list(os.getloadavg())},
+      "platform": jax.default_backend(),
+      "budget": {"amount": float(config.budget), "counts": COUNTS[budget["unit"]] + "; "
+                 "compilation, evaluation and checkpoints excluded", **budget},
       "eval": describe_span(val, test),
       "unigram_test_nats_per_byte": eval_lib.unigram_nats(data_dir, "test", test.route, test.score),
       "data_dir": shown(data_dir, out), "seeds": optimisation_seeds(config),
@@ -290,9 +393,55 @@ def across_seeds(values: list[float]) -> dict:
   return {"mean": float(x.mean()), "sd": float(x.std(ddof=1)) if x.size > 1 else None}
 
 
+def t_interval(values: list[float]) -> dict:
+  """Mean, sample sd and the 95% Student-t interval of the mean over seeds (None for one)."""
+  x = np.asarray(values, np.float64)
+  out = {**across_seeds(values), "n": int(x.size), "ci95": None}
+  if x.size > 1:
+    half = float(scipy_stats.t.ppf(0.975, x.size - 1) * out["sd"] / np.sqrt(x.size))
+    out["ci95"] = [out["mean"] - half, out["mean"] + half]
+  return out
+
+
+def row_losses(start: dict, end: dict) -> dict:
+  """One row and seed: start_loss, end_loss and gain (start - end), per split (each a loss
+  or per-window losses)."""
+  s = {k: float(np.mean(v)) for k, v in start.items()}
+  e = {k: float(np.mean(v)) for k, v in end.items()}
+  return {"start_loss": s, "end_loss": e, "gain": {k: s[k] - e[k] for k in s}}
+
+
+def gain_difference(ref: list[dict], other: list[dict], gains_w: list[tuple], doc_ids,
+                    draws: int) -> dict:
+  """The reference's gain minus another row's, over the seeds both ran (per-seed records
+  with `seed` and `gain`), on test (with validation beside it): the mean with its 95% t
+  interval across seeds, and per seed the paired document bootstrap of the per-window
+  difference (end gap - start gap). `gains_w`: per seed (ref, other) per-window test gains."""
+  diff = {split: [a["gain"][split] - b["gain"][split] for a, b in zip(ref, other, strict=True)]
+          for split in ("test", "validation")}
+  per_seed = []
+  for a, (ref_w, other_w) in zip(ref, gains_w, strict=True):
+    d = paired(other_w, ref_w, doc_ids, draws, a["seed"])  # ref gain - other gain per window
+    per_seed.append({"seed": a["seed"], "diff": d["diff"], "bootstrap_ci95": d["ci95"]})
+  return {"split": "test", **t_interval(diff["test"]), "per_seed": per_seed,
+          "validation": t_interval(diff["validation"]),
+          "how": "reference gain minus this row's gain (= end gap minus start gap); ci95: "
+                 "t interval across optimisation seeds; bootstrap_ci95: paired test-document "
+                 "bootstrap around this seed's runs (document noise only)"}
+
+
 def pm(stat: dict, signed: bool = False, digits: int = 3) -> str:
   f = f"+.{digits}f" if signed else f".{digits}f"
   return f"{stat['mean']:{f}}" + ("" if stat["sd"] is None else f" ± {stat['sd']:.{digits}f}")
+
+
+def ci(stat: dict, digits: int = 3) -> str:
+  """'+0.012 [-0.003, +0.027]' (the mean and its ci95), or the mean alone for one seed."""
+  f = f"+.{digits}f"
+  if stat.get("ci95") is None:
+    return f"{stat['mean']:{f}}"
+  lo, hi = stat["ci95"]
+  return f"{stat['mean']:{f}} [{lo:{f}}, {hi:{f}}]"
 
 
 def sized(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:

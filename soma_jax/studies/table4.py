@@ -1,4 +1,4 @@
-"""The paper's Table 4 / Figure 1 (SPEC 9.1): how to spend a device-time budget.
+"""The paper's Table 4 / Figure 1 (SPEC 9.1, scaled down by 9.6): how to spend a budget.
 
 Rows: SOMA N = 2; monolithic SPSA of the same total size with 1x, 4x and 16x SOMA's
 directions on SOMA's batch (the paper's 64 / 256 / 1,024 against SOMA's 64); EGGROLL (the
@@ -7,19 +7,20 @@ on SOMA's data and for SOMA's number of updates in each seed (`match_updates`):
 - `head_only`: SOMA N = 2 with its bodies frozen, only the delta-rule heads training;
 - `soma_n2_summed`: SOMA N = 2 with the N losses summed before every finite difference
   (the shared loss), the same directions.
-Every row starts warm, from the seed run of its own architecture (`protocol`), the same for
-every optimisation seed, and trains until `budget_seconds` of training device time (the
-paper's budget is GPU-hours). Reported per row: operations, updates and measured
-device-seconds, the test loss per seed with the paired CI against SOMA, mean ± sd and wins;
-beside it, labelled as such, the ranking at equal operations (each row's test curve read
-at the smallest operation count any budget row reached).
+Every row continues the seed run of its own architecture (`protocol`: equal seed updates,
+the seed's whole train state), the same for every optimisation seed, and trains for `budget`
+in `budget_unit` (the paper: GPU-hours; here "auto": the process's CPU seconds on a CPU,
+device-seconds on a GPU; the rows do unequal operations per update, so never updates).
+Reported per row: operations, updates and the budget used; per seed the start, end and gain
+(start - end) on validation and test; SOMA's gain minus each row's gain with its 95% t
+interval across seeds (`protocol.gain_difference`); the end test loss with its paired CI
+against SOMA; and beside it, labelled as such, the ranking at equal operations (each row's
+test curve read at the smallest operation count any budget row reached).
 """
 
 from __future__ import annotations
 
-import math
 import os
-import time
 
 import ml_collections
 import numpy as np
@@ -31,21 +32,19 @@ from soma_jax.studies import protocol
 
 
 def run_config(name: str, c: ml_collections.ConfigDict, config: ml_collections.ConfigDict,
-               data_dir: str, seed: int, start: dict, ref_updates: int | None
+               data_dir: str, seed: int, start: dict, unit: str, ref_updates: int | None
                ) -> ml_collections.ConfigDict:
-  """The run of row `name` at one seed: to the time budget, or to the reference's updates."""
-  rc = protocol.budgeted(c, data_dir, seed, start["_path"], config.budget_seconds,
-                         config.curve_points)
+  """The run of row `name` at one seed: to the budget, or (a control) to the reference's
+  updates in this seed."""
   if name in config.match_updates:
-    rc.budget_seconds, rc.steps = 0.0, ref_updates
-    rc.ckpt_every = max(1, math.ceil(ref_updates / config.curve_points))
-    rc.ckpt.keep = config.curve_points + 2
-  return rc
+    return protocol.budgeted(c, data_dir, seed, start, "updates", ref_updates,
+                             config.curve_points)
+  return protocol.budgeted(c, data_dir, seed, start, unit, config.budget, config.curve_points)
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
   """Seeds, then every row at every optimisation seed; writes results.json and table.md."""
-  t0 = time.perf_counter()
+  begun = protocol.started()
   os.makedirs(out, exist_ok=True)
   methods = protocol.sized(config)
   ref = config.reference
@@ -53,78 +52,106 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
     if name not in methods or target != ref:
       raise UserError(f"match_updates.{name}={target!r}: controls match the reference {ref!r}, "
                       "and must be methods")
+  unit = protocol.check_plan(config)
+  protocol.check_equal_ops(methods, 1.0, unit)  # printed; unequal costs are Table 4's point
   data_dir = protocol.ensure_data(config, out, max(c.n_experts for c in methods.values()))
   val, test = protocol.eval_sets(config, data_dir, [c.data.seq_len for c in methods.values()])
   seeds = protocol.train_seeds(config, methods, data_dir, out, val)
-  results = {n: describe(n, c, config, seeds[config.start[n]]) for n, c in methods.items()}
+  starts, results = {}, {}
+  for n, c in methods.items():
+    rc = protocol.budgeted(c, data_dir, config.first_seed, seeds[config.start[n]], unit, 1, 1)
+    starts[n] = protocol.start_losses(rc, {"validation": val, "test": test})
+    results[n] = describe(n, c, config, seeds[config.start[n]], unit, protocol.layout_of(rc))
+  ends = {}
   for seed in protocol.optimisation_seeds(config):
-    finals, ref_updates = {}, None
+    ref_updates = None
     for name, c in methods.items():
-      start = seeds[config.start[name]]
-      rc = run_config(name, c, config, data_dir, seed, start, ref_updates)
-      workdir = os.path.join(out, "runs", f"seed{seed}", name)
-      wall = protocol.train(rc, workdir, f"{name} (seed {seed})")
-      points, finals[name] = protocol.curve(workdir, rc, test)
-      done = protocol.summary(workdir)
-      ref_updates = done["updates"] if name == ref else ref_updates
-      print(f"[table4] seed {seed} {name}: {done['updates']} updates, "
-            f"{done['device_seconds']:.1f} device-s, test {finals[name].mean():.4f}", flush=True)
-      results[name]["per_seed"].append({
-          "seed": seed, "start": protocol.start_of(start), **done,
-          "wall_seconds_this_call": wall, "workdir": protocol.shown(workdir, out),
-          "curve": points, "curve_split": "test",
-          "test_nats_per_byte": float(finals[name].mean())})
+      rc = run_config(name, c, config, data_dir, seed, seeds[config.start[name]], unit,
+                      ref_updates)
+      record, ends[(seed, name)] = run_row(rc, out, seed, name, seeds[config.start[name]],
+                                           starts[name], (val, test))
+      ref_updates = record["updates"] if name == ref else ref_updates
+      results[name]["per_seed"].append(record)
     for name in methods:
-      results[name]["per_seed"][-1].update(_paired(finals, ref, name, test, config, seed))
+      results[name]["per_seed"][-1].update(_paired(ends, ref, name, seed, test, config))
   for r in results.values():
     aggregate(r)
   payload = protocol.results(
-      "table4", "SPEC 9.1 (paper App. I.1, Table 4 / Figure 1)", config, command, t0,
-      "row and seed",
-      {"controls": f"{', '.join(config.match_updates.keys())}: {ref}'s updates per seed, "
-                   "not the time budget"},
-      (val, test), data_dir, out, seeds,
-      rows={n: config.rows.get(n, "") for n in methods}, methods=results)
+      "table4", "SPEC 9.1 (paper App. I.1, Table 4 / Figure 1), scaled down by SPEC 9.6", config,
+      command, begun,
+      {"unit": unit, "per": "row and seed", "seed_updates": config.seed_updates,
+       "controls": f"{', '.join(config.match_updates.keys())}: {ref}'s updates per seed, "
+                   "not the budget"},
+      (val, test), data_dir, out, seeds, layout={n: r["layout"] for n, r in results.items()},
+      rows={n: config.rows.get(n, "") for n in methods}, methods=results,
+      gain_difference=gain_differences(results, ends, starts, ref, test, config))
   payload["equal_ops"] = equal_ops(payload, [n for n in methods if n not in config.match_updates])
-  payload["start_vs_end"] = start_vs_end(payload)
   return protocol.write(out, payload, table)
 
 
-def _paired(finals: dict, ref: str, name: str, test: eval_lib.TestSet,
-            config: ml_collections.ConfigDict, seed: int) -> dict:
-  d = protocol.paired(finals[ref], finals[name], test.doc_ids, config.bootstrap_draws, seed)
+def run_row(rc: ml_collections.ConfigDict, out: str, seed: int, name: str, start: dict,
+            start_w: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet]
+            ) -> tuple[dict, np.ndarray]:
+  """Trains one row at one seed; (its per-seed record, its end per-window test losses)."""
+  val, test = scored
+  workdir = os.path.join(out, "runs", f"seed{seed}", name)
+  wall = protocol.train(rc, workdir, f"{name} (seed {seed})")
+  points, end_test = protocol.curve(workdir, rc, test, start["step"], start_w["test"].mean())
+  end_val = protocol.final_losses(workdir, rc, val)
+  done = protocol.summary(workdir, rc, start["step"])
+  print(f"[table4] seed {seed} {name}: {done['updates']} updates, "
+        f"{protocol.budget_used(done):.4g} {done['budget_unit']}, test "
+        f"{start_w['test'].mean():.4f} -> {end_test.mean():.4f}", flush=True)
+  return {"seed": seed, "start": protocol.start_of(start), **done,
+          "budget_used": protocol.budget_used(done), "wall_seconds_this_call": wall,
+          "workdir": protocol.shown(workdir, out), "curve": points, "curve_split": "test",
+          "test_nats_per_byte": float(end_test.mean()),
+          **protocol.row_losses(start_w, {"validation": end_val, "test": end_test})}, end_test
+
+
+def _paired(ends: dict, ref: str, name: str, seed: int, test: eval_lib.TestSet,
+            config: ml_collections.ConfigDict) -> dict:
+  d = protocol.paired(ends[(seed, ref)], ends[(seed, name)], test.doc_ids,
+                      config.bootstrap_draws, seed)
   return {"minus_ref": d["diff"], "minus_ref_ci95": d["ci95"]}
 
 
+def gain_differences(results: dict, ends: dict, starts: dict, ref: str,
+                     test: eval_lib.TestSet, config: ml_collections.ConfigDict) -> dict:
+  """{row: the reference's gain minus the row's} for every row but the reference."""
+  out = {}
+  for name, r in results.items():
+    if name == ref:
+      continue
+    seeds = [q["seed"] for q in r["per_seed"]]
+    gains_w = [(starts[ref]["test"] - ends[(s, ref)], starts[name]["test"] - ends[(s, name)])
+               for s in seeds]
+    out[name] = protocol.gain_difference(results[ref]["per_seed"], r["per_seed"], gains_w,
+                                         test.doc_ids, config.bootstrap_draws)
+  return out
+
+
 def describe(name: str, c: ml_collections.ConfigDict, config: ml_collections.ConfigDict,
-             seed: dict) -> dict:
+             seed: dict, unit: str, layout: dict) -> dict:
   """What a row is (its Method's `describe`: model, directions per update) and its budget."""
   return {"method": c.method, **methods_lib.get(c).describe(c), "n_experts": c.n_experts,
           "d_t": c.model.d_t, "depth": c.model.depth, "params": protocol.total_params(c),
           "seq_len": c.data.seq_len, "batch": c.spsa.batch, "accum": c.spsa.accum, "lr": c.opt.lr,
-          "eps": c.spsa.eps,
+          "eps": c.spsa.eps, "layout": layout,
           "ops_per_update": protocol.ops_per_update(c), "start": protocol.start_of(seed),
-          "budget": "updates of " + config.reference if name in config.match_updates
-                    else "device time", "per_seed": []}
+          "budget": "updates of " + config.reference if name in config.match_updates else unit,
+          "per_seed": []}
 
 
 def aggregate(r: dict) -> None:
   per = r["per_seed"]
-  for key in ("test_nats_per_byte", "minus_ref", "updates", "ops", "device_seconds"):
+  for key in ("test_nats_per_byte", "minus_ref", "updates", "ops", "device_seconds",
+              "cpu_seconds", "budget_used"):
     r[key] = protocol.across_seeds([p[key] for p in per])
+  r["start_loss"] = per[0]["start_loss"]  # the same for every seed
+  r["gain"] = {s: protocol.t_interval([p["gain"][s] for p in per]) for s in ("validation", "test")}
   r["ref_wins"] = int(sum(p["minus_ref"] > 0 for p in per))
   r["ref_wins_ci_excludes_zero"] = int(sum(p["minus_ref_ci95"][0] > 0 for p in per))
-
-
-def start_vs_end(payload: dict) -> dict:
-  """Each row's test loss at its warm start and at its end (means over seeds): how much
-  of a row's standing its start already had."""
-  out = {}
-  for name, m in payload["methods"].items():
-    start = float(np.mean([q["curve"][0]["loss"] for q in m["per_seed"]]))
-    end = m["test_nats_per_byte"]["mean"]
-    out[name] = {"start_test": start, "end_test": end, "change": end - start}
-  return out
 
 
 def equal_ops(payload: dict, names: list[str]) -> dict:
@@ -138,7 +165,7 @@ def equal_ops(payload: dict, names: list[str]) -> dict:
            for p in methods[n]["per_seed"]]
     at[n] = protocol.across_seeds(per)
   order = sorted(names, key=lambda n: at[n]["mean"])
-  return {"ops": ops, "how": "each row's test curve (warm start and its checkpoints) "
+  return {"ops": ops, "how": "each row's test curve (its start and its checkpoints) "
           "interpolated linearly in operations at the smallest final ops of any budget row",
           "test_nats_per_byte": at, "ranking": order}
 
@@ -150,45 +177,58 @@ def _fmt(x: float) -> str:
   return f"{x:.3g}"
 
 
+def _line(name: str, r: dict, p: dict) -> str:
+  """One row of the main table."""
+  ref, n_seeds = p["reference"], len(p["seeds"])
+  dirs = r["directions_per_update"] if r["directions_per_update"] is not None else "-"
+  g = p["gain_difference"].get(name)
+  return (f"| {name} | {r['budget']} | {r['n_experts']} | {r['d_t']} | {_fmt(r['params'])} | "
+          f"{dirs} | {_fmt(r['ops_per_update'])} | {r['updates']['mean']:.0f} | "
+          f"{r['budget_used']['mean']:.4g} | {r['start_loss']['test']:.4f} | "
+          f"{protocol.pm(r['test_nats_per_byte'], digits=4)} | {protocol.ci(r['gain']['test'])} | "
+          f"{protocol.ci(r['gain']['validation'])} | " + ("-" if g is None else protocol.ci(g))
+          + " | " + ("-" if name == ref else f"{protocol.pm(r['minus_ref'], True)} "
+                    f"({r['ref_wins']}/{n_seeds})") + " |")
+
+
 def table(p: dict) -> str:
-  """Markdown: the device-time table, per-seed CIs, and the equal-ops ranking beside it."""
-  ref, ev, n_seeds = p["reference"], p["eval"], len(p["seeds"])
-  rank_time = sorted(p["methods"], key=lambda n: p["methods"][n]["test_nats_per_byte"]["mean"])
+  """Markdown: the budget table (start, end, gains, gain differences), per-seed values, the
+  equal-ops ranking beside it."""
+  ref, ev, n_seeds, b = p["reference"], p["eval"], len(p["seeds"]), p["budget"]
+  rank = sorted(p["methods"], key=lambda n: p["methods"][n]["test_nats_per_byte"]["mean"])
   lines = [
-      f"Table 4 protocol (SPEC 9.1) at this scale. Budget: {p['budget']['seconds']:g} training "
-      f"device-seconds per row and seed ({p['budget']['controls']}). Every row starts from its "
-      f"architecture's seed run. Evaluation: route on {ev['route_bytes']} bytes, score the next "
-      f"{ev['score_bytes']} ({ev['test_windows']} test windows from {ev['test_documents']} "
-      f"documents); seeds {p['seeds']}; mean ± sd over seeds; 95% paired document bootstrap.",
+      f"Table 4 protocol (SPEC 9.1, 9.6) at this scale. Budget: {b['amount']:g} {b['unit']} per "
+      f"row and seed ({b['controls']}). Every row continues its architecture's seed run "
+      f"({b['seed_updates']} updates, optimizer state included). Evaluation: route on "
+      f"{ev['route_bytes']} bytes, score the next {ev['score_bytes']} ({ev['test_windows']} "
+      f"test windows from {ev['test_documents']} documents); seeds {p['seeds']}; gains are "
+      f"start − end, with 95% t intervals over seeds; load average "
+      f"{p['load_average']['start'][0]:.2f} at the start, {p['load_average']['end'][0]:.2f} at "
+      "the end.",
       "",
-      f"| row | budget | N | d_t | params | directions / update | updates | ops | device-s | "
-      f"test nats/byte | minus {ref} | {ref} wins |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|",
+      f"| row | budget | N | d_t | params | directions / update | ops / update | updates | "
+      f"{b['unit']} | start test | end test | gain test | gain validation | {ref} gain minus "
+      f"row gain (test) | end minus {ref} ({ref} wins) |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
-  for name in p["methods"]:
-    r = p["methods"][name]
-    dirs = r["directions_per_update"] if r["directions_per_update"] is not None else "-"
-    lines.append(
-        f"| {name} | {r['budget']} | {r['n_experts']} | {r['d_t']} | {_fmt(r['params'])} | {dirs} | "
-        f"{r['updates']['mean']:.0f} | {_fmt(r['ops']['mean'])} | {r['device_seconds']['mean']:.1f} | "
-        f"{protocol.pm(r['test_nats_per_byte'])} | "
-        + ("-" if name == ref else protocol.pm(r["minus_ref"], True))
-        + " | " + ("-" if name == ref else f"{r['ref_wins']}/{n_seeds}") + " |")
+  lines += [_line(name, r, p) for name, r in p["methods"].items()]
   eq = p["equal_ops"]
-  lines += ["", f"Ranking at equal device time (this table): {' < '.join(rank_time)}.",
+  lines += ["", f"Ranking by end test loss at this budget: {' < '.join(rank)}.",
             f"Ranking at equal operations ({_fmt(eq['ops'])} ops, {eq['how']}): "
             + " < ".join(f"{n} {eq['test_nats_per_byte'][n]['mean']:.3f}" for n in eq["ranking"])
-            + ".", "", f"Per seed: test nats/byte, and minus {ref} [95% paired bootstrap CI].", "",
+            + ".", "", f"Per seed: gain (test), and {ref}'s gain minus it [95% paired document "
+            "bootstrap: document noise around one start only].", "",
             "| row | " + " | ".join(f"seed {s}" for s in p["seeds"]) + " |",
             "|---|" + "---|" * n_seeds]
   for name, r in p["methods"].items():
-    cells = [f"{q['test_nats_per_byte']:.3f}" + ("" if name == ref else
-             f", {q['minus_ref']:+.3f} [{q['minus_ref_ci95'][0]:+.3f}, {q['minus_ref_ci95'][1]:+.3f}]")
-             for q in r["per_seed"]]
+    g = p["gain_difference"].get(name)
+    cells = [f"{q['gain']['test']:+.3f}" + ("" if g is None else
+             f", {d['diff']:+.3f} [{d['bootstrap_ci95'][0]:+.3f}, {d['bootstrap_ci95'][1]:+.3f}]")
+             for q, d in zip(r["per_seed"], g["per_seed"] if g else r["per_seed"], strict=True)]
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
   lines += ["", f"Byte-unigram baseline on the same targets: {p['unigram_test_nats_per_byte']:.3f} "
             "nats/byte. Seed runs (cost excluded): " + "; ".join(
-                f"{k} {s['method']} d_t={s['d_t']}: {s['updates']} updates, "
-                f"{s['device_seconds']:.1f} device-s, ensemble val {s['ensemble_val_nats_per_byte']:.3f}"
+                f"{k} {s['method']} d_t={s['d_t']}: {s['updates']} updates at seed {s['seed']}, "
+                f"ensemble val {s['ensemble_val_nats_per_byte']:.3f}"
                 for k, s in p["seed_runs"].items()) + "."]
   return "\n".join(lines) + "\n"

@@ -1,27 +1,31 @@
-"""The paper's Table 7 (SPEC 9.2): SOMA N = 2 against the monolith of the same total size at
-equal compute and equal tuning.
+"""The paper's Table 7 (SPEC 9.2, scaled down by 9.6): SOMA N = 2 against the monolith of the
+same total size at equal compute and equal tuning.
 
-Per architecture and optimisation seed, from that architecture's own warm start (the same
-for every seed; a seed run's parameters with fresh Adam moments, where the paper starts from
-each architecture's step-1 checkpoint, optimizer state included):
-1. lr in base x lr_factors at eps = base; the lowest final ensemble-validation loss picks lr;
-2. at that lr, eps in base x eps_factors (the run at eps = base is reused): 5 configurations
-   with the paper's factors 0.5, 1, 2. All of them see the same batches and directions
-   (they share the optimisation seed; lr and eps change no random draw).
-Each configuration trains until `budget_seconds` of training device time, the job's charged
-time in whatever layout training picks (on a CPU: core-seconds, with SOMA's experts over the
-cores by FSO and the monolith's directions over them by DDPP; the paper runs the monolith on
-one GPU and gives each expert its own GPU for 1/N of it), with checkpoints after each quarter
-scored on the ensemble-validation windows. The setting with the lowest final validation loss is selected, and only its final
-checkpoint is scored on the test set, once. Reported per seed: both test losses, the paired
-difference (monolith minus SOMA) with its document-bootstrap 95% CI; then the mean, the
-sample sd over seeds and the wins.
+Per architecture and optimisation seed, continuing that architecture's seed run (`protocol`:
+equal seed updates, the seed's whole train state, the same start for every seed):
+1. lr in base x lr_factors at eps = base (0.25x ... 4x); while the lowest final
+   ensemble-validation loss is at the grid's edge, the grid grows by a factor of 2 past it
+   (at most `lr_extend` times); a selected lr still at the edge is flagged;
+2. at that lr, eps in base x eps_factors (the run at eps = base is reused). All of them
+   see the same batches and directions (they share the optimisation seed; lr and eps
+   change no random draw).
+Each configuration trains for `budget` in `budget_unit` ("updates" at CPU scale, where both
+architectures do equal operations per update: `protocol.check_equal_ops` prints both and
+refuses a pair more than `ops_tolerance` apart), with checkpoints after each quarter scored
+on the ensemble-validation windows. The setting with the lowest final validation loss is
+selected, and only its final checkpoint is scored on the test set, once (the start, the
+same for every configuration, is scored on test once per architecture, before any run).
+Reported per seed: start, end and gain (start - end) on validation and test, the end test
+difference (monolith minus SOMA) with its document-bootstrap CI; across seeds: SOMA's gain
+minus the monolith's with its 95% t interval (`protocol.gain_difference`).
+
+`compare_pair` is one such comparison on given data and scorers, reusable at any width
+(the width ladder of SPEC 9.7 runs one per rung).
 """
 
 from __future__ import annotations
 
 import os
-import time
 
 import ml_collections
 import numpy as np
@@ -37,12 +41,22 @@ def grid_point(c: ml_collections.ConfigDict, lr: float, eps: float) -> ml_collec
   return c
 
 
+def extended(lrs: list[float], best: float) -> float | None:
+  """The next lr past the grid's edge that `best` sits on (a factor 2 out), else None."""
+  if best == min(lrs):
+    return min(lrs) / 2
+  if best == max(lrs):
+    return max(lrs) * 2
+  return None
+
+
 def tune(c: ml_collections.ConfigDict, config: ml_collections.ConfigDict, root: str,
-         val: eval_lib.TestSet, what: str) -> tuple[dict, list[dict]]:
+         val: eval_lib.TestSet, what: str, start: dict) -> tuple[dict, list[dict], dict]:
   """The two-stage lr-then-eps search of one architecture and seed, on validation only.
 
-  `c` is the budgeted run config (seed, start, budget set). Returns (the selected
-  configuration's record, every configuration's record in the order trained).
+  `c` is the budgeted run config (seed, start, budget set); `start` = {step, val}: the seed
+  step it continues and its validation loss. Returns (the selected configuration's record,
+  every configuration's record in the order trained, the search: grids and edge flags).
   """
   base = config.base_lr
   tried: dict[tuple[float, float], dict] = {}
@@ -50,19 +64,40 @@ def tune(c: ml_collections.ConfigDict, config: ml_collections.ConfigDict, root: 
   def run(lr: float, eps: float) -> dict:
     if (lr, eps) not in tried:
       workdir = os.path.join(root, f"lr{lr:g}_eps{eps:g}")
-      wall = protocol.train(grid_point(c, lr, eps), workdir, f"{what} lr={lr:g} eps={eps:g}")
-      points, last = protocol.curve(workdir, grid_point(c, lr, eps), val)
+      point = grid_point(c, lr, eps)
+      wall = protocol.train(point, workdir, f"{what} lr={lr:g} eps={eps:g}")
+      points, last = protocol.curve(workdir, point, val, start["step"], start["val"])
       tried[(lr, eps)] = {"lr": lr, "eps": eps, "workdir": workdir, "val_curve": points,
                           "val_nats_per_byte": float(last.mean()),
-                          **protocol.summary(workdir), "wall_seconds_this_call": wall}
+                          **protocol.summary(workdir, point, start["step"]),
+                          "wall_seconds_this_call": wall}
       print(f"[table7] {what} lr={lr:g} eps={eps:g}: {tried[(lr, eps)]['updates']} updates, "
             f"ensemble val {last.mean():.4f}", flush=True)
     return tried[(lr, eps)]
 
   best = lambda records: min(records, key=lambda r: r["val_nats_per_byte"])
-  lr = best([run(f * base, base) for f in config.lr_factors])["lr"]
-  chosen = best([run(lr, f * base) for f in config.eps_factors])
-  return chosen, list(tried.values())
+  lrs = [f * base for f in config.lr_factors]
+  lr = best([run(x, base) for x in lrs])["lr"]
+  for _ in range(config.lr_extend):
+    more = extended(lrs, lr)
+    if more is None:
+      break
+    lrs.append(more)
+    lr = best([run(x, base) for x in lrs])["lr"]
+  epss = [f * base for f in config.eps_factors]
+  chosen = best([run(lr, e) for e in epss])
+  search = {"lr_grid": sorted(lrs), "eps_grid": sorted(epss),
+            "lr_at_edge": extended(lrs, lr) is not None,
+            "eps_at_edge": extended(epss, chosen["eps"]) is not None}
+  return chosen, list(tried.values()), search
+
+
+def check_grid(config: ml_collections.ConfigDict) -> None:
+  if len(config.lr_factors) < 3 or config.lr_extend < 0:
+    raise UserError(f"lr_factors={tuple(config.lr_factors)} needs at least 3 factors and "
+                    f"lr_extend={config.lr_extend} >= 0: an edge choice must be detectable")
+  if 1.0 not in config.eps_factors:
+    raise UserError(f"eps_factors={tuple(config.eps_factors)} must hold 1.0 (the stage-1 eps)")
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "",
@@ -72,135 +107,172 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "",
   `scorers` = (validation, test) replaces the data dir's own (tests use it to give the
   test set a ranking opposite to validation's).
   """
-  t0 = time.perf_counter()
+  begun = protocol.started()
   os.makedirs(out, exist_ok=True)
+  payload = compare_pair(config, out, scorers)
+  payload = protocol.results(
+      "table7", "SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6", config, command,
+      begun, payload.pop("budget"), payload.pop("scored"), payload.pop("data_dir"), out,
+      payload.pop("seed_records"), **payload)
+  return protocol.write(out, payload, table)
+
+
+def compare_pair(config: ml_collections.ConfigDict, out: str,
+                 scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None) -> dict:
+  """One Table 7 comparison into OUT (seeds/, runs/): the study's own results fields, with
+  `budget`, `scored`, `data_dir` and `seed_records` for `protocol.results`."""
   methods = protocol.sized(config)
   if len(methods) != 2:
     raise UserError(f"study=table7 compares two architectures; config.methods has {len(methods)}")
+  check_grid(config)
+  unit = protocol.check_plan(config)
+  ops = protocol.check_equal_ops(methods, config.ops_tolerance, unit)
   ref, other = list(methods)
   data_dir = protocol.ensure_data(config, out, max(c.n_experts for c in methods.values()))
   val, test = scorers or protocol.eval_sets(config, data_dir, [c.data.seq_len for c in methods.values()])
   seeds = protocol.train_seeds(config, methods, data_dir, out, val)
-  results = {name: describe(c, config, seeds[config.start[name]]) for name, c in methods.items()}
-  finals = {}
+  results, finals, starts = {}, {}, {}
+  for name, c in methods.items():
+    s = seeds[config.start[name]]
+    rc = protocol.budgeted(c, data_dir, config.first_seed, s, unit, config.budget, 1)
+    starts[name] = protocol.start_losses(rc, {"validation": val, "test": test})  # test: once
+    results[name] = describe(c, s, ops[name], protocol.layout_of(rc))
   for seed in protocol.optimisation_seeds(config):
     for name, c in methods.items():
-      start = seeds[config.start[name]]
-      rc = protocol.budgeted(c, data_dir, seed, start["_path"], config.budget_seconds,
-                             config.curve_points)
-      chosen, tried = tune(rc, config, os.path.join(out, "runs", f"seed{seed}", name), val,
-                           f"seed {seed} {name}")
+      s = seeds[config.start[name]]
+      rc = protocol.budgeted(c, data_dir, seed, s, unit, config.budget, config.curve_points)
+      chosen, tried, search = tune(rc, config, os.path.join(out, "runs", f"seed{seed}", name),
+                                   val, f"seed {seed} {name}",
+                                   {"step": s["step"], "val": starts[name]["validation"].mean()})
       finals[(seed, name)] = protocol.final_losses(chosen["workdir"], rc, test)  # once
-      results[name]["per_seed"].append(per_seed_record(seed, start, chosen, tried, rc, out,
-                                                        finals[(seed, name)]))
-  differences(results, finals, ref, other, test, config)
-  payload = protocol.results(
-      "table7", "SPEC 9.2 (paper App. I.2, Table 7)", config, command, t0,
-      "configuration", {"per_expert": "SOMA's N experts share it equally (one job: a vmapped step, or "
-                                     "the experts over devices by FSO)"},
-      (val, test), data_dir, out, seeds,
-      tuning={"base_lr": config.base_lr, "lr_factors": list(config.lr_factors),
-              "eps_factors": list(config.eps_factors),
-              "selection": "final ensemble-validation loss; test scored once, selected only"},
-      other=other, methods=results)
-  payload["start_vs_end"] = start_vs_end(payload)
-  return protocol.write(out, payload, table)
+      results[name]["per_seed"].append(per_seed_record(seed, s, chosen, tried, search, out,
+                                                        starts[name], finals[(seed, name)]))
+  gain_difference = differences(results, finals, starts, ref, other, test, config)
+  return {"budget": {"unit": unit, "per": "configuration", "seed_updates": config.seed_updates,
+                     "ops_per_update": ops},
+          "scored": (val, test), "data_dir": data_dir, "seed_records": seeds,
+          "tuning": {"base_lr": config.base_lr, "lr_factors": list(config.lr_factors),
+                     "lr_extend": config.lr_extend, "eps_factors": list(config.eps_factors),
+                     "selection": "final ensemble-validation loss; test scored once, selected "
+                                  "only (and the start once per architecture)"},
+          "layout": {n: r["layout"] for n, r in results.items()}, "other": other,
+          "methods": results, "gain_difference": gain_difference}
 
 
-def describe(c: ml_collections.ConfigDict, config: ml_collections.ConfigDict, seed: dict) -> dict:
+def describe(c: ml_collections.ConfigDict, seed: dict, ops: int, layout: dict) -> dict:
   return {"method": c.method, "n_experts": c.n_experts, "d_t": c.model.d_t,
           "params": protocol.total_params(c), "n_pert": c.spsa.n_pert, "batch": c.spsa.batch,
-          "seq_len": c.data.seq_len, "weight_decay": c.opt.weight_decay,
-          "start": protocol.start_of(seed), "per_seed": []}
+          "seq_len": c.data.seq_len, "weight_decay": c.opt.weight_decay, "ops_per_update": ops,
+          "start": protocol.start_of(seed), "layout": layout, "per_seed": []}
 
 
-def per_seed_record(seed: int, start: dict, chosen: dict, tried: list[dict],
-                    c: ml_collections.ConfigDict, out: str, test_n: np.ndarray) -> dict:
+def per_seed_record(seed: int, start: dict, chosen: dict, tried: list[dict], search: dict,
+                    out: str, start_w: dict, test_w: np.ndarray) -> dict:
   strip = lambda r: {k: (protocol.shown(v, out) if k == "workdir" else v) for k, v in r.items()}
+  ends = {"validation": chosen["val_nats_per_byte"], "test": test_w}
   return {
       "seed": seed, "start": protocol.start_of(start),
       "selected": {"lr": chosen["lr"], "eps": chosen["eps"],
                    "val_nats_per_byte": chosen["val_nats_per_byte"]},
+      **search, **protocol.row_losses(start_w, ends),
       "updates": chosen["updates"], "updates_per_expert": chosen["updates"],
-      "device_seconds": chosen["device_seconds"],
-      "device_seconds_per_expert": chosen["device_seconds"] / c.n_experts,
+      "budget_used": protocol.budget_used(chosen),
+      **{k: chosen[k] for k in ("device_seconds", "cpu_seconds")},
       "curve": chosen["val_curve"], "curve_split": "ensemble_val",
-      "test_nats_per_byte": float(test_n.mean()),
+      "test_nats_per_byte": float(test_w.mean()),
       "configurations": [strip(r) for r in tried],
   }
 
 
-def differences(results: dict, finals: dict, ref: str, other: str, test: eval_lib.TestSet,
-                config: ml_collections.ConfigDict) -> None:
-  """Per seed: other minus ref on the same test windows, paired CI; then across seeds."""
-  diffs = []
+def differences(results: dict, finals: dict, starts: dict, ref: str, other: str,
+                test: eval_lib.TestSet, config: ml_collections.ConfigDict) -> dict:
+  """Per seed: other minus ref on the same test windows at the end, paired CI; then across
+  seeds. Returns {other: the reference's gain minus the other's} (`gain_difference`)."""
+  diffs, gains_w = [], []
   for i, rec in enumerate(results[other]["per_seed"]):
     seed = rec["seed"]
-    d = protocol.paired(finals[(seed, ref)], finals[(seed, other)], test.doc_ids,
-                        config.bootstrap_draws, seed)
+    end_ref, end_other = finals[(seed, ref)], finals[(seed, other)]
+    d = protocol.paired(end_ref, end_other, test.doc_ids, config.bootstrap_draws, seed)
     rec.update({"minus_ref": d["diff"], "minus_ref_ci95": d["ci95"]})
     results[ref]["per_seed"][i].update({"minus_ref": 0.0})
     diffs.append(d["diff"])
+    gains_w.append((starts[ref]["test"] - end_ref, starts[other]["test"] - end_other))
   for name in (ref, other):
+    per = results[name]["per_seed"]
     results[name]["test_nats_per_byte"] = protocol.across_seeds(
-        [r["test_nats_per_byte"] for r in results[name]["per_seed"]])
+        [r["test_nats_per_byte"] for r in per])
+    results[name]["start_loss"] = per[0]["start_loss"]  # the same for every seed
+    results[name]["gain"] = {s: protocol.t_interval([r["gain"][s] for r in per])
+                             for s in ("validation", "test")}
   results[other]["minus_ref"] = protocol.across_seeds(diffs)
   results[other]["ref_wins"] = int(sum(d > 0 for d in diffs))
   results[other]["ref_wins_ci_excludes_zero"] = int(
       sum(r["minus_ref_ci95"][0] > 0 for r in results[other]["per_seed"]))
+  return {other: protocol.gain_difference(
+      results[ref]["per_seed"], results[other]["per_seed"], gains_w, test.doc_ids,
+      config.bootstrap_draws)}
 
 
-def start_vs_end(p: dict) -> dict:
-  """How much of the final validation gap the warm starts already had: each architecture's
-  start (update 0) and selected final ensemble-validation loss, means over seeds."""
-  ref, other = p["reference"], p["other"]
-  out = {}
-  for name in (ref, other):
-    per = p["methods"][name]["per_seed"]
-    start = float(np.mean([q["curve"][0]["loss"] for q in per]))
-    end = float(np.mean([q["selected"]["val_nats_per_byte"] for q in per]))
-    out[name] = {"start_val": start, "end_val": end, "change": end - start}
-  out["gap_at_start"] = out[other]["start_val"] - out[ref]["start_val"]
-  out["gap_at_end"] = out[other]["end_val"] - out[ref]["end_val"]
-  out["gap_from_training"] = out["gap_at_end"] - out["gap_at_start"]
-  return out
+def _setting(q: dict) -> str:
+  """'0.00125 / 0.0025', with * after an lr (or eps) selected at its grid's edge."""
+  return (f"{q['selected']['lr']:g}{'*' if q['lr_at_edge'] else ''} / "
+          f"{q['selected']['eps']:g}{'*' if q['eps_at_edge'] else ''}")
+
+
+def _row(a: dict, b: dict, g: dict) -> str:
+  move = lambda q: (f"{q['start_loss']['test']:.4f} → {q['end_loss']['test']:.4f} "
+                    f"({q['gain']['test']:+.4f})")
+  lo, hi = g["bootstrap_ci95"]
+  return (f"| {a['seed']} | {_setting(a)} | {a['updates']} | {move(a)} | {_setting(b)} | "
+          f"{b['updates']} | {move(b)} | {g['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
+          f"{b['minus_ref']:+.4f} |")
 
 
 def table(p: dict) -> str:
-  """Markdown: the setup line, one row per seed, then mean ± sd and wins."""
-  ref, other, ev = p["reference"], p["other"], p["eval"]
+  """Markdown: the setup, one row per seed (start → end, gains), then the gain difference
+  across seeds, the validation view and the flags."""
+  ref, other, ev, b = p["reference"], p["other"], p["eval"], p["budget"]
   r, o = p["methods"][ref], p["methods"][other]
+  g = p["gain_difference"][other]
+  seeds = ", ".join(f"{k} {s['updates']} updates at seed {s['seed']}"
+                    for k, s in p["seed_runs"].items())
   lines = [
-      f"Table 7 protocol (SPEC 9.2) at this scale: {ref} (N={r['n_experts']}, d_t={r['d_t']}, "
-      f"{r['params']:,} params) vs {other} (N={o['n_experts']}, d_t={o['d_t']}, "
-      f"{o['params']:,} params). Budget {p['budget']['seconds']:g} training device-seconds per "
-      f"configuration; lr grid {p['tuning']['base_lr']:g} x {p['tuning']['lr_factors']}, then eps "
-      f"grid x {p['tuning']['eps_factors']}; selection on ensemble validation "
-      f"({ev['val_windows']} windows), test scored once. Evaluation: route on {ev['route_bytes']} "
-      f"bytes, score the next {ev['score_bytes']} ({ev['test_windows']} test windows from "
-      f"{ev['test_documents']} documents). 95% paired document bootstrap.",
+      f"Table 7 protocol (SPEC 9.2, 9.6) at this scale: {ref} (N={r['n_experts']}, "
+      f"d_t={r['d_t']}, {r['params']:,} params, {r['ops_per_update']:,} ops/update, "
+      f"{r['layout']['why']}) vs {other} (N={o['n_experts']}, d_t={o['d_t']}, "
+      f"{o['params']:,} params, {o['ops_per_update']:,} ops/update, {o['layout']['why']}). "
+      f"Budget {b['amount']:g} {b['unit']} per configuration, continuing seed runs ({seeds}) "
+      f"with their optimizer state. lr grid {p['tuning']['base_lr']:g} x "
+      f"{p['tuning']['lr_factors']} (extended up to {p['tuning']['lr_extend']} times past an "
+      f"edge), then eps x {p['tuning']['eps_factors']}; * = selected at the grid's edge. "
+      f"Selection on ensemble validation ({ev['val_windows']} windows); test scored once. "
+      f"Evaluation: route on {ev['route_bytes']} bytes, score the next {ev['score_bytes']} "
+      f"({ev['test_windows']} test windows from {ev['test_documents']} documents). Load "
+      f"average {p['load_average']['start'][0]:.2f} at the start, "
+      f"{p['load_average']['end'][0]:.2f} at the end.",
       "",
-      f"| seed | {ref} selected lr / eps | updates | {ref} test | {other} selected lr / eps | "
-      f"updates | {other} test | {other} minus {ref} [95% CI] |",
-      "|---|---|---|---|---|---|---|---|",
+      f"| seed | {ref} lr / eps | updates | {ref} test start → end (gain) | {other} lr / eps | "
+      f"updates | {other} test start → end (gain) | {ref} gain minus {other} gain [95% "
+      f"document bootstrap] | end gap ({other} minus {ref}) |",
+      "|---|---|---|---|---|---|---|---|---|",
   ]
-  for a, b in zip(r["per_seed"], o["per_seed"], strict=True):
-    lines.append(
-        f"| {a['seed']} | {a['selected']['lr']:g} / {a['selected']['eps']:g} | {a['updates']} | "
-        f"{a['test_nats_per_byte']:.4f} | {b['selected']['lr']:g} / {b['selected']['eps']:g} | "
-        f"{b['updates']} | {b['test_nats_per_byte']:.4f} | {b['minus_ref']:+.4f} "
-        f"[{b['minus_ref_ci95'][0]:+.4f}, {b['minus_ref_ci95'][1]:+.4f}] |")
+  lines += [_row(a, bb, gg) for a, bb, gg in zip(r["per_seed"], o["per_seed"], g["per_seed"],
+                                                 strict=True)]
   n = len(o["per_seed"])
-  lines += ["", f"Mean ± sd over {n} seeds: {ref} {protocol.pm(r['test_nats_per_byte'], digits=4)}, "
-            f"{other} {protocol.pm(o['test_nats_per_byte'], digits=4)}; {other} minus {ref} "
-            f"{protocol.pm(o['minus_ref'], True, 4)}; {ref} lower in {o['ref_wins']} of {n} seeds "
-            f"(CI above zero in {o['ref_wins_ci_excludes_zero']}). Byte unigram "
-            f"{p['unigram_test_nats_per_byte']:.3f}."]
-  if "start_vs_end" in p:
-    g = p["start_vs_end"]
-    lines += ["", f"Ensemble validation, start -> selected end (mean over seeds): {ref} "
-              f"{g[ref]['start_val']:.4f} -> {g[ref]['end_val']:.4f}, {other} "
-              f"{g[other]['start_val']:.4f} -> {g[other]['end_val']:.4f}; {other} minus {ref}: "
-              f"{g['gap_at_start']:+.4f} at the warm starts, {g['gap_at_end']:+.4f} at the end "
-              f"({g['gap_from_training']:+.4f} from this training)."]
+  start_gap = {s: o["start_loss"][s] - r["start_loss"][s] for s in ("validation", "test")}
+  lines += [
+      "", f"**{ref}'s gain minus {other}'s gain, test: {protocol.ci(g, 4)}** (mean and 95% t "
+      f"interval over {n} seeds; validation {protocol.ci(g['validation'], 4)}). Gains (start − "
+      f"end), test: {ref} {protocol.ci(r['gain']['test'], 4)}, {other} "
+      f"{protocol.ci(o['gain']['test'], 4)}; validation: {ref} "
+      f"{protocol.ci(r['gain']['validation'], 4)}, {other} "
+      f"{protocol.ci(o['gain']['validation'], 4)}.",
+      "", f"Start gap ({other} minus {ref}): test {start_gap['test']:+.4f}, validation "
+      f"{start_gap['validation']:+.4f}; end gap, test: {protocol.pm(o['minus_ref'], True, 4)} "
+      f"({ref} lower in {o['ref_wins']} of {n} seeds). Byte unigram "
+      f"{p['unigram_test_nats_per_byte']:.3f}."]
+  edges = sum(q["lr_at_edge"] for q in r["per_seed"] + o["per_seed"])
+  if edges:
+    lines += ["", f"{edges} of {2 * n} searches selected an lr at the edge of their grid "
+              "(after extending it): the optimum may lie outside it."]
   return "\n".join(lines) + "\n"
