@@ -29,9 +29,9 @@ from benchmarks import step_timing
 from soma_jax import cli, runs, sizing
 from soma_jax import evaluate as eval_lib
 from soma_jax import model as model_lib
+from soma_jax.data.router import Router
 from soma_jax.errors import UserError
 from soma_jax.methods import lstm
-from soma_jax.router import Router
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run folder (checkpoints, config)")
 _JSON = flags.DEFINE_string("json", None, "write the results here as JSON")
@@ -67,13 +67,9 @@ def peak_memory() -> tuple[int, str]:
   return int(rss if sys.platform == "darwin" else rss * 1024), "process peak RSS (ru_maxrss)"
 
 
-def main(argv):
-  del argv
-  if min(_TOP_K.value, _REQUESTS.value, _BATCH.value, _REPEATS.value) < 1:
-    raise UserError("--top_k, --requests, --batch and --repeats must be >= 1")
-  if not os.path.isdir(_WORKDIR.value):
-    raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
-  logging.info("devices: %s", jax.devices())
+def _ensemble():
+  """(bodies, head, model config, N, request windows, router): the run's, or the synthetic
+  ensemble of --synthetic_n experts routed by random centroids."""
   body_N, head, c = runs.restore_params(_WORKDIR.value, _STEP.value)
   data_dir = _DATA_DIR.value or c.data.dir
   windows, _ = eval_lib.load_split(data_dir, _SPLIT.value)
@@ -86,6 +82,17 @@ def main(argv):
     body_N, head = model_lib.init_experts(jax.random.key(1), cfg, n)
     cents = np.random.default_rng(0).normal(size=(n, router.featurizer.dims))
     router = Router(router.featurizer, cents / np.linalg.norm(cents, axis=1, keepdims=True))
+  return body_N, head, cfg, n, windows, router
+
+
+def main(argv):
+  del argv
+  if min(_TOP_K.value, _REQUESTS.value, _BATCH.value, _REPEATS.value) < 1:
+    raise UserError("--top_k, --requests, --batch and --repeats must be >= 1")
+  if not os.path.isdir(_WORKDIR.value):
+    raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
+  logging.info("devices: %s", jax.devices())
+  body_N, head, cfg, n, windows, router = _ensemble()
   top_k = min(_TOP_K.value, n)
   shared = cfg.shared_head
 
@@ -117,13 +124,8 @@ def main(argv):
       "monolith_peak_memory_bytes": mono_mem,  # cumulative: the monolith runs second
       "speedup_vs_monolith": mono_s / ens_s,
       "settings": {
-          "workdir": _WORKDIR.value,
-          "synthetic": _SYNTH_N.value > 0,
-          "num_experts": n,
-          "top_k": top_k,
-          "d_t": cfg.d_t,
-          "d_e": cfg.d_e,
-          "depth": cfg.depth,
+          "workdir": _WORKDIR.value, "synthetic": _SYNTH_N.value > 0, "num_experts": n,
+          "top_k": top_k, "d_t": cfg.d_t, "d_e": cfg.d_e, "depth": cfg.depth,
           "shared_head": shared,
           "ensemble_params": sizing.ensemble_params(cfg, n),
           "flops_per_token": top_k * sizing.flops_per_token(cfg),

@@ -223,15 +223,12 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
                  dot_algorithm=memory.dot_algorithm(c.precision),
                  params_per_expert=sizing.body_params(cfg.model))
   out.update(
-      load_average_1m_at_start=load,
-      reps=reps,
+      load_average_1m_at_start=load, reps=reps, step_seconds=step_s,
       layout={"mesh_expert": placed.expert, "mesh_pert": placed.pert, "what": placed.why},
-      step_seconds=step_s,
       perturbed_tokens_per_second=tokens / step_s,
       achieved_gflops=tokens * sizing.flops_per_token(cfg.model) / step_s / 1e9,
       one_device_step_seconds=one_s, one_device_pert_chunk=choice.chunk,
-      one_device_perturbed_tokens_per_second=tokens / one_s,
-      speedup_vs_one_device=one_s / step_s,
+      one_device_perturbed_tokens_per_second=tokens / one_s, speedup_vs_one_device=one_s / step_s,
       # The one-device step's plan (not donating its state; training's donating step may
       # plan less).
       peak_memory_bytes=memory.planned_bytes(compiled),
@@ -245,28 +242,38 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
     # the ideals (paper_shapes.py's rows, one process each), else the step's and the ideals'
     key = "process_peak_bytes_in_use" if ideals else "device_peak_bytes_in_use"
     out[key] = int(stats["peak_bytes_in_use"])
-  if not ideals:
-    return out
+  if ideals:
+    out.update(_ideal_figures(c, inputs, cfg, seconds, out, step_s, loop, reps))
+  return out
+
+
+def _ideal_figures(c, inputs: StepInputs, cfg, seconds: dict, out: dict, step_s: float,
+                   loop: bool, reps: int) -> dict:
+  """The step's ratios to its ideals (measured in the same rounds as the step), the matmul
+  rate, the memory at 2 n_pert and, with `loop`, the per-direction loop."""
+  one_s, tokens = seconds["one_device_step"], inputs.tokens
   fwd_s, wide_s, est_s = seconds["forward"], seconds["batched_forward"], seconds["estimate"]
+  new = {}
   with memory.matmul_precision(c.precision):
-    out["matmul_peak_gflops"] = matmul_peak_gflops(4096 if jax.default_backend() == "gpu" else 2048)
-  out.update(forward_seconds=fwd_s, forward_tokens_per_second=tokens / fwd_s,
+    new["matmul_peak_gflops"] = matmul_peak_gflops(4096 if jax.default_backend() == "gpu" else 2048)
+  new.update(forward_seconds=fwd_s, forward_tokens_per_second=tokens / fwd_s,
              efficiency=fwd_s / one_s, batched_forward_seconds=wide_s,
              efficiency_vs_batched=wide_s / one_s,
              # The SPSA estimate alone (probes, perturbed forwards, the sum over directions):
              # what the step adds beyond it is the update (Adam; the delta-rule head's own
              # unperturbed forward when it trains the head).
              estimate_seconds=est_s, estimate_efficiency=fwd_s / est_s)
-  out["fraction_of_matmul_peak"] = out["achieved_gflops"] / out["matmul_peak_gflops"]
+  new["fraction_of_matmul_peak"] = out["achieved_gflops"] / new["matmul_peak_gflops"]
   # Peak memory scales with pert_chunk, not n_pert: the same step at 2 n_pert.
   cfg2 = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, n_pert=2 * c.spsa.n_pert))
-  out["peak_memory_bytes_2x_n_pert"] = memory.planned_bytes(inputs.compile(cfg2))
-  out["memory_ratio_2x_n_pert"] = out["peak_memory_bytes_2x_n_pert"] / out["peak_memory_bytes"]
+  new["peak_memory_bytes_2x_n_pert"] = memory.planned_bytes(inputs.compile(cfg2))
+  new["memory_ratio_2x_n_pert"] = new["peak_memory_bytes_2x_n_pert"] / out["peak_memory_bytes"]
   if loop:
     with memory.matmul_precision(c.precision):
-      out["loop_seconds"] = naive_loop_seconds(state, batch, inputs.ids, cfg, min(reps, 3))
-    out["speedup_vs_loop"] = out["loop_seconds"] / step_s
-  return out
+      new["loop_seconds"] = naive_loop_seconds(inputs.state, inputs.batch, inputs.ids, cfg,
+                                               min(reps, 3))
+    new["speedup_vs_loop"] = new["loop_seconds"] / step_s
+  return new
 
 
 def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> float:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 VOCAB = 256
 GAIN_KEY = "scale"  # LayerNorm gains: dense +-1 under sparse probes (SPEC 3.1).
+RECURRENT_KEY = "w_h"  # the recurrent matrix (read at every time step): spsa.forward=split_recurrence
 # How a perturbed copy applies theta + s eps z (spsa.forward): "direct" forms each copy's
 # weights; "split" applies every matrix as x theta + s eps (x z) (`Split`),
 # "split_recurrence" only the recurrent w_h (where each copy's own weights are read at

@@ -26,8 +26,8 @@ from soma_jax import checkpoint as ckpt_lib
 from soma_jax import config as config_lib
 from soma_jax import host_devices, memory, methods, parallel, runs, train_state
 from soma_jax.data import pipeline
+from soma_jax.data.router import Router
 from soma_jax.errors import UserError
-from soma_jax.router import Router
 
 ENSEMBLE_WINDOWS = 256  # ensemble-validation windows scored at each ensemble evaluation
 

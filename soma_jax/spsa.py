@@ -142,7 +142,7 @@ def _splits(path, leaf: jax.Array, forward: str) -> bool:
   """Whether one expert's leaf at `path` is applied split (a matrix) under `forward`."""
   if forward == "split":
     return leaf.ndim == 2
-  return forward == "split_recurrence" and getattr(path[-1], "key", None) == "w_h"
+  return forward == "split_recurrence" and getattr(path[-1], "key", None) == layers.RECURRENT_KEY
 
 
 def perturb(body: PyTree, z: PyTree, scale: jax.Array, forward: str = "direct",

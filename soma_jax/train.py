@@ -67,8 +67,8 @@ def train(plan: plan_lib.Plan, workdir: str) -> dict:
     try:
       now = _resume(plan, ckpt, overrides, workdir)
       if now.start >= plan.cadence.steps:
-        return records.already_trained(workdir, now.start, plan.cadence.steps,
-                                       _skipped(now.state), now.totals)
+        return records.already_trained(workdir, now.start, plan.cadence.steps, now.skipped,
+                                       now.totals)
       records.record_start(workdir, plan.config, now.start, changed, overrides,
                            plan.data_sha256)
       with _Stop() as stop, memory.matmul_precision(plan.precision):  # the step's precision
@@ -116,6 +116,10 @@ class _Now:
   state: train_state.TrainState
   start: int = 0
   totals: dict = dataclasses.field(default_factory=dict)  # cumulative counters
+
+  @property
+  def skipped(self) -> list:
+    return _skipped(self.state)
 
 
 def _resume(plan: plan_lib.Plan, ckpt: ckpt_lib.Checkpointer, overrides: list[str],

@@ -1,5 +1,7 @@
 """Baseline comparison (Table 4 / Figure 1) and independent vs summed losses (Figure 4)."""
 
+import dataclasses
+import inspect
 import os
 
 import jax
@@ -91,8 +93,9 @@ def test_summed_step_matches_shared_loss_estimate():
     state = train_state.init_state(body_N, head, 1e-3, 1e-3, cfg.weight_decay, cfg.train_head)
     state = state.replace(sched=jax.tree.map(  # float64 lr and eps, like the parameters
         lambda x: x.astype(np.float64) if x.dtype == np.float32 else x, state.sched))
-    new, _ = jax.jit(independent.summed_train_step, static_argnames="cfg")(
-        state, batch, ids, cfg=cfg)
+    summed = independent.VARIANT_METHODS["summed"]  # the registered soma_summed step
+    new, _ = jax.jit(inspect.unwrap(summed.train_step), static_argnames="cfg")(
+        state, batch, ids, cfg=dataclasses.replace(cfg, loss_groups=(0, 0, 0)))
     losses, z = _perturbed_losses(body_N, head, batch, 1e-3, 0, ids, jax.random.key(cfg.seed),
                                   cfg.spsa)
     mu = np.asarray(_flat(new.opt[1].mu))

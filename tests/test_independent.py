@@ -13,6 +13,7 @@ from soma_jax import checkpoint as ckpt_lib
 from soma_jax import runs, spsa
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
+from soma_jax.methods import soma as soma_method
 from soma_jax.studies import independent
 from tests.test_compare import load_config
 
@@ -168,14 +169,14 @@ def test_run_continues_the_checkpoint_in_both_arms(tmp_path, tiny_ensemble, data
     return out
 
   monkeypatch.setattr(spsa, "_group_diff", recording)
-  steps = dict(independent._STEPS)
-  for variant, fn in steps.items():
-    def wrapped(state, batch, ids, cfg, _fn=fn, _v=variant):
+  for variant, method in dict(independent.VARIANT_METHODS).items():
+    def wrapped(state, batch, ids, cfg, _fn=method.train_step, _v=variant):
       if _v not in first:
         first[_v] = (jax.tree.map(np.array, state), np.asarray(ids))
       return _fn(state, batch, ids, cfg=cfg)
-    monkeypatch.setitem(independent._STEPS, variant, wrapped)
-  steps["summed"].clear_cache()  # retrace, so the recorder sees the summed step
+    monkeypatch.setitem(independent.VARIANT_METHODS, variant, method._replace(train_step=wrapped))
+  soma_method.train_step.clear_cache()  # both variants' jitted step: retrace, so the
+  # recorder sees the summed step
   config = ivs_tiny_config(data_four_shards, num_seeds=2)
   config.init_from = tiny_ensemble
   config.experts = "1,2,3,0"

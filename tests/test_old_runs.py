@@ -21,8 +21,8 @@ from soma_jax import checkpoint as ckpt_lib
 from soma_jax import evaluate as eval_lib
 from soma_jax import methods, runs, train
 from soma_jax.data import pipeline
+from soma_jax.data.router import Router
 from soma_jax.errors import UserError
-from soma_jax.router import Router
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "old_runs")
 

@@ -8,7 +8,7 @@ import pytest
 
 from soma_jax import runs, train
 from soma_jax.data import pipeline
-from soma_jax.router import Router
+from soma_jax.data.router import Router
 from soma_jax.studies import report
 from tests.test_evaluate import hand_mixture
 from tests.test_train import tiny_config

@@ -6,8 +6,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from soma_jax import router as router_lib
 from soma_jax.data import clustering
+from soma_jax.data import router as router_lib
 from soma_jax.errors import UserError
 from tests.conftest import DATA_DOMAINS, data_make_doc
 

@@ -1,7 +1,7 @@
 """The shape of the code (issue 20): no import cycle inside soma_jax (imports inside functions
-count), no function over 60 lines in soma_jax/ or experiments/, a method's name read only in
-soma_jax/methods/, no pytree-key sniffing for the model, no sys.path edits in benchmarks/ or
-scripts/. Each test reads the source with `ast`; nothing is imported or run."""
+count), no function over 60 lines in soma_jax/, experiments/, benchmarks/ or scripts/, a
+method's name read only in soma_jax/methods/, a model's pytree keys tested only where the
+model defines them, no sys.path edits in benchmarks/, scripts/ or tests/. Each test reads the source with `ast`; nothing is imported or run."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_soma_jax_has_no_import_cycle():
   graph = import_graph(_sources("soma_jax"))
-  assert "soma_jax.methods" in graph and graph["soma_jax.train"] >= {"soma_jax.methods"}
+  assert "soma_jax.methods" in graph and graph["soma_jax.plan"] >= {"soma_jax.methods"}
   cycle = find_cycle(graph)
   assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -102,7 +102,7 @@ def long_functions(trees: dict[str, ast.Module]) -> list[str]:
 
 
 def test_no_function_over_60_lines():
-  assert long_functions(_sources("soma_jax", "experiments")) == []
+  assert long_functions(_sources("soma_jax", "experiments", "benchmarks", "scripts")) == []
 
 
 def test_the_length_check_sees_a_long_function():
@@ -112,7 +112,11 @@ def test_the_length_check_sees_a_long_function():
 
 NAME_TEST = re.compile(r"\bmethod\s*(==|!=|\bin\b|\bnot in\b)|\.method\.startswith\(")
 PATH_EDIT = re.compile(r"sys\.path\.(insert|append|extend|remove)\(|sys\.path\s*(\+?=|\[)")
-KEY_SNIFF = re.compile(r"""["'](layers|blocks|embed)["']\s+in\s+\w""")
+# A parameter key of a model's pytree tested for (membership or equality): only the files
+# that define those pytrees (MODEL_FILES) may look their own keys up.
+KEYS = r"(layers|blocks|embed|head|in_proj|out_proj|lstm|mlp|w_h|w_x|u_h|mixer|scale|ln\w*)"
+KEY_SNIFF = re.compile(rf"""["']{KEYS}["']\s+(not\s+)?in\s+\w|\bkey\W.*==\s*["']{KEYS}["']""")
+MODEL_FILES = tuple(os.path.join("soma_jax", f) for f in ("model.py", "gru.py", "layers.py"))
 
 
 def _lines(folders, skip=()):
@@ -124,22 +128,31 @@ def _lines(folders, skip=()):
         yield path, i, line
 
 
-@pytest.mark.parametrize("pattern,what", [(NAME_TEST, "a method name tested"),
-                                          (KEY_SNIFF, "a pytree key sniffed")])
-def test_method_names_are_read_only_in_the_registry(pattern, what):
-  found = [f"{p}:{i}: {line.strip()}" for p, i, line in
-           _lines(("soma_jax", "experiments", "benchmarks", "scripts"),
-                  skip=(os.path.join("soma_jax", "methods") + os.sep,))
+FOLDERS = ("soma_jax", "experiments", "benchmarks", "scripts")
+
+
+@pytest.mark.parametrize("pattern,what,skip", [
+    (NAME_TEST, "a method name tested", (os.path.join("soma_jax", "methods") + os.sep,)),
+    (KEY_SNIFF, "a pytree key sniffed", (os.path.join("soma_jax", "methods") + os.sep,)
+     + MODEL_FILES)])
+def test_method_names_are_read_only_in_the_registry(pattern, what, skip):
+  found = [f"{p}:{i}: {line.strip()}" for p, i, line in _lines(FOLDERS, skip=skip)
            if pattern.search(line.split("#", 1)[0])]
-  assert found == [], f"{what} outside soma_jax/methods: {found}"
+  assert found == [], f"{what} outside {', '.join(skip)}: {found}"
 
 
 def test_the_name_checks_match_what_they_forbid():
   assert NAME_TEST.search('if c.method == "soma":') and NAME_TEST.search("c.method in (a, b)")
   assert KEY_SNIFF.search('if "layers" in body:') and not NAME_TEST.search("c.method = x")
+  for sniff in ('linear(x, body["in_proj"]) if "in_proj" in body else x',
+                'getattr(path[-1], "key", None) == "w_h"', 'if "w_h" not in p:'):
+    assert KEY_SNIFF.search(sniff), sniff
+  assert not KEY_SNIFF.search('body["blocks"][0]["lstm"]') and not KEY_SNIFF.search('== "soma"')
 
 
-def test_no_sys_path_edits_in_benchmarks_or_scripts():
-  found = [f"{p}:{i}" for p, i, line in _lines(("benchmarks", "scripts")) if PATH_EDIT.search(line)]
+def test_no_sys_path_edits_in_benchmarks_scripts_or_tests():
+  found = [f"{p}:{i}" for p, i, line in
+           _lines(("benchmarks", "scripts", "tests"), skip=(os.path.join("tests", "test_structure.py"),))
+           if PATH_EDIT.search(line)]
   assert found == []
   assert PATH_EDIT.search("sys.path.insert(0, ROOT)") and not PATH_EDIT.search("on `sys.path`")

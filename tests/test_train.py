@@ -13,6 +13,7 @@ import pytest
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import host_devices, merge, runs, train
+from soma_jax.config import load_config_file
 from soma_jax.errors import UserError
 from tests.conftest import default_env, equal_to_rounding
 
@@ -22,10 +23,7 @@ TIMING = ("step_seconds", "tokens_per_second", "device_seconds", "cpu_seconds", 
 
 
 def tiny_config(data_dir, **overrides):
-  sys.path.insert(0, os.path.join(ROOT, "experiments", "configs"))
-  import soma  # noqa: PLC0415
-
-  c = soma.get_config("n=3,size=tiny")
+  c = load_config_file(os.path.join(ROOT, "experiments", "configs", "soma.py"), "n=3,size=tiny")
   c.data.dir = data_dir
   c.update(steps=8, log_every=1, eval_every=2, ckpt_every=2)
   for k, v in overrides.items():
@@ -59,10 +57,9 @@ def assert_resumes_like(straight, w, data_dir):
 
 
 KILLER = textwrap.dedent("""
-    import os, signal, sys
-    sys.path.insert(0, {configs!r})
-    import soma
+    import os, signal
     from soma_jax import host_devices, train
+    from soma_jax.config import load_config_file
     from soma_jax.data import pipeline
 
     if {default_layout!r}:  # as an entry point starts: one CPU device per usable core
@@ -74,7 +71,7 @@ KILLER = textwrap.dedent("""
       return real_next(self)
     if {kill_at} >= 0:
       pipeline.TrainBatches.__next__ = next_or_die
-    c = soma.get_config("n=3,size=tiny")
+    c = load_config_file({configs!r} + "/soma.py", "n=3,size=tiny")
     c.data.dir = {data!r}
     c.update(steps=8, log_every=1, eval_every=2, ckpt_every=2)
     train.run(c, {workdir!r})

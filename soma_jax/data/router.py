@@ -20,7 +20,7 @@ from soma_jax.data import clustering
 from soma_jax.data.windows import ROUTE_BYTES
 from soma_jax.errors import UserError
 
-FORMAT = "soma_jax.router"
+FORMAT = "soma_jax.router"  # the tag router.npz files carry (kept when the module moved)
 VERSION = 1
 _ARRAYS = ("header", "vocabulary", "idf", "components", "mean", "centroids")
 

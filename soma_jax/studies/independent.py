@@ -20,7 +20,8 @@ which independent is lower, and the shared-vs-separate gradient variance
 from __future__ import annotations
 
 import csv
-import dataclasses
+import functools
+import itertools
 import json
 import os
 import time
@@ -37,7 +38,8 @@ from soma_jax import methods, runs, spsa, train_state
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.methods import soma
+from soma_jax.loop import Loop
+from soma_jax.methods import soma, soma_summed
 from soma_jax.studies import protocol, report, variance
 
 PyTree = jax.typing.ArrayLike
@@ -45,19 +47,9 @@ VARIANTS = ("independent", "summed")
 NUM_EXPERTS = 4  # the paper's Figure 4 ensemble; the variance study's groupings are of four
 
 
-def summed_train_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
-                      cfg: spsa.StepConfig) -> tuple[train_state.TrainState, dict]:
-  """`spsa.train_step` with every expert's estimate taken from the sum of all N losses."""
-  n = batch_NxAxBxT1.shape[0]
-  return spsa.train_step(state, batch_NxAxBxT1, expert_ids_N,
-                         dataclasses.replace(cfg, loss_groups=(0,) * n))
-
-
-# The old state's buffers are donated; each variant starts from its own copy.
-_STEPS = {
-    "independent": soma.train_step,
-    "summed": jax.jit(summed_train_step, static_argnames="cfg", donate_argnames="state"),
-}
+# Each variant is a registered method (the old state's buffers are donated; each variant
+# starts from its own copy): SOMA's own losses, and the summed-loss control.
+VARIANT_METHODS = {"independent": soma.METHOD, "summed": soma_summed.METHOD}
 
 
 # ------------------------------------------------------------------------- the start
@@ -132,8 +124,9 @@ def continuation_start(workdir: str, ids: tuple[int, ...], lr: float, eps: float
 
 
 def step_config(config: ml_collections.ConfigDict, run_cfg: ml_collections.ConfigDict,
-                seed: int) -> spsa.StepConfig:
-  """The continuation's step: the run's model and weight decay, this config's directions."""
+                seed: int, variant: str = "independent") -> spsa.StepConfig:
+  """The continuation's step for `variant`: the run's model and weight decay, this config's
+  directions (the summed variant's losses grouped into one)."""
   d = run_cfg.to_dict()
   d.update(n_experts=NUM_EXPERTS, experts="", seed=seed)
   d["spsa"].update(n_pert=config.spsa.n_pert, batch=config.spsa.batch, accum=1,
@@ -142,7 +135,7 @@ def step_config(config: ml_collections.ConfigDict, run_cfg: ml_collections.Confi
   d["opt"]["train_head"] = False  # heads frozen
   c = ml_collections.ConfigDict(d)
   methods.validate(c)
-  return methods.get(c).step_config(c)
+  return VARIANT_METHODS[variant].step_config(c)
 
 
 # ------------------------------------------------------------------------------ data
@@ -209,19 +202,18 @@ def doc_means(values_n: np.ndarray, doc_ids_n: np.ndarray) -> np.ndarray:
 def train_variant(start: train_state.TrainState, variant: str, cfg: spsa.StepConfig, ids: jax.Array,
                   batches: Iterator[np.ndarray], steps: int, checkpoints: list[int],
                   score) -> tuple[list[dict], np.ndarray, train_state.TrainState, float]:
-  """One variant from its own copy of `start`: ([{step, test}], final per-window test losses,
-  end state, seconds). Run under x64: the summed difference is formed in float64."""
-  state = jax.tree.map(jnp.array, start)  # a copy: the step donates its input
-  step_fn = _STEPS[variant]
+  """One variant from its own copy of `start`, through the training loop (`loop.Loop`):
+  ([{step, test}], final per-window test losses, end state, seconds). Run under x64: the
+  summed difference is formed in float64."""
+  step_fn = functools.partial(VARIANT_METHODS[variant].train_step, cfg=cfg)
+  loop = Loop(jax.tree.map(jnp.array, start), step_fn, batches, ids)  # a copy: it is donated
   curve, last = [], None
   t0 = time.perf_counter()
-  for step in range(steps + 1):
-    if step in checkpoints:
-      last = score(state)
-      curve.append({"step": step, "test_nats_per_byte": float(last.mean())})
-    if step < steps:
-      state, _ = step_fn(state, jnp.asarray(next(batches)), ids, cfg=cfg)
-  return curve, last, state, time.perf_counter() - t0
+  for done, _ in itertools.chain([(0, None)], loop.run(0, steps)):
+    if done in checkpoints:
+      last = score(loop.state)
+      curve.append({"step": done, "test_nats_per_byte": float(last.mean())})
+  return curve, last, loop.state, time.perf_counter() - t0
 
 
 def variance_at(vc: ml_collections.ConfigDict, state: train_state.TrainState) -> dict:
@@ -278,9 +270,9 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
   with jax.enable_x64(True):
     variances["start"] = variance_at(vc, start)
     for seed in seeds:
-      cfg = step_config(config, run_cfg, seed)
       curves, final = {}, {}
       for variant in VARIANTS:
+        cfg = step_config(config, run_cfg, seed, variant)
         curves[variant], final[variant], end, secs = train_variant(
             start, variant, cfg, expert_ids, sample.batches(seed, config.spsa.batch),
             config.steps, checkpoints, score)

@@ -18,7 +18,7 @@ import time
 import ml_collections
 
 from soma_jax import checkpoint as ckpt_lib
-from soma_jax import methods, runs
+from soma_jax import methods, records, runs
 from soma_jax import model as model_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
@@ -75,7 +75,7 @@ def _check_run(c: ml_collections.ConfigDict, n: int, run_cfg: ml_collections.Con
   want = variance.sized_model(c, n)
   m = run_cfg.model
   fix = _fix(c, os.path.dirname(where))
-  if methods.get(run_cfg).describe(run_cfg)["model"] != "lstm" or run_cfg.get("experts", ""):
+  if methods.get(run_cfg).family != "lstm" or run_cfg.get("experts", ""):
     raise UserError(f"{where!r} is not a whole LSTM ensemble (method={run_cfg.method}, "
                     f"experts={run_cfg.get('experts', '')!r}); {fix}")
   got, need = (run_cfg.n_experts, m.d_t, m.d_e, m.depth), (n, want.d_t, want.d_e, want.depth)
@@ -97,8 +97,8 @@ def _check_run(c: ml_collections.ConfigDict, n: int, run_cfg: ml_collections.Con
 def _record(where: str, run_cfg: ml_collections.ConfigDict, step: int) -> dict:
   """What the results say of one N's run: recipe, last expert-validation loss, seconds."""
   summary = {}
-  if os.path.isfile(os.path.join(where, train_lib.SUMMARY_FILE)):
-    with open(os.path.join(where, train_lib.SUMMARY_FILE)) as f:
+  if os.path.isfile(os.path.join(where, records.SUMMARY_FILE)):
+    with open(os.path.join(where, records.SUMMARY_FILE)) as f:
       summary = json.load(f)
   return {"workdir": os.path.normpath(where), "update": step, "n_experts": run_cfg.n_experts,
           "d_t": run_cfg.model.d_t, "n_pert": run_cfg.spsa.n_pert, "batch": run_cfg.spsa.batch,

@@ -5,6 +5,8 @@ dict with the record that replays its probes and data.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import time
 from typing import Any, NamedTuple
@@ -16,6 +18,8 @@ import numpy as np
 from soma_jax import model as model_lib
 from soma_jax import sizing, spsa, train_state
 from soma_jax.errors import UserError
+from soma_jax.loop import Loop
+from soma_jax.methods import soma
 from soma_jax.variance_measure import (
   PyTree,
   block_errors,
@@ -43,7 +47,7 @@ from soma_jax.variance_theory import (
 
 def step_seconds(cfg: model_lib.ModelConfig, n: int, n_pert: int, batch: int, seq_len: int,
                  pert_chunk: int = 16, steps: int = 3, seed: int = 0) -> float:
-  """Mean seconds of the real jitted `spsa.train_step` (FP32) for N experts, after compiling."""
+  """Mean seconds of SOMA's jitted step (FP32) for N experts, after compiling."""
   step_cfg = spsa.StepConfig(
       model=cfg, spsa=spsa.SpsaConfig(n_pert=n_pert, pert_chunk=math.gcd(n_pert, pert_chunk)),
       train_head=False, seed=seed)
@@ -53,14 +57,17 @@ def step_seconds(cfg: model_lib.ModelConfig, n: int, n_pert: int, batch: int, se
                                  step_cfg.train_head)
   data = jax.random.randint(jax.random.key(seed), (n, 1, batch, seq_len + 1), 0, 256)
   data = data.astype(jnp.uint8)
-  step = jax.jit(spsa.train_step, static_argnames="cfg")
-  ids = jnp.arange(n)
-  state, m = step(state, data, ids, cfg=step_cfg)
-  jax.block_until_ready(m)
+  # SOMA's registered step, advanced by the training loop: the first (compiling) update
+  # is waited for, then `steps` updates are timed.
+  loop = Loop(state, functools.partial(soma.METHOD.train_step, cfg=step_cfg),
+              itertools.repeat(data), jnp.arange(n))
+  updates = loop.run(0, steps + 1)
+  jax.block_until_ready(next(updates)[1])
   t0 = time.perf_counter()
-  for _ in range(steps):
-    state, m = step(state, data, ids, cfg=step_cfg)
-  jax.block_until_ready((state, m))
+  m = None
+  for _, m in updates:  # noqa: B007 - the last update's metrics are waited for below
+    pass
+  jax.block_until_ready((loop.state, m))
   return (time.perf_counter() - t0) / steps
 
 
