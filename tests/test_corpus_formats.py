@@ -18,7 +18,7 @@ import zstandard
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from soma_jax.data import prepare, sources
+from soma_jax.data import documents, prepare, sources
 from soma_jax.errors import UserError
 from tests.conftest import DATA_DOMAINS, data_make_doc
 
@@ -95,7 +95,7 @@ def test_jsonl_skip_counts_bad_records(tmp_path):
 
 
 def test_jsonl_line_over_the_cap_is_skipped_unread(tmp_path, monkeypatch):
-  monkeypatch.setattr(sources, "MAX_DOCUMENT_BYTES", 100)
+  monkeypatch.setattr(documents, "MAX_DOCUMENT_BYTES", 100)
   (tmp_path / "x.jsonl").write_text(json.dumps({"text": "y" * 5000}) + "\n" + '{"text": "short"}\n')
   assert _docs(f"jsonl:{tmp_path}") == [("x.jsonl:1", sources.Skipped("over the size cap")), ("x.jsonl:2", b"short")]
 

@@ -8,7 +8,7 @@ SOURCE strings (see `parse_source`):
   tfds:NAME[:FEATURE] a prepared TFDS dataset via tfds.data_source (feature default `text`).
   pystdlib           this Python's standard-library *.py files (no tests, no site-packages).
   jsonl:PATH[:FIELD[:ID]], parquet:PATH[:COLUMN[:ID]], hf_disk:FOLDER[:COLUMN[:ID]]
-                     one record = one document (soma_jax.data.records).
+                     one record = one document (soma_jax.data.formats).
   warc:PATH          the HTML responses of WARC archives, main text extracted (data.web).
 
 `extract="html"` replaces every document by its main text (data.web.extract); "auto" does so
@@ -27,7 +27,16 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from soma_jax.data import windows
+from soma_jax.data import formats, web, windows
+from soma_jax.data.documents import (
+  MAX_DOCUMENT_BYTES,
+  TEXT_SAMPLE_BYTES,
+  Entry,
+  Skipped,
+  check_nonempty,
+  is_text,
+  walk_files,
+)
 from soma_jax.errors import UserError
 
 KINDS = ("fineweb_edu", "wikitext103", "textdir", "tfds", "pystdlib", "jsonl", "parquet", "hf_disk", "warc")
@@ -36,17 +45,6 @@ FILE_KINDS = ("jsonl", "parquet", "warc")  # PATH may be one file
 EXTRACT = ("none", "html", "auto")
 ON_BAD_RECORD = ("fail", "skip")
 Document = tuple[str, bytes]
-TEXT_SAMPLE_BYTES = 1 << 16  # is_text looks at this many leading bytes
-MAX_INVALID_FRACTION = 0.3  # random bytes are about half invalid UTF-8; Latin-1 text a few %
-
-
-def is_text(data: bytes) -> bool:
-  """False for binary data: a NUL byte, or more than 30% invalid UTF-8, in the first 64 KiB."""
-  head = data[:TEXT_SAMPLE_BYTES]
-  if b"\0" in head:
-    return False
-  valid = len(head.decode("utf-8", errors="ignore").encode("utf-8"))
-  return len(head) - valid <= MAX_INVALID_FRACTION * len(head)
 
 
 @dataclass(frozen=True)
@@ -117,56 +115,9 @@ def check_options(extract: str, on_bad_record: str) -> None:
                     "fix: pass --on_bad_record=skip or fail")
 
 
-@dataclass(frozen=True)
-class Skipped:
-  """Yielded in place of a document's bytes for what a file source could not use: `prepare`
-  counts these by `reason` and names the first few in its summary line."""
-
-  reason: str  # "unreadable folder", "over the size cap", "bad record", "empty after extraction", ...
-
-
-Entry = tuple[str, bytes | Skipped]
-MAX_DOCUMENT_BYTES = 256 << 20  # a file (after gunzip) larger than this is skipped, never read
-
-
-def walk_files(root: str, exts: tuple[str, ...] | None = None,
-                unreadable: list[str] | None = None) -> list[str]:
-  """Sorted relative paths of regular files under root (hidden entries skipped).
-
-  Symlinked folders are followed, except one leading back to a folder already on the way
-  (a loop) or already walked; a folder that cannot be listed is appended to `unreadable`.
-  """
-  out, seen = [], set()
-
-  def failed(err: OSError) -> None:
-    if unreadable is not None:
-      unreadable.append(os.path.relpath(err.filename, root) if err.filename else "?")
-
-  for dirpath, dirnames, filenames in os.walk(root, onerror=failed, followlinks=True):
-    seen.add(os.path.realpath(dirpath))
-    dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
-                         and os.path.realpath(os.path.join(dirpath, d)) not in seen)
-    for name in filenames:
-      if name.startswith("."):
-        continue
-      if exts is not None and not name.endswith(exts):
-        continue
-      full = os.path.join(dirpath, name)
-      if os.path.isfile(full):
-        out.append(os.path.relpath(full, root))
-  return sorted(out)
-
-
-def check_nonempty(files: list[str], root: str, what: str) -> None:
-  if not files:
-    raise UserError(f"no {what} found under {root!r}; fix: point the source at a folder that holds them")
-
-
 def iter_fineweb_edu(root: str) -> Iterator[Entry]:
   """FineWeb-Edu parquet files under root (column `text`, ids from `id` where present)."""
-  from soma_jax.data import records
-
-  return records.iter_parquet(root, "text", "id", id_if_present=True,
+  return formats.iter_parquet(root, "text", "id", id_if_present=True,
                               fix="use FineWeb-Edu parquet files with a 'text' column of strings")
 
 
@@ -288,26 +239,20 @@ def iter_documents(spec: SourceSpec | str, *, tfds_data_dir: str | None = None, 
   if spec.kind == "warc" or extract == "html":
     which = lambda _: True
   elif extract == "auto" and spec.kind == "textdir":
-    from soma_jax.data import web
-
     which = lambda doc_id: doc_id.lower().endswith(web.HTML_SUFFIXES)
   else:
     return docs
-  from soma_jax.data import web
-
   return web.extracted(docs, which, Counter() if counts is None else counts)
 
 
 def _raw_documents(spec: SourceSpec, tfds_data_dir: str | None, on_bad_record: str) -> Iterator[Entry]:
   if spec.kind in ("jsonl", "parquet", "hf_disk", "warc"):
-    from soma_jax.data import records, web
-
     if spec.kind == "jsonl":
-      return records.iter_jsonl(spec.path, spec.feature, spec.id_field, on_bad_record)
+      return formats.iter_jsonl(spec.path, spec.feature, spec.id_field, on_bad_record)
     if spec.kind == "parquet":
-      return records.iter_parquet(spec.path, spec.feature, spec.id_field)
+      return formats.iter_parquet(spec.path, spec.feature, spec.id_field)
     if spec.kind == "hf_disk":
-      return records.iter_hf_disk(spec.path, spec.feature, spec.id_field)
+      return formats.iter_hf_disk(spec.path, spec.feature, spec.id_field)
     return web.iter_warc(spec.path, on_bad_record)
   if spec.kind == "fineweb_edu":
     return iter_fineweb_edu(spec.path)

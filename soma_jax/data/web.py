@@ -19,13 +19,20 @@ import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
-from soma_jax.data import records, sources
+from soma_jax.data import documents
+from soma_jax.data.documents import (
+  TEXT_SAMPLE_BYTES,
+  Entry,
+  Skipped,
+  files_at,
+  is_text,
+)
 from soma_jax.errors import UserError
 
 HTML_SUFFIXES = (".html", ".htm", ".xhtml", ".html.gz", ".htm.gz", ".xhtml.gz")
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 WARC_TYPES = ("warcinfo", "response", "resource", "request", "metadata", "revisit", "conversion", "continuation")
-EMPTY = sources.Skipped("empty after extraction")
+EMPTY = Skipped("empty after extraction")
 _INSTALL = 'pip install -e ".[web]"'
 
 
@@ -44,7 +51,7 @@ def extract(html: bytes) -> bytes:
   <html> or <body> (a record's HTML field) is read as a page's body: trafilatura finds nothing in
   a bare fragment."""
   trafilatura = _need("trafilatura")
-  head = html[:sources.TEXT_SAMPLE_BYTES].lower()
+  head = html[:TEXT_SAMPLE_BYTES].lower()
   if b"<html" not in head and b"<body" not in head:
     html = b"<html><body>" + html + b"</body></html>"
   text = trafilatura.extract(html, include_comments=False, include_tables=True, deduplicate=False,
@@ -52,12 +59,12 @@ def extract(html: bytes) -> bytes:
   return (text or "").strip().encode("utf-8", errors="surrogatepass")
 
 
-def extracted(docs: Iterable[sources.Entry], which, counts: Counter) -> Iterator[sources.Entry]:
+def extracted(docs: Iterable[Entry], which, counts: Counter) -> Iterator[Entry]:
   """`docs` with each document whose id passes `which` replaced by its extracted text (EMPTY
   when none is left); counts["html_extracted"] counts the pages extracted."""
   _need("trafilatura")  # before the first document, not at the first page
   for doc_id, data in docs:
-    if isinstance(data, sources.Skipped) or not data or not which(doc_id) or not sources.is_text(data):
+    if isinstance(data, Skipped) or not data or not which(doc_id) or not is_text(data):
       yield doc_id, data  # prepare counts what it cannot use
       continue
     counts["html_extracted"] += 1
@@ -99,13 +106,13 @@ def _open_warc(full: str):
   return stream
 
 
-def iter_warc(path: str, on_bad_record: str = "fail") -> Iterator[sources.Entry]:
+def iter_warc(path: str, on_bad_record: str = "fail") -> Iterator[Entry]:
   """The HTML of every 2xx HTML response in the WARC file(s) at `path` (not yet extracted:
   `extracted` does that); ids are the target URIs."""
   _need("warcio", "reading WARC archives")
   from warcio.archiveiterator import ArchiveIterator
 
-  for _, full in records.files_at(path, (".warc", ".warc.gz"), "*.warc or *.warc.gz files"):
+  for _, full in files_at(path, (".warc", ".warc.gz"), "*.warc or *.warc.gz files"):
     with _open_warc(full) as stream:
       archive = ArchiveIterator(stream, arc2warc=False)
       it, n = iter(archive), 0
@@ -151,7 +158,7 @@ def _check_header(record, full: str, n: int) -> None:
                     f"Content-Length {length!r}); fix: re-create or remove the file")
 
 
-def _response(record, full: str, n: int, on_bad_record: str) -> sources.Entry | None:
+def _response(record, full: str, n: int, on_bad_record: str) -> Entry | None:
   """(URI, HTML or Skipped) of an HTTP response record; None for a record that is no page."""
   uri = record.rec_headers.get_header("WARC-Target-URI") or f"{full}#{n}"
   if record.rec_type != "response" or uri.startswith("dns:"):
@@ -159,18 +166,18 @@ def _response(record, full: str, n: int, on_bad_record: str) -> sources.Entry | 
   headers = record.http_headers
   if headers is None or not (headers.protocol or "").startswith("HTTP/"):
     if on_bad_record == "skip":
-      return uri, sources.Skipped("bad record")
+      return uri, Skipped("bad record")
     raise UserError(f"WARC file {full!r} record {n} ({uri}) is a response that is not HTTP; fix: pass archives "
                     "of HTTP crawls, or --on_bad_record=skip to count and skip such records")
   status = headers.get_statuscode() or ""
   kind = (headers.get_header("Content-Type") or "").split(";")[0].strip().lower()
   if not status.startswith("2"):
-    return uri, sources.Skipped("HTTP status not 2xx")
+    return uri, Skipped("HTTP status not 2xx")
   if kind not in HTML_TYPES:
-    return uri, sources.Skipped("not HTML")
-  body = record.content_stream().read(sources.MAX_DOCUMENT_BYTES + 1)
-  if len(body) > sources.MAX_DOCUMENT_BYTES:
-    return uri, sources.Skipped("over the size cap")
+    return uri, Skipped("not HTML")
+  body = record.content_stream().read(documents.MAX_DOCUMENT_BYTES + 1)
+  if len(body) > documents.MAX_DOCUMENT_BYTES:
+    return uri, Skipped("over the size cap")
   return uri, body
 
 

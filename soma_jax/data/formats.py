@@ -24,11 +24,12 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from soma_jax.data import sources
+from soma_jax.data import documents
+from soma_jax.data.documents import Entry, Skipped, files_at
 from soma_jax.errors import UserError
 
 ROWS_PER_SLICE = 1024  # rows turned into Python objects at a time (parquet, hf_disk)
-_BAD = sources.Skipped("bad record")
+_BAD = Skipped("bad record")
 _ZST_CHUNK = 1 << 16  # compressed bytes fed at a time: what is held decompressed is this times the ratio
 _LINE_CHUNK = 1 << 20
 
@@ -188,14 +189,14 @@ class _Bad(Exception):
 
 
 def iter_jsonl(path: str, field: str = "text", id_field: str | None = None,
-               on_bad_record: str = "fail") -> Iterator[sources.Entry]:
+               on_bad_record: str = "fail") -> Iterator[Entry]:
   """Every JSON line of the *.jsonl[.gz|.zst] files at `path`, one document each."""
   for rel, full in files_at(path, (".jsonl", ".jsonl.gz", ".jsonl.zst"), "*.jsonl, *.jsonl.gz or *.jsonl.zst files"):
     try:
       with _open_jsonl(full) as f:
-        for n, line in _lines(f, sources.MAX_DOCUMENT_BYTES):
+        for n, line in _lines(f, documents.MAX_DOCUMENT_BYTES):
           if line is None:
-            yield f"{rel}:{n}", sources.Skipped("over the size cap")
+            yield f"{rel}:{n}", Skipped("over the size cap")
             continue
           if not line.strip():
             continue
@@ -211,15 +212,6 @@ def iter_jsonl(path: str, field: str = "text", id_field: str | None = None,
       raise UserError(f"gzip file {full!r} is truncated or corrupt ({e}); fix: re-create or remove it") from None
     except OSError as e:
       raise UserError(f"cannot read {full!r} ({e}); fix: check the file's permissions") from None
-
-
-def files_at(path: str, exts: tuple[str, ...], what: str) -> list[tuple[str, str]]:
-  """(name, full path) of the file `path`, or of the files under the folder `path`, sorted."""
-  if os.path.isfile(path):
-    return [(os.path.basename(path), path)]
-  files = sources.walk_files(path, exts)
-  sources.check_nonempty(files, path, what)
-  return [(rel, os.path.join(path, rel)) for rel in files]
 
 
 # ------------------------------------------------------------------- parquet and Arrow
@@ -277,7 +269,7 @@ def _column_values(table, field: str) -> list:
   return values
 
 
-def iter_rows(table, rel: str, first_row: int, field: str, id_field: str | None) -> Iterator[sources.Entry]:
+def iter_rows(table, rel: str, first_row: int, field: str, id_field: str | None) -> Iterator[Entry]:
   """The documents of a table's rows, ROWS_PER_SLICE rows at a time; ids FILE:ROW unless named."""
   for start in range(0, table.num_rows, ROWS_PER_SLICE):
     part = table.slice(start, ROWS_PER_SLICE)
@@ -289,7 +281,7 @@ def iter_rows(table, rel: str, first_row: int, field: str, id_field: str | None)
 
 
 def iter_parquet(path: str, field: str = "text", id_field: str | None = None, *,
-                 id_if_present: bool = False, fix: str | None = None) -> Iterator[sources.Entry]:
+                 id_if_present: bool = False, fix: str | None = None) -> Iterator[Entry]:
   """Rows of the *.parquet file(s) at `path`, one row group at a time. With `id_if_present`,
   `id_field` is used only where the file has it (FineWeb-Edu's optional `id`)."""
   import pyarrow as pa
@@ -347,7 +339,7 @@ def _read_json(path: str) -> dict:
   return value
 
 
-def iter_hf_disk(folder: str, field: str = "text", id_field: str | None = None) -> Iterator[sources.Entry]:
+def iter_hf_disk(folder: str, field: str = "text", id_field: str | None = None) -> Iterator[Entry]:
   """Rows of a saved Hugging Face dataset, one Arrow record batch at a time (memory-mapped)."""
   import pyarrow as pa
 
