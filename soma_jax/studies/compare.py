@@ -15,15 +15,15 @@ from __future__ import annotations
 import ml_collections
 
 from soma_jax.errors import UserError
-from soma_jax.studies import table4, table7
+from soma_jax.studies import ladder, table4, table7
 
-STUDIES = ("table4", "table7")
+STUDIES = ("table4", "table7", "ladder")  # ladder: SPEC 9.7, the width ladder
 
 
 def _module(study: object):
   if study not in STUDIES:
     raise UserError(f"study={study!r}; use one of {', '.join(STUDIES)}")
-  return {"table4": table4, "table7": table7}[study]
+  return {"table4": table4, "table7": table7, "ladder": ladder}[study]
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
