@@ -52,8 +52,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	mkdir -p bench_out
-	$(PY) -m benchmarks.spsa_step --config=experiments/configs/soma.py:n=4,size=cpu --json bench_out/spsa_step.json
-	$(PY) -m benchmarks.torch_mezo --json bench_out/torch_mezo.json  # one line and no JSON without PyTorch (.[bench])
+	$(PY) -m benchmarks.spsa_step --config=experiments/configs/soma.py:n=4,size=cpu --json=bench_out/spsa_step.json
+	$(PY) -m benchmarks.torch_mezo --json=bench_out/torch_mezo.json  # one line and no JSON without PyTorch (.[bench])
 
 # README's "Measured results" as docs/results/NAME.json (+ PNG): the cheap figures by
 # default; FIGURES=all adds the hour-long training comparisons.

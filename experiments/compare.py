@@ -11,8 +11,7 @@ average); re-run the same command to resume an interrupted study.
 import shlex
 import sys
 
-import jax
-from absl import flags, logging
+from absl import flags
 from ml_collections import config_flags
 
 from soma_jax import cli
@@ -27,10 +26,10 @@ flags.mark_flags_as_required(["config", "out"])
 
 def main(argv):
   del argv
-  logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
-               jax.devices())
+  cli.log_devices()
   command = "python " + shlex.join(sys.argv)
-  payload = compare.run(_CONFIG.value, _OUT.value, command)
+  cli.absolute_paths(_CONFIG.value)
+  payload = compare.run(_CONFIG.value, cli.workdir_flag(_OUT.value, "--out"), command)
   print(compare.table(payload))
 
 

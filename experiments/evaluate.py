@@ -13,14 +13,13 @@ probabilities are averaged in float64; the loss is the mean over targets 257..10
 import json
 import os
 
-import jax
-from absl import flags, logging
+from absl import flags
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import cli, methods, runs
 from soma_jax import evaluate as eval_lib
+from soma_jax.data.router import Router
 from soma_jax.errors import UserError, writable_dir, writable_file
-from soma_jax.router import Router
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run folder (checkpoints, config)")
 _SPLIT = flags.DEFINE_string("split", "test", "test | ensemble_val | wikitext103:PATH")
@@ -63,13 +62,12 @@ def main(argv):
     writable_file(_JSON.value, "--json")  # before the evaluation, not after it
   if _OUT_DIR.value:
     writable_dir(_OUT_DIR.value, "--out_dir")
-  logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
-               jax.devices())
+  cli.log_devices()
+  data_dir = ckpt_lib.check_data(workdir, ckpt_lib.read_config(workdir), _DATA_DIR.value,
+                                 ("router.npz", *eval_lib.split_files(_SPLIT.value)))
   step, state, _, c = runs.restore_state(workdir, _STEP.value)
   body_N, head = state.body, state.head
   print(f"{workdir}: checkpoint at step {step}")
-  ckpt_lib.check_router(workdir, c, _DATA_DIR.value)
-  data_dir = _DATA_DIR.value or c.data.dir
   windows, doc_ids = eval_lib.load_split(data_dir, _SPLIT.value)
   router = Router.load(os.path.join(data_dir, "router.npz"))
   result = eval_lib.evaluate(body_N, head, windows, doc_ids, router, _TOP_K.value,

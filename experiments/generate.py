@@ -13,14 +13,13 @@ as \\xNN escapes.
 import os
 import sys
 
-import jax
-from absl import flags, logging
+from absl import flags
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import cli, methods, runs
 from soma_jax import generate as gen_lib
+from soma_jax.data.router import Router
 from soma_jax.errors import UserError
-from soma_jax.router import Router
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run folder (checkpoints, config)")
 _PROMPT = flags.DEFINE_string(
@@ -46,13 +45,13 @@ def main(argv):
     raise UserError("--temperature must be >= 0 and --top_p in (0, 1]")
   if not os.path.isdir(_WORKDIR.value):
     raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
-  logging.info("devices: %s", jax.devices())
+  cli.log_devices()
   step, state, _, c = runs.restore_state(_WORKDIR.value, _STEP.value)
   if not methods.get(c).generates:
     raise UserError(f"{_WORKDIR.value!r} is a method={c.method} run (the paper's GRU); generate.py "
                     "samples LSTM experts only; fix: pass a soma, bptt or eggroll_lstm run")
-  ckpt_lib.check_router(_WORKDIR.value, c, _DATA_DIR.value)
-  router = Router.load(os.path.join(_DATA_DIR.value or c.data.dir, "router.npz"))
+  data_dir = ckpt_lib.check_data(_WORKDIR.value, c, _DATA_DIR.value)
+  router = Router.load(os.path.join(data_dir, "router.npz"))
   prompt = _PROMPT.value.encode("utf-8", errors="surrogateescape")
   routes, chunks = gen_lib.generate_stream(
       state.body, state.head, c.model.shared_head, router, prompt, _MAX_BYTES.value,

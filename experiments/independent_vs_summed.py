@@ -8,8 +8,7 @@ of a trained ensemble continued twice, same start, sample, batches and direction
 Writes OUT/results.json, OUT/curves.csv and OUT/figure4.png.
 """
 
-import jax
-from absl import flags, logging
+from absl import flags
 from ml_collections import config_flags
 
 from soma_jax import cli
@@ -23,9 +22,9 @@ flags.mark_flags_as_required(["config", "out"])
 
 def main(argv):
   del argv
-  logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
-               jax.devices())
-  payload = independent.run(_CONFIG.value, _OUT.value)
+  cli.log_devices()
+  cli.absolute_paths(_CONFIG.value)
+  payload = independent.run(_CONFIG.value, cli.workdir_flag(_OUT.value, "--out"))
   for p in payload["paired"]:
     print(f"step {p['step']:>6}: summed - independent = {p['diff_mean']:+.4f} "
           f"+- {p['diff_std']:.4f} nats/byte (sd over {len(p['per_seed'])} seeds; per seed "

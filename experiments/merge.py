@@ -16,7 +16,7 @@ flags.mark_flag_as_required("out")
 
 
 def main(argv):
-  print(json.dumps(merge.merge(argv[1:], _OUT.value)))
+  print(json.dumps(merge.merge(argv[1:], cli.workdir_flag(_OUT.value, "--out"))))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def main(argv):
     runs[name] = workdir
   if not runs:
     raise UserError("no runs given; pass NAME=WORKDIR arguments")
-  report.write_report(_OUT.value, runs, _DATA.value)
+  report.write_report(cli.workdir_flag(_OUT.value, "--out"), runs, _DATA.value)
   print(f"wrote {_OUT.value}/report.md, loss_curves.png, report.json")
 
 

@@ -15,7 +15,6 @@ import csv
 import json
 import os
 
-import jax
 import matplotlib
 import numpy as np
 from absl import flags, logging
@@ -53,15 +52,28 @@ def load_params(workdir: str, c) -> tuple:
   return state.body, state.head
 
 
+def _finite(weights, where: str):
+  """`weights` (any pytree of arrays), refused when any is NaN or infinite: every variance
+  of a diverged run is NaN, and the plot of them fails."""
+  import jax
+
+  bad = sum(int(np.size(x) - np.isfinite(np.asarray(x)).sum()) for x in jax.tree.leaves(weights))
+  if bad:
+    raise UserError(f"{where} holds {bad:,} non-finite weights (NaN or inf: the run diverged), "
+                    "so every measured variance would be NaN; fix: measure a run whose "
+                    "weights are finite (an earlier one, or retrain with a smaller opt.lr)")
+  return weights
+
+
 def _weights(c):
   """What the study measures: a --workdir's checkpoint, one trained run per N
-  (`trained_dir`), or None for a fresh init."""
+  (`trained_dir`), or None for a fresh init; finite, or a UserError."""
   if c.get("trained_dir", ""):
     if _WORKDIR.value:
       raise UserError("--workdir and --config.trained_dir both name weights; fix: keep one")
-    return trained_sizes.load_all(c)
+    return _finite(trained_sizes.load_all(c), f"--config.trained_dir={c.trained_dir}")
   if _WORKDIR.value:
-    return load_params(_WORKDIR.value, c)
+    return _finite(load_params(_WORKDIR.value, c), f"--workdir={_WORKDIR.value}")
   if c.size == "trained":
     raise UserError("size=trained measures trained weights; fix: --workdir=RUN (a trained "
                     "SOMA workdir), or for the experts and reference studies "
@@ -156,12 +168,16 @@ def write_outputs(res: dict, out: str) -> dict:
 
 def main(argv):
   del argv
+  import jax  # after soma_jax (cli.run): a bad JAX_NUM_CPU_DEVICES is refused in one line
+
+  out = cli.workdir_flag(_OUT.value, "--out")
   if _X64.value:
     jax.config.update("jax_enable_x64", True)
   c = _CONFIG.value
+  cli.absolute_paths(c)
   logging.info("devices %s, process %d, x64=%s", jax.devices(), jax.process_index(), _X64.value)
   res = variance.run_study(c, _weights(c))
-  paths = write_outputs(res, _OUT.value)
+  paths = write_outputs(res, out)
   logging.info("%s done in %.1fs: %s", c.study, res["seconds"], ", ".join(paths.values()))
 
 

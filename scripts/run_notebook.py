@@ -85,7 +85,8 @@ def _cpu_seconds() -> float:
 
 def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: str | None,
         command: str = "") -> int:
-  """Executes the cells; returns 0, or 1 after the first failing cell."""
+  """Executes the cells; returns 0, or after the first failing cell 2 for a UserError (its
+  one line printed) and 1 for anything else (its traceback)."""
   namespace = {"__name__": "__main__", "__file__": os.path.abspath(path)}
   record = {"command": command, "notebook": path, "params": params,
             "python": sys.version.split()[0], "cells": [], "status": "ok",
@@ -98,9 +99,13 @@ def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: st
       exec(compile(source, f"<{os.path.basename(path)} cell {i}>", "exec"), namespace)
       if is_param:
         namespace.update(params)
-    except (Exception, SystemExit):
-      traceback.print_exc()
-      record.update(status="error", failed_cell=i)
+    except (Exception, SystemExit) as e:
+      if type(e).__name__ == "UserError":  # soma_jax.errors: bad input, one line (exit 2)
+        print(f"error: {e}", file=sys.stderr)
+        record.update(status="error", failed_cell=i, user_error=True)
+      else:
+        traceback.print_exc()
+        record.update(status="error", failed_cell=i)
     seconds = time.perf_counter() - t0
     record["cells"].append({"cell": i, "first_line": first_line(source), "seconds": seconds,
                             "cpu_seconds": _cpu_seconds() - cpu0})
@@ -112,7 +117,7 @@ def run(path: str, cells: list[tuple[str, bool]], params: dict, timings_path: st
       break
   print(f"--- {record['status']}: {len(record['cells'])} of {len(cells)} cells in "
         f"{record['total_seconds']:.1f} s", flush=True)
-  return int(record["status"] != "ok")
+  return 2 if record.get("user_error") else int(record["status"] != "ok")
 
 
 def _write(record: dict, path: str | None) -> None:

@@ -132,6 +132,52 @@ def check_router(workdir: str, c: ml_collections.ConfigDict, data_dir: str | Non
                   "experts; fix: omit --data_dir, or pass the run's data dir or a copy of it")
 
 
+def check_data(workdir: str, c: ml_collections.ConfigDict, data_dir: str | None = None,
+               files: tuple[str, ...] = ("router.npz",), required: bool = True) -> str | None:
+  """The data dir a tool reads for run `workdir` (its --data_dir, else the run's data.dir),
+  checked to hold the prepared data the run trained on; returns it absolute.
+
+  Every tool that reads a run's data calls this (evaluate, report, generate, merge): one
+  UserError names the change. The dir's manifest.json must be the one config_history.jsonl
+  recorded at the run's last start (not re-prepared in place, not another corpus), and
+  each of `files` (relative paths the tool reads) must still have the SHA-256 manifest.json
+  records. A run with no recorded hash (older runs) falls back to `check_router`. With
+  `required=False` (merge, which reads no data) a data dir that is not there returns None.
+  """
+  from soma_jax.data import pipeline  # grain, only for tools that read data
+
+  path = os.path.abspath(os.path.expanduser(data_dir or c.data.dir))
+  if not os.path.isdir(path):
+    if not required:
+      return None
+    given = (f"--data_dir={data_dir!r}" if data_dir else
+             f"the data dir {c.data.dir!r} that {workdir!r} trained on")
+    where = "" if data_dir or os.path.isabs(c.data.dir) else (
+        f" (a relative path, looked up from {os.getcwd()!r}: run from the folder it was "
+        "trained in)")
+    raise UserError(f"{given} does not exist{where}; fix: pass --data_dir=PATH, the run's "
+                    "prepared data or a copy of it")
+  recorded = last_history(workdir).get("data_manifest_sha256")
+  if recorded is None:
+    check_router(workdir, c, data_dir)
+  elif manifest_sha256(path) != recorded:
+    now = manifest_sha256(path)
+    raise UserError(
+        f"{os.path.join(path, 'manifest.json')!r} is not the one {workdir!r} trained on "
+        f"(SHA-256 {recorded[:12]} at its start, {(now or 'none')[:12]} now: the data dir was "
+        "re-prepared, replaced or is another corpus), so its router and splits may not be the "
+        "run's; fix: pass --data_dir= the data the run trained on (or a copy of it)")
+  manifest = pipeline.load_manifest(path)
+  for rel in files:
+    digest = manifest.get("files", {}).get(rel)
+    full = os.path.join(path, rel)
+    if digest is None or not os.path.isfile(full) or pipeline.sha256_file(full) != digest:
+      raise UserError(f"{full!r} is missing or changed since prepare (its SHA-256 is not the "
+                      "one manifest.json records), so it is not what the run was trained "
+                      "against; fix: restore the data dir from the one the run trained on")
+  return path
+
+
 def parse_overrides(value: str, known: dict) -> list[str]:
   """'opt.lr, spsa.n_pert' -> ['opt.lr', 'spsa.n_pert']; unknown or shape fields refused."""
   names = [n.strip() for n in str(value or "").split(",") if n.strip()]
@@ -263,8 +309,9 @@ class Checkpointer:
     _quiet_write_failures()
     _quiet_async_leftovers()
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
-    self._mngr = ocp.CheckpointManager(self.directory, options=options,
-                                       item_names=("state", "data"))
+    with _quiet_orbax_reads():  # it reads every step's metadata: a broken one is restore's to say
+      self._mngr = ocp.CheckpointManager(self.directory, options=options,
+                                         item_names=("state", "data"))
 
   def steps(self) -> list[int]:
     return sorted(self._mngr.all_steps())
@@ -311,23 +358,32 @@ class Checkpointer:
     An unreadable checkpoint (truncated copy, bad disk, a save cut short) is reported and
     skipped in favour of the one before it. With `heal` (the trainer, which holds the
     workdir lock) it is also moved aside to `corrupt-<step>`, so training can save that
-    step again; tools that only read leave it in place.
+    step again; tools that only read leave it in place. When none is readable the
+    UserError is the only line printed (moved aside with `heal`, so a rerun starts at 0).
     """
-    for step in reversed(self.steps()):
-      if max_step is not None and step > max_step:
-        continue
-      try:
-        return (step, *self._restore(step, abstract_state))
-      except Exception as e:  # noqa: BLE001 - any failure to read means "try an older one"
-        why = f"{type(e).__name__}: {_first_words(e)}"
-        where = ""
-        if heal:
-          where = f"; moved to {self.quarantine(step)}"
-        logging.warning("checkpoint %d in %s is unreadable (%s)%s; using an older one",
-                        step, self.directory, why, where)
-    if self.steps():
-      raise UserError(f"no readable checkpoint in {self.directory!r} (all "
-                      f"{len(self.steps())} failed); fix: restore the files or use a new workdir")
+    failed = []  # (step, why, where) of each unreadable checkpoint, newest first
+    with _quiet_orbax_reads():
+      for step in reversed(self.steps()):
+        if max_step is not None and step > max_step:
+          continue
+        try:
+          restored = (step, *self._restore(step, abstract_state))
+        except Exception as e:  # noqa: BLE001 - any failure to read means "try an older one"
+          failed.append((step, f"{type(e).__name__}: {_first_words(e)}",
+                         f"; moved to {self.quarantine(step)}" if heal else ""))
+          continue
+        for bad, why, where in failed:
+          logging.warning("checkpoint %d in %s is unreadable (%s)%s; using an older one",
+                          bad, self.directory, why, where)
+        return restored
+    if failed:
+      listed = ", ".join(str(s) for s, _, _ in failed)
+      fix = ("restore them from a copy (they were moved aside to corrupt-*), or re-run the "
+             "same command to train again from step 0" if heal else
+             "restore the files or use a new workdir")
+      raise UserError(f"no readable checkpoint in {self.directory!r}: all {len(failed)} "
+                      f"(steps {listed}) failed to restore (the newest: {failed[0][1][:120]}); "
+                      f"fix: {fix}")
     return None
 
   def _restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
@@ -409,6 +465,24 @@ def _quiet_write_failures() -> None:
 
 
 _READ_NOISE = ("_read_array_index_and_device_put", "call_soon_threadsafe")
+class _ReadFailureFilter(pylogging.Filter):
+  """Drops orbax's own error logs while checkpoints are tried one by one: each unreadable
+  one is reported once by `restore_latest`, or all of them in its one-line error."""
+
+  def filter(self, record) -> bool:
+    return record.levelno < pylogging.ERROR or "orbax" not in (record.pathname or "")
+
+
+@contextlib.contextmanager
+def _quiet_orbax_reads():
+  absl_logger, quiet = logging.get_absl_logger(), _ReadFailureFilter()
+  absl_logger.addFilter(quiet)
+  try:
+    yield
+  finally:
+    absl_logger.removeFilter(quiet)
+
+
 
 
 def _is_read_noise(exc_type, exc, tb) -> bool:

@@ -32,12 +32,39 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except SystemExit as e:  # absl exits 1 after printing --help; asking for help succeeds
     help_flags = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
     sys.exit(0 if e.code == 1 and any(a in help_flags for a in argv[1:]) else e.code)
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, UserError) as e:
-    msg = str(e).strip()
-    if isinstance(e, AttributeError | KeyError):
-      msg = _unknown_field(e)
-    print(f"error: {msg}", file=sys.stderr)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError, UserError) as e:
+    print(f"error: {_flag_error(e, argv)}", file=sys.stderr)
     sys.exit(2)
+
+
+def _flag_error(e: Exception, argv: list[str]) -> str:
+  """The one line of a flag error. A --config file that failed to load comes first (an
+  override of it then fails too, as ml_collections' OSError, before the flags are parsed),
+  then a file without get_config, then a misspelt field."""
+  try:
+    _check_config_files()
+  except UserError as load_error:
+    return str(load_error)
+  except Exception:  # noqa: BLE001 - the flags are unparsed: read the config files from argv
+    pass
+  text = str(e).strip()
+  configs = [a.split("=", 1) for a in argv[1:] if a.startswith("--") and "=" in a
+             and type(flags.FLAGS._flags().get(a[2:].split("=", 1)[0])).__name__ == "_ConfigFlag"]
+  for name, value in configs:
+    path = value.split(":", 1)[0]
+    if not os.path.isfile(path):
+      return (f"{name}={value} cannot be loaded (no such file {path!r}); fix: pass an "
+              "existing config file, e.g. experiments/configs/soma.py:n=4")
+  if isinstance(e, AttributeError) and "get_config" in text:
+    shown = " / ".join(f"{n}={v}" for n, v in configs) or "the config file"
+    return (f"{shown} defines no get_config(); fix: pass a config file with "
+            "`def get_config(arg=None)` returning a ConfigDict, e.g. "
+            "experiments/configs/soma.py:n=4")
+  if isinstance(e, OSError) and e.__cause__ is not None:
+    text = str(e.__cause__).strip().splitlines()[0]
+  if isinstance(e, AttributeError | KeyError):
+    return _unknown_field(e)
+  return text
 
 
 def _unknown_field(e: Exception) -> str:
@@ -81,11 +108,50 @@ def _main_checked(main: Callable[[list[str]], None], positional: bool, argv: lis
                     "quote a value with spaces (--prompt='hello world')")
   try:
     main(argv)
+  except (RuntimeError, AssertionError) as e:  # JAX could not start the platform asked for
+    if not host_devices.is_backend_failure(e):
+      raise
+    raise host_devices.backend_error(e) from None
   except BrokenPipeError:  # the reader went away (e.g. `| head -c 100`): no traceback, and
     # the exit status of a process stopped by SIGPIPE, as `yes | head` gives
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail
     sys.exit(128 + 13)
+
+
+def log_devices() -> None:
+  """The entry points' start-up log line: this process, the job's processes, the devices."""
+  import jax
+
+  logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
+               jax.devices())
+
+
+def workdir_flag(value: str | None, name: str = "--workdir") -> str:
+  """A run-folder flag's value, refused when empty (`--workdir=` would train into the
+  current folder); returned as given."""
+  if value is None or not value.strip():
+    raise UserError(f"{name}= is empty; fix: name the folder, e.g. {name}=runs/soma_n4")
+  return value
+
+
+# Config fields holding paths; `absolute_paths` stores them absolute, so a run's config.json
+# names the same folders whatever folder a tool is started from later.
+PATH_FIELDS = ("data.dir", "init_from", "data_dir", "trained_dir")
+
+
+def absolute_paths(c) -> None:
+  """Every non-empty PATH_FIELDS value of config `c` (where present) made absolute."""
+  for dotted in PATH_FIELDS:
+    *parents, key = dotted.split(".")
+    node = c
+    for p in parents:
+      node = node.get(p) if hasattr(node, "get") else None
+    if node is None or not hasattr(node, "get") or not isinstance(node.get(key), str):
+      continue
+    if node[key].strip():
+      with c.unlocked():
+        node[key] = os.path.abspath(os.path.expanduser(node[key]))
 
 
 def positive_ints(name: str, values: list[str]) -> list[int]:

@@ -6,14 +6,19 @@ experiment needs; fields are documented here once.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from typing import Any
+
 import ml_collections
 
-from soma_jax import memory, spsa
+from soma_jax import layers, memory
 from soma_jax.errors import UserError, need
 from soma_jax.sizing import PAPER_WIDTH
 
 SIZES = ("tiny", "cpu", "paper")
 SIGNS = ("auto", "together", "apart")  # spsa.signs
+BUDGET_UNITS = ("updates", "cpu_seconds", "device_seconds")  # budget_unit
 
 
 def parse_arg(arg: str | None, **defaults) -> dict:
@@ -55,10 +60,14 @@ def _run_fields(n: int) -> ml_collections.ConfigDict:
   c.n_experts = n  # N: experts, each with its own data shard, loss and Adam state
   c.experts = ""  # "" = all; "a:b" trains experts a..b-1 only, as an independent job
   c.seed = 0  # base key of every probe: (seed, step, expert, accum, direction)
-  c.steps = 200  # updates per expert (with budget_seconds: the most it may take)
-  # Stop after the update at which the training device-seconds (SPEC 7: host_devices.CHARGE_RULE,
-  # core-seconds on a CPU; evaluation, checkpoints and compilation excluded) reach this; 0 = none.
-  c.budget_seconds = 0.0
+  c.steps = 200  # the step to train to (with a budget: the most it may reach)
+  # Stop after the update at which this run's training reaches `budget` (0 = none), counted in
+  # budget_unit: "updates" (this run's, since its start or warm start), "cpu_seconds" (the
+  # process's CPU time, all threads, of training updates) or "device_seconds" (SPEC 7:
+  # host_devices.CHARGE_RULE, core-seconds on a CPU). Evaluation, checkpoints and compilation
+  # are never counted.
+  c.budget = 0.0
+  c.budget_unit = "device_seconds"
   c.budget_checkpoints = 4  # with a budget: checkpoints after 1/k, 2/k, ... k/k of it
   c.log_every = 10  # metrics.jsonl / TensorBoard / console cadence (updates)
   c.eval_every = 50  # expert validation on each expert's 1% split; drives the plateau rule
@@ -70,6 +79,9 @@ def _run_fields(n: int) -> ml_collections.ConfigDict:
   # full f32 (1.5x slower there); on a CPU all three are f32. Evaluation is always f32.
   c.precision = "default"
   c.init_from = ""  # a seed workdir: copy its body and E into every expert (SPEC 3.4)
+  # With init_from: also carry the seed's Adam moments, plateau state (lr and eps set to this
+  # config's) and step counter, so the run continues the seed (SPEC 9.6); steps counts on.
+  c.init_state = False
   # On resume, config fields allowed to differ from the saved run on purpose, e.g.
   # "opt.lr,spsa.n_pert" (recorded in config_history.jsonl; shape fields never change).
   c.resume_overrides = ""
@@ -186,38 +198,84 @@ def _paper_preset(c: ml_collections.ConfigDict, n: int) -> None:
 _PRESETS = {"cpu": _cpu_preset, "tiny": _tiny_preset, "paper": _paper_preset}
 
 
+def _int(lo: int, hi: int | None = None) -> tuple[str, Callable[[Any], bool]]:
+  text = f"an integer >= {lo}" if hi is None else f"an integer in {lo}..{hi}"
+  return text, lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= lo
+                          and (hi is None or v <= hi))
+
+
+def _real(lo: float, strict: bool) -> tuple[str, Callable[[Any], bool]]:
+  text = f"a finite number {'>' if strict else '>='} {lo:g}"
+  return text, lambda v: (isinstance(v, int | float) and not isinstance(v, bool)
+                          and math.isfinite(v) and (v > lo if strict else v >= lo))
+
+
+def _one_of(*choices: Any) -> tuple[str, Callable[[Any], bool]]:
+  return "one of " + ", ".join(map(str, choices)), lambda v: v in choices
+
+
+def _auto_or_int(lo: int) -> tuple[str, Callable[[Any], bool]]:
+  text, ok = _int(lo)
+  return f"auto or {text}", lambda v: v == "auto" or ok(v) or (
+      isinstance(v, str) and v.strip().isdigit() and ok(int(v)))
+
+
+_BOOL = ("True or False", lambda v: isinstance(v, bool))
+_STR = ("a string", lambda v: isinstance(v, str))
+
+# Every field of `base_config` and the values that give a meaningful run: `validate` refuses
+# anything else before the first update (a non-finite lr trained nothing and said "done";
+# ckpt.keep=0 kept no checkpoint). tests/test_config_ranges.py checks every field is here.
+FIELD_RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "method": _STR, "experts": _STR, "init_from": _STR, "resume_overrides": _STR,
+    "n_experts": _int(1), "seed": _int(0), "steps": _int(1),
+    "budget": _real(0, strict=False), "budget_unit": _one_of(*BUDGET_UNITS),
+    "budget_checkpoints": _int(1), "log_every": _int(1), "eval_every": _int(1),
+    "ensemble_eval_every": _int(-1), "ckpt_every": _int(1),
+    "precision": _one_of(*memory.PRECISIONS), "init_state": _BOOL,
+    "model.d_t": _int(1), "model.d_e": _int(1), "model.depth": _int(1),
+    "model.shared_head": _BOOL,
+    "spsa.n_pert": _int(1), "spsa.batch": _int(1), "spsa.accum": _int(1),
+    "spsa.eps": _real(0, strict=True), "spsa.probe": _one_of("sparse", "rademacher", "gaussian"),
+    "spsa.pert_chunk": _auto_or_int(1), "spsa.time_block": _int(1), "spsa.unroll": _int(1),
+    "spsa.signs": _one_of(*SIGNS), "spsa.forward": _one_of(*layers.FORWARDS),
+    "opt.lr": _real(0, strict=True), "opt.weight_decay": _real(0, strict=False),
+    "opt.train_head": _BOOL, "opt.patience": _int(1), "opt.floor": _real(0, strict=True),
+    "data.dir": _STR, "data.seq_len": _one_of(*(t for t in range(1, 1025) if 1024 % t == 0)),
+    "data.val_windows": _int(1),
+    "mesh.expert": _auto_or_int(1), "mesh.pert": _auto_or_int(1),
+    "ckpt.keep": _int(1),
+    "eggroll.pop": _int(2), "eggroll.rank": _int(1), "eggroll.sigma": _real(0, strict=True),
+    "eggroll.pop_chunk": _int(1), "eggroll.segment": _int(1, 1024),
+}
+
+
+def _fields(c: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
+  """{dotted name: value} of every leaf of `c`."""
+  out = {}
+  for key, value in c.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      out.update(_fields(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raise a UserError naming the field and the fix for any impossible setting.
 
-  The checks every method shares; `methods.validate` adds the method's own.
+  Every field of `c` named in FIELD_RANGES is checked against it (fields a config lacks are
+  not); then the checks across fields. `methods.validate` adds the method's own.
   """
-  need(c.n_experts >= 1, f"n_experts={c.n_experts} must be >= 1")
-  for key in ("d_t", "d_e", "depth"):
-    need(c.model[key] >= 1, f"model.{key}={c.model[key]} must be >= 1")
+  for key, value in _fields(c).items():
+    if key in FIELD_RANGES:
+      text, ok = FIELD_RANGES[key]
+      need(ok(value), f"{key}={value!r} is out of range: it must be {text}; fix: "
+           f"--config.{key}=VALUE in that range")
   s = c.spsa
-  for key in ("n_pert", "batch", "accum", "time_block", "unroll"):
-    need(s[key] >= 1, f"spsa.{key}={s[key]} must be >= 1")
   chunk = pert_chunk(c)
   need(chunk == "auto" or s.n_pert % min(chunk, s.n_pert) == 0,
        f"spsa.pert_chunk={s.pert_chunk} must divide spsa.n_pert={s.n_pert} (or be auto)")
-  need(s.get("signs", "auto") in SIGNS,
-       f"spsa.signs={s.get('signs')!r}; use one of {', '.join(SIGNS)}")
-  need(s.get("forward", "direct") in spsa.FORWARDS,
-       f"spsa.forward={s.get('forward')!r}; use one of {', '.join(spsa.FORWARDS)}")
-  need(c.precision in memory.PRECISIONS,
-       f"precision={c.precision!r}; use one of {', '.join(memory.PRECISIONS)}")
-  need(s.probe in ("sparse", "rademacher", "gaussian"),
-       f"spsa.probe={s.probe!r}; use sparse, rademacher or gaussian")
-  need(s.eps > 0 and c.opt.lr > 0, "spsa.eps and opt.lr must be > 0")
-  need(c.data.seq_len >= 1 and 1024 % c.data.seq_len == 0,
-       f"data.seq_len={c.data.seq_len} must divide 1024 (e.g. 256 or 1024)")
-  need(c.steps >= 1, f"steps={c.steps} must be >= 1")
-  for key in ("log_every", "eval_every", "ckpt_every"):
-    need(c[key] >= 1, f"{key}={c[key]} must be >= 1")
-  need(c.get("budget_seconds", 0.0) >= 0, f"budget_seconds={c.get('budget_seconds')} must be "
-       ">= 0 (0 = no time budget)")
-  need(c.get("budget_checkpoints", 1) >= 1,
-       f"budget_checkpoints={c.get('budget_checkpoints')} must be >= 1")
   need(not (c.model.shared_head and c.opt.train_head),
        "opt.train_head=True needs model.shared_head=False (a shared head stays frozen)")
   expert_range(c)

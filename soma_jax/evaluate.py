@@ -23,8 +23,8 @@ from soma_jax import memory
 from soma_jax import model as model_lib
 from soma_jax.data import pipeline
 from soma_jax.data import windows as windows_lib
+from soma_jax.data.router import Router
 from soma_jax.errors import UserError
-from soma_jax.router import Router
 
 PyTree = Any
 LogitsFn = Callable[[PyTree, jax.Array, jax.Array], jax.Array]  # (body, head_e, inputs_BxT)
@@ -111,6 +111,13 @@ def check_split(split: str) -> None:
       raise UserError(f"WikiText-103 file {path!r} not found; fix: pass wikitext103:PATH/wiki.test.raw")
   elif split not in ("test", "ensemble_val"):
     raise UserError(f"unknown split {split!r}; fix: use test, ensemble_val or wikitext103:PATH")
+
+
+def split_files(split: str) -> tuple[str, ...]:
+  """The data-dir files `load_split` reads for a split (none for a WikiText-103 file)."""
+  if split.startswith("wikitext103:"):
+    return ()
+  return (f"{split}.npy", f"{split}_docs.npy")
 
 
 def load_split(data_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -99,6 +99,46 @@ def users_count() -> tuple[int, str] | None:
   return None
 
 
+def check_environment() -> None:
+  """UserError for a CPU device count in the environment that JAX cannot start with: a
+  JAX_NUM_CPU_DEVICES that is not a number (set aside by soma_jax/__init__.py, since
+  `import jax` itself fails on it) or a count below 1 there or in XLA_FLAGS."""
+  import soma_jax
+
+  fix = "fix: unset it (one CPU device per usable core) or set a count >= 1, e.g. 2"
+  for name, value in soma_jax.BAD_ENV.items():
+    raise UserError(f"{name}={value!r} is not a device count; {fix}")
+  theirs = users_count()
+  if theirs is not None and theirs[0] < 1:
+    shown = ("JAX_NUM_CPU_DEVICES" if theirs[1] == "JAX_NUM_CPU_DEVICES" else
+             "XLA_FLAGS=--xla_force_host_platform_device_count")
+    raise UserError(f"{shown}={theirs[0]}: JAX cannot run on 0 CPU devices; {fix}")
+
+
+def is_backend_failure(e: BaseException) -> bool:
+  """Whether `e` is JAX failing to start a backend (an unknown or absent JAX_PLATFORMS
+  platform): its RuntimeError, or the bare AssertionError of xla_bridge when none started."""
+  if isinstance(e, RuntimeError):
+    return str(e).startswith("Unable to initialize backend")
+  tb = e.__traceback__
+  while tb is not None and tb.tb_next is not None:
+    tb = tb.tb_next
+  return isinstance(e, AssertionError) and tb is not None and \
+      tb.tb_frame.f_code.co_filename.endswith("xla_bridge.py")
+
+
+def backend_error(e: BaseException) -> UserError:
+  """One line for `is_backend_failure`: the platform asked for, why it failed, the fix."""
+  platforms = os.environ.get("JAX_PLATFORMS", "") or str(jax.config.jax_platforms or "")
+  why = str(e).split(" (set JAX_PLATFORMS")[0].split(" (you may need")[0].strip()
+  if any(p in ("gpu", "cuda", "rocm") for p in platforms.lower().split(",")):
+    why = ("no GPU backend: the CUDA build of JAX is not installed (.venv/bin/pip install -e "
+           "'.[cuda12]', BUILD.md) or it finds no GPU" + (f" ({why})" if why else ""))
+  return UserError(f"JAX_PLATFORMS={platforms!r}: JAX cannot start that platform here "
+                   f"({why or type(e).__name__}); fix: unset JAX_PLATFORMS to let JAX choose, "
+                   "or set JAX_PLATFORMS=cpu")
+
+
 def start(requested: int = 0) -> str:
   """Before JAX's backends start: the CPU device count (see the module docstring).
 
@@ -111,6 +151,7 @@ def start(requested: int = 0) -> str:
 
   if requested < 0:
     raise UserError(f"--cpu_devices={requested}; use 0 (one per usable core) or a count >= 1")
+  check_environment()
   if xla_bridge.backends_are_initialized():
     if requested:
       raise UserError("--cpu_devices is set after JAX started its devices; fix: call "

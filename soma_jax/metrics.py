@@ -196,3 +196,20 @@ class Progress:
       self.stream.write("\r\033[K")
     self.stream.write(text + "\n")
     self.stream.flush()
+
+
+def json_safe(obj):
+  """`obj` with every non-finite float (NaN, inf; numpy's too) as None, recursively through
+  dicts, lists and tuples: `json.dump` would write them as bare NaN / Infinity, which is
+  not JSON (summary.json of a run whose every update was skipped held `NaN`)."""
+  if isinstance(obj, dict):
+    return {k: json_safe(v) for k, v in obj.items()}
+  if isinstance(obj, list | tuple):
+    return [json_safe(v) for v in obj]
+  if isinstance(obj, np.ndarray):
+    return json_safe(obj.tolist())
+  if isinstance(obj, float | np.floating):
+    return float(obj) if math.isfinite(obj) else None
+  if isinstance(obj, np.integer):
+    return int(obj)
+  return obj

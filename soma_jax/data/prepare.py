@@ -6,7 +6,7 @@ never touches an existing `out`. The same arguments give the same bytes.
 
 Layout of `out`:
   manifest.json                  sizes, balance, top terms, SHA-256 of every file, settings
-  router.npz                     the fitted router (soma_jax.router)
+  router.npz                     the fitted router (soma_jax.data.router)
   experts/{e:04d}/train.npy      uint8 [n, 1025] training windows of cluster e
   experts/{e:04d}/val.npy        uint8 [n, 1025] expert-validation windows (val_fraction, >= 1)
   ensemble_val.npy, ensemble_val_docs.npy   eval windows (stride 768) of held-out docs + doc index
@@ -17,21 +17,24 @@ Layout of `out`:
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 import unicodedata
+import zipfile
 
 import numpy as np
 from absl import logging
 
-from soma_jax import router as router_lib
 from soma_jax.data import clustering, sources, windows
+from soma_jax.data import router as router_lib
 from soma_jax.data.pipeline import MANIFEST_VERSION, sha256_file
 from soma_jax.errors import UserError, writable_dir
 
@@ -74,14 +77,17 @@ class _Corpus:
 
 
 def _read_corpus(spec: sources.SourceSpec, path: str, max_bytes: int | None, tfds_data_dir: str | None,
-                 extract: str = "none", on_bad_record: str = "fail") -> _Corpus:
-  """Pass over the source: spool nonempty documents to disk and fingerprint them."""
+                 extract: str = "none", on_bad_record: str = "fail", exclude: str | None = None) -> _Corpus:
+  """Pass over the source: spool nonempty documents to disk and fingerprint them; documents
+  under `exclude` (--out inside the source folder) are skipped, by name."""
   corpus = _Corpus(path)
   total = 0
   docs = sources.iter_documents(spec, tfds_data_dir=tfds_data_dir, extract=extract, on_bad_record=on_bad_record,
                                 counts=corpus.counts)
   with open(path, "wb") as f:
     for doc_id, data in docs:
+      if exclude and (doc_id == exclude or doc_id.startswith(exclude + "/")):
+        data = sources.Skipped("inside --out")
       if isinstance(data, sources.Skipped):
         corpus.skipped.setdefault(data.reason, []).append(doc_id)
         continue
@@ -260,13 +266,12 @@ def prepare(
   sources.check_options(extract, on_bad_record)
   spec = sources.parse_source(source)
   out = _check_out(out)
-  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=os.path.dirname(out))
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the data dir should not be
+  exclude = _inside_source(spec, out)
+  tmp = _staging_dir(out)
   try:
-    manifest = _prepare_into(tmp, spec, settings)
-    _install(tmp, out)
+    with _sigterm_raises():
+      manifest = _prepare_into(tmp, spec, settings, exclude=exclude)
+      _install(tmp, out)
   except OSError as e:  # a full disk, a quota, an unreadable file: one line, nothing half-made
     shutil.rmtree(tmp, ignore_errors=True)
     raise _failed(e, out) from None
@@ -274,6 +279,95 @@ def prepare(
     shutil.rmtree(tmp, ignore_errors=True)
     raise
   return manifest
+
+
+_STAGING = ".{name}.tmp-{pid}-"  # prepare's staging folder beside --out: its process id in the name
+
+
+def _staging_dir(out: str) -> str:
+  """A new staging folder beside `out`, after removing those a killed prepare of the same
+  `out` left behind (their process gone: SIGKILL, a power cut)."""
+  parent, name = os.path.split(out)
+  lead = _STAGING.format(name=name, pid="")[:-1]  # ".NAME.tmp-"
+  for entry in os.listdir(parent):
+    pid = entry[len(lead):].split("-", 1)[0] if entry.startswith(lead) else ""
+    if pid.isdigit() and not _alive(int(pid)):
+      shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+  tmp = tempfile.mkdtemp(prefix=_STAGING.format(name=name, pid=os.getpid()), dir=parent)
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the data dir should not be
+  return tmp
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process
+    return True
+  return True
+
+
+class _Terminated(BaseException):
+  """SIGTERM during prepare: raised so the staging folder is removed, as on Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+  """SIGTERM stops prepare like Ctrl-C (its staging folder removed), then exits 128 + 15."""
+  def stop(signum, frame):
+    raise _Terminated
+
+  try:
+    old = signal.signal(signal.SIGTERM, stop)
+  except ValueError:  # not the main thread: leave signals alone
+    yield
+    return
+  try:
+    yield
+  except _Terminated:
+    raise SystemExit(128 + signal.SIGTERM) from None
+  finally:
+    signal.signal(signal.SIGTERM, old)
+
+
+def _inside_source(spec: sources.SourceSpec, out: str) -> str | None:
+  """`out` relative to a folder source's root when it lies inside it (a re-run would read
+  its own manifest and held-out lists as documents), else None."""
+  if spec.kind == "tfds" or not spec.path or not os.path.isdir(spec.path):
+    return None
+  rel = os.path.relpath(os.path.realpath(out), os.path.realpath(spec.path))
+  return None if rel == ".." or rel.startswith(".." + os.sep) else rel.replace(os.sep, "/")
+
+
+def unzip_corpus(zip_path: str, root: str) -> str:
+  """Extracts a zip of text files (the notebook's CORPUS=FILE.zip) into root/STEM-HASH and
+  returns that folder. HASH is the zip's SHA-256, so a zip replaced at the same path gets a
+  folder (and a data dir) of its own instead of landing on top of the old files; a folder
+  left by an interrupted extraction is never reused (it is staged, then renamed)."""
+  if not os.path.isfile(zip_path):
+    raise UserError(f"corpus zip {zip_path!r} not found; fix: upload it or correct CORPUS")
+  stem = os.path.splitext(os.path.basename(zip_path))[0]
+  folder = os.path.join(root, f"{stem}-{sha256_file(zip_path)[:12]}")
+  if os.path.isdir(folder):
+    return folder
+  os.makedirs(root, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=f".{stem}.unzip-", dir=root)
+  try:
+    with zipfile.ZipFile(zip_path) as z:
+      z.extractall(staging)
+    for old in os.listdir(root):  # the same zip name's earlier contents
+      if old.startswith(stem + "-") and len(old) == len(stem) + 13:
+        shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+    os.rename(staging, folder)
+  except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError) as e:
+    raise UserError(f"{zip_path!r} is not a readable zip file ({e}); fix: zip the folder of "
+                    "text files again (e.g. `zip -r corpus.zip my_texts/`) and upload it") from None
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return folder
 
 
 def _failed(e: OSError, out: str) -> UserError:
@@ -321,7 +415,7 @@ def _install(tmp: str, out: str) -> None:
     os.rename(tmp, out)
 
 
-def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict) -> dict:
+def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict, exclude: str | None = None) -> dict:
   """Does all the work inside the temporary folder `tmp`: read, hold out, featurise, fit,
   assign, write."""
   t0 = time.time()
@@ -329,7 +423,7 @@ def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict) -> dict:
   os.makedirs(work)
   notes: list[str] = []
   corpus = _read_corpus(spec, os.path.join(work, "corpus.bin"), settings["max_bytes"], settings["tfds_data_dir"],
-                        settings["extract"], settings["on_bad_record"])
+                        settings["extract"], settings["on_bad_record"], exclude=exclude)
   logging.info("read %d documents, %d bytes (%.1fs)", len(corpus.ids), sum(corpus.lengths), time.time() - t0)
   test_ids, ens_ids, screening = _hold_out(corpus, settings, notes)
   all_w = _spool_training_windows(corpus, set(test_ids) | set(ens_ids), os.path.join(work, "windows.bin"), settings)
@@ -408,6 +502,9 @@ def _fit(all_w: np.ndarray, settings: dict, notes: list[str]) -> tuple[clusterin
   n_fit = min(settings["fit_sample"], total)
   if n_fit < k:
     raise UserError(f"--fit_sample={n_fit} windows cannot fit {k} clusters; fix: raise --fit_sample")
+  if settings["min_df"] > n_fit:  # no term can be in more windows than were sampled
+    raise UserError(f"--min_df={settings['min_df']} is more than the {n_fit} windows sampled to fit tf-idf "
+                    f"(a term is kept only if at least min_df of them hold it); fix: pass --min_df <= {n_fit}, e.g. 5")
   fit_idx = np.sort(np.random.default_rng([seed, 2]).choice(total, n_fit, replace=False))
   fit_texts = clustering.decode(all_w[fit_idx, : windows.CHUNK_BYTES])
   feat, feat_info = clustering.fit_featurizer(

@@ -12,9 +12,12 @@ and resume like any training run.
 
 from __future__ import annotations
 
+import json
+import os
+
 import ml_collections
 
-from soma_jax.errors import UserError
+from soma_jax.errors import UserError, writable_dir
 from soma_jax.studies import ladder, table4, table7
 
 STUDIES = ("table4", "table7", "ladder")  # ladder: SPEC 9.7, the width ladder
@@ -26,9 +29,34 @@ def _module(study: object):
   return {"table4": table4, "table7": table7, "ladder": ladder}[study]
 
 
+STUDY_FILE = "study.json"  # OUT's study, written first: another study is refused there
+
+
+def claim_out(study: str, out: str) -> None:
+  """UserError when `out` holds another study's results (its results.json or study.json):
+  a second study would overwrite them and nest its runs among the other's; else `out` is
+  marked as this study's."""
+  for name in (STUDY_FILE, "results.json"):
+    path = os.path.join(out, name)
+    try:
+      with open(path) as f:
+        theirs = json.load(f).get("study")
+    except (OSError, ValueError, AttributeError):
+      continue
+    if theirs != study:
+      raise UserError(f"--out={out!r} holds study {theirs!r} ({name}), not {study!r}; a second "
+                      "study there would overwrite its results and mix the runs; fix: pass "
+                      f"another --out for {study}, e.g. runs/{study}")
+  writable_dir(out, "--out")
+  with open(os.path.join(out, STUDY_FILE), "w") as f:
+    json.dump({"study": study}, f)
+
+
 def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
   """Runs config.study (table4 or table7) into `out`; returns its results.json payload."""
-  return _module(config.study).run(config, out, command)
+  module = _module(config.study)
+  claim_out(config.study, out)
+  return module.run(config, out, command)
 
 
 def table(payload: dict) -> str:

@@ -16,7 +16,7 @@ from soma_jax import evaluate as eval_lib  # noqa: E402
 from soma_jax import methods, runs  # noqa: E402
 from soma_jax import metrics as metrics_lib  # noqa: E402
 from soma_jax.data import pipeline  # noqa: E402
-from soma_jax.router import Router  # noqa: E402
+from soma_jax.data.router import Router  # noqa: E402
 
 
 def _offset(workdir: str) -> int:
@@ -73,7 +73,13 @@ def run_summary(workdir: str, data_dir: str, split: str = "test") -> dict:
 
 
 def write_report(out_dir: str, runs: dict[str, str], data_dir: str) -> dict:
-  """report.md + loss_curves.png + report.json in `out_dir`."""
+  """report.md + loss_curves.png + report.json in `out_dir`; every run is first checked to
+  have trained on `data_dir` (`checkpoint.check_data`: its manifest and the files read)."""
+  manifest = pipeline.load_manifest(data_dir)
+  shards = tuple(f"experts/{e:04d}/train.npy" for e in range(manifest["num_clusters"]))
+  for w in runs.values():  # the unigram baseline reads the shards; the scores test and router
+    ckpt_lib.check_data(w, ckpt_lib.read_config(w), data_dir,
+                        ("router.npz", "test.npy", "test_docs.npy") + shards)
   os.makedirs(out_dir, exist_ok=True)
   baseline = eval_lib.unigram_nats(data_dir)
   plot_curves(runs, os.path.join(out_dir, "loss_curves.png"), baseline)
