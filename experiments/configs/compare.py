@@ -88,6 +88,8 @@ def _table4_rows(c: ml_collections.ConfigDict, size: str, lr: float, mono) -> No
 
 
 def get_config(arg: str | None = None):
+  if _ladder_asked(arg):  # study=ladder takes its own arguments (seeds=, rungs=): _ladder
+    return _ladder(arg)
   a = parse_arg(arg, study="table4", size="cpu")
   if a["study"] not in STUDIES or a["size"] not in ("cpu", "tiny"):
     raise UserError(f"compare.py:study={a['study']},size={a['size']}: use study=table4 or "
@@ -163,3 +165,43 @@ def _seed_runs(c: ml_collections.ConfigDict, size: str, lr: float) -> ml_collect
   if c.study == "table4":
     runs.gru = ml_collections.ConfigDict(c.methods.eggroll.to_dict())  # EGGROLL's GRU
   return runs
+
+
+# ------------------------------------------------------------------------- the width ladder
+
+
+def _ladder_asked(arg: str | None) -> bool:
+  return "study=ladder" in (arg or "").replace(" ", "")
+
+
+def _ladder(arg: str | None) -> ml_collections.ConfigDict:
+  """study=ladder (SPEC 9.7, soma_jax/studies/ladder.py): Table 7's config (its seeds, budget,
+  grid and scoring) run at each rung, SOMA N = 2 experts of width w against the monolith of
+  equal total parameters, with the summed-loss control at SOMA's selected settings.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=ladder,size=cpu --out=runs/ladder
+    ...:study=ladder,size=cpu,rungs=16/32/64,seeds=3   (the first pass; rungs split by /)
+  """
+  a = parse_arg(arg, study="ladder", size="cpu", seeds=0, rungs="")
+  if a["size"] not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study=ladder,size={a['size']}: use size=cpu or tiny")
+  cpu = a["size"] == "cpu"
+  c = get_config(f"study=table7,size={a['size']}")
+  c.study = "ladder"
+  # SOMA's expert widths, one rung each (the monolith's width is matched at each rung)
+  c.rungs = a["rungs"] or ("16/32/64/128" if cpu else "4/8")
+  c.seeds = a["seeds"] or (3 if cpu else 2)
+  summed = ml_collections.ConfigDict(c.methods.soma_n2.to_dict())
+  summed.method = "soma_summed"  # every expert's estimate from the N losses summed
+  c.methods.soma_n2_summed = summed
+  c.rows.soma_n2_summed = "control: SOMA N = 2 with the N losses summed before each difference"
+  c.start.soma_n2_summed = "soma_expert"
+  c.order = ("soma_n2", "mono", "soma_n2_summed")
+  c.control = "soma_n2_summed"  # run at SOMA's selected lr / eps for SOMA's updates, per seed
+  c.mechanism = ml_collections.ConfigDict()  # rho and r at each rung's start (soma_jax.descent)
+  c.mechanism.method = "line_search"  # rho by line_search (forward only) or hvp
+  c.mechanism.batches = 4 if cpu else 1  # expert-validation batches per expert (B x A windows)
+  c.mechanism.repeats = 16 if cpu else 2  # SPSA estimates per batch (update steps 0..R-1)
+  c.mechanism.hutchinson = 16 if cpu else 1  # Hutchinson vectors per batch for tr(H)
+  c.mechanism.seed = 0  # the probes' base key of the measurement
+  return c

@@ -1,0 +1,320 @@
+"""The width ladder (SPEC 9.7): does sharding's advantage grow with width, and does the
+measured estimator noise predict it?
+
+At each rung (SOMA N = 2 experts of width w, against the monolith of equal total
+parameters, `protocol.sized`; SOMA and the monolith then do equal operations per update):
+1. the seed runs of Table 7's protocol (`protocol.train_seeds`: equal updates), then the
+   mechanism at the rung's start, before any compared update: for each expert (the SOMA
+   seed on its own shard's expert-validation windows) and for the monolith (its seed on the
+   same windows, both shards'), the descent ratio rho (`descent.measure`, by
+   config.mechanism.method: a forward-only line search along training's own SPSA estimates
+   against `jax.grad`) and the effective rank r (Hessian-vector products). The predicted
+   progress ratio is mean_e rho_e / rho_mono;
+2. Table 7's comparison at that width (`table7.compare_pair`: the lr-then-eps grid,
+   selection on ensemble validation, test scored once, per optimisation seed);
+3. the summed-loss control (config.control) from SOMA's start, at SOMA's selected lr and eps
+   and SOMA's number of updates in each seed (as Table 4's controls run).
+The measured ratio is SOMA's compared-phase test gain (start - end) over the monolith's, per
+seed, with its 95% t interval across seeds. OUT/rungW holds each rung's seeds and runs (they
+resume); OUT/results.json, table.md and ladder.png are written after every rung.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from soma_jax import descent, memory, methods, runs
+from soma_jax import evaluate as eval_lib
+from soma_jax import model as model_lib
+from soma_jax.data import pipeline
+from soma_jax.errors import UserError
+from soma_jax.studies import protocol, report, table7
+
+SPEC = "SPEC 9.7 (this project's width ladder: Table 7's protocol at each width)"
+
+
+# ------------------------------------------------------------------------------ rungs
+
+
+def widths(config: ml_collections.ConfigDict) -> list[int]:
+  """config.rungs ("16/32/64"): SOMA's expert widths, one rung each."""
+  try:
+    out = [int(w) for w in str(config.rungs).split("/")]
+  except ValueError:
+    out = []
+  if not out or min(out) < 1 or len(set(out)) != len(out):
+    raise UserError(f"rungs={config.rungs!r} must be distinct positive widths split by '/', "
+                    "e.g. rungs=16/32/64")
+  return out
+
+
+def rung_config(config: ml_collections.ConfigDict, width: int, control: bool = True
+                ) -> ml_collections.ConfigDict:
+  """The study's config at one rung: SOMA (and the control) at expert width `width`, the
+  monolith matched by `protocol.sized`; without the control, Table 7's pair."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  for name in (config.reference, config.control):
+    c.methods[name].model.d_t = width
+  if not control:
+    for field in ("methods", "rows", "start"):
+      del c[field][config.control]
+    c.order = tuple(n for n in config.order if n != config.control)
+  return c
+
+
+def sized(config: ml_collections.ConfigDict, width: int) -> dict[str, ml_collections.ConfigDict]:
+  """Every method's training config at the rung, the reference first."""
+  return protocol.sized(rung_config(config, width))
+
+
+def sizes(config: ml_collections.ConfigDict, width: int) -> dict:
+  """Widths, total parameters and operations per update of every method at a rung, and how
+  far the monolith's are from SOMA's (relative to SOMA's)."""
+  cfgs = sized(config, width)
+  ref, mono = config.reference, _other(config)
+  params = {n: protocol.total_params(c) for n, c in cfgs.items()}
+  ops = {n: protocol.ops_per_update(c) for n, c in cfgs.items()}
+  return {"width": width, "d_t": {n: c.model.d_t for n, c in cfgs.items()},
+          "n_experts": {n: c.n_experts for n, c in cfgs.items()}, "params": params,
+          "ops_per_update": ops,
+          "params_difference": (params[mono] - params[ref]) / params[ref],
+          "ops_difference": (ops[mono] - ops[ref]) / ops[ref]}
+
+
+def _other(config: ml_collections.ConfigDict) -> str:
+  """The monolith: the method that is neither the reference nor the control."""
+  others = [n for n in config.methods if n not in (config.reference, config.control)]
+  if len(others) != 1:
+    raise UserError(f"study=ladder needs SOMA ({config.reference}), one monolith and the "
+                    f"control ({config.control}); config.methods has {', '.join(config.methods)}")
+  return others[0]
+
+
+# -------------------------------------------------------------------------- mechanism
+
+
+def measurement_batches(data_dir: str, c: ml_collections.ConfigDict, count: int
+                        ) -> list[list[np.ndarray]]:
+  """Per expert, up to `count` batches [A, B, T + 1] of its shard's expert-validation
+  windows (held out from training), the same for every model measured at the rung."""
+  a, b, t = c.spsa.accum, c.spsa.batch, c.data.seq_len
+  out = []
+  for e in range(c.n_experts):
+    w = pipeline.expert_val_windows(data_dir, e, t)
+    k = min(count, w.shape[0] // (a * b))
+    if k < 1:
+      raise UserError(f"expert {e}'s validation split has {w.shape[0]} windows of {t + 1} bytes; "
+                      f"the mechanism needs A x B = {a * b}; fix: a corpus with more text")
+    out.append([w[i * a * b:(i + 1) * a * b].reshape(a, b, t + 1) for i in range(k)])
+  return out
+
+
+def batch_loss(body, head, batch_AxBxT1: jax.Array) -> jax.Array:
+  """The model's mean loss over an update's A batches (what one update descends)."""
+  return jnp.mean(jax.vmap(lambda w: model_lib.loss(body, head, w))(batch_AxBxT1))
+
+
+def seed_descent(c: ml_collections.ConfigDict, workdir: str, batches: list[np.ndarray],
+                 expert: int, m: ml_collections.ConfigDict) -> dict:
+  """rho and r of the seed run in `workdir` (a compared run's start: its expert 0) under
+  run config `c`'s estimator, probes drawn as expert `expert`'s."""
+  body_N, head, _ = runs.restore_params(workdir)
+  body = jax.tree.map(lambda x: x[0], body_N)
+  head_e = head if c.model.shared_head else head[0]
+  cfg = methods.get(c).step_config(c).spsa
+  with memory.full_precision():
+    return descent.measure(batch_loss, body, head_e, [jnp.asarray(b) for b in batches],
+                           c.spsa.eps, cfg, jax.random.key(m.seed), repeats=m.repeats,
+                           hutchinson=m.hutchinson, method=m.method, expert=expert)
+
+
+def mechanism(config: ml_collections.ConfigDict, cfgs: dict, seeds: dict, data_dir: str) -> dict:
+  """rho and r of each SOMA expert and of the monolith at the rung's start, on identical
+  windows: expert e on its shard's batches, the monolith on all of them."""
+  ref, mono, m = config.reference, _other(config), config.mechanism
+  if m.method not in descent.METHODS or m.repeats < 2 or m.hutchinson < 1 or m.batches < 1:
+    raise UserError(f"mechanism.method={m.method!r} (use {' or '.join(descent.METHODS)}), "
+                    f"repeats={m.repeats} (>= 2), hutchinson={m.hutchinson}, batches={m.batches} "
+                    "(>= 1)")
+  batches = measurement_batches(data_dir, cfgs[ref], m.batches)
+  start = lambda name: seeds[config.start[name]]["_path"]
+  experts = [seed_descent(cfgs[ref], start(ref), b, e, m) for e, b in enumerate(batches)]
+  monolith = seed_descent(cfgs[mono], start(mono), [x for b in batches for x in b], 0, m)
+  return {"experts": experts, "monolith": monolith, **predicted(experts, monolith)}
+
+
+def predicted(experts: list[dict], monolith: dict) -> dict:
+  """mean_e rho_e / rho_mono with its delta-method standard error (errors taken as
+  independent), and the same ratio from r alone (n / (r + n))."""
+  rho_e = np.mean([x["rho"] for x in experts])
+  se_e = np.sqrt(np.sum([x["rho_se"] ** 2 for x in experts])) / len(experts)
+  ratio = rho_e / monolith["rho"]
+  se = ratio * np.sqrt((se_e / rho_e) ** 2 + (monolith["rho_se"] / monolith["rho"]) ** 2)
+  from_r = np.mean([x["predicted_rho"] for x in experts]) / monolith["predicted_rho"]
+  return {"rho_expert": float(rho_e), "rho_expert_se": float(se_e),
+          "predicted_ratio": float(ratio), "predicted_ratio_se": float(se),
+          "predicted_ratio_from_r": float(from_r)}
+
+
+# ------------------------------------------------------------------------ the control
+
+
+def run_control(config: ml_collections.ConfigDict, cfgs: dict, pair: dict, data_dir: str,
+                out: str, scored: tuple[eval_lib.TestSet, eval_lib.TestSet]) -> dict:
+  """The control from SOMA's start at SOMA's selected lr / eps and updates, per seed; its
+  start is SOMA's (the same seed run and state), so its gain is SOMA's start minus its end."""
+  ref, name = config.reference, config.control
+  start = pair["seed_records"][config.start[name]]
+  per_seed = []
+  for soma in pair["methods"][ref]["per_seed"]:
+    lr, eps = soma["selected"]["lr"], soma["selected"]["eps"]
+    rc = table7.grid_point(protocol.budgeted(cfgs[name], data_dir, soma["seed"], start,
+                                             "updates", soma["updates"], 1), lr, eps)
+    workdir = os.path.join(out, "runs", f"seed{soma['seed']}", name)
+    protocol.train(rc, workdir, f"seed {soma['seed']} {name} lr={lr:g} eps={eps:g}")
+    ends = {s: float(protocol.final_losses(workdir, rc, sc).mean())
+            for s, sc in zip(("validation", "test"), scored, strict=True)}
+    gain = {s: soma["start_loss"][s] - ends[s] for s in ends}
+    per_seed.append({"seed": soma["seed"], "lr": lr, "eps": eps, "updates": soma["updates"],
+                     "end_loss": ends, "gain": gain, "workdir": protocol.shown(workdir, out),
+                     "soma_minus_control_gain": soma["gain"]["test"] - gain["test"]})
+  return {"method": name, "per_seed": per_seed,
+          "gain": protocol.t_interval([r["gain"]["test"] for r in per_seed]),
+          "soma_minus_control_gain": protocol.t_interval(
+              [r["soma_minus_control_gain"] for r in per_seed])}
+
+
+# ------------------------------------------------------------------------------ a rung
+
+
+def run_rung(config: ml_collections.ConfigDict, width: int, out: str, data_dir: str,
+             scored: tuple[eval_lib.TestSet, eval_lib.TestSet]) -> dict:
+  """Seeds, the mechanism at the start, Table 7's pair, the control: one rung's record."""
+  t0 = time.perf_counter()
+  pair_config = rung_config(config, width, control=False)
+  pair_config.data_dir = data_dir
+  cfgs = sized(config, width)
+  ref, mono = config.reference, _other(config)
+  print(f"[ladder] rung {width}: {ref} d_t={cfgs[ref].model.d_t} x {cfgs[ref].n_experts}, "
+        f"{mono} d_t={cfgs[mono].model.d_t}", flush=True)
+  seeds = protocol.train_seeds(pair_config, protocol.sized(pair_config), data_dir, out, scored[0])
+  t_mech = time.perf_counter()
+  mech = mechanism(config, {n: _with_data(c, data_dir) for n, c in cfgs.items()}, seeds, data_dir)
+  mech["wall_seconds"] = time.perf_counter() - t_mech
+  print(f"[ladder] rung {width}: rho expert {mech['rho_expert']:.4g}, monolith "
+        f"{mech['monolith']['rho']:.4g}, predicted ratio {mech['predicted_ratio']:.3f} "
+        f"± {mech['predicted_ratio_se']:.3f}", flush=True)
+  pair = table7.compare_pair(pair_config, out, scored)
+  control = run_control(config, cfgs, pair, data_dir, out, scored)
+  ratios = [a["gain"]["test"] / b["gain"]["test"] for a, b in zip(
+      pair["methods"][ref]["per_seed"], pair["methods"][mono]["per_seed"], strict=True)]
+  return {**sizes(config, width), "folder": os.path.basename(out), "mechanism": mech,
+          "seed_runs": {k: {f: v for f, v in r.items() if f != "_path"}
+                        for k, r in pair["seed_records"].items()},
+          "methods": pair["methods"], "gain_difference": pair["gain_difference"],
+          "control": control, "measured_ratio": protocol.t_interval(ratios),
+          "measured_ratio_per_seed": ratios, "wall_seconds": time.perf_counter() - t0}
+
+
+def _with_data(c: ml_collections.ConfigDict, data_dir: str) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict(c.to_dict())
+  c.data.dir = data_dir
+  return c
+
+
+def run(config: ml_collections.ConfigDict, out: str, command: str = "",
+        scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None) -> dict:
+  """Every rung into OUT/rungW; OUT/results.json, table.md and ladder.png after each rung."""
+  begun = protocol.started()
+  os.makedirs(out, exist_ok=True)
+  ws = widths(config)
+  for w in ws:  # every rung's sizes checked before anything trains
+    s = sizes(config, w)
+    if abs(s["ops_difference"]) > config.ops_tolerance:
+      raise UserError(f"rung {w}: the monolith's operations per update differ from SOMA's by "
+                      f"{s['ops_difference']:+.1%} (> {config.ops_tolerance:.0%}); fix: other rungs")
+  data_dir = protocol.ensure_data(config, out, 2)
+  scored = scorers or protocol.eval_sets(config, data_dir, [config.methods[config.reference].data.seq_len])
+  rungs = []
+  for w in ws:
+    rungs.append(run_rung(config, w, os.path.join(out, f"rung{w}"), data_dir, scored))
+    payload = protocol.results(
+        "ladder", SPEC, config, command, begun,
+        {"unit": protocol.budget_unit(config), "per": "configuration, at every rung",
+         "seed_updates": config.seed_updates},
+        scored, data_dir, out, {}, rungs_asked=ws, mechanism=config.mechanism.to_dict(),
+        other=_other(config), control=config.control, rungs=rungs)
+    protocol.write(out, payload, table)
+    plot(payload, os.path.join(out, "ladder.png"))
+  return payload
+
+
+# ------------------------------------------------------------------------------ output
+
+
+def table(p: dict) -> str:
+  """Markdown: one row per rung, predicted beside measured, then the gains."""
+  ref, mono, ctl = p["reference"], p["other"], p["control"]
+  lines = [
+      f"Width ladder ({p['spec']}): SOMA N = 2 ({ref}) against the monolith ({mono}) of equal "
+      f"total parameters at each rung; Table 7's protocol per rung ({p['budget']['amount']:g} "
+      f"{p['budget']['unit']} per configuration after {p['budget']['seed_updates']}-update seeds, "
+      f"seeds {p['seeds']}). rho by {p['mechanism']['method']} at each rung's start "
+      f"({p['mechanism']['batches']} batch(es) per expert, {p['mechanism']['repeats']} "
+      "estimates each), r by Hessian-vector products. Gains: test, start - end; intervals: "
+      "95% t across seeds.",
+      "",
+      "| expert width | monolith width | params (SOMA / mono) | ops/update diff | rho expert | "
+      "rho mono | r expert | r mono | predicted ratio | measured gain ratio | SOMA gain | "
+      "mono gain | SOMA - control gain | wall s |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for r in p["rungs"]:
+    m = r["mechanism"]
+    r_e = np.mean([x["r"] for x in m["experts"]])
+    lines.append(
+        f"| {r['width']} | {r['d_t'][mono]} | {r['params'][ref]:,} / {r['params'][mono]:,} | "
+        f"{r['ops_difference']:+.2%} | {m['rho_expert']:.4g} | {m['monolith']['rho']:.4g} | "
+        f"{r_e:.3g} | {m['monolith']['r']:.3g} | {m['predicted_ratio']:.3f} ± "
+        f"{m['predicted_ratio_se']:.3f} | {protocol.ci(r['measured_ratio'])} | "
+        f"{protocol.ci(r['methods'][ref]['gain']['test'], 4)} | "
+        f"{protocol.ci(r['methods'][mono]['gain']['test'], 4)} | "
+        f"{protocol.ci(r['control']['soma_minus_control_gain'], 4)} | {r['wall_seconds']:.0f} |")
+  lines += ["", f"Control: {ctl} at SOMA's selected lr / eps and updates per seed. Predicted "
+            "ratio: mean over experts of rho / the monolith's rho (± delta-method SE). Byte "
+            f"unigram {p['unigram_test_nats_per_byte']:.3f}."]
+  return "\n".join(lines) + "\n"
+
+
+def plot(p: dict, path: str) -> None:
+  """The measured gain ratio (95% t interval) and the predicted ratio (± 2 SE) vs width."""
+  plt = report.plt
+  fig, ax = plt.subplots(figsize=(5.5, 3.8))
+  w = np.array([r["width"] for r in p["rungs"]], float)
+  meas = [r["measured_ratio"] for r in p["rungs"]]
+  mean = np.array([m["mean"] for m in meas])
+  lo = np.array([m["ci95"][0] if m["ci95"] else m["mean"] for m in meas])
+  hi = np.array([m["ci95"][1] if m["ci95"] else m["mean"] for m in meas])
+  ax.errorbar(w, mean, yerr=[mean - lo, hi - mean], fmt="o-", capsize=3,
+              label="measured: SOMA gain / monolith gain (95% t, seeds)")
+  pred = np.array([r["mechanism"]["predicted_ratio"] for r in p["rungs"]])
+  se = np.array([r["mechanism"]["predicted_ratio_se"] for r in p["rungs"]])
+  ax.errorbar(w * 1.04, pred, yerr=2 * se, fmt="s--", capsize=3,
+              label="predicted: rho expert / rho monolith (± 2 SE)")
+  ax.axhline(1.0, c="gray", lw=1)
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(w, [str(int(x)) for x in w])
+  ax.set_xlabel("SOMA expert width (monolith of equal parameters)")
+  ax.set_ylabel("SOMA / monolith")
+  ax.set_title(f"width ladder, {len(p['seeds'])} seeds", fontsize=10)
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

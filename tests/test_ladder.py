@@ -1,0 +1,111 @@
+"""The width ladder (SPEC 9.7, soma_jax/studies/ladder.py): rung sizing at size=cpu, and one
+rung end to end at size=tiny (seeds, the mechanism at the start, Table 7's pair, the control)."""
+
+import json
+import os
+
+import pytest
+
+from soma_jax import checkpoint as ckpt_lib
+from soma_jax.errors import UserError
+from soma_jax.studies import compare, ladder, protocol
+from tests.test_compare import load_config
+
+
+def test_every_rung_has_equal_params_and_ops_per_update():
+  """SOMA N = 2 at widths 16, 32, 64, 128 and the monolith sized to it: total parameters and
+  operations per update within 2% at every rung (SPEC 9.6's condition for equal updates)."""
+  config = load_config("compare", "study=ladder,size=cpu")
+  assert ladder.widths(config) == [16, 32, 64, 128]
+  for w in ladder.widths(config):
+    s = ladder.sizes(config, w)
+    assert s["d_t"]["soma_n2"] == w and s["n_experts"] == {"soma_n2": 2, "mono": 1,
+                                                           "soma_n2_summed": 2}
+    assert s["d_t"]["mono"] > w
+    assert abs(s["params_difference"]) <= 0.02, s
+    assert abs(s["ops_difference"]) <= 0.02, s
+    # recomputed from the configs themselves, not from `sizes`' own arithmetic
+    cfgs = ladder.sized(config, w)
+    p = {n: protocol.total_params(c) for n, c in cfgs.items()}
+    o = {n: protocol.ops_per_update(c) for n, c in cfgs.items()}
+    assert abs(p["mono"] - p["soma_n2"]) <= 0.02 * p["soma_n2"]
+    assert abs(o["mono"] - o["soma_n2"]) <= 0.02 * o["soma_n2"]
+    assert p["soma_n2_summed"] == p["soma_n2"] and o["soma_n2_summed"] == o["soma_n2"]
+
+
+def test_arguments():
+  config = load_config("compare", "study=ladder,size=tiny,rungs=4/8/16,seeds=3")
+  assert ladder.widths(config) == [4, 8, 16] and config.seeds == 3
+  assert load_config("compare", "study=ladder,size=cpu").seeds == 3
+  assert compare._module("ladder") is ladder
+  for bad in ("4/x", "8/8", "0/4", ""):
+    config.rungs = bad
+    with pytest.raises(UserError, match="rungs="):
+      ladder.widths(config)
+  with pytest.raises(UserError, match="size=paper"):
+    load_config("compare", "study=ladder,size=paper")
+
+
+@pytest.fixture(scope="module")
+def ladder_run(tmp_path_factory, data_two_shards):
+  """One rung (width 8), one seed, the shortest grid Table 7 accepts."""
+  config = load_config("compare", "study=ladder,size=tiny,rungs=8,seeds=1")
+  config.data_dir = data_two_shards
+  config.bootstrap_draws = 50
+  config.lr_factors, config.lr_extend, config.eps_factors = (0.5, 1.0, 2.0), 0, (1.0,)
+  out = str(tmp_path_factory.mktemp("ladder") / "out")
+  return config, out, ladder.run(config, out, "python experiments/compare.py --test")
+
+
+def test_monolith_and_experts_are_measured_on_identical_windows(ladder_run):
+  """Expert e is measured on its own shard's batches, the monolith on exactly those of both
+  experts (the same windows, not its own pooled split), so batch noise cancels in the ratio."""
+  _, _, payload = ladder_run
+  mech = payload["rungs"][0]["mechanism"]
+  experts = [x["batch_fingerprints"] for x in mech["experts"]]
+  assert len(experts) == 2 and not set(experts[0]) & set(experts[1])
+  assert mech["monolith"]["batch_fingerprints"] == experts[0] + experts[1]
+
+
+def test_rung_record(ladder_run):
+  """What results.json holds per rung: sizes, updates, start and end losses, gains with
+  intervals, rho and r per model, predicted and measured ratios; and the three files."""
+  config, out, payload = ladder_run
+  for name in ("results.json", "table.md", "ladder.png"):
+    assert os.path.getsize(os.path.join(out, name)) > 0
+  with open(os.path.join(out, "results.json")) as f:
+    assert json.load(f)["study"] == "ladder"
+  r = payload["rungs"][0]
+  assert r["width"] == 8 and r["d_t"]["soma_n2"] == 8
+  soma, mono = r["methods"]["soma_n2"], r["methods"]["mono"]
+  for m in (soma, mono):
+    q = m["per_seed"][0]
+    assert q["updates"] == config.budget
+    assert q["gain"]["test"] == pytest.approx(q["start_loss"]["test"] - q["end_loss"]["test"])
+    assert "ci95" in m["gain"]["test"]
+  gain = lambda m: m["per_seed"][0]["gain"]["test"]
+  assert r["measured_ratio"]["mean"] == pytest.approx(gain(soma) / gain(mono))
+  mech = r["mechanism"]
+  for x in mech["experts"] + [mech["monolith"]]:
+    assert {"rho", "rho_se", "r", "r_se", "predicted_rho"} <= set(x)
+    assert x["rho_method"] == config.mechanism.method
+  rho_e = sum(x["rho"] for x in mech["experts"]) / 2
+  assert mech["predicted_ratio"] == pytest.approx(rho_e / mech["monolith"]["rho"])
+  assert mech["monolith"]["params"] > mech["experts"][0]["params"]
+  table = open(os.path.join(out, "table.md")).read()
+  assert f"{mech['predicted_ratio']:.3f}" in table
+
+
+def test_control_runs_somas_settings_from_somas_start(ladder_run):
+  """The summed-loss control continues SOMA's seed at SOMA's selected lr and eps for SOMA's
+  number of updates, in every seed."""
+  config, out, payload = ladder_run
+  r = payload["rungs"][0]
+  soma = r["methods"]["soma_n2"]["per_seed"][0]
+  ctl = r["control"]["per_seed"][0]
+  assert (ctl["lr"], ctl["eps"], ctl["updates"]) == (
+      soma["selected"]["lr"], soma["selected"]["eps"], soma["updates"])
+  saved = ckpt_lib.read_config(os.path.join(out, r["folder"], ctl["workdir"]))
+  assert saved.method == "soma_summed" and saved.init_state and saved.opt.lr == ctl["lr"]
+  assert saved.init_from == os.path.join(out, "rung8", "seeds", "soma_expert")
+  assert ctl["gain"]["test"] == pytest.approx(soma["start_loss"]["test"] - ctl["end_loss"]["test"])
