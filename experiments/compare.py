@@ -1,4 +1,5 @@
-"""The paper's comparisons (SPEC 9.1 and 9.2), run here from warm starts at equal device time.
+"""The paper's comparisons (SPEC 9.1 and 9.2), scaled down by SPEC 9.6: seeds of equal updates
+continued with their optimizer state, budgets in updates or CPU seconds, never wall time.
 
   python experiments/compare.py --config=experiments/configs/compare.py:study=table4,size=cpu --out=runs/table4
   python experiments/compare.py --config=experiments/configs/compare.py:study=table7,size=cpu --out=runs/table7

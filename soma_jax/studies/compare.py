@@ -1,11 +1,13 @@
 """The paper's comparisons at any scale (SPEC 9): `run` dispatches on config.study.
 
-  table4  SPEC 9.1: how to spend a device-time budget (SOMA N = 2, monoliths at 1x / 4x / 16x
-          SOMA's directions, EGGROLL, BPTT, and the head-only and summed-loss controls)
-  table7  SPEC 9.2: SOMA N = 2 against the monolith of the same size at equal device time
-          and equal tuning (lr then eps grid, selection on validation, test once)
+  table4  SPEC 9.1: how to spend a budget (CPU seconds on a CPU, device-seconds on a GPU):
+          SOMA N = 2, monoliths at 1x / 4x / 16x SOMA's directions, EGGROLL, BPTT, and the
+          head-only and summed-loss controls
+  table7  SPEC 9.2: SOMA N = 2 against the monolith of the same size at equal updates (equal
+          operations) and equal tuning (lr then eps grid, selection on validation, test once)
 
-Both start every row from its architecture's own warm start (`protocol`). `run(config, out)`
+Every row continues its architecture's own seed run, optimizer state included (`protocol`,
+SPEC 9.6). `run(config, out)`
 writes OUT/results.json and OUT/table.md; the runs live in OUT/seeds and OUT/runs/seedS/NAME
 and resume like any training run.
 """
