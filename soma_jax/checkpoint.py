@@ -163,10 +163,12 @@ def check_data(workdir: str, c: ml_collections.ConfigDict, data_dir: str | None 
   elif manifest_sha256(path) != recorded:
     now = manifest_sha256(path)
     raise UserError(
+        f"{f'--data_dir={data_dir!r}: ' if data_dir else ''}"
         f"{os.path.join(path, 'manifest.json')!r} is not the one {workdir!r} trained on "
         f"(SHA-256 {recorded[:12]} at its start, {(now or 'none')[:12]} now: the data dir was "
         "re-prepared, replaced or is another corpus), so its router and splits may not be the "
-        "run's; fix: pass --data_dir= the data the run trained on (or a copy of it)")
+        "run's; fix: " + ("omit --data_dir, or pass the run's data dir or a copy of it" if data_dir
+                          else "pass --data_dir= the data the run trained on (or a copy of it)"))
   manifest = pipeline.load_manifest(path)
   for rel in files:
     digest = manifest.get("files", {}).get(rel)
