@@ -87,17 +87,8 @@ def _table4_rows(c: ml_collections.ConfigDict, size: str, lr: float, mono) -> No
   c.start.soma_n2_summed = "soma_expert"
 
 
-def get_config(arg: str | None = None):
-  if _ladder_asked(arg):  # study=ladder takes its own arguments (seeds=, rungs=): _ladder
-    return _ladder(arg)
-  a = parse_arg(arg, study="table4", size="cpu")
-  if a["study"] not in STUDIES or a["size"] not in ("cpu", "tiny"):
-    raise UserError(f"compare.py:study={a['study']},size={a['size']}: use study=table4 or "
-                    "table7 and size=cpu or tiny")
-  size, cpu = a["size"], a["size"] == "cpu"
-  c = ml_collections.ConfigDict()
-  c.study = a["study"]  # table4 (SPEC 9.1) or table7 (SPEC 9.2)
-  c.data_dir = ""  # a prepared data dir with 2 shards; "" = prepare pystdlib under OUT/data
+def _plan(c: ml_collections.ConfigDict, cpu: bool) -> None:
+  """Seeds, budgets, tuning grids and statistics of the study (SPEC 9.6)."""
   c.seeds = 5 if cpu else 2  # optimisation seeds: they change the batches and the directions
   c.first_seed = 0  # seeds first_seed .. first_seed + seeds - 1; seed s also seeds its bootstrap
   # The budget of each row (table4) or configuration (table7) and seed, in budget_unit:
@@ -121,6 +112,19 @@ def get_config(arg: str | None = None):
   c.lr_extend = 2 if cpu else 1
   c.eps_factors = (0.5, 1.0, 2.0)  # table7 stage 2: eps = f x base_lr at the selected lr
 
+
+def get_config(arg: str | None = None):
+  if _ladder_asked(arg):  # study=ladder takes its own arguments (seeds=, rungs=): _ladder
+    return _ladder(arg)
+  a = parse_arg(arg, study="table4", size="cpu")
+  if a["study"] not in STUDIES or a["size"] not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study={a['study']},size={a['size']}: use study=table4 or "
+                    "table7 and size=cpu or tiny")
+  size, cpu = a["size"], a["size"] == "cpu"
+  c = ml_collections.ConfigDict()
+  c.study = a["study"]  # table4 (SPEC 9.1) or table7 (SPEC 9.2)
+  c.data_dir = ""  # a prepared data dir with 2 shards; "" = prepare pystdlib under OUT/data
+  _plan(c, cpu)
   c.eval = ml_collections.ConfigDict()
   c.eval.route_bytes = 64 if cpu else 8  # the router sees this many leading bytes
   c.eval.score_bytes = 192 if cpu else 24  # the loss is over the next this many targets
