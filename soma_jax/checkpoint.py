@@ -39,13 +39,13 @@ HISTORY_FILE = "config_history.jsonl"
 CORRUPT_PREFIX = "corrupt-"  # not a step name to orbax (it parses digits or *_digits)
 # Config fields that fix the shapes (and meaning) of the state; never changed on resume.
 SHAPE_KEYS = ("method", "n_experts", "experts", "model", "spsa.accum", "data.seq_len",
-              "opt.train_head", "eggroll.rank", "eggroll.pop", "eggroll.segment")
+              "opt.train_head")  # and each method's own (Method.shape_keys)
 # Device layout and speed / memory knobs: they leave the math alone up to float rounding.
 SPEED_KEYS = ("mesh", "spsa.pert_chunk", "spsa.time_block", "spsa.unroll", "spsa.signs",
-              "spsa.forward", "eggroll.pop_chunk")
+              "spsa.forward")  # and each method's own (Method.speed_keys)
 # Fields a resume may change freely: run length (steps, time budget), logging and checkpoint
 # cadence, precision and the speed knobs.
-RESUMABLE_KEYS = ("steps", "budget_seconds", "budget_checkpoints", "log_every", "eval_every",
+RESUMABLE_KEYS = ("steps", "budget", "budget_checkpoints", "log_every", "eval_every",
                   "ckpt_every", "ensemble_eval_every", "ckpt.keep", "precision",
                   "resume_overrides") + SPEED_KEYS
 MANIFEST_KEY = "data.manifest_sha256"  # the data dir's manifest.json, compared on resume
@@ -193,8 +193,9 @@ def parse_overrides(value: str, known: dict) -> list[str]:
   return names
 
 
-def check_resume(workdir: str, new: ml_collections.ConfigDict,
-                 data_sha: str | None) -> tuple[dict, list[str]]:
+def check_resume(workdir: str, new: ml_collections.ConfigDict, data_sha: str | None,
+                 shape_keys: tuple[str, ...] = (), speed_keys: tuple[str, ...] = ()
+                 ) -> tuple[dict, list[str]]:
   """Compares a resumed run's config with the saved one; returns the changes it allows.
 
   Returns ({dotted key: (saved, now)}, the fields named in resume_overrides). Raises UserError listing every differing field
@@ -208,12 +209,12 @@ def check_resume(workdir: str, new: ml_collections.ConfigDict,
   if old_sha is not None and old_sha != data_sha:
     changed[MANIFEST_KEY] = (old_sha, data_sha)
   overrides = parse_overrides(new.get("resume_overrides", ""), flatten(json.loads(new.to_json())))
-  allowed = list(RESUMABLE_KEYS) + overrides
+  allowed = list(RESUMABLE_KEYS) + list(speed_keys) + overrides  # speed_keys: the method's
   if "data.dir" in changed and MANIFEST_KEY not in changed:
     allowed.append("data.dir")  # the same prepared data, moved
   if under("data.dir", overrides):
     allowed.append(MANIFEST_KEY)
-  shape = [k for k in changed if under(k, SHAPE_KEYS)]
+  shape = [k for k in changed if under(k, SHAPE_KEYS + tuple(shape_keys))]
   refused = [k for k in changed if not under(k, allowed)]
   if shape or refused:
     listed = "; ".join(f"{k}: {changed[k][0]!r} there, {changed[k][1]!r} now"
@@ -466,7 +467,6 @@ def _quiet_write_failures() -> None:
     absl_logger.addFilter(_WriteFailureFilter())
 
 
-_READ_NOISE = ("_read_array_index_and_device_put", "call_soon_threadsafe")
 class _ReadFailureFilter(pylogging.Filter):
   """Drops orbax's own error logs while checkpoints are tried one by one: each unreadable
   one is reported once by `restore_latest`, or all of them in its one-line error."""
@@ -485,6 +485,7 @@ def _quiet_orbax_reads():
     absl_logger.removeFilter(quiet)
 
 
+_READ_NOISE = ("_read_array_index_and_device_put", "call_soon_threadsafe")
 
 
 def _is_read_noise(exc_type, exc, tb) -> bool:

@@ -476,3 +476,18 @@ class TestSet:
     lp = routed_logprobs(body_N, head, self.windows, self._routes[n_experts], shared_head,
                          first=self.route + 1, logits_fn=logits_fn)
     return mixture_nats(lp)
+
+
+def ensemble_validation(data_dir: str, body_N: PyTree, head: jax.Array, shared_head: bool,
+                        logits_fn: LogitsFn = model_lib.logits, max_windows: int = 256
+                        ) -> float | None:
+  """The routed top-min(4, N) loss on a data dir's first `max_windows` ensemble-validation
+  windows (what training logs as ensemble_val_loss), or None where the split is empty."""
+  windows, _ = pipeline.eval_split(data_dir, "ensemble_val")
+  if windows.shape[0] == 0:
+    return None
+  n = jax.tree.leaves(body_N)[0].shape[0]
+  router = Router.load(os.path.join(data_dir, "router.npz"))
+  return ensemble_loss(body_N, head, windows[:max_windows], router, min(4, n), shared_head,
+                       logits_fn=logits_fn)
+

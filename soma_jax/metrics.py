@@ -140,8 +140,8 @@ def _duration(seconds: float) -> str:
 class Progress:
   """steps/s, ETA and per-expert loss: a live line on a terminal, log lines otherwise.
 
-  A run that ends at a time budget (`track_budget`) shows the training device-seconds spent
-  of the budget, and its ETA is the budget left at the rate device-seconds have been spent
+  A run that ends at a budget (`track_budget`) shows the training device-seconds (CPU
+  seconds, updates) spent of the budget, and its ETA is the budget left at the rate it has been spent
   per wall second so far; a run that ends at a step count shows step / steps and its ETA
   from steps/s.
   """
@@ -151,11 +151,13 @@ class Progress:
     self.stream = stream or sys.stderr
     self.tty = self.stream.isatty()
     self.t0 = time.perf_counter()
-    self.budget = None  # () -> (device-seconds spent, budget), when a budget ends the run
-    self.spent0 = 0.0
+    self.budget = None  # () -> (amount spent, budget), when a budget ends the run
+    self.spent0, self.unit = 0.0, "device-s"
 
-  def track_budget(self, spent_and_budget: Callable[[], tuple[float, float]]) -> None:
+  def track_budget(self, spent_and_budget: Callable[[], tuple[float, float]],
+                   unit: str = "device_seconds") -> None:
     self.budget, self.spent0 = spent_and_budget, spent_and_budget()[0]
+    self.unit = {"device_seconds": "device-s", "cpu_seconds": "cpu-s"}.get(unit, unit)
 
   def _eta(self, step: int, elapsed: float, steps_per_s: float) -> tuple[float, float, str]:
     """(fraction done, seconds left, the position text)."""
@@ -166,7 +168,7 @@ class Progress:
     rate = (spent - self.spent0) / elapsed if elapsed > 0 else 0.0
     left = max(seconds - spent, 0.0) / rate if rate > 0 else float("nan")
     return (min(spent / seconds, 1.0), left,
-            f"step {step} | {spent:.1f}/{seconds:g} device-s")
+            f"step {step} | {spent:.1f}/{seconds:g} {self.unit}")
 
   def line(self, step: int, loss: Sequence[float], extra: str = "") -> str:
     elapsed = time.perf_counter() - self.t0

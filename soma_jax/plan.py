@@ -117,7 +117,7 @@ def resolve(c: ml_collections.ConfigDict) -> Plan:
   chunk = methods.choose_chunk(c, n_local, mesh)  # compiles the step (reused on one device)
   plan_seconds = time.perf_counter() - t0
   step_cfg = method.step_config(c, chunk.chunk)
-  devices = _devices(method, step_cfg, runs.initial_state(c, step_cfg), mesh, a, n_local)
+  devices = _devices(method, step_cfg, runs.initial_state(c), mesh, a, n_local)
   pooled = c.n_experts == 1 and manifest["num_clusters"] > 1
   val = _expert_val_windows(c, devices["feed"], pooled)
   ops_step = method.ops_per_update(c) * n_local

@@ -4,7 +4,6 @@ starts (config_history.jsonl), read and written for the training loop."""
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import jax
@@ -15,22 +14,11 @@ from soma_jax import metrics as metrics_lib
 SUMMARY_FILE = "summary.json"
 
 
-def _finite(x):
-  """A summary value as strict JSON: non-finite floats become null (no bare NaN)."""
-  if isinstance(x, float) and not math.isfinite(x):
-    return None
-  if isinstance(x, dict):
-    return {k: _finite(v) for k, v in x.items()}
-  if isinstance(x, list | tuple):
-    return [_finite(v) for v in x]
-  return x
-
-
 def write_summary(workdir: str, summary: dict) -> None:
   """summary.json, written whole (a temporary file replaced), strict JSON."""
   tmp = os.path.join(workdir, SUMMARY_FILE + ".tmp")
   with open(tmp, "w") as f:
-    json.dump(_finite(summary), f, indent=1, allow_nan=False)
+    json.dump(metrics_lib.json_safe(summary), f, indent=1, allow_nan=False)
   os.replace(tmp, os.path.join(workdir, SUMMARY_FILE))
 
 

@@ -7,7 +7,6 @@ a run back with `restore_state` / `restore_params`, whatever its method.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
 import jax
@@ -15,7 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from soma_jax import checkpoint as ckpt_lib
-from soma_jax import methods, spsa
+from soma_jax import methods, train_state
 from soma_jax.errors import UserError
 
 PyTree = Any
@@ -26,29 +25,28 @@ def initial_params(c: ml_collections.ConfigDict) -> tuple[PyTree, jax.Array]:
   (SPEC 3.4; LSTM and GRU methods alike), or the method's fresh init."""
   seed = restore_params(c.init_from) if c.init_from else None
   if seed is not None:  # a GRU seeds a GRU, an LSTM an LSTM (the methods' model families)
-    ours, theirs = (methods.get(x).describe(x)["model"] for x in (c, seed[2]))
+    ours, theirs = (methods.get(x).family for x in (c, seed[2]))
     if ours != theirs:
       raise UserError(f"init_from={c.init_from!r} is a {theirs} run (method={seed[2].method}); "
                       f"method={c.method} trains a {ours}: fix: a seed of the same model")
   return methods.get(c).init_params(c, seed)
 
 
-def initial_state(c: ml_collections.ConfigDict, cfg: Hashable | None = None) -> spsa.TrainState:
-  """The TrainState a run starts from; `cfg` is the run's step config (built if None).
-
-  With `init_state` (and `init_from`) the seed run's state goes on: see `continued`.
-  """
+def initial_state(c: ml_collections.ConfigDict) -> train_state.TrainState:
+  """The TrainState a run starts from (every method's: Adam of the bodies, and of the heads
+  where opt.train_head). With `init_state` (and `init_from`) the seed run's state goes on:
+  see `continued`."""
   body_N, head = initial_params(c)
   method = methods.get(c)
-  cfg = method.step_config(c) if cfg is None else cfg
   n = jax.tree.leaves(body_N)[0].shape[0]
-  state = spsa.init_state(body_N, head, c.opt.lr, c.spsa.eps, cfg, method.init_carry(c, n))
+  state = train_state.init_state(body_N, head, c.opt.lr, c.spsa.eps, c.opt.weight_decay,
+                                 c.opt.train_head, method.init_carry(c, n))
   if c.init_from and c.get("init_state", False):
     return continued(state, c)
   return state
 
 
-def continued(fresh: spsa.TrainState, c: ml_collections.ConfigDict) -> spsa.TrainState:
+def continued(fresh: train_state.TrainState, c: ml_collections.ConfigDict) -> train_state.TrainState:
   """`fresh` (this run's initial state, warm from the seed's parameters) with the rest of
   the seed run's newest state: every expert takes the seed's Adam moments and count, its
   plateau state (lr and eps set to this config's) and its step counter (SPEC 9.6: the

@@ -344,7 +344,7 @@ def test_head_only_step_leaves_bodies_and_their_adam_state(data_prepared):
   methods.validate(c)
   method = methods.get(c)
   cfg = method.step_config(c)
-  state = runs.initial_state(c, cfg)
+  state = runs.initial_state(c)
   batch = jax.random.randint(jax.random.key(0), (3, 1, c.spsa.batch, c.data.seq_len + 1), 0,
                              256).astype(np.uint8)
   before = jax.tree.map(np.asarray, state)

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from soma_jax import router as router_lib
 from soma_jax.data import clustering, pipeline, prepare
+from soma_jax.data import router as router_lib
 from soma_jax.errors import UserError
 from tests.conftest import DATA_DOMAINS, data_make_doc
 

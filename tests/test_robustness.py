@@ -1,5 +1,6 @@
 """Runs that cannot be damaged: lock, resume guards, self-healing checkpoints, no tracebacks."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -14,9 +15,11 @@ import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from soma_jax import checkpoint as ckpt_lib
+from soma_jax import evaluate as eval_lib
 from soma_jax import generate as gen_lib
-from soma_jax import merge, runs, train
+from soma_jax import merge, methods, runs, train
 from soma_jax import model as model_lib
+from soma_jax import plan as plan_lib
 from soma_jax.data import pipeline, prepare
 from soma_jax.errors import UserError
 from tests.test_train import ROOT, assert_resumes_like, metrics_without_timing, tiny_config
@@ -43,13 +46,13 @@ def one_error_line(proc, *fragments):
 def straight(data_prepared, tmp_path_factory):
   """An uninterrupted 8-update run to compare the damaged ones with."""
   w = str(tmp_path_factory.mktemp("straight") / "w")
-  train.train(tiny_config(data_prepared), w)
+  train.run(tiny_config(data_prepared), w)
   return w
 
 
 def test_truncated_newest_checkpoint_is_moved_aside_and_passed(data_prepared, straight, tmp_path):
   w = str(tmp_path / "w")
-  train.train(tiny_config(data_prepared, steps=6), w)
+  train.run(tiny_config(data_prepared, steps=6), w)
   damaged = os.path.join(w, "checkpoints", "6")
   for dirpath, _, files in os.walk(damaged):
     for name in files:
@@ -59,7 +62,7 @@ def test_truncated_newest_checkpoint_is_moved_aside_and_passed(data_prepared, st
   assert_resumes_like(straight, w, data_prepared)  # resumes at 4, saves 6 and 8 again
   assert os.path.isdir(os.path.join(w, "checkpoints", "corrupt-6"))
   assert 8 in ckpt_lib.Checkpointer(w).steps()
-  assert train.train(tiny_config(data_prepared), w)["step"] == 8  # and a rerun is clean
+  assert train.run(tiny_config(data_prepared), w)["step"] == 8  # and a rerun is clean
 
 
 def test_enospc_mid_save_keeps_the_previous_checkpoint(data_prepared, straight, tmp_path,
@@ -75,7 +78,7 @@ def test_enospc_mid_save_keeps_the_previous_checkpoint(data_prepared, straight, 
 
   monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", disk_full)
   with pytest.raises(UserError, match="checkpoint 4 .*no space left on device.*checkpoint 2 is kept"):
-    train.train(tiny_config(data_prepared), w)
+    train.run(tiny_config(data_prepared), w)
   monkeypatch.undo()
   assert ckpt_lib.Checkpointer(w).steps() == [2]
   assert runs.restore_state(w)[0] == 2
@@ -102,7 +105,7 @@ def test_second_trainer_is_refused_and_sigterm_stops_with_a_line(data_prepared, 
     before = {n: open(os.path.join(w, n), "rb").read()
               for n in ("config.json", ckpt_lib.HISTORY_FILE)}
     with pytest.raises(UserError, match=f"in use by process {first.pid}"):
-      train.train(tiny_config(data_prepared, steps=4), w)
+      train.run(tiny_config(data_prepared, steps=4), w)
     for name, data in before.items():
       assert open(os.path.join(w, name), "rb").read() == data, name
     first.send_signal(signal.SIGTERM)
@@ -123,7 +126,7 @@ def test_second_trainer_is_refused_and_sigterm_stops_with_a_line(data_prepared, 
 
 def test_resume_guards(data_prepared, data_textdir, tmp_path):
   w = str(tmp_path / "w")
-  train.train(tiny_config(data_prepared, steps=2), w)
+  train.run(tiny_config(data_prepared, steps=2), w)
   history = os.path.join(w, ckpt_lib.HISTORY_FILE)
 
   def unchanged(fn):
@@ -135,19 +138,19 @@ def test_resume_guards(data_prepared, data_textdir, tmp_path):
   c.opt.lr, c.spsa.n_pert = 0.5, 8
   with pytest.raises(UserError, match=r"opt\.lr: 0\.001 there, 0\.5 now; spsa\.n_pert: 4 there, "
                                       r"8 now\).*resume_overrides=opt\.lr,spsa\.n_pert"):
-    unchanged(lambda: train.train(c, w))
+    unchanged(lambda: train.run(c, w))
   with pytest.raises(UserError, match=r"seed: 0 there, 1 now"):
-    unchanged(lambda: train.train(tiny_config(data_prepared, steps=4, seed=1), w))
+    unchanged(lambda: train.run(tiny_config(data_prepared, steps=4, seed=1), w))
   other = str(tmp_path / "other_data")  # same N = 3, another corpus sample
   prepare.prepare(f"textdir:{data_textdir}", 3, other, test_docs=6, ensemble_val_docs=3,
                   min_df=2, svd_dims=16, val_fraction=0.05, seed=1)
   with pytest.raises(UserError, match=r"data\.dir: .*data\.manifest_sha256"):
-    unchanged(lambda: train.train(tiny_config(other, steps=4), w))
+    unchanged(lambda: train.run(tiny_config(other, steps=4), w))
   with pytest.raises(UserError, match="which is not a config field"):
-    unchanged(lambda: train.train(tiny_config(data_prepared, steps=4, resume_overrides="opt.lx"),
+    unchanged(lambda: train.run(tiny_config(data_prepared, steps=4, resume_overrides="opt.lx"),
                                   w))
   with pytest.raises(UserError, match="fixes the shapes"):
-    unchanged(lambda: train.train(tiny_config(data_prepared, steps=4, resume_overrides="model"),
+    unchanged(lambda: train.run(tiny_config(data_prepared, steps=4, resume_overrides="model"),
                                   w))
 
   moved = str(tmp_path / "moved_data")  # the same prepared data at another path is fine
@@ -155,7 +158,7 @@ def test_resume_guards(data_prepared, data_textdir, tmp_path):
   c = tiny_config(moved, steps=3, log_every=3)
   c.spsa.pert_chunk, c.spsa.signs = 2, "together"  # speed knobs may change on resume
   c.spsa.forward = "split"
-  assert train.train(c, w)["step"] == 3
+  assert train.run(c, w)["step"] == 3
   last = ckpt_lib.last_history(w)
   assert set(last["changed"]) == {"data.dir", "steps", "log_every", "spsa.pert_chunk",
                                   "spsa.signs", "spsa.forward"}
@@ -163,7 +166,7 @@ def test_resume_guards(data_prepared, data_textdir, tmp_path):
 
   c = tiny_config(data_prepared, steps=4, resume_overrides="opt.lr,spsa.n_pert")
   c.opt.lr, c.spsa.n_pert = 0.5, 8
-  assert train.train(c, w)["step"] == 4
+  assert train.run(c, w)["step"] == 4
   assert json.load(open(os.path.join(w, "config.json")))["opt"]["lr"] == 0.5
   last = ckpt_lib.last_history(w)
   assert last["changed"]["opt.lr"] == [0.001, 0.5] and last["changed"]["spsa.n_pert"] == [4, 8]
@@ -172,7 +175,8 @@ def test_resume_guards(data_prepared, data_textdir, tmp_path):
   with open(os.path.join(w, "metrics.jsonl")) as f:
     records = {r["step"]: r for r in map(json.loads, f)}
   assert records[4]["lr"] == [0.5] * 3  # training uses what config.json says
-  ops_at_4 = 3 * train.make_step(tiny_config(data_prepared))[1]  # 3 experts, n_pert 4
+  c4 = tiny_config(data_prepared)
+  ops_at_4 = 3 * methods.get(c4).ops_per_update(c4)  # 3 experts, n_pert 4
   assert records[3]["ops"] == 3 * ops_at_4 and records[4]["ops"] == 5 * ops_at_4  # not redone
 
 
@@ -187,7 +191,7 @@ def test_removed_metrics_file_is_written_again(data_prepared, straight, tmp_path
     return real_next(self)
 
   monkeypatch.setattr(pipeline.TrainBatches, "__next__", next_and_remove)
-  train.train(tiny_config(data_prepared), w)
+  train.run(tiny_config(data_prepared), w)
   assert metrics_without_timing(straight) == metrics_without_timing(w)
   assert "metrics.jsonl disappeared during the run" in caplog.text
 
@@ -195,13 +199,13 @@ def test_removed_metrics_file_is_written_again(data_prepared, straight, tmp_path
 def test_device_seconds_count_training_steps_only(data_prepared, tmp_path, monkeypatch):
   slow_eval = 0.4
 
-  def slow_ensemble_validation(c, state):
+  def slow_ensemble_loss(*args, **kwargs):
     time.sleep(slow_eval)
-    return None
+    return 0.0
 
-  monkeypatch.setattr(train, "ensemble_validation", slow_ensemble_validation)
+  monkeypatch.setattr(eval_lib, "ensemble_loss", slow_ensemble_loss)  # what train.py scores
   w = str(tmp_path / "w")
-  s = train.train(tiny_config(data_prepared, steps=6, ensemble_eval_every=1), w)
+  s = train.run(tiny_config(data_prepared, steps=6, ensemble_eval_every=1), w)
   assert s["eval_seconds"] >= 6 * slow_eval
   assert s["device_seconds"] < slow_eval  # six tiny updates, without the evaluations
   assert s["compile_seconds"] >= 0 and s["ckpt_seconds"] > 0  # compiled by an earlier test
@@ -256,33 +260,27 @@ def test_generation_streams_in_chunks_that_join_seamlessly(monkeypatch):
     gen_lib.generate(body_N, head, False, Router(), b"ab", gen_lib.MAX_BYTES + 1)
 
 
-def test_at_most_one_update_in_flight(data_prepared, tmp_path, monkeypatch):
+def test_at_most_one_update_in_flight(data_prepared, tmp_path):
   """The loop waits for update t before dispatching t + 2, so a signal acts within one update.
 
   Measured on 2 CPU cores at this size before the bound: 16.4 s from SIGTERM to exit
   (the host had queued about ten updates ahead of the device) against 3.5 s with it.
   """
-  real_make_step = train.make_step
   in_flight = []
-
-  def tracking_make_step(c, *args):
-    step_fn, ops = real_make_step(c, *args)
-    dispatched = []
-
-    def step(state, batch, ids):
-      state, m = step_fn(state, batch, ids)
-      dispatched.append(m["loss"])
-      in_flight.append(sum(not x.is_ready() for x in dispatched))
-      return state, m
-
-    return step, ops
-
-  monkeypatch.setattr(train, "make_step", tracking_make_step)
   c = tiny_config(data_prepared, steps=10, log_every=10, eval_every=10, ckpt_every=10)
   c.model.update(d_t=32, d_e=16)
   c.spsa.update(n_pert=8, batch=4, pert_chunk=8)
   c.data.seq_len = 128
-  train.train(c, str(tmp_path / "w"))
+  planned = plan_lib.resolve(c)
+  step_fn, dispatched = planned.step_fn, []
+
+  def step(state, batch, ids):
+    state, m = step_fn(state, batch, ids)
+    dispatched.append(m["loss"])
+    in_flight.append(sum(not x.is_ready() for x in dispatched))
+    return state, m
+
+  train.train(dataclasses.replace(planned, step_fn=step), str(tmp_path / "w"))
   assert len(in_flight) == 10 and max(in_flight) <= 2, in_flight
 
 
@@ -335,12 +333,12 @@ def test_corrupt_router_is_found_before_the_first_update(data_prepared, tmp_path
   d = _copy_with_manifest_hashes(data_prepared, str(tmp_path / "d"), "router.npz", b"garbage" * 99)
   w = str(tmp_path / "w")
   with pytest.raises(UserError, match="router file .*router.npz.* is corrupt"):
-    train.train(tiny_config(d), w)
+    train.run(tiny_config(d), w)
   assert not os.path.exists(w)  # refused before the workdir was made
   d2 = str(tmp_path / "d2")  # the ensemble-val windows, also read only at the end
   _copy_with_manifest_hashes(data_prepared, d2, "ensemble_val.npy", b"\x93NUMPY garbage")
   with pytest.raises(UserError, match="ensemble_val.npy"):
-    train.train(tiny_config(d2), w)
+    train.run(tiny_config(d2), w)
   assert not os.path.exists(w)
 
 
@@ -353,7 +351,7 @@ def test_shard_hashes_are_checked_at_start(data_prepared, tmp_path):
     f.write(bytes(50_000))
   w = str(tmp_path / "w")
   with pytest.raises(UserError, match=r"experts/0000/train\.npy.* does not match the SHA-256"):
-    train.train(tiny_config(d), w)
+    train.run(tiny_config(d), w)
   assert not os.path.exists(w)
   proc = cli(TRAIN_CLI + [f"--config.data.dir={d}", f"--workdir={w}"])
   one_error_line(proc, "experts/0000/train.npy", "fix:")
@@ -374,21 +372,21 @@ def _records(w):
 def test_rerunning_a_finished_run_changes_nothing(data_prepared, tmp_path, capsys):
   """A rerun set summary.json's val_loss to null; a smaller steps rewrote config.json."""
   w = str(tmp_path / "w")
-  first = train.train(tiny_config(data_prepared, steps=4), w)
+  first = train.run(tiny_config(data_prepared, steps=4), w)
   assert first["val_loss"] is not None
   before = _records(w)
   for steps in (4, 2):
-    assert train.train(tiny_config(data_prepared, steps=steps), w) == first
+    assert train.run(tiny_config(data_prepared, steps=steps), w) == first
     assert _records(w) == before, steps
     assert f"already trained to step 4 (steps={steps}); nothing changed" in capsys.readouterr().err
   os.remove(os.path.join(w, "summary.json"))  # stopped after its last checkpoint, say
   del before["summary.json"]
-  again = train.train(tiny_config(data_prepared, steps=2), w)
+  again = train.run(tiny_config(data_prepared, steps=2), w)
   assert again["step"] == 4 and again["val_loss"] == first["val_loss"] and _records(w) == before
-  again = train.train(tiny_config(data_prepared, steps=4), w)  # written, since it was missing
+  again = train.run(tiny_config(data_prepared, steps=4), w)  # written, since it was missing
   assert json.load(open(os.path.join(w, "summary.json")))["val_loss"] == first["val_loss"]
   with pytest.raises(UserError, match="holds another run"):  # still guarded
-    train.train(tiny_config(data_prepared, steps=4, seed=1), w)
+    train.run(tiny_config(data_prepared, steps=4, seed=1), w)
 
 
 def test_prepare_on_a_full_disk_is_one_line(data_textdir, data_prepared, tmp_path, monkeypatch):
@@ -415,7 +413,7 @@ def test_parquet_text_of_integers_is_one_line(tmp_path):
 
   (tmp_path / "src").mkdir()
   pq.write_table(pa.table({"text": list(range(100))}), tmp_path / "src" / "a.parquet")
-  with pytest.raises(UserError, match="'text' column of int64, not strings"):
+  with pytest.raises(UserError, match="column 'text' holds int64, not strings"):
     prepare.prepare(f"fineweb_edu:{tmp_path / 'src'}", 2, str(tmp_path / "out"), **SMALL_PREP)
 
 
@@ -513,7 +511,7 @@ def test_a_warm_start_compiles_its_step_once(data_prepared, straight, tmp_path):
 def test_recovery_from_truncated_array_data_prints_one_line(data_prepared, tmp_path):
   """Recovered before, but around 97 'Event loop is closed' tracebacks buried the line."""
   w = str(tmp_path / "w")
-  train.train(tiny_config(data_prepared, steps=4), w)
+  train.run(tiny_config(data_prepared, steps=4), w)
   data = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(w, "checkpoints", "4", "state"))
           for f in fs if os.sep + "d" + os.sep in os.path.join(d, f)]
   assert data  # the array chunks, not the metadata
@@ -543,10 +541,10 @@ def test_full_disk_in_training_names_the_failed_checkpoint_in_one_line(data_prep
   monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", disk_full)
   with pytest.raises(UserError, match=r"could not save checkpoint 4 .*no space left on device\); "
                                       r"checkpoint 2 is kept; fix: free disk space"):
-    train.train(tiny_config(data_prepared), w)
+    train.run(tiny_config(data_prepared), w)
   assert "Traceback" not in capfd.readouterr().err
   monkeypatch.undo()
-  assert train.train(tiny_config(data_prepared), w)["step"] == 8  # resumes from 2
+  assert train.run(tiny_config(data_prepared), w)["step"] == 8  # resumes from 2
 
 
 def test_a_config_error_leaves_no_config_json(data_prepared, tmp_path):
@@ -554,7 +552,7 @@ def test_a_config_error_leaves_no_config_json(data_prepared, tmp_path):
   c = tiny_config(data_prepared)
   c.mesh.pert = "2"  # two devices of directions on a one-device host: refused while building
   with pytest.raises(UserError, match="mesh"):
-    train.train(c, str(w))
+    train.run(c, str(w))
   assert not (w / "config.json").exists() and not (w / ckpt_lib.HISTORY_FILE).exists()
 
 
@@ -564,7 +562,7 @@ def test_tools_refuse_another_corpus_router(data_prepared, data_textdir, straigh
   prepare.prepare(f"textdir:{data_textdir}", 3, other, seed=1, **SMALL_PREP)
   for tool in ("evaluate.py", "generate.py"):
     one_error_line(cli([sys.executable, f"experiments/{tool}", f"--workdir={straight}",
-                        f"--data_dir={other}"]), "--data_dir=", "fix: omit --data_dir")
+                        f"--data_dir={other}"]), "is not the one", "fix: pass --data_dir= the data")
   c = ckpt_lib.read_config(straight)
   with pytest.raises(UserError, match="holds another router than the one"):
     ckpt_lib.check_router(straight, c, other)
