@@ -562,7 +562,7 @@ def test_tools_refuse_another_corpus_router(data_prepared, data_textdir, straigh
   prepare.prepare(f"textdir:{data_textdir}", 3, other, seed=1, **SMALL_PREP)
   for tool in ("evaluate.py", "generate.py"):
     one_error_line(cli([sys.executable, f"experiments/{tool}", f"--workdir={straight}",
-                        f"--data_dir={other}"]), "is not the one", "fix: pass --data_dir= the data")
+                        f"--data_dir={other}"]), "--data_dir=", "fix: omit --data_dir")
   c = ckpt_lib.read_config(straight)
   with pytest.raises(UserError, match="holds another router than the one"):
     ckpt_lib.check_router(straight, c, other)
