@@ -88,3 +88,28 @@ def test_top_terms():
   terms = clustering.top_terms(feat, feat.tfidf(texts), labels, 3, num_terms=5)
   for domain, t in zip(DATA_DOMAINS, terms, strict=True):
     assert len(t) == 5 and set(t) <= set(DATA_DOMAINS[domain].split())
+
+
+def test_min_df_scaled_down_in_one_count_as_the_refits_chose():
+  """The min_df the featurizer falls back to equals what refitting tf-idf for every min_df
+  from the asked one down to 1 chose (the refits hung prepare at --min_df=100000)."""
+  import numpy as np
+  from sklearn.feature_extraction.text import TfidfVectorizer
+
+  from soma_jax.data import clustering
+
+  rng = np.random.default_rng(0)
+  words = [f"w{i}x" for i in range(300)]
+  for _ in range(20):
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 30))))
+             for _ in range(int(rng.integers(3, 50)))]
+    min_df, want = int(rng.integers(1, 40)), int(rng.integers(2, 120))
+    for md in range(min_df, 0, -1):
+      fitted = TfidfVectorizer(stop_words="english", min_df=md)
+      try:
+        fitted.fit(texts)
+      except ValueError:
+        continue
+      if len(fitted.vocabulary_) >= want or md == 1:
+        break
+    assert clustering._scaled_min_df(texts, min_df, want) == md, (min_df, want)

@@ -77,6 +77,20 @@ class Featurizer:
     return self.project(self.tfidf(texts))
 
 
+def _scaled_min_df(texts: Sequence[str], min_df: int, want: int) -> int:
+  """The largest min_df <= `min_df` (and <= the sample's size) that keeps at least `want`
+  terms, else 1: the document frequencies are counted once, not refitted per value."""
+  try:
+    counts = CountVectorizer(stop_words="english", binary=True, dtype=np.int32).fit_transform(texts)
+  except ValueError:  # no terms at all
+    return 1
+  df = np.sort(np.asarray(counts.sum(axis=0)).ravel())[::-1]  # per term, most frequent first
+  if df.size < want:
+    return 1
+  # `want` terms have a document frequency of at least df[want - 1], and no more do above it
+  return max(1, min(min_df, len(texts), int(df[want - 1])))
+
+
 def fit_featurizer(
   texts: Sequence[str], *, max_features: int = 50_000, min_df: int = 5, svd_dims: int = 128, seed: int = 0
 ) -> tuple[Featurizer, dict]:
@@ -85,19 +99,15 @@ def fit_featurizer(
   Returns the featurizer and an info dict (min_df_used, svd_dims_used, num_features, notes).
   """
   notes = []
-  vec, md = None, min_df
   want = min(svd_dims + 1, max_features)
-  for md in range(min_df, 0, -1):
-    cand = TfidfVectorizer(
-      max_features=max_features, sublinear_tf=True, stop_words="english", min_df=md, dtype=np.float32
-    )
-    try:
-      cand.fit(texts)
-    except ValueError:  # no terms left after pruning, or min_df larger than the sample
-      continue
-    vec = cand
-    if len(cand.vocabulary_) >= want or md == 1:
-      break
+  md = _scaled_min_df(texts, min_df, want)
+  vec = TfidfVectorizer(
+    max_features=max_features, sublinear_tf=True, stop_words="english", min_df=md, dtype=np.float32
+  )
+  try:
+    vec.fit(texts)
+  except ValueError:  # no terms at all
+    vec = None
   if vec is None:
     raise UserError(
       f"the corpus has no usable words for tf-idf in {len(texts)} sampled windows; "
