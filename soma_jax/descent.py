@@ -49,7 +49,7 @@ PyTree = Any
 # (body, head, batch_AxBxT1) -> scalar: the loss a measurement descends (the model's mean
 # loss over the update's A batches, or a quadratic in the tests).
 BatchLoss = Callable[[PyTree, jax.Array, jax.Array], jax.Array]
-METHODS = ("line_search", "hvp")
+RHO_BY = ("line_search", "hvp")  # how rho is measured
 
 
 def predicted_rho(r: float, n: int) -> float:
@@ -213,13 +213,13 @@ class BatchDescent(NamedTuple):
 
 def batch_descent(loss: BatchLoss, body: PyTree, head: jax.Array, batch_AxBxT1: jax.Array,
                   eps: float, cfg: spsa.SpsaConfig, base_key: jax.Array, *, repeats: int,
-                  hutchinson: int, method: str = "line_search", expert: int = 0,
+                  hutchinson: int, rho_by: str = "line_search", expert: int = 0,
                   loss_fn: spsa.LossFn | None = None) -> BatchDescent:
   """The descent of one model on one batch: g by `jax.grad` of `loss`, the R estimates of
   `spsa_estimates` (with `loss_fn`, None = the model's own), rho's two decreases by
-  `method`, and the Hutchinson trace from `hutchinson` vectors."""
-  if method not in METHODS:
-    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+  `rho_by`, and the Hutchinson trace from `hutchinson` vectors."""
+  if rho_by not in RHO_BY:
+    raise ValueError(f"rho_by must be one of {RHO_BY}, got {rho_by!r}")
   if repeats < 2 or hutchinson < 1:
     raise ValueError("need repeats >= 2 (for the jackknife) and hutchinson >= 1")
   f = jax.tree_util.Partial(_body_last(loss), head, batch_AxBxT1)
@@ -227,9 +227,9 @@ def batch_descent(loss: BatchLoss, body: PyTree, head: jax.Array, batch_AxBxT1: 
   eps_a = jnp.asarray(eps, jax.tree.leaves(body)[0].dtype)
   ghat_R = spsa_estimates(body, head, batch_AxBxT1, eps_a, base_key, jnp.asarray(expert), cfg,
                           repeats, loss_fn)
-  curv = curvature(f, body, g, ghat_R if method == "hvp" else None,
+  curv = curvature(f, body, g, ghat_R if rho_by == "hvp" else None,
                    jax.random.fold_in(base_key, 1 << 20), hutchinson)
-  if method == "hvp":
+  if rho_by == "hvp":
     along_g = curv.g_sq**2 / (2 * curv.g_h_g)
     a, b = curv.g_dot_ghat_R, curv.ghat_h_ghat_R
     best = lambda a, b: a.mean() ** 2 / (2 * b.mean())
@@ -260,7 +260,7 @@ def fingerprint(batch: jax.typing.ArrayLike) -> str:
   return hashlib.sha256(np.ascontiguousarray(np.asarray(batch)).tobytes()).hexdigest()[:16]
 
 
-def summarise(per_batch: Sequence[BatchDescent], n: int, params: int, method: str) -> dict:
+def summarise(per_batch: Sequence[BatchDescent], n: int, params: int, rho_by: str) -> dict:
   """rho, r and their standard errors over batches (see the module docstring)."""
   dg = np.array([b.along_g for b in per_batch])
   dh = np.array([b.along_ghat for b in per_batch])
@@ -277,8 +277,8 @@ def summarise(per_batch: Sequence[BatchDescent], n: int, params: int, method: st
     v = one.curv.v_h_v_M
     r_loo = ((v.sum() - v) / max(v.size - 1, 1)) * one.curv.g_sq / one.curv.g_h_g
   return {
-      "rho": float(rho), "rho_se": jackknife(rho, rho_loo), "rho_method": method,
-      "r": float(r), "r_se": jackknife(r, r_loo), "r_method": "hvp (Hutchinson tr H)",
+      "rho": float(rho), "rho_se": jackknife(rho, rho_loo), "rho_by": rho_by,
+      "r": float(r), "r_se": jackknife(r, r_loo), "r_by": "hvp (Hutchinson tr H)",
       "n": n, "params": params, "predicted_rho": predicted_rho(float(r), n),
       # what r = d (an isotropic H, or cos^2(g_hat, g)) would predict
       "predicted_rho_isotropic": predicted_rho(float(params), n),
@@ -291,14 +291,14 @@ def summarise(per_batch: Sequence[BatchDescent], n: int, params: int, method: st
 
 def measure(loss: BatchLoss, body: PyTree, head: jax.Array, batches: Sequence[jax.Array],
             eps: float, cfg: spsa.SpsaConfig, base_key: jax.Array, *, repeats: int,
-            hutchinson: int, method: str = "line_search", expert: int = 0,
+            hutchinson: int, rho_by: str = "line_search", expert: int = 0,
             loss_fn: spsa.LossFn | None = None) -> dict:
   """rho and r of one model over `batches` ([A, B, T + 1] each, A = cfg.accum), with the
   fingerprints of the batches it used; see `batch_descent` for the arguments."""
   per = [batch_descent(loss, body, head, b, eps, cfg, base_key, repeats=repeats,
-                       hutchinson=hutchinson, method=method, expert=expert, loss_fn=loss_fn)
+                       hutchinson=hutchinson, rho_by=rho_by, expert=expert, loss_fn=loss_fn)
          for b in batches]
   params = sum(x.size for x in jax.tree.leaves(body))
-  out = summarise(per, cfg.n_pert * cfg.accum, params, method)
+  out = summarise(per, cfg.n_pert * cfg.accum, params, rho_by)
   out.update(repeats=repeats, hutchinson=hutchinson, batch_fingerprints=[fingerprint(b) for b in batches])
   return out

@@ -74,12 +74,12 @@ def _anisotropic(d: int, seed: int = 0, power: float = 0.7) -> tuple[np.ndarray,
   return g, h
 
 
-def _measure(g, h, params, n, kind, repeats, hutchinson, method="line_search", seed=0):
+def _measure(g, h, params, n, kind, repeats, hutchinson, rho_by="line_search", seed=0):
   loss = _quadratic(g, h)
   cfg = spsa.SpsaConfig(n_pert=n, probe=kind, pert_chunk=n)
   batch = jnp.zeros((1, 1, 2), jnp.uint8)  # unused by the quadratic
   return descent.measure(loss, params, jnp.zeros(()), [batch], 1e-3, cfg, jax.random.key(seed),
-                         repeats=repeats, hutchinson=hutchinson, method=method, loss_fn=loss)
+                         repeats=repeats, hutchinson=hutchinson, rho_by=rho_by, loss_fn=loss)
 
 
 def _within(measured: float, se: float, expected: float) -> bool:
@@ -129,7 +129,7 @@ def test_line_search_equals_the_hessian_formula_on_a_quadratic():
     params = _params(16, 384)
     g, h = _anisotropic(400, seed=3)
     a = _measure(g, h, params, 8, "sparse", repeats=64, hutchinson=2)
-    b = _measure(g, h, params, 8, "sparse", repeats=64, hutchinson=2, method="hvp")
+    b = _measure(g, h, params, 8, "sparse", repeats=64, hutchinson=2, rho_by="hvp")
   for x, y in zip(a["per_batch"], b["per_batch"]):
     np.testing.assert_allclose(x["decrease_g"], y["decrease_g"], rtol=1e-9)
     np.testing.assert_allclose(x["decrease_ghat"], y["decrease_ghat"], rtol=1e-9)
@@ -161,7 +161,7 @@ def test_several_batches_pool_their_decreases():
       dg, dh, np.array([dh, dh]), 1.0, 1.0,
       descent.Curvature(g_sq, ghg, np.zeros(0), np.zeros(0), np.array([tr])))
   per = [fake(1.0, 0.2, 10.0, 1.0, 2.0), fake(3.0, 0.3, 4.0, 2.0, 1.0)]
-  out = descent.summarise(per, n=4, params=100, method="line_search")
+  out = descent.summarise(per, n=4, params=100, rho_by="line_search")
   assert out["rho"] == pytest.approx(0.5 / 4.0)
   assert out["r"] == pytest.approx((10.0 * 1.0 + 4.0 * 2.0) / 3.0)
   # leave-one-out: 0.3 / 3 and 0.2 / 1; jackknife sqrt((u-1)/u sum (x - mean)^2)
@@ -177,7 +177,7 @@ def test_one_batch_errors_are_over_repeats_and_hutchinson_vectors():
   loo = np.array([0.30, 0.26, 0.28, 0.20])
   one = descent.BatchDescent(2.0, 0.25, loo, 1.0, 1.0,
                              descent.Curvature(3.0, 1.5, np.zeros(0), np.zeros(0), v))
-  out = descent.summarise([one], n=4, params=100, method="line_search")
+  out = descent.summarise([one], n=4, params=100, rho_by="line_search")
   assert out["r"] == pytest.approx(v.mean() * 3.0 / 1.5)
   assert out["r_se"] == pytest.approx(v.std(ddof=1) / np.sqrt(v.size) * 3.0 / 1.5)
   assert out["rho"] == pytest.approx(0.125)

@@ -88,7 +88,7 @@ def test_rung_record(ladder_run):
   mech = r["mechanism"]
   for x in mech["experts"] + [mech["monolith"]]:
     assert {"rho", "rho_se", "r", "r_se", "predicted_rho"} <= set(x)
-    assert x["rho_method"] == config.mechanism.method
+    assert x["rho_by"] == config.mechanism.rho_by
   rho_e = sum(x["rho"] for x in mech["experts"]) / 2
   assert mech["predicted_ratio"] == pytest.approx(rho_e / mech["monolith"]["rho"])
   assert mech["monolith"]["params"] > mech["experts"][0]["params"]

@@ -203,7 +203,7 @@ def _ladder(arg: str | None) -> ml_collections.ConfigDict:
   c.order = ("soma_n2", "mono", "soma_n2_summed")
   c.control = "soma_n2_summed"  # run at SOMA's selected lr / eps for SOMA's updates, per seed
   c.mechanism = ml_collections.ConfigDict()  # rho and r at each rung's start (soma_jax.descent)
-  c.mechanism.method = "line_search"  # rho by line_search (forward only) or hvp
+  c.mechanism.rho_by = "line_search"  # rho by line_search (forward only) or hvp
   c.mechanism.batches = 4 if cpu else 1  # expert-validation batches per expert (B x A windows)
   c.mechanism.repeats = 16 if cpu else 2  # SPSA estimates per batch (update steps 0..R-1)
   c.mechanism.hutchinson = 16 if cpu else 1  # Hutchinson vectors per batch for tr(H)

@@ -7,7 +7,7 @@ parameters, `protocol.sized`; SOMA and the monolith then do equal operations per
    mechanism at the rung's start, before any compared update: for each expert (the SOMA
    seed on its own shard's expert-validation windows) and for the monolith (its seed on the
    same windows, both shards'), the descent ratio rho (`descent.measure`, by
-   config.mechanism.method: a forward-only line search along training's own SPSA estimates
+   config.mechanism.rho_by: a forward-only line search along training's own SPSA estimates
    against `jax.grad`) and the effective rank r (Hessian-vector products). The predicted
    progress ratio is mean_e rho_e / rho_mono;
 2. Table 7's comparison at that width (`table7.compare_pair`: the lr-then-eps grid,
@@ -131,15 +131,15 @@ def seed_descent(c: ml_collections.ConfigDict, workdir: str, batches: list[np.nd
   with memory.full_precision():
     return descent.measure(batch_loss, body, head_e, [jnp.asarray(b) for b in batches],
                            c.spsa.eps, cfg, jax.random.key(m.seed), repeats=m.repeats,
-                           hutchinson=m.hutchinson, method=m.method, expert=expert)
+                           hutchinson=m.hutchinson, rho_by=m.rho_by, expert=expert)
 
 
 def mechanism(config: ml_collections.ConfigDict, cfgs: dict, seeds: dict, data_dir: str) -> dict:
   """rho and r of each SOMA expert and of the monolith at the rung's start, on identical
   windows: expert e on its shard's batches, the monolith on all of them."""
   ref, mono, m = config.reference, _other(config), config.mechanism
-  if m.method not in descent.METHODS or m.repeats < 2 or m.hutchinson < 1 or m.batches < 1:
-    raise UserError(f"mechanism.method={m.method!r} (use {' or '.join(descent.METHODS)}), "
+  if m.rho_by not in descent.RHO_BY or m.repeats < 2 or m.hutchinson < 1 or m.batches < 1:
+    raise UserError(f"mechanism.rho_by={m.rho_by!r} (use {' or '.join(descent.RHO_BY)}), "
                     f"repeats={m.repeats} (>= 2), hutchinson={m.hutchinson}, batches={m.batches} "
                     "(>= 1)")
   batches = measurement_batches(data_dir, cfgs[ref], m.batches)
@@ -265,7 +265,7 @@ def table(p: dict) -> str:
       f"Width ladder ({p['spec']}): SOMA N = 2 ({ref}) against the monolith ({mono}) of equal "
       f"total parameters at each rung; Table 7's protocol per rung ({p['budget']['amount']:g} "
       f"{p['budget']['unit']} per configuration after {p['budget']['seed_updates']}-update seeds, "
-      f"seeds {p['seeds']}). rho by {p['mechanism']['method']} at each rung's start "
+      f"seeds {p['seeds']}). rho by {p['mechanism']['rho_by']} at each rung's start "
       f"({p['mechanism']['batches']} batch(es) per expert, {p['mechanism']['repeats']} "
       "estimates each), r by Hessian-vector products. Gains: test, start - end; intervals: "
       "95% t across seeds.",
