@@ -44,9 +44,19 @@ def _copy(name: str, data_dir: str, tmp_path) -> str:
   return workdir
 
 
+# router.npz holds the float output of a randomized SVD and k-means: its bits follow the
+# machine's BLAS kernels (the recorded hash came from another processor; this code at the
+# fixture's own commit prepares other router bits here). What the router decided is in the
+# shards and splits, compared to the bit.
+FLOAT_FILES = ("router.npz",)
+
+
 def test_the_fixture_data_is_the_data_the_old_runs_read(data_prepared):
   files = pipeline.load_manifest(data_prepared)["files"]
-  assert files == _expected()["data_files_sha256"]
+  expected = _expected()["data_files_sha256"]
+  assert set(files) == set(expected)
+  assert {k: v for k, v in files.items() if k not in FLOAT_FILES} == {
+      k: v for k, v in expected.items() if k not in FLOAT_FILES}
 
 
 def test_an_old_gru_run_is_refused_in_one_line(data_prepared, tmp_path):

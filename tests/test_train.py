@@ -213,7 +213,7 @@ def test_incompatible_workdir_and_data_refused(data_prepared, tmp_path):
     ("--config.no_such_field=1", "unknown config field"),
     ("--config.experts=3:9", "out of range"),
     ("--config.data.dir=/does/not/exist", "does not exist"),
-    ("--config.data.seq_len=100", "must divide 1024"),
+    ("--config.data.seq_len=100", "a divisor of 1024"),
 ])
 def test_cli_bad_input_exits_2(data_prepared, tmp_path, flag, message):
   cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
@@ -276,10 +276,10 @@ def test_resume_on_a_different_device_count(data_prepared, tmp_path):
 
 def test_train_to_end_refuses_a_run_stopped_early(monkeypatch):
   """compare / independent_vs_summed go on with a run only if it reached c.steps."""
-  monkeypatch.setattr(train, "train", lambda c, w: {"status": "interrupted", "step": 3})
+  monkeypatch.setattr(train, "run", lambda c, w: {"status": "interrupted", "step": 3})
   with pytest.raises(UserError, match="the seed run stopped early \\(interrupted\\); rerun"):
     train.train_to_end(None, "w", "the seed run")
-  monkeypatch.setattr(train, "train", lambda c, w: {"status": "done", "step": 8})
+  monkeypatch.setattr(train, "run", lambda c, w: {"status": "done", "step": 8})
   assert train.train_to_end(None, "w", "the seed run")["step"] == 8
 
 
