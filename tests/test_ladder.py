@@ -109,3 +109,29 @@ def test_control_runs_somas_settings_from_somas_start(ladder_run):
   assert saved.method == "soma_summed" and saved.init_state and saved.opt.lr == ctl["lr"]
   assert saved.init_from == os.path.join(out, "rung8", "seeds", "soma_expert")
   assert ctl["gain"]["test"] == pytest.approx(soma["start_loss"]["test"] - ctl["end_loss"]["test"])
+
+
+def test_predicted_ratio_error_cancels_shared_batch_noise():
+  """A monolith whose per-batch decreases are an expert's times a constant has exactly the
+  ratio of those constants on every subset of the shared batches: the jackknife's error is 0,
+  where errors taken as independent would not be."""
+  batch = lambda g, h: {"decrease_g": g, "decrease_ghat": h}
+  e0 = [batch(1.0, 0.10), batch(2.0, 0.50)]
+  e1 = [batch(1.5, 0.30), batch(0.5, 0.05)]
+  rho = ladder._rho
+  experts = [{"rho": rho(e), "rho_se": 0.05, "predicted_rho": 0.2, "per_batch": e}
+             for e in (e0, e1)]
+  mono_b = [batch(3 * b["decrease_g"], 1.5 * b["decrease_ghat"]) for b in e0 + e1]
+  mono = {"rho": rho(mono_b), "rho_se": 0.05, "predicted_rho": 0.1, "per_batch": mono_b}
+  out = ladder.predicted(experts, mono)
+  assert out["predicted_ratio"] == pytest.approx((rho(e0) + rho(e1)) / 2 / rho(mono_b))
+  assert out["predicted_ratio_se_by"].startswith("jackknife")
+  same = [{"rho": rho(e0 + e1), "rho_se": 0.05, "predicted_rho": 0.2, "per_batch": e0 + e1}]
+  mono_same = {"rho": rho(e0 + e1) / 2, "rho_se": 0.05, "predicted_rho": 0.1,
+               "per_batch": [batch(2 * b["decrease_g"], b["decrease_ghat"]) for b in e0 + e1]}
+  one = ladder.predicted(same, mono_same)
+  assert one["predicted_ratio"] == pytest.approx(2.0)
+  assert one["predicted_ratio_se"] == pytest.approx(0.0, abs=1e-12)
+  indep = ladder.predicted([dict(same[0], per_batch=e0[:1])],
+                           dict(mono_same, per_batch=mono_same["per_batch"][:1]))
+  assert indep["predicted_ratio_se"] > 0.1 and indep["predicted_ratio_se_by"].startswith("delta")

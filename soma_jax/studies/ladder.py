@@ -149,16 +149,39 @@ def mechanism(config: ml_collections.ConfigDict, cfgs: dict, seeds: dict, data_d
   return {"experts": experts, "monolith": monolith, **predicted(experts, monolith)}
 
 
+def _rho(per_batch: list[dict]) -> float:
+  """rho over batches: summed best decreases along g_hat over those along g (`descent`)."""
+  return sum(b["decrease_ghat"] for b in per_batch) / sum(b["decrease_g"] for b in per_batch)
+
+
 def predicted(experts: list[dict], monolith: dict) -> dict:
-  """mean_e rho_e / rho_mono with its delta-method standard error (errors taken as
-  independent), and the same ratio from r alone (n / (r + n))."""
-  rho_e = np.mean([x["rho"] for x in experts])
-  se_e = np.sqrt(np.sum([x["rho_se"] ** 2 for x in experts])) / len(experts)
+  """mean_e rho_e / rho_mono, and the same ratio from r alone (n / (r + n)).
+
+  Its standard error is a delete-one-batch jackknife over the shared windows (dropping a
+  batch of expert e drops it from expert e's sums and from the monolith's, which was measured
+  on the same batch, so batch noise common to both cancels), given at least 2 batches per
+  expert; else the delta method with the two errors taken as independent.
+  """
+  rho_e = float(np.mean([x["rho"] for x in experts]))
   ratio = rho_e / monolith["rho"]
-  se = ratio * np.sqrt((se_e / rho_e) ** 2 + (monolith["rho_se"] / monolith["rho"]) ** 2)
+  counts = [len(x["per_batch"]) for x in experts]
+  if min(counts) >= 2:
+    loo = []
+    offsets = np.cumsum([0] + counts)
+    for e, k in enumerate(counts):
+      for i in range(k):
+        drop = lambda b, j: b[:j] + b[j + 1:]
+        rho_loo = [_rho(drop(x["per_batch"], i) if f == e else x["per_batch"])
+                   for f, x in enumerate(experts)]
+        loo.append(np.mean(rho_loo) / _rho(drop(monolith["per_batch"], offsets[e] + i)))
+    se, how = descent.jackknife(ratio, np.array(loo)), "jackknife over the shared batches"
+  else:
+    se_e = np.sqrt(np.sum([x["rho_se"] ** 2 for x in experts])) / len(experts)
+    se = ratio * np.sqrt((se_e / rho_e) ** 2 + (monolith["rho_se"] / monolith["rho"]) ** 2)
+    how = "delta method, errors taken as independent"
   from_r = np.mean([x["predicted_rho"] for x in experts]) / monolith["predicted_rho"]
-  return {"rho_expert": float(rho_e), "rho_expert_se": float(se_e),
-          "predicted_ratio": float(ratio), "predicted_ratio_se": float(se),
+  return {"rho_expert": rho_e, "predicted_ratio": float(ratio),
+          "predicted_ratio_se": float(se), "predicted_ratio_se_by": how,
           "predicted_ratio_from_r": float(from_r)}
 
 
@@ -214,11 +237,15 @@ def run_rung(config: ml_collections.ConfigDict, width: int, out: str, data_dir: 
   control = run_control(config, cfgs, pair, data_dir, out, scored)
   ratios = [a["gain"]["test"] / b["gain"]["test"] for a, b in zip(
       pair["methods"][ref]["per_seed"], pair["methods"][mono]["per_seed"], strict=True)]
+  measured = protocol.t_interval(ratios)
+  print(f"[ladder] rung {width}: predicted ratio {mech['predicted_ratio']:.3f} ± "
+        f"{mech['predicted_ratio_se']:.3f}, measured gain ratio {protocol.ci(measured)}",
+        flush=True)
   return {**sizes(config, width), "folder": os.path.basename(out), "mechanism": mech,
           "seed_runs": {k: {f: v for f, v in r.items() if f != "_path"}
                         for k, r in pair["seed_records"].items()},
           "methods": pair["methods"], "gain_difference": pair["gain_difference"],
-          "control": control, "measured_ratio": protocol.t_interval(ratios),
+          "control": control, "measured_ratio": measured,
           "measured_ratio_per_seed": ratios, "wall_seconds": time.perf_counter() - t0}
 
 
