@@ -3,8 +3,10 @@ continued with their optimizer state, budgets in updates or CPU seconds, never w
 
   python experiments/compare.py --config=experiments/configs/compare.py:study=table4,size=cpu --out=runs/table4
   python experiments/compare.py --config=experiments/configs/compare.py:study=table7,size=cpu --out=runs/table7
+  python experiments/compare.py --config=experiments/configs/compare.py:study=ladder,size=cpu --out=runs/ladder
 
-Trains the seed runs, then every row (table4) or every grid point (table7) once per seed;
+Trains the seed runs, then every row (table4) or every grid point (table7) once per seed
+(ladder, SPEC 9.7: table7 at each width of rungs=16/32/64/128, rho and r beside it);
 writes OUT/table.md and OUT/results.json (with this command, its wall time and the load
 average); re-run the same command to resume an interrupted study.
 """
@@ -19,7 +21,7 @@ from soma_jax import cli
 from soma_jax.studies import compare
 
 _CONFIG = config_flags.DEFINE_config_file("config", None,
-                                          "experiments/configs/compare.py:study=table4|table7,size=cpu|tiny",
+                                          "experiments/configs/compare.py:study=table4|table7|ladder,size=cpu|tiny",
                                           lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "output folder: seeds/, runs/, table.md, results.json")
 flags.mark_flags_as_required(["config", "out"])
