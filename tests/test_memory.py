@@ -157,7 +157,7 @@ def test_auto_chunk_resolves_and_is_described():
     config_lib.validate(c)
   with c.unlocked():
     c.spsa.pert_chunk, c.spsa.signs = "auto", "both"
-  with pytest.raises(UserError, match="spsa.signs='both'; use one of auto, together, apart"):
+  with pytest.raises(UserError, match="spsa.signs='both' is out of range: it must be one of auto, together, apart"):
     config_lib.validate(c)
   for signs, together in (("together", True), ("apart", False)):
     with c.unlocked():
@@ -165,8 +165,8 @@ def test_auto_chunk_resolves_and_is_described():
     assert methods.get(c).step_config(c).spsa.signs_together is together
   with c.unlocked():
     c.spsa.signs, c.spsa.forward = "auto", "fused"
-  with pytest.raises(UserError, match="spsa.forward='fused'; use one of direct, split, "
-                     "split_recurrence"):
+  with pytest.raises(UserError, match="spsa.forward='fused' is out of range: it must be one of "
+                     "direct, split, split_recurrence"):
     config_lib.validate(c)
   for forward in ("direct", "split", "split_recurrence"):
     with c.unlocked():

@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import zipfile
 
 import numpy as np
@@ -277,22 +278,27 @@ def test_tfds_truncated_records_and_int_features_are_named(tmp_path):
       list(sources.iter_documents("tfds:lm1b:label", tfds_data_dir=str(tmp_path)))
 
 
-def test_bench_child_run_drops_the_space_form_json(monkeypatch):
+def test_bench_child_run_drops_the_space_form_json():
   """`make bench` passes `--json bench_out/...`; the one-device child got the file name as a
   stray argument and stopped."""
-  from benchmarks import spsa_step
-
-  seen = {}
-
-  def fake_run(args, **kwargs):
-    seen["args"] = args
-    return subprocess.CompletedProcess(args, 0, '{"step_seconds": 1, "config": '
-                                       '{"pert_chunk": 1}}', "")
-
-  monkeypatch.setattr(sys, "argv", ["spsa_step", "--config=x.py", "--json", "out.json",
-                                    "--reps", "3", "--loop"])
-  monkeypatch.setattr(spsa_step.subprocess, "run", fake_run)
-  spsa_step.one_device_process(2)
+  # In a child process: benchmarks.spsa_step defines absl flags that another test module in
+  # this worker may have defined already.
+  child = textwrap.dedent("""
+      import json, subprocess, sys
+      sys.argv = ["spsa_step", "--config=x.py", "--json", "out.json", "--reps", "3", "--loop"]
+      from benchmarks import spsa_step
+      seen = {}
+      def fake_run(args, **kwargs):
+        seen["args"] = args
+        return subprocess.CompletedProcess(args, 0, '{"step_seconds": 1, "config": '
+                                           '{"pert_chunk": 1}}', "")
+      spsa_step.subprocess.run = fake_run
+      spsa_step.one_device_process(2)
+      print(json.dumps(seen["args"]))
+  """)
+  proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  seen = {"args": json.loads(proc.stdout.strip().splitlines()[-1])}
   assert "out.json" not in seen["args"] and "3" not in seen["args"]
   assert "--config=x.py" in seen["args"] and "--loop" in seen["args"]
   assert "--json=bench_out/spsa_step.json" in open(os.path.join(ROOT, "Makefile")).read()

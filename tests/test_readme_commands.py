@@ -135,7 +135,7 @@ LAYOUT_DIRS = ("soma_jax", "experiments", "benchmarks", "scripts")
 
 def layout_paths(readme: str) -> list[str]:
   """The paths README's "Layout" tree names, one per line, folders from the indentation."""
-  block = readme.split("## Layout\n```\n", 1)[1].split("```", 1)[0]
+  block = readme.split("## Layout\n", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
   stack, out = [], []
   for line in block.splitlines():
     indent = (len(line) - len(line.lstrip(" "))) // 2

@@ -1,0 +1,51 @@
+r"""The settings of the comparison studies at size=cpu, read from their configs and the model
+code (nothing is trained or timed): what README's comparison and width-ladder sections
+quote before their results are recorded.
+
+  python -m scripts.study_settings --json docs/results/study_settings.json
+
+Per study: its seeds, seed updates and seed-run seed, budget and unit, tuning grids,
+evaluation span and each row's width, parameters and operations per update; for the
+ladder, every rung's sizes (`ladder.sizes`) and the mechanism's measurement settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from soma_jax import cli
+from soma_jax.config import load_config_file
+from soma_jax.studies import ladder, protocol
+
+CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "experiments", "configs", "compare.py")
+KEYS = ("seeds", "seed_updates", "seed_run_seed", "budget", "budget_unit", "budget_checkpoints",
+        "lr_factors", "eps_factors", "lr_extend", "ops_tolerance", "bootstrap_draws")
+
+
+def study(name: str) -> dict:
+  """One study's settings at size=cpu and its rows' sizes."""
+  config = load_config_file(CONFIG, f"study={name},size=cpu")
+  out = {k: config.to_dict()[k] for k in KEYS if k in config}
+  out["eval"] = config.eval.to_dict()
+  rows = protocol.sized(config) if name != "ladder" else {}
+  out["rows"] = {n: {"method": c.method, "d_t": c.model.d_t, "n_experts": c.n_experts,
+                     "n_pert": c.spsa.n_pert, "batch": c.spsa.batch, "seq_len": c.data.seq_len,
+                     "params": protocol.total_params(c),
+                     "ops_per_update": protocol.ops_per_update(c)} for n, c in rows.items()}
+  if name == "ladder":
+    out["rungs"] = [ladder.sizes(config, w) for w in ladder.widths(config)]
+    out["mechanism"] = config.mechanism.to_dict()
+  return out
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--json", default=None, help="write the result here")
+  args = parser.parse_args()
+  cli.emit_json({s: study(s) for s in ("table7", "table4", "ladder")}, args.json)
+
+
+if __name__ == "__main__":
+  main()
