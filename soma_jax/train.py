@@ -186,7 +186,7 @@ def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, work
           ckpt.save(done, loop.state, {"iterator": plan.batches.get_state(),
                                        **clock.at(done)})
       if spent:
-        progress.message(f"budget reached: {budget.describe()} after {done} updates")
+        progress.message(f"budget reached: {budget.describe()} at step {done}")
         break
       if stop.signum:
         status = "interrupted"
