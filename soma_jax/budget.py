@@ -89,9 +89,11 @@ class Budget:
   """The run's budget (`budget`, in `budget_unit`): a checkpoint after each 1/k of it, and
   the stop after the complete update that reaches it.
 
-  "updates" counts this run's updates; "cpu_seconds" the process's CPU time in training
-  updates (all threads: a busy machine slows the run but does not move the count much);
-  "device_seconds" the charged training seconds of `Clock` (core-seconds on a CPU). With a
+  "updates" counts this run's updates; "ops" their operations (SPEC 7: updates x ops per
+  update; no load can move either); "cpu_seconds" the process's CPU time in training updates
+  (all threads; two busy processes beside a run still moved it by -12.8%,
+  docs/results/budget_load.json); "device_seconds" the charged training seconds of `Clock`
+  (core-seconds on a CPU; -53.5% there). With a
   time budget every update is waited for before the next is dispatched, so the seconds are
   known after each one. SPEC 9.2's Table 7 runs also stopped after a complete update; their
   budget was GPU-hours; SPEC 9.6 says which unit a CPU-scale comparison may use.
@@ -112,7 +114,7 @@ class Budget:
     """(checkpoint now, stop now) once update `done` (its metrics `m`) has finished."""
     if self.amount <= 0:
       return False, False
-    if self.unit != "updates":
+    if self.unit in ("cpu_seconds", "device_seconds"):  # counts no wait can change
       jax.block_until_ready(m)
       self.clock.lap()
       if not self.clock.steps:  # only the compiling update so far: no step time yet

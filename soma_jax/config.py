@@ -18,7 +18,7 @@ from soma_jax.sizing import PAPER_WIDTH
 
 SIZES = ("tiny", "cpu", "paper")
 SIGNS = ("auto", "together", "apart")  # spsa.signs
-BUDGET_UNITS = ("updates", "cpu_seconds", "device_seconds")  # budget_unit
+BUDGET_UNITS = ("updates", "ops", "cpu_seconds", "device_seconds")  # budget_unit
 
 
 def parse_arg(arg: str | None, **defaults) -> dict:
@@ -62,7 +62,8 @@ def _run_fields(n: int) -> ml_collections.ConfigDict:
   c.seed = 0  # base key of every probe: (seed, step, expert, accum, direction)
   c.steps = 200  # the step to train to (with a budget: the most it may reach)
   # Stop after the update at which this run's training reaches `budget` (0 = none), counted in
-  # budget_unit: "updates" (this run's, since its start or warm start), "cpu_seconds" (the
+  # budget_unit: "updates" (this run's, since its start or warm start), "ops" (SPEC 7's
+  # training operations of this run: updates x the method's ops per update), "cpu_seconds" (the
   # process's CPU time, all threads, of training updates) or "device_seconds" (SPEC 7:
   # host_devices.CHARGE_RULE, core-seconds on a CPU). Evaluation, checkpoints and compilation
   # are never counted.

@@ -1,4 +1,4 @@
-"""Budgets in updates and CPU seconds, and a run that continues its seed's whole state
+"""Budgets in updates, operations and CPU seconds, and a run that continues its seed's whole state
 (SPEC 9.6): what a comparison needs so that neither the machine's load nor a head start
 decides it."""
 
@@ -65,3 +65,17 @@ def test_continued_run_starts_from_the_seeds_last_state(data_prepared, tmp_path)
   summary = train_lib.run(c, w)
   assert summary["step"] == 7 and summary["updates"] == 3
   assert protocol.checkpoints(w)[0] > 4  # no checkpoint at or before the seed's step
+
+
+def test_budget_in_ops_stops_after_the_update_that_reaches_it(data_prepared, tmp_path):
+  """budget_unit=ops: SPEC 7's operations of this run, so the stop is the first update whose
+  cumulative operations reach the budget, whatever the machine's load."""
+  from soma_jax import methods
+
+  c = tiny_config(data_prepared, steps=100_000, budget_unit="ops", budget_checkpoints=1,
+                  log_every=50, eval_every=50, ckpt_every=100_000)
+  per_update = methods.get(c).ops_per_update(c) * c.n_experts
+  c.budget = 4.5 * per_update
+  summary = train_lib.run(c, str(tmp_path / "run"))
+  assert summary["updates"] == 5 and summary["ops"] == 5 * per_update
+  assert summary["budget_before_last_update"] == 4 * per_update
