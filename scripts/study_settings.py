@@ -12,6 +12,7 @@ ladder, every rung's sizes (`ladder.sizes`) and the mechanism's measurement sett
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from soma_jax import cli
@@ -34,6 +35,9 @@ def study(name: str) -> dict:
                      "n_pert": c.spsa.n_pert, "batch": c.spsa.batch, "seq_len": c.data.seq_len,
                      "params": protocol.total_params(c),
                      "ops_per_update": protocol.ops_per_update(c)} for n, c in rows.items()}
+  if out.get("budget_unit") == "ops":  # the update at which each row's operations reach it
+    for row in out["rows"].values():
+      row["updates_in_budget"] = math.ceil(config.budget / row["ops_per_update"])
   if name == "ladder":
     out["rungs"] = [ladder.sizes(config, w) for w in ladder.widths(config)]
     out["mechanism"] = config.mechanism.to_dict()
