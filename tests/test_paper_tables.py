@@ -416,13 +416,12 @@ def test_cpu_scale_rows_and_sizes():
   # eggroll.py cpu preset's (its sweep ran at population 8,192)
   assert (t4["eggroll"].opt.lr, t4["eggroll"].eggroll.sigma) == (0.01, 2**-3)
   # SPEC 9.6: Table 7 in updates (its pair within 2% in operations per update), Table 4 in
-  # CPU seconds on a CPU; 1,000-update seeds at a seed no row uses; 5 seeds; the lr grid
-  # 0.25x .. 4x the preset lr.
+  # operations (process CPU time moved by 12.8% under load: docs/results/budget_load.json);
+  # 1,000-update seeds at a seed no row uses; 5 seeds; the lr grid 0.25x .. 4x the preset lr.
   c4, c7 = load_config("compare", "study=table4,size=cpu"), load_config("compare", "study=table7,size=cpu")
   assert protocol.check_plan(c7) == "updates" and c7.budget == 1000
   assert protocol.check_equal_ops(t7, c7.ops_tolerance, "updates")
-  assert protocol.check_plan(c4) == ("cpu_seconds" if jax.default_backend() == "cpu"
-                                     else "device_seconds")
+  assert protocol.check_plan(c4) == "ops" and c4.budget == 1.6e12
   for c in (c4, c7):
     assert c.seeds == 5 and c.seed_updates == 1000
     assert c.seed_run_seed not in protocol.optimisation_seeds(c)
