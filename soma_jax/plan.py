@@ -104,7 +104,7 @@ class Plan:
 def resolve(c: ml_collections.ConfigDict) -> Plan:
   """The config, validated and converted once (see the module docstring)."""
   methods.validate(c)
-  c = _absolute_data_dir(c)
+  c = absolute_data_dir(c)
   method = methods.get(c)
   manifest, ensemble = _open_data(c)
   a, b = config_lib.expert_range(c)
@@ -140,8 +140,9 @@ def resolve(c: ml_collections.ConfigDict) -> Plan:
       init_from=c.init_from, start_line=_start_line(c, method, step_cfg, chunk, layout, a, b))
 
 
-def _absolute_data_dir(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy whose data.dir is absolute, so the run's config.json names it from anywhere."""
+def absolute_data_dir(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The config (a copy where it changes) whose data.dir is absolute: what a run's config.json
+  holds, so it names the data from anywhere."""
   if not c.data.dir:
     raise UserError("config.data.dir is empty; fix: --config.data.dir=DIR from "
                     "experiments/prepare_data.py")

@@ -79,3 +79,25 @@ def test_budget_in_ops_stops_after_the_update_that_reaches_it(data_prepared, tmp
   summary = train_lib.run(c, str(tmp_path / "run"))
   assert summary["updates"] == 5 and summary["ops"] == 5 * per_update
   assert summary["budget_before_last_update"] == 4 * per_update
+
+
+def test_every_budget_unit_is_described_for_results():
+  """results.json says what its budget counted for every unit a run may stop on (a Table 4
+  run in ops trained every row, then failed writing its results on a missing description)."""
+  from soma_jax import config as config_lib
+
+  assert set(config_lib.BUDGET_UNITS) <= set(protocol.COUNTS)
+  assert set(protocol.UNITS) - set(protocol.COUNTS) == {"auto"}
+
+
+def test_a_study_run_given_a_relative_data_dir_resumes(data_prepared, tmp_path, monkeypatch):
+  """config.json holds data.dir absolute; a study called again with the same relative dir
+  (compare.py --out=runs/x puts its data in runs/x/data) refused its own finished runs."""
+  import os
+
+  monkeypatch.chdir(os.path.dirname(data_prepared))
+  c = tiny_config(os.path.basename(data_prepared), steps=2, log_every=2, eval_every=2,
+                  ckpt_every=2)
+  w = str(tmp_path / "run")
+  train_lib.run(c, w)
+  protocol.check_existing(w, c)  # the same experiment: no UserError

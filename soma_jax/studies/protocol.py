@@ -46,9 +46,11 @@ from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 
 MAX_UPDATES = 10_000_000  # the step cap of a budgeted run: its budget ends it first
-UNITS = config_lib.BUDGET_UNITS + ("auto",)  # a study's budget_unit
+UNITS = config_lib.BUDGET_UNITS + ("auto",)  # a study's budget_unit (each one in COUNTS)
 COUNTS = {  # what each unit counts (results.json's budget.counts)
     "updates": "this run's updates after its start (every run stops at exactly this count)",
+    "ops": "SPEC 7's training operations of this run (updates x ops per update; every run stops "
+           "after the update that reaches it)",
     "cpu_seconds": "the process's CPU time (all threads, time.process_time) in training updates",
     "device_seconds": f"training device-seconds ({host_devices.CHARGE_RULE})",
 }
@@ -184,7 +186,9 @@ def check_existing(workdir: str, c: ml_collections.ConfigDict) -> None:
   may differ, anything else (budget, size, data) is a UserError."""
   if not os.path.isfile(os.path.join(workdir, ckpt_lib.CONFIG_FILE)):
     return
-  changes = ckpt_lib.config_changes(ckpt_lib.read_config(workdir), c)
+  # against the config as training saves it (data.dir absolute): an --out given relative
+  # must resume its own runs
+  changes = ckpt_lib.config_changes(ckpt_lib.read_config(workdir), plan_lib.absolute_data_dir(c))
   if any(not ckpt_lib.under(k, ckpt_lib.SPEED_KEYS) for k in changes):
     raise UserError(f"{workdir!r} holds a run with a different config (budget, size or data: "
                     f"{', '.join(changes)}); fix: choose a new --out or delete that folder")
