@@ -104,6 +104,9 @@ class Plan:
 def resolve(c: ml_collections.ConfigDict) -> Plan:
   """The config, validated and converted once (see the module docstring)."""
   methods.validate(c)
+  if not c.data.dir:
+    raise UserError("config.data.dir is empty; fix: --config.data.dir=DIR from "
+                    "experiments/prepare_data.py")
   c = absolute_data_dir(c)
   method = methods.get(c)
   manifest, ensemble = _open_data(c)
@@ -143,10 +146,7 @@ def resolve(c: ml_collections.ConfigDict) -> Plan:
 def absolute_data_dir(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The config (a copy where it changes) whose data.dir is absolute: what a run's config.json
   holds, so it names the data from anywhere."""
-  if not c.data.dir:
-    raise UserError("config.data.dir is empty; fix: --config.data.dir=DIR from "
-                    "experiments/prepare_data.py")
-  if os.path.isabs(c.data.dir):
+  if not c.data.dir or os.path.isabs(c.data.dir):
     return c
   c = ml_collections.ConfigDict(c.to_dict())
   c.data.dir = os.path.abspath(c.data.dir)
