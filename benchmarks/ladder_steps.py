@@ -2,22 +2,34 @@ r"""Step times of the width ladder's rungs (SPEC 9.7), to size the rungs from me
 
   python -m benchmarks.ladder_steps \
       --config=experiments/configs/compare.py:study=ladder,size=cpu --reps=7 \
-      --json=docs/results/ladder_steps.json
+      --data_dir=DATA --json=docs/results/ladder_steps.json
 
-For every rung of the config (`rungs=` picks them): the median step seconds (`--reps`
-rounds after a warm-up, `step_timing.benchmark`, in the layout training uses) of SOMA's
-N = 2 step, the monolith's, the summed-loss control's and of the two seed runs (N = 1 at
-SOMA's expert width and at the monolith's width); with `--mechanism`, the wall seconds of
-`ladder.seed_descent`'s measurement (config.mechanism) of one expert and of the monolith on
-random windows from a fresh init. From those, the rung's training time projected at the
-config's budget, seeds and grid (`projected_training_minutes`: from the measured step times
-only; compilation, evaluation and checkpoints are not in it). Run it on an idle machine.
+DATA: a prepared data dir with 2 shards (default: the built-in corpus prepared under a
+temporary folder, about a minute).
+
+For every rung of the config (`rungs=` picks them), each of SOMA's N = 2 run, the
+monolith's, the summed-loss control's and the two seed runs' (N = 1 at SOMA's expert width
+and at the monolith's width):
+- `update_seconds`: wall seconds per update in training itself (`--train_updates` updates
+  from a fresh init through `train.run` on the data dir, its clock's training time: the
+  pipelined loop, compilation, evaluation and checkpoints apart). This sizes the rungs.
+- `isolated_step_seconds`: the median of `--reps` rounds of the step alone, each waited for
+  (`step_timing.benchmark`, in the layout training uses). On these 2 cores this reads about
+  twice the training figure (the loop dispatches update t + 1 before waiting for update t);
+  both are kept so the gap is on record.
+With `--mechanism`, the wall seconds of `ladder.seed_descent`'s measurement
+(config.mechanism) of one expert and of the monolith on random windows from a fresh init.
+From `update_seconds`, the rung's training time projected at the config's budget, seeds and
+grid (`projected_training_minutes`; compilation, evaluation and checkpoints are not in it).
+Run it on an idle machine.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import tempfile
 import time
 
 import jax
@@ -27,7 +39,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from benchmarks import step_timing
-from soma_jax import cli, descent, memory, methods, runs
+from soma_jax import cli, descent, host_devices, memory, methods, records, runs
+from soma_jax import train as train_lib
+from soma_jax.data import pipeline
 from soma_jax.studies import ladder, protocol
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -36,14 +50,35 @@ _CONFIG = config_flags.DEFINE_config_file(
 _JSON = flags.DEFINE_string("json", None, "write the results here")
 _REPS = flags.DEFINE_integer("reps", 5, "timed rounds per step (the median is reported)")
 _MECHANISM = flags.DEFINE_bool("mechanism", True, "also time the rho / r measurement")
+_TRAIN_UPDATES = flags.DEFINE_integer(
+    "train_updates", 100, "updates of each timed training run (0: skip, isolated steps only)")
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", "", "a prepared data dir with 2 shards; default: the built-in corpus, "
+    "prepared under a temporary folder")
 flags.mark_flag_as_required("config")
 
 
 def step_seconds(c, reps: int) -> dict:
-  """Median seconds of one update of training config `c` and the layout it ran in."""
+  """Median seconds of one isolated update of training config `c` and its layout."""
   r = step_timing.benchmark(c, reps, loop=False, ideals=False)
-  return {"step_seconds": r["step_seconds"], "layout": r["layout"], "d_t": c.model.d_t,
-          "n_experts": c.n_experts, "load_average_1m_at_start": r["load_average_1m_at_start"]}
+  return {"isolated_step_seconds": r["step_seconds"], "layout": r["layout"],
+          "d_t": c.model.d_t, "n_experts": c.n_experts,
+          "load_average_1m_at_start": r["load_average_1m_at_start"]}
+
+
+def update_seconds(c, data_dir: str, updates: int, scratch: str) -> dict:
+  """Wall seconds per update of `updates` training updates of config `c` from a fresh init
+  (training's clock: compilation, evaluation and checkpoints apart)."""
+  rc = protocol.budgeted(c, data_dir, 0, None, "updates", updates, 1)
+  workdir = tempfile.mkdtemp(dir=scratch)
+  train_lib.run(rc, workdir)
+  with open(os.path.join(workdir, records.SUMMARY_FILE)) as f:
+    done = json.load(f)
+  step, _, state, _ = runs.restore_state(workdir)
+  units = host_devices.charged_units(jax.device_count())  # device-seconds per wall second
+  return {"update_seconds": float(state["device_seconds"]) / units / int(step),
+          "train_updates": int(step), "compile_seconds": float(state["compile_seconds"]) / units,
+          "finished": bool(done.get("finished", True))}
 
 
 def mechanism_seconds(c, m, count: int) -> float:
@@ -68,7 +103,7 @@ def projection(config, steps: dict, ref: str, mono: str) -> dict:
   every configuration of both searches (the fewest and the most `table7.tune` runs), and the
   control once per seed."""
   fewest = len(config.lr_factors) + len(config.eps_factors) - 1
-  most = fewest + config.lr_extend
+  most = fewest + config.lr_extend + config.eps_extend
   seeds = config.seed_updates * (steps["seed_soma_expert"] + steps["seed_monolith"])
   pair = steps[ref] + steps[mono]
 
@@ -81,23 +116,27 @@ def projection(config, steps: dict, ref: str, mono: str) -> dict:
           "seed_updates": config.seed_updates}
 
 
-def rung(config, width: int, reps: int, mechanism: bool) -> dict:
+def rung(config, width: int, reps: int, mechanism: bool, data_dir: str, scratch: str) -> dict:
   cfgs = ladder.sized(config, width)
   ref, mono = config.reference, ladder._other(config)
   pair = ladder.rung_config(config, width, control=False)
   seed_cfgs = protocol.seed_configs(pair, protocol.sized(pair))
-  timed = {name: step_seconds(c, reps) for name, c in cfgs.items()}
-  timed.update({f"seed_{name}": step_seconds(c, reps) for name, c in seed_cfgs.items()})
-  out = {**ladder.sizes(config, width), "steps": timed}
+  every = {**cfgs, **{f"seed_{name}": c for name, c in seed_cfgs.items()}}
+  timed = {name: step_seconds(c, reps) for name, c in every.items()}
+  key = "isolated_step_seconds"
+  if _TRAIN_UPDATES.value > 0:
+    for name, c in every.items():
+      timed[name].update(update_seconds(c, data_dir, _TRAIN_UPDATES.value, scratch))
+    key = "update_seconds"
+  out = {**ladder.sizes(config, width), "steps": timed, "projected_from": key}
   out["projected_training_minutes"] = projection(
-      config, {k: v["step_seconds"] for k, v in timed.items()}, ref, mono)
+      config, {k: v[key] for k, v in timed.items()}, ref, mono)
   if mechanism:
     m = config.mechanism
     out["mechanism_seconds"] = {ref: mechanism_seconds(cfgs[ref], m, m.batches),
                                 mono: mechanism_seconds(cfgs[mono], m, 2 * m.batches)}
-  print(f"[ladder_steps] rung {width}: " + ", ".join(
-      f"{k} {v['step_seconds'] * 1e3:.1f} ms" for k, v in timed.items()), file=sys.stderr,
-      flush=True)
+  print(f"[ladder_steps] rung {width} ({key}): " + ", ".join(
+      f"{k} {v[key] * 1e3:.1f} ms" for k, v in timed.items()), file=sys.stderr, flush=True)
   return out
 
 
@@ -105,10 +144,18 @@ def main(argv):
   del argv
   config = _CONFIG.value
   load = list(os.getloadavg())
-  rungs = [rung(config, w, _REPS.value, _MECHANISM.value) for w in ladder.widths(config)]
+  with tempfile.TemporaryDirectory() as scratch:
+    data_dir = _DATA_DIR.value
+    if data_dir:
+      pipeline.check_data_dir(data_dir, 2)
+    elif _TRAIN_UPDATES.value > 0:
+      data_dir = protocol.ensure_data(config, scratch, 2)  # config.data_dir or the built-in
+    rungs = [rung(config, w, _REPS.value, _MECHANISM.value, data_dir, scratch)
+             for w in ladder.widths(config)]
   result = {"benchmark": "ladder_steps", "command": "python -m benchmarks.ladder_steps " +
             " ".join(sys.argv[1:]), "backend": jax.default_backend(),
             "devices": jax.device_count(), "reps": _REPS.value,
+            "train_updates": _TRAIN_UPDATES.value,
             "load_average": {"start": load, "end": list(os.getloadavg())},
             "mechanism": config.mechanism.to_dict(), "rungs": rungs}
   cli.emit_json(result, _JSON.value)

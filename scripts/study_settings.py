@@ -22,7 +22,7 @@ from soma_jax.studies import ladder, protocol
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "experiments", "configs", "compare.py")
 KEYS = ("seeds", "seed_updates", "seed_run_seed", "budget", "budget_unit", "budget_checkpoints",
-        "lr_factors", "eps_factors", "lr_extend", "ops_tolerance", "bootstrap_draws")
+        "lr_factors", "eps_factors", "lr_extend", "eps_extend", "ops_tolerance", "bootstrap_draws")
 
 
 def study(name: str) -> dict:
@@ -36,8 +36,12 @@ def study(name: str) -> dict:
                      "params": protocol.total_params(c),
                      "ops_per_update": protocol.ops_per_update(c)} for n, c in rows.items()}
   if out.get("budget_unit") == "ops":  # the update at which each row's operations reach it
-    for row in out["rows"].values():
-      row["updates_in_budget"] = math.ceil(config.budget / row["ops_per_update"])
+    matched = config.get("match_updates", {})
+    for n, row in out["rows"].items():
+      if n in matched:  # a control: the updates its reference took in the same seed
+        row["updates_matched_to"] = matched[n]
+      else:
+        row["updates_in_budget"] = math.ceil(config.budget / row["ops_per_update"])
   if name == "ladder":
     out["rungs"] = [ladder.sizes(config, w) for w in ladder.widths(config)]
     out["mechanism"] = config.mechanism.to_dict()

@@ -2,6 +2,7 @@
 
 import dataclasses
 import inspect
+import json
 import os
 
 import jax
@@ -153,3 +154,19 @@ def test_an_existing_run_continues_only_under_the_same_experiment(tmp_path):
   longer.steps += 1
   with pytest.raises(UserError, match="different config"):
     protocol.check_existing(w, longer)
+
+
+def test_study_settings_json_is_what_the_configs_say():
+  """docs/results/study_settings.json (quoted by README) is what scripts/study_settings.py
+  computes from today's configs, and a control row names the row whose updates it takes
+  instead of an ops count it never runs to."""
+  from scripts import study_settings
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "docs", "results", "study_settings.json")) as f:
+    recorded = json.load(f)
+  now = json.loads(json.dumps({s: study_settings.study(s) for s in recorded}))
+  assert now == recorded, "fix: python -m scripts.study_settings --json docs/results/study_settings.json"
+  rows = now["table4"]["rows"]
+  assert rows["head_only"] == {**rows["head_only"], "updates_matched_to": "soma_n2"}
+  assert "updates_in_budget" not in rows["head_only"] and rows["soma_n2"]["updates_in_budget"] == 1193

@@ -53,6 +53,7 @@ def ladder_run(tmp_path_factory, data_two_shards):
   config.data_dir = data_two_shards
   config.bootstrap_draws = 50
   config.lr_factors, config.lr_extend, config.eps_factors = (0.5, 1.0, 2.0), 0, (1.0,)
+  config.eps_extend = 0
   out = str(tmp_path_factory.mktemp("ladder") / "out")
   return config, out, ladder.run(config, out, "python experiments/compare.py --test")
 
@@ -135,3 +136,26 @@ def test_predicted_ratio_error_cancels_shared_batch_noise():
   indep = ladder.predicted([dict(same[0], per_batch=e0[:1])],
                            dict(mono_same, per_batch=mono_same["per_batch"][:1]))
   assert indep["predicted_ratio_se"] > 0.1 and indep["predicted_ratio_se_by"].startswith("delta")
+
+
+def test_ladder_steps_sizes_rungs_from_training_updates(data_two_shards):
+  """benchmarks/ladder_steps.py as a user runs it: every method and seed run of a rung timed
+  isolated and inside training, and the projection read from training's per-update time."""
+  from tests.test_benchmark_tools import _bench_child
+
+  out = json.loads(_bench_child(
+      "ladder_steps", "--config=experiments/configs/compare.py:study=ladder,size=tiny,rungs=4",
+      "--reps=1", "--train_updates=3", "--nomechanism", f"--data_dir={data_two_shards}"))
+  (rung,) = out["rungs"]
+  assert rung["projected_from"] == "update_seconds" and out["train_updates"] == 3
+  names = {"soma_n2", "mono", "soma_n2_summed", "seed_soma_expert", "seed_monolith"}
+  assert set(rung["steps"]) == names
+  for r in rung["steps"].values():
+    assert r["train_updates"] == 3 and r["update_seconds"] > 0 and r["isolated_step_seconds"] > 0
+  config = load_config("compare", "study=ladder,size=tiny,rungs=4")
+  steps = {k: v["update_seconds"] for k, v in rung["steps"].items()}
+  fewest = len(config.lr_factors) + len(config.eps_factors) - 1
+  seeds = config.seed_updates * (steps["seed_soma_expert"] + steps["seed_monolith"])
+  per_seed = config.budget * (fewest * (steps["soma_n2"] + steps["mono"]) + steps["soma_n2_summed"])
+  assert rung["projected_training_minutes"]["fewest_runs"] == pytest.approx(
+      (seeds + config.seeds * per_seed) / 60)

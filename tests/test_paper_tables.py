@@ -93,19 +93,24 @@ def table7_run(tmp_path_factory, data_two_shards):
   return config, out, payload, test
 
 
+def _replayed(grid: list[float], val: dict, extend: int) -> tuple[float, list[float]]:
+  """One stage's selection replayed: (chosen value, grid after its extensions)."""
+  best = min(grid, key=val.get)
+  for _ in range(extend):
+    if best not in (min(grid), max(grid)):
+      break
+    grid.append(min(grid) / 2 if best == min(grid) else max(grid) * 2)
+    best = min(grid, key=val.get)
+  return best, grid
+
+
 def _expected_search(tried: list[dict], config) -> tuple[float, list[float]]:
   """The lr stage-1 selection replayed from the records: grid, extensions, chosen lr."""
   base = config.base_lr
   lrs = [f * base for f in config.lr_factors]
   assert [(r["lr"], r["eps"]) for r in tried[:len(lrs)]] == [(x, base) for x in lrs]
   val = {r["lr"]: r["val_nats_per_byte"] for r in tried if r["eps"] == base}
-  lr = min(lrs, key=val.get)
-  for _ in range(config.lr_extend):
-    if lr not in (min(lrs), max(lrs)):
-      break
-    lrs.append(min(lrs) / 2 if lr == min(lrs) else max(lrs) * 2)
-    lr = min(lrs, key=val.get)
-  return lr, lrs
+  return _replayed(lrs, val, config.lr_extend)
 
 
 def test_table7_selects_on_validation_only(table7_run):
@@ -119,11 +124,15 @@ def test_table7_selects_on_validation_only(table7_run):
     for p in m["per_seed"]:
       tried = p["configurations"]
       lr, lrs = _expected_search(tried, config)
-      assert sorted(lrs) == p["lr_grid"] and len(tried) == len(lrs) + 2, name
-      assert p["lr_at_edge"] == (lr in (min(lrs), max(lrs)))
       stage2 = [r for r in tried if r["lr"] == lr]
-      assert sorted(r["eps"] for r in stage2) == sorted(f * base for f in config.eps_factors)
+      eps, epss = _replayed([f * base for f in config.eps_factors],
+                            {r["eps"]: r["val_nats_per_byte"] for r in stage2}, config.eps_extend)
+      assert sorted(lrs) == p["lr_grid"] and len(tried) == len(lrs) + len(epss) - 1, name
+      assert p["lr_at_edge"] == (lr in (min(lrs), max(lrs)))
+      assert sorted(r["eps"] for r in stage2) == sorted(epss) == p["eps_grid"]
+      assert p["eps_at_edge"] == (eps in (min(epss), max(epss)))
       best = min(stage2, key=lambda r: r["val_nats_per_byte"])
+      assert best["eps"] == eps
       assert p["selected"] == {"lr": best["lr"], "eps": best["eps"],
                                "val_nats_per_byte": best["val_nats_per_byte"]}
       # The test set read the selected run's final checkpoint (10 - its validation loss);

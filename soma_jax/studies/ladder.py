@@ -313,9 +313,10 @@ def table(p: dict) -> str:
         f"{protocol.ci(r['methods'][ref]['gain']['test'], 4)} | "
         f"{protocol.ci(r['methods'][mono]['gain']['test'], 4)} | "
         f"{protocol.ci(r['control']['soma_minus_control_gain'], 4)} | {r['wall_seconds']:.0f} |")
+  se_by = sorted({r["mechanism"]["predicted_ratio_se_by"] for r in p["rungs"]})
   lines += ["", f"Control: {ctl} at SOMA's selected lr / eps and updates per seed. Predicted "
-            "ratio: mean over experts of rho / the monolith's rho (± delta-method SE). Byte "
-            f"unigram {p['unigram_test_nats_per_byte']:.3f}."]
+            f"ratio: mean over experts of rho / the monolith's rho (± SE, {'; '.join(se_by)}). "
+            f"Byte unigram {p['unigram_test_nats_per_byte']:.3f}."]
   return "\n".join(lines) + "\n"
 
 

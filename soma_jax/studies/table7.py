@@ -6,7 +6,8 @@ equal seed updates, the seed's whole train state, the same start for every seed)
 1. lr in base x lr_factors at eps = base (0.25x ... 4x); while the lowest final
    ensemble-validation loss is at the grid's edge, the grid grows by a factor of 2 past it
    (at most `lr_extend` times); a selected lr still at the edge is flagged;
-2. at that lr, eps in base x eps_factors (the run at eps = base is reused). All of them
+2. at that lr, eps in base x eps_factors (the run at eps = base is reused), grown past an
+   edge the same way at most `eps_extend` times (0 at size=cpu, as recorded). All of them
    see the same batches and directions (they share the optimisation seed; lr and eps
    change no random draw).
 Each configuration trains for `budget` in `budget_unit` ("updates" at CPU scale, where both
@@ -75,21 +76,28 @@ def tune(c: ml_collections.ConfigDict, config: ml_collections.ConfigDict, root: 
             f"ensemble val {last.mean():.4f}", flush=True)
     return tried[(lr, eps)]
 
-  best = lambda records: min(records, key=lambda r: r["val_nats_per_byte"])
-  lrs = [f * base for f in config.lr_factors]
-  lr = best([run(x, base) for x in lrs])["lr"]
-  for _ in range(config.lr_extend):
-    more = extended(lrs, lr)
-    if more is None:
-      break
-    lrs.append(more)
-    lr = best([run(x, base) for x in lrs])["lr"]
-  epss = [f * base for f in config.eps_factors]
-  chosen = best([run(lr, e) for e in epss])
+  lrs, lr = grown(lambda x: run(x, base), [f * base for f in config.lr_factors],
+                  config.lr_extend, "lr")
+  epss, chosen = grown(lambda e: run(lr["lr"], e), [f * base for f in config.eps_factors],
+                       config.eps_extend, "eps")
   search = {"lr_grid": sorted(lrs), "eps_grid": sorted(epss),
-            "lr_at_edge": extended(lrs, lr) is not None,
+            "lr_at_edge": extended(lrs, lr["lr"]) is not None,
             "eps_at_edge": extended(epss, chosen["eps"]) is not None}
   return chosen, list(tried.values()), search
+
+
+def grown(run_at, grid: list[float], extend: int, key: str) -> tuple[list[float], dict]:
+  """(the grid, the record of its lowest final validation loss) after growing the grid by a
+  factor of 2 past the edge the best sits on, at most `extend` times."""
+  best = lambda: min((run_at(x) for x in grid), key=lambda r: r["val_nats_per_byte"])
+  chosen = best()
+  for _ in range(extend):
+    more = extended(grid, chosen[key])
+    if more is None:
+      break
+    grid = [*grid, more]
+    chosen = best()
+  return grid, chosen
 
 
 def check_grid(config: ml_collections.ConfigDict) -> None:
@@ -98,6 +106,9 @@ def check_grid(config: ml_collections.ConfigDict) -> None:
                     f"lr_extend={config.lr_extend} >= 0: an edge choice must be detectable")
   if 1.0 not in config.eps_factors:
     raise UserError(f"eps_factors={tuple(config.eps_factors)} must hold 1.0 (the stage-1 eps)")
+  if config.eps_extend < 0 or (config.eps_extend and len(config.eps_factors) < 3):
+    raise UserError(f"eps_extend={config.eps_extend} must be >= 0, and growing the eps grid "
+                    f"needs at least 3 eps_factors (have {tuple(config.eps_factors)})")
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "",
@@ -153,6 +164,7 @@ def compare_pair(config: ml_collections.ConfigDict, out: str,
           "scored": (val, test), "data_dir": data_dir, "seed_records": seeds,
           "tuning": {"base_lr": config.base_lr, "lr_factors": list(config.lr_factors),
                      "lr_extend": config.lr_extend, "eps_factors": list(config.eps_factors),
+                     "eps_extend": config.eps_extend,
                      "selection": "final ensemble-validation loss; test scored once, selected "
                                   "only (and the start once per architecture)"},
           "layout": {n: r["layout"] for n, r in results.items()}, "other": other,
