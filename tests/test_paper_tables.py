@@ -482,3 +482,26 @@ def test_equal_ops_reads_every_curve_at_the_smallest_final_ops():
   assert eq["ops"] == 150 and eq["ranking"] == ["a", "b"]
   assert eq["test_nats_per_byte"]["a"]["mean"] == pytest.approx((1.5 + 2.125) / 2)
   assert eq["test_nats_per_byte"]["b"]["mean"] == pytest.approx((2.6 + 3.0 - 150 / 160) / 2)
+
+
+def test_grid_spread_reads_each_stage_of_every_search(table7_run):
+  """scripts/grid_spread.py: the lr stage's spread over the lr grid at the base eps, the eps
+  stage's over the eps grid at the selected lr, recomputed here from the records."""
+  from scripts import grid_spread
+
+  config, _, payload, _ = table7_run
+  got = grid_spread.grid_spread(payload)
+  base = config.base_lr
+  for name, m in payload["methods"].items():
+    for p, s in zip(m["per_seed"], got["searches"][name], strict=True):
+      lr_vals = {r["lr"]: r["val_nats_per_byte"] for r in p["configurations"] if r["eps"] == base}
+      eps_vals = [r["val_nats_per_byte"] for r in p["configurations"]
+                  if r["lr"] == p["selected"]["lr"]]
+      assert s["lr_stage_points"] == len(p["lr_grid"]) == len(lr_vals)
+      assert s["lr_stage_spread"] == max(lr_vals.values()) - min(lr_vals.values())
+      assert s["eps_stage_points"] == len(p["eps_grid"])
+      assert s["eps_stage_spread"] == max(eps_vals) - min(eps_vals)
+  every = [s["eps_stage_spread"] for ss in got["searches"].values() for s in ss]
+  assert got["eps_stage_spread"] == {"min": min(every), "max": max(every), "searches": len(every)}
+  with pytest.raises(UserError, match="tuning"):
+    grid_spread.grid_spread({"study": "table4"})

@@ -202,10 +202,13 @@ def _ladder(arg: str | None) -> ml_collections.ConfigDict:
   # SOMA's expert widths, one rung each (the monolith's width is matched at each rung)
   c.rungs = a["rungs"] or ("16/32/64/128" if cpu else "4/8")
   c.seeds = a["seeds"] or (3 if cpu else 2)
-  if cpu:  # Table 7's grid without its 4x point (never selected there: SOMA took 1x in 5 of 5
-    # seeds, the monolith 0.25x or 0.5x); an edge choice still grows it twice, to 4x and 8x
-    # (or 0.125x, 0.0625x): the first pass's 3 rungs fit an hour (docs/results/ladder_steps.json)
+  if cpu:  # to fit the first pass's 3 rungs in about an hour: Table 7's lr grid without its
+    # 4x point (never selected there: SOMA took 1x in 5 of 5 seeds, the monolith 0.25x or
+    # 0.5x; an edge choice still grows it twice, to 4x and 8x or 0.125x and 0.0625x), and no
+    # eps stage: in Table 7's 10 searches (docs/results/table7_cpu.json) eps 0.5x..2x moved
+    # the selected run's validation loss by 0.0026 at most, the lr grid by 0.068 to 0.159
     c.lr_factors = (0.25, 0.5, 1.0, 2.0)
+    c.eps_factors = (1.0,)
   summed = ml_collections.ConfigDict(c.methods.soma_n2.to_dict())
   summed.method = "soma_summed"  # every expert's estimate from the N losses summed
   c.methods.soma_n2_summed = summed

@@ -82,7 +82,7 @@ def tune(c: ml_collections.ConfigDict, config: ml_collections.ConfigDict, root: 
                        config.eps_extend, "eps")
   search = {"lr_grid": sorted(lrs), "eps_grid": sorted(epss),
             "lr_at_edge": extended(lrs, lr["lr"]) is not None,
-            "eps_at_edge": extended(epss, chosen["eps"]) is not None}
+            "eps_at_edge": len(epss) > 1 and extended(epss, chosen["eps"]) is not None}
   return chosen, list(tried.values()), search
 
 
