@@ -82,6 +82,7 @@ def test_rung_record(ladder_run):
   for m in (soma, mono):
     q = m["per_seed"][0]
     assert q["updates"] == config.budget
+    assert q["eps_grid"] == [config.base_lr] and q["eps_at_edge"] is False  # eps not searched
     assert q["gain"]["test"] == pytest.approx(q["start_loss"]["test"] - q["end_loss"]["test"])
     assert "ci95" in m["gain"]["test"]
   gain = lambda m: m["per_seed"][0]["gain"]["test"]
