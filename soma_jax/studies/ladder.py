@@ -337,6 +337,7 @@ def plot(p: dict, path: str) -> None:
               label="predicted: rho expert / rho monolith (± 2 SE)")
   ax.axhline(1.0, c="gray", lw=1)
   ax.set_xscale("log", base=2)
+  ax.set_xlim(w.min() / 1.4, w.max() * 1.4)  # one rung alone: its two markers side by side
   ax.set_xticks(w, [str(int(x)) for x in w])
   ax.set_xlabel("SOMA expert width (monolith of equal parameters)")
   ax.set_ylabel("SOMA / monolith")
