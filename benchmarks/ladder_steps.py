@@ -14,9 +14,10 @@ and at the monolith's width):
   from a fresh init through `train.run` on the data dir, its clock's training time: the
   pipelined loop, compilation, evaluation and checkpoints apart). This sizes the rungs.
 - `isolated_step_seconds`: the median of `--reps` rounds of the step alone, each waited for
-  (`step_timing.benchmark`, in the layout training uses). On these 2 cores this reads about
-  twice the training figure (the loop dispatches update t + 1 before waiting for update t);
-  both are kept so the gap is on record.
+  (`step_timing.benchmark`, in the layout training uses). On these 2 cores it read 38.9 ms
+  at width 32 where training ran 19 ms per update (the loop dispatches update t + 1 before
+  waiting for update t; docs/results/ladder_steps_isolated.json, table7_cpu.json); both are
+  kept so the gap is on record.
 With `--mechanism`, the wall seconds of `ladder.seed_descent`'s measurement
 (config.mechanism) of one expert and of the monolith on random windows from a fresh init.
 From `update_seconds`, the rung's training time projected at the config's budget, seeds and
@@ -26,7 +27,6 @@ Run it on an idle machine.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -39,7 +39,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from benchmarks import step_timing
-from soma_jax import cli, descent, host_devices, memory, methods, records, runs
+from soma_jax import cli, descent, host_devices, memory, methods, runs
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.studies import ladder, protocol
@@ -72,13 +72,10 @@ def update_seconds(c, data_dir: str, updates: int, scratch: str) -> dict:
   rc = protocol.budgeted(c, data_dir, 0, None, "updates", updates, 1)
   workdir = tempfile.mkdtemp(dir=scratch)
   train_lib.run(rc, workdir)
-  with open(os.path.join(workdir, records.SUMMARY_FILE)) as f:
-    done = json.load(f)
-  step, _, state, _ = runs.restore_state(workdir)
+  done = protocol.summary(workdir, rc, 0)
   units = host_devices.charged_units(jax.device_count())  # device-seconds per wall second
-  return {"update_seconds": float(state["device_seconds"]) / units / int(step),
-          "train_updates": int(step), "compile_seconds": float(state["compile_seconds"]) / units,
-          "finished": bool(done.get("finished", True))}
+  return {"update_seconds": done["device_seconds"] / units / done["updates"],
+          "train_updates": done["updates"], "compile_seconds": done["compile_seconds"] / units}
 
 
 def mechanism_seconds(c, m, count: int) -> float:

@@ -3,8 +3,7 @@ r"""How much each tuning stage of a Table 7 search moved the selected validation
   python -m scripts.grid_spread --results=docs/results/table7_cpu.json \
       --json=docs/results/table7_grid_spread.json
 
-For every architecture and optimisation seed of a Table 7 (or width-ladder rung's)
-results.json: the spread (largest minus smallest final ensemble-validation loss) over the
+For every architecture and optimisation seed of a study=table7 results.json: the spread (largest minus smallest final ensemble-validation loss) over the
 lr stage (every lr at the base eps) and over the eps stage (every eps at the selected lr),
 then the smallest and largest of each over all searches. Nothing is trained: it reads the
 configurations the study recorded. The ladder's cpu grid drops the eps stage on this
@@ -39,8 +38,7 @@ def grid_spread(results: dict) -> dict:
   try:
     base, methods = results["tuning"]["base_lr"], results["methods"]
   except (KeyError, TypeError):
-    raise UserError("--results has no 'tuning' and 'methods': give a study=table7 results.json "
-                    "(or one rung of a ladder's)") from None
+    raise UserError("--results has no 'tuning' and 'methods': give a study=table7 results.json") from None
   searches = {name: [search_spread(p, base) for p in m["per_seed"]] for name, m in methods.items()}
   out = {"study": results.get("study"), "base_eps": base, "searches": searches}
   for stage in ("lr_stage_spread", "eps_stage_spread"):
