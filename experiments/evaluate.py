@@ -16,7 +16,7 @@ import os
 from absl import flags
 
 from soma_jax import checkpoint as ckpt_lib
-from soma_jax import cli, methods, runs
+from soma_jax import cli, runs
 from soma_jax import evaluate as eval_lib
 from soma_jax.data.router import Router
 from soma_jax.errors import UserError, writable_dir, writable_file
@@ -65,22 +65,21 @@ def main(argv):
   cli.log_devices()
   data_dir = ckpt_lib.check_data(workdir, ckpt_lib.read_config(workdir), _DATA_DIR.value,
                                  ("router.npz", *eval_lib.split_files(_SPLIT.value)))
-  step, state, _, c = runs.restore_state(workdir, _STEP.value)
+  step, state, _, spec = runs.restore_state(workdir, _STEP.value)
   body_N, head = state.body, state.head
   print(f"{workdir}: checkpoint at step {step}")
   windows, doc_ids = eval_lib.load_split(data_dir, _SPLIT.value)
   router = Router.load(os.path.join(data_dir, "router.npz"))
   result = eval_lib.evaluate(body_N, head, windows, doc_ids, router, _TOP_K.value,
-                             c.model.shared_head, ks=_ks(c.n_experts), pairs=_PAIRS.value,
-                             draws=_DRAWS.value, seed=_SEED.value,
-                             logits_fn=methods.get(c).logits)
-  result.update(split=_SPLIT.value, workdir=workdir, step=step, num_experts=c.n_experts)
+                             spec.shared_head, ks=_ks(spec.n_experts), pairs=_PAIRS.value,
+                             draws=_DRAWS.value, seed=_SEED.value, logits_fn=spec.method.logits)
+  result.update(split=_SPLIT.value, workdir=workdir, step=step, num_experts=spec.n_experts)
   out_dir = _OUT_DIR.value or os.path.join(workdir, "eval")
   if "k_sweep" in result or "pairs" in result:
     writable_dir(out_dir, "--out_dir")
   if "k_sweep" in result:
     eval_lib.write_k_sweep(result["k_sweep"], os.path.join(out_dir, "k_sweep.csv"),
-                           os.path.join(out_dir, "k_sweep.png"), mark_k=min(4, c.n_experts))
+                           os.path.join(out_dir, "k_sweep.png"), mark_k=min(4, spec.n_experts))
     print(f"k sweep: {out_dir}/k_sweep.csv, {out_dir}/k_sweep.png")
   if "pairs" in result:
     eval_lib.write_pairs(result["pairs"], os.path.join(out_dir, "pairs.csv"),
@@ -91,7 +90,7 @@ def main(argv):
       json.dump(result, f, indent=1)
   lo, hi = result["ci95"]
   print(f"{_SPLIT.value}: {result['nats_per_byte']:.4f} nats/byte (95% CI {lo:.4f}..{hi:.4f}), "
-        f"{result['bits_per_byte']:.4f} bits/byte, top-{result['top_k']} of {c.n_experts}, "
+        f"{result['bits_per_byte']:.4f} bits/byte, top-{result['top_k']} of {spec.n_experts}, "
         f"{result['num_windows']} windows, {result['num_targets']} targets")
   for r in result["per_expert"]:
     own = "-" if r["nats_per_byte"] is None else f"{r['nats_per_byte']:.4f}"

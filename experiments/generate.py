@@ -16,7 +16,7 @@ import sys
 from absl import flags
 
 from soma_jax import checkpoint as ckpt_lib
-from soma_jax import cli, methods, runs
+from soma_jax import cli, runs
 from soma_jax import generate as gen_lib
 from soma_jax.data.router import Router
 from soma_jax.errors import UserError
@@ -46,15 +46,15 @@ def main(argv):
   if not os.path.isdir(_WORKDIR.value):
     raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
   cli.log_devices()
-  step, state, _, c = runs.restore_state(_WORKDIR.value, _STEP.value)
-  if not methods.get(c).generates:
-    raise UserError(f"{_WORKDIR.value!r} is a method={c.method} run (the paper's GRU); generate.py "
-                    "samples LSTM experts only; fix: pass a soma, bptt or eggroll_lstm run")
-  data_dir = ckpt_lib.check_data(_WORKDIR.value, c, _DATA_DIR.value)
+  step, state, _, spec = runs.restore_state(_WORKDIR.value, _STEP.value)
+  if not spec.method.generates:
+    raise UserError(f"{_WORKDIR.value!r} is a method={spec.method.name} run (the paper's GRU); "
+                    "generate.py samples LSTM experts only; fix: pass a soma, bptt or eggroll_lstm run")
+  data_dir = ckpt_lib.check_data(_WORKDIR.value, spec.config, _DATA_DIR.value)
   router = Router.load(os.path.join(data_dir, "router.npz"))
   prompt = _PROMPT.value.encode("utf-8", errors="surrogateescape")
   routes, chunks = gen_lib.generate_stream(
-      state.body, state.head, c.model.shared_head, router, prompt, _MAX_BYTES.value,
+      state.body, state.head, spec.shared_head, router, prompt, _MAX_BYTES.value,
       _TEMPERATURE.value, _TOP_P.value, _SEED.value, _TOP_K.value)
   print(f"[checkpoint at step {step}; experts {', '.join(map(str, routes.tolist()))}]",
         file=sys.stderr)

@@ -43,11 +43,11 @@ def load_params(workdir: str, c) -> tuple:
   if "trained_dir" in c:
     raise UserError(f"--workdir: the {c.study} study needs one trained run per N; fix: "
                     "--config.trained_dir=DIR holding DIR/N{n} (python -m scripts.train_sizes)")
-  step, state, _, run_cfg = runs.restore_state(workdir)
+  step, state, _, spec = runs.restore_state(workdir)
   with c.unlocked():
     for key in ("d_t", "d_e", "depth"):
-      c.model[key] = int(run_cfg["model"][key])
-    c.data_dir = c.data_dir or run_cfg.data.dir
+      c.model[key] = int(spec.config.model[key])
+    c.data_dir = c.data_dir or spec.data_dir
     c.weights = f"trained: {os.path.normpath(workdir)} at update {int(step)}"
   return state.body, state.head
 

@@ -56,22 +56,23 @@ def train(plan: plan_lib.Plan, workdir: str) -> dict:
   history are written only once all of that passed and there is an update to make: a run
   already at its steps or beyond changes nothing and returns its summary.
   """
+  spec = plan.spec
   lock = ckpt_lib.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
   with lock:
-    changed, overrides = records.open_workdir(workdir, plan.config, plan.data_sha256,
-                                              plan.method.shape_keys, plan.method.speed_keys)
-    finished = records.finished_summary(workdir, plan.cadence.steps)
+    changed, overrides = records.open_workdir(workdir, spec.config, plan.data_sha256,
+                                              spec.method.shape_keys, spec.method.speed_keys)
+    finished = records.finished_summary(workdir, spec.cadence.steps)
     if finished is not None:
       return finished
-    ckpt = ckpt_lib.Checkpointer(workdir, keep=plan.cadence.keep)
+    ckpt = ckpt_lib.Checkpointer(workdir, keep=spec.cadence.keep)
     try:
       now = _resume(plan, ckpt, overrides, workdir)
-      if now.start >= plan.cadence.steps:
-        return records.already_trained(workdir, now.start, plan.cadence.steps, now.skipped,
+      if now.start >= spec.cadence.steps:
+        return records.already_trained(workdir, now.start, spec.cadence.steps, now.skipped,
                                        now.totals)
-      records.record_start(workdir, plan.config, now.start, changed, overrides,
+      records.record_start(workdir, spec.config, now.start, changed, overrides,
                            plan.data_sha256)
-      with _Stop() as stop, memory.matmul_precision(plan.precision):  # the step's precision
+      with _Stop() as stop, memory.matmul_precision(spec.precision):  # the step's precision
         summary = _step_loop(plan, now, ckpt, workdir, stop)
     except OSError as e:  # a full disk while writing metrics; checkpoints report their own
       raise UserError(f"could not write to {workdir!r} ({e.strerror or e}); the newest "
@@ -142,11 +143,11 @@ def _resume(plan: plan_lib.Plan, ckpt: ckpt_lib.Checkpointer, overrides: list[st
   plan.batches.set_state(iterator)
   sched = state.sched
   if overridden("opt.lr"):
-    sched = sched.replace(lr=jnp.full_like(sched.lr, plan.lr))
+    sched = sched.replace(lr=jnp.full_like(sched.lr, plan.spec.lr))
   if overridden("spsa.eps"):
-    sched = sched.replace(eps=jnp.full_like(sched.eps, plan.eps))
+    sched = sched.replace(eps=jnp.full_like(sched.eps, plan.spec.eps))
   totals = {k: float(data_state.get(k, 0.0)) for k in budget_lib.TIMERS}
-  totals["ops"] = int(data_state.get("ops", plan.ops_step * step))
+  totals["ops"] = int(data_state.get("ops", plan.spec.ops_step * step))
   totals["updates"] = int(data_state.get("updates", step))  # this run's, warm start aside
   logging.info("resumed from step %d in %s", step, workdir)
   return _Now(state.replace(sched=sched), int(step), totals)
@@ -156,17 +157,18 @@ def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, work
                stop: _Stop) -> dict:
   """Updates from now.start to the plan's steps (or its budget) with logging, validation and
   checkpoints between."""
-  cad = plan.cadence
+  spec = plan.spec
+  cad = spec.cadence
   # closed even when an error ends the loop (a full disk must not fail again at exit)
   with metrics_lib.MetricWriter(workdir, start_step=now.start) as writer:
     if not now.totals.get("updates"):  # the run's first update (a continued seed's too)
-      writer.hparams(json.loads(plan.config.to_json()))
+      writer.hparams(json.loads(spec.config.to_json()))
     progress = metrics_lib.Progress(cad.steps, now.start)
-    warm = f" (warm start from {plan.init_from})" if plan.init_from and not now.totals else ""
+    warm = f" (warm start from {spec.init_from})" if spec.init_from and not now.totals else ""
     progress.message(plan.start_line.replace("START", f"{now.start}{warm}", 1))
-    clock = budget_lib.Clock(plan.n_devices, plan.ops_step, now.totals, plan.plan_seconds,
+    clock = budget_lib.Clock(plan.placed.n_devices, spec.ops_step, now.totals, plan.placed.plan_seconds,
                              now.start)
-    budget = budget_lib.Budget(plan.budget.unit, plan.budget.amount, plan.budget.checkpoints,
+    budget = budget_lib.Budget(spec.budget.unit, spec.budget.amount, spec.budget.checkpoints,
                                clock, now.start)
     if budget.amount > 0:  # the budget ends the run, not its steps: progress and ETA by it
       progress.track_budget(lambda: (budget.used, budget.amount), budget.unit)
@@ -204,7 +206,7 @@ class _Log:
 
   def __init__(self, plan: plan_lib.Plan, clock: budget_lib.Clock,
                progress: metrics_lib.Progress):
-    self.experts, self.tokens_step = plan.experts, plan.tokens_step
+    self.experts, self.tokens_step = plan.spec.experts, plan.spec.tokens_step
     self.clock, self.progress = clock, progress
     self.last_val = None
     self._skipped_seen = None  # per-expert skip counters at the last log, to name new skips
@@ -230,15 +232,16 @@ def _periodic_evals(plan: plan_lib.Plan, loop: Loop, done: int, m, log: _Log,
                     last: bool) -> dict:
   """The log record, expert validation (+ plateau rule) and ensemble validation due now
   (all of them after the `last` update)."""
-  cad, clock = plan.cadence, log.clock
+  spec, clock = plan.spec, log.clock
+  cad = spec.cadence
   record = {}
   if done % cad.log_every == 0 or last:
     record.update(log.record(done, m))
   if done % cad.eval_every == 0 or last:
     with clock.aside("eval_seconds", sync=m):
       val = _val_losses(loop.state.body, loop.state.head, plan.val_windows,
-                        shared_head=plan.shared_head, loss_fn=plan.method.val_loss)
-      sched = _plateau(loop.state.sched, val, done, cfg=plan.plateau)
+                        shared_head=spec.shared_head, loss_fn=spec.method.val_loss)
+      sched = _plateau(loop.state.sched, val, done, cfg=spec.plateau)
       loop.state = loop.state.replace(sched=sched)
       log.last_val = record["val_loss"] = np.asarray(_to_host(val)).tolist()
   every, ens = cad.ensemble_eval_every, plan.ensemble
@@ -246,7 +249,7 @@ def _periodic_evals(plan: plan_lib.Plan, loop: Loop, done: int, m, log: _Log,
     with clock.aside("eval_seconds", sync=m):
       record["ensemble_val_loss"] = eval_lib.ensemble_loss(
           loop.state.body, loop.state.head, ens.windows, ens.router, ens.top_k,
-          plan.shared_head, logits_fn=plan.method.logits)
+          spec.shared_head, logits_fn=spec.method.logits)
   if record:
     record.update(clock.at(done))  # ops and seconds so far, these evals included
   return record

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import step_timing
 from soma_jax import config as config_lib
-from soma_jax import methods
+from soma_jax import spec as spec_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,7 +86,7 @@ def test_ideal_forwards_cover_the_steps_tokens_with_plain_losses():
 
   c = config_lib.base_config(n=2, size="tiny")  # n_pert 4, A 1, B 2, T 32, own heads
   inputs = step_timing.step_inputs(c)
-  cfg = methods.get(c).step_config(c, pert_chunk=2)
+  cfg = spec_lib.resolve(c).method.step_config(pert_chunk=2)
   s = inputs.state
   plain = step_timing.ideal_forward(cfg)(s.body, s.head, inputs.batch)
   wide = step_timing.ideal_forward(cfg, together=4)(s.body, s.head, inputs.batch)
@@ -146,7 +146,7 @@ def test_estimate_only_is_the_steps_estimate():
 
   c = config_lib.base_config(n=2, size="tiny")
   inputs = step_timing.step_inputs(c)
-  cfg = methods.get(c).step_config(c)
+  cfg = spec_lib.resolve(c).method.step_config()
   s = inputs.state
   g, loss = step_timing.estimate_only(cfg)(s, inputs.batch, inputs.ids)
   want = spsa.estimate(s.body, s.head, inputs.batch, s.sched.eps, s.step, inputs.ids,

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 
 from soma_jax import runs
+from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.studies import protocol
 from tests.test_train import tiny_config
@@ -52,7 +53,7 @@ def test_continued_run_starts_from_the_seeds_last_state(data_prepared, tmp_path)
   c = tiny_config(data_prepared, n_experts=3, steps=4 + 3, seed=3, init_from=seed_dir,
                   init_state=True)
   c.opt.lr = 0.005
-  start = runs.initial_state(c)
+  start = runs.initial_state(spec_lib.resolve(c))
   assert int(start.step) == int(seed.step) == 4
   for n in range(3):
     pick = lambda t, n=n: jax.tree.map(lambda x: x[n], t)
@@ -70,11 +71,10 @@ def test_continued_run_starts_from_the_seeds_last_state(data_prepared, tmp_path)
 def test_budget_in_ops_stops_after_the_update_that_reaches_it(data_prepared, tmp_path):
   """budget_unit=ops: SPEC 7's operations of this run, so the stop is the first update whose
   cumulative operations reach the budget, whatever the machine's load."""
-  from soma_jax import methods
 
   c = tiny_config(data_prepared, steps=100_000, budget_unit="ops", budget_checkpoints=1,
                   log_every=50, eval_every=50, ckpt_every=100_000)
-  per_update = methods.get(c).ops_per_update(c) * c.n_experts
+  per_update = spec_lib.resolve(c).method.ops_per_update * c.n_experts
   c.budget = 4.5 * per_update
   summary = train_lib.run(c, str(tmp_path / "run"))
   assert summary["updates"] == 5 and summary["ops"] == 5 * per_update

@@ -14,6 +14,7 @@ import pytest
 
 from soma_jax import eggroll, gru, methods, model, runs, sizing, train_state
 from soma_jax import plan as plan_lib
+from soma_jax import spec as spec_lib
 from soma_jax.layers import LowRank
 from soma_jax.methods import lstm
 from tests.test_compare import gru_flops_per_token, load_config
@@ -227,7 +228,7 @@ def make_step(c):
 def test_method_eggroll_is_the_papers_gru(data_prepared):
 
   c = _gru_method_config(data_prepared)
-  body_N, _ = runs.initial_params(c)
+  body_N, _ = runs.initial_params(spec_lib.resolve(c))
   assert c.method == "eggroll" and c.model.depth == 6
   assert len(body_N["layers"]) == 6 and "head" in body_N and "embed" in body_N  # untied head
   assert body_N["head"].shape == (1, c.model.d_t, 256)
@@ -255,7 +256,7 @@ def test_gru_eggroll_loss_falls_by_the_es_update(data_prepared):
                                             segs["targets"][0], segs["reset"][0], h0)[0]))
 
   def run(lr):
-    state = runs.initial_state(c)
+    state = runs.initial_state(spec_lib.resolve(c))
     state = state.replace(sched=state.sched.replace(lr=jnp.full((1,), lr, jnp.float32)))
     start = float(loss(state.body))
     for _ in range(c.steps):
@@ -280,7 +281,7 @@ def test_gru_eggroll_trains_checkpoints_and_evaluates(data_prepared, tmp_path):
   assert restored.method == "eggroll" and len(body_N["layers"]) == 6
   windows = jnp.asarray(plan_lib.resolve(c).val_windows)
   val = train_state.expert_losses(body_N, head, windows, shared_head=True,
-                           loss_fn=methods.get(restored).val_loss)
+                           loss_fn=spec_lib.resolve(restored).method.val_loss)
   np.testing.assert_allclose(np.asarray(val), summary["val_loss"], rtol=1e-5)
 
 
@@ -298,7 +299,7 @@ def test_eggroll_lstm_extra_runs_es_on_the_soma_expert(data_prepared):
   c = load_config("eggroll", "n=1,size=tiny,model=lstm")
   c.data.dir = data_prepared
   assert c.method == "eggroll_lstm"
-  state = runs.initial_state(c)
+  state = runs.initial_state(spec_lib.resolve(c))
   assert "blocks" in state.body
   step_fn, ops = make_step(c)
   tokens = c.data.seq_len * c.spsa.batch * c.spsa.accum
@@ -398,7 +399,7 @@ def test_paper_preset_is_the_papers_run():
   assert c.opt.lr == 0.01 and c.opt.weight_decay == 0.0
   assert c.eggroll.sigma == eggroll.sigma_from_shift(4) == 0.0625
   assert (c.eggroll.rank, c.eggroll.pop, c.eggroll.segment) == (1, 2**20, 100)
-  assert abs(methods.get(c).body_params(c) / 8.44e6 - 1) < 0.02
+  assert abs(spec_lib.resolve(c).method.body_params / 8.44e6 - 1) < 0.02
 
 
 def test_gru_eggroll_resume_is_exact_with_carried_states(data_prepared, tmp_path):

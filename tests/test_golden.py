@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from soma_jax import config as config_lib
-from soma_jax import methods, runs, spsa
+from soma_jax import runs, spsa
+from soma_jax import spec as spec_lib
 
 GOLDEN = {
     "loss": [6.169713, 6.0624514],
@@ -31,10 +32,10 @@ TEXT = b"def main(argv):\n  del argv\n  print('one SOMA update, pinned')\n" * 4
 def one_update() -> dict:
   """The tiny config's first update of N = 2 experts on fixed bytes, summarised per expert."""
   c = config_lib.base_config(n=2, size="tiny")  # d_t 8, n_pert 4, B 2, T 32, own heads
-  state = runs.initial_state(c)
+  state = runs.initial_state(spec_lib.resolve(c))
   t1 = c.data.seq_len + 1
   windows = np.frombuffer(TEXT, np.uint8)[: 2 * 2 * t1].reshape(2, 1, 2, t1)  # [N, A, B, T+1]
-  cfg = methods.get(c).step_config(c, pert_chunk=4)
+  cfg = spec_lib.resolve(c).method.step_config(pert_chunk=4)
   new, metrics = jax.jit(spsa.train_step, static_argnames="cfg")(
       state, jnp.asarray(windows), jnp.arange(2, dtype=jnp.int32), cfg=cfg)
   # Adam's first step is about lr x sign(g): the estimate itself pins g's scale.

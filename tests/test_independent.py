@@ -11,6 +11,7 @@ import pytest
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import runs, spsa
+from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
 from soma_jax.methods import soma as soma_method
@@ -87,7 +88,7 @@ def tiny_ensemble(tmp_path_factory, data_four_shards):
 def _checkpoint(workdir):
   """The newest checkpoint as saved, read straight from the Checkpointer."""
   c = ckpt_lib.read_config(workdir)
-  abstract = jax.eval_shape(lambda: runs.initial_state(runs.shapes_only(c)))
+  abstract = jax.eval_shape(lambda: runs.initial_state(spec_lib.resolve(c).without_seed()))
   ckpt = ckpt_lib.Checkpointer(workdir)
   try:
     step, state, _ = ckpt.restore_latest(abstract)

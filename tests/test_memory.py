@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from soma_jax import config as config_lib
-from soma_jax import memory, methods, sizing
+from soma_jax import memory, sizing
 from soma_jax import model as M
+from soma_jax import plan as plan_lib
+from soma_jax import spec as spec_lib
 from soma_jax import spsa as S
 from soma_jax import train_state as TS
 from soma_jax.errors import UserError
@@ -138,19 +140,19 @@ def test_auto_chunk_resolves_and_is_described():
   c = config_lib.base_config(n=2, size="tiny")
   with c.unlocked():
     c.spsa.pert_chunk = "auto"
-  choice = methods.choose_chunk(c, 2)
+  choice = plan_lib.choose_chunk(spec_lib.resolve(c).method, 2)
   # The CPU's small chunk (signs apart there); on a GPU all 4 directions fit at once.
   on_cpu = jax.default_backend() == "cpu"
   assert lstm.signs_together(c) == (not on_cpu)
   assert choice.chunk == (2 if on_cpu else 4)  # N C = 4 copies with the signs apart
   assert choice.planned_bytes > 0
-  assert methods.get(c).step_config(c, choice.chunk).spsa.pert_chunk == choice.chunk
+  assert spec_lib.resolve(c).method.step_config(choice.chunk).spsa.pert_chunk == choice.chunk
   assert f"pert_chunk={choice.chunk}" in choice.describe()
   with c.unlocked():
     c.spsa.pert_chunk = "16"  # as a command line gives it
   assert config_lib.pert_chunk(c) == 16
   # Clamped to n_pert = 4 as the step clamps it: the plan is the program training runs.
-  assert methods.choose_chunk(c, 2).chunk == 4
+  assert plan_lib.choose_chunk(spec_lib.resolve(c).method, 2).chunk == 4
   with c.unlocked():
     c.spsa.pert_chunk = "big"
   with pytest.raises(UserError, match="pert_chunk"):
@@ -162,7 +164,7 @@ def test_auto_chunk_resolves_and_is_described():
   for signs, together in (("together", True), ("apart", False)):
     with c.unlocked():
       c.spsa.signs = signs
-    assert methods.get(c).step_config(c).spsa.signs_together is together
+    assert spec_lib.resolve(c).method.step_config().spsa.signs_together is together
   with c.unlocked():
     c.spsa.signs, c.spsa.forward = "auto", "fused"
   with pytest.raises(UserError, match="spsa.forward='fused' is out of range: it must be one of "
@@ -172,7 +174,7 @@ def test_auto_chunk_resolves_and_is_described():
     with c.unlocked():
       c.spsa.forward = forward
     config_lib.validate(c)
-    assert methods.get(c).step_config(c).spsa.forward == forward
+    assert spec_lib.resolve(c).method.step_config().spsa.forward == forward
 
 
 def _dot_algorithms(lowered) -> list[str]:

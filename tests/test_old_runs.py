@@ -19,7 +19,8 @@ import pytest
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import evaluate as eval_lib
-from soma_jax import methods, runs, train
+from soma_jax import runs, train
+from soma_jax import spec as spec_lib
 from soma_jax.data import pipeline
 from soma_jax.data.router import Router
 from soma_jax.errors import UserError
@@ -79,7 +80,7 @@ def test_an_old_run_evaluates_as_it_did(name, data_prepared, tmp_path):
   router = Router.load(os.path.join(data_prepared, "router.npz"))
   got = eval_lib.evaluate(state.body, state.head, windows, doc_ids, router, 4,
                           c.model.shared_head, draws=10,
-                          logits_fn=methods.get(c).logits)["nats_per_byte"]
+                          logits_fn=spec_lib.resolve(c).method.logits)["nats_per_byte"]
   assert got == pytest.approx(_expected()["runs"][name]["test_nats_per_byte_at_3"], rel=1e-6)
 
 

@@ -11,6 +11,7 @@ from scipy import stats as scipy_stats
 
 from soma_jax import evaluate as eval_lib
 from soma_jax import methods, runs
+from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
 from soma_jax.studies import protocol, table4, table7
@@ -189,7 +190,7 @@ def test_table7_continues_the_seeds_state(table7_run):
     record = {**seed, "_path": seed_dir}
     configs = [protocol.budgeted(methods[name], config.data_dir, s, record, "updates", 1, 1)
                for s in payload["seeds"]]
-    first = [runs.initial_state(c) for c in configs]  # what the first compared update reads
+    first = [runs.initial_state(spec_lib.resolve(c)) for c in configs]  # what the first compared update reads
     assert leaves_equal(first[0], first[1]), name  # bit for bit, whatever the seed
     step, last, _, _ = runs.restore_state(seed_dir)  # the seed's last state
     assert int(first[0].step) == int(last.step) == step == seed["step"]
@@ -197,13 +198,13 @@ def test_table7_continues_the_seeds_state(table7_run):
       assert leaves_equal(expert((first[0].body, first[0].opt, first[0].head_opt), e),
                           expert((last.body, last.opt, last.head_opt), 0)), name
     assert not leaves_equal(jax.tree.map(np.zeros_like, last.opt), last.opt)  # moments moved
-    tuned = runs.initial_state(table7.grid_point(configs[0], 0.00125, 0.005))
+    tuned = runs.initial_state(spec_lib.resolve(table7.grid_point(configs[0], 0.00125, 0.005)))
     assert leaves_equal(tuned.opt, first[0].opt)  # the seed's moments, this config's lr / eps
     np.testing.assert_array_equal(tuned.sched.lr, np.float32(0.00125))
     np.testing.assert_array_equal(tuned.sched.eps, np.float32(0.005))
     fresh = configs[0].copy_and_resolve_references()
     fresh.init_state = False  # parameters only: fresh moments at step 0
-    assert int(runs.initial_state(fresh).step) == 0
+    assert int(runs.initial_state(spec_lib.resolve(fresh)).step) == 0
 
 
 @pytest.fixture(scope="module")
@@ -350,10 +351,10 @@ def test_head_only_step_leaves_bodies_and_their_adam_state(data_prepared):
 
   c = tiny_config(data_prepared, method="head_only")
   c.opt.weight_decay = 1e-2  # decay would move a body if it were updated
-  methods.validate(c)
+  spec_lib.resolve(c)
   method = methods.get(c)
   cfg = method.step_config(c)
-  state = runs.initial_state(c)
+  state = runs.initial_state(spec_lib.resolve(c))
   batch = jax.random.randint(jax.random.key(0), (3, 1, c.spsa.batch, c.data.seq_len + 1), 0,
                              256).astype(np.uint8)
   before = jax.tree.map(np.asarray, state)
@@ -372,16 +373,16 @@ def test_summed_method_and_refusals(data_prepared):
   from tests.test_train import tiny_config
 
   c = tiny_config(data_prepared, method="soma_summed")
-  methods.validate(c)
-  assert methods.get(c).step_config(c).loss_groups == (0, 0, 0)
+  spec_lib.resolve(c)
+  assert spec_lib.resolve(c).method.step_config().loss_groups == (0, 0, 0)
   assert methods.get(tiny_config(data_prepared)).step_config(c).loss_groups is None
   c.experts = "0:2"
   with pytest.raises(UserError, match="one job"):
-    methods.validate(c)
+    spec_lib.resolve(c)
   g = tiny_config(data_prepared, method="head_only")
   g.model.shared_head, g.opt.train_head = True, False
   with pytest.raises(UserError, match="own head"):
-    methods.validate(g)
+    spec_lib.resolve(g)
 
 
 def test_cut_windows():
@@ -462,8 +463,8 @@ def test_init_from_works_for_every_paper_preset(file, arg, data_prepared, tmp_pa
   seed = str(tmp_path / "seed")
   train_lib.run(s, seed)
   c.init_from = seed
-  body_N, head = runs.initial_params(c)
-  shapes = jax.eval_shape(lambda: runs.initial_params(runs.shapes_only(c)))
+  body_N, head = runs.initial_params(spec_lib.resolve(c))
+  shapes = jax.eval_shape(lambda: runs.initial_params(spec_lib.resolve(c).without_seed()))
   assert jax.tree.map(lambda x: x.shape, (body_N, head)) == jax.tree.map(lambda x: x.shape, shapes)
   seed_body, _, _ = runs.restore_params(seed)
   assert leaves_equal(jax.tree.map(lambda x: x[-1], body_N), jax.tree.map(lambda x: x[0], seed_body))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from soma_jax import runs, train
+from soma_jax import spec as spec_lib
 from soma_jax.data import pipeline
 from soma_jax.data.router import Router
 from soma_jax.studies import report
@@ -63,7 +64,7 @@ def test_warm_start_copies_seed_into_every_expert(data_prepared, tmp_path):
   train.run(tiny_config(data_prepared, steps=2, n_experts=1), seed)
   body_1, head_1, _ = runs.restore_params(seed)
   c = tiny_config(data_prepared, steps=2, init_from=seed)
-  body_N, head_N = runs.initial_params(c)
+  body_N, head_N = runs.initial_params(spec_lib.resolve(c))
   for x1, xn in zip(*(__import__("jax").tree.leaves(t) for t in (body_1, body_N))):
     for e in range(3):
       np.testing.assert_array_equal(xn[e], x1[0])

@@ -17,9 +17,10 @@ from orbax.checkpoint._src.handlers import json_checkpoint_handler
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import evaluate as eval_lib
 from soma_jax import generate as gen_lib
-from soma_jax import merge, methods, runs, train
+from soma_jax import merge, runs, train
 from soma_jax import model as model_lib
 from soma_jax import plan as plan_lib
+from soma_jax import spec as spec_lib
 from soma_jax.data import pipeline, prepare
 from soma_jax.errors import UserError
 from tests.test_train import ROOT, assert_resumes_like, metrics_without_timing, tiny_config
@@ -176,7 +177,7 @@ def test_resume_guards(data_prepared, data_textdir, tmp_path):
     records = {r["step"]: r for r in map(json.loads, f)}
   assert records[4]["lr"] == [0.5] * 3  # training uses what config.json says
   c4 = tiny_config(data_prepared)
-  ops_at_4 = 3 * methods.get(c4).ops_per_update(c4)  # 3 experts, n_pert 4
+  ops_at_4 = 3 * spec_lib.resolve(c4).method.ops_per_update  # 3 experts, n_pert 4
   assert records[3]["ops"] == 3 * ops_at_4 and records[4]["ops"] == 5 * ops_at_4  # not redone
 
 

@@ -2,62 +2,71 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from soma_jax import memory, train_state
 from soma_jax.data import pipeline
 
 PyTree = Any
-Config = ml_collections.ConfigDict
-# The newest checkpoint of a seed workdir: (body_N, head, its config), or None.
-Seed = tuple[PyTree, jax.Array, Config] | None
+# The newest checkpoint of a seed workdir: (body_N, head, its Method), or None.
+Seed = tuple[PyTree, jax.Array, Any] | None
 
 
-def no_carry(c: Config, n: int) -> tuple:
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+  """What a method's input iterator reads per update: B windows of T + 1 bytes, A times."""
+
+  dir: str
+  seq_len: int
+  batch: int
+  accum: int
+  seed: int
+
+  @property
+  def tokens_per_update(self) -> int:
+    """Sequence positions one expert reads per update: T x B x A."""
+    return self.seq_len * self.batch * self.accum
+
+
+def no_carry(n: int) -> tuple:
   """No state carried from update to update: TrainState.carry = ()."""
-  del c, n
+  del n
   return ()
 
 
-def expert_batches(c: Config, experts: list[int], pooled: bool) -> pipeline.TrainBatches:
-  """Each expert's A batches of B windows of its own shard per update (every direction or
-  member of an expert reads them): `pipeline.train_iterator`."""
-  return pipeline.train_iterator(c.data.dir, experts, batch=c.spsa.batch, accum=c.spsa.accum,
-                                 seq_len=c.data.seq_len, seed=c.seed, pooled=pooled)
-
-
 class Method(NamedTuple):
-  """One training method as pure functions (optax style: the tuple is the whole interface).
+  """One training method with its settings bound: `make(c)` of its module read the config
+  once, and no field takes a config (optax style: the tuple is the whole interface).
 
   Fields are described in the `soma_jax.methods` docstring. A step config is hashable and
   static; `train_step` is jitted with `cfg` static and the state donated.
   """
 
-  init_params: Callable[[Config, Seed], tuple[PyTree, jax.Array]]
-  step_config: Callable[[Config, int | None], Hashable]
+  name: str  # config.method
+  model: Hashable  # the model's static shape (model.ModelConfig, gru.GruConfig)
+  init_params: Callable[[Seed], tuple[PyTree, jax.Array]]
+  step_config: Callable[..., Hashable]
   train_step: Callable[..., tuple[train_state.TrainState, dict]]
   val_loss: Callable[[PyTree, jax.Array, jax.Array], jax.Array]
   logits: Callable[[PyTree, jax.Array, jax.Array], jax.Array]
-  flops_per_token: Callable[[Config], int]
-  ops_per_update: Callable[[Config], int]
-  body_params: Callable[[Config], int]
-  ensemble_params: Callable[[Config], int]
-  width_for_params: Callable[[int, Config], int]
-  validate: Callable[[Config], None]
-  describe: Callable[[Config], dict]
+  flops_per_token: int
+  ops_per_update: int
+  body_params: int
+  ensemble_params: int
+  width_for_params: Callable[[int], int]
+  describe: dict
   plan_chunk: Callable[..., memory.ChunkChoice] | None = None
-  sharded_step: Callable[[Hashable, Any], Callable] | None = None
+  sharded_step: Callable[..., Callable] | None = None
   generates: bool = True
-  table_rank: int = 3
-  # The state carried from update to update (TrainState.carry) for this job's N experts;
-  # and the input iterator (c, experts, pooled) -> iterator with get_state / set_state.
-  init_carry: Callable[[Config, int], PyTree] = no_carry
-  train_data: Callable[[Config, list[int], bool], Any] = expert_batches
+  # The state carried from update to update (TrainState.carry) for n experts; and the
+  # input iterator (experts, pooled) -> iterator with get_state / set_state.
+  init_carry: Callable[[int], PyTree] = no_carry
+  train_data: Callable[[list[int], bool], Any] | None = None
   # The model family ("lstm" or "gru"): a seed run seeds only a run of its own family.
   family: str = "lstm"
   # Config fields of the method's own section a resume may never change (they fix the
@@ -66,9 +75,11 @@ class Method(NamedTuple):
   speed_keys: tuple[str, ...] = ()
 
 
-def tokens_per_update(c: Config) -> int:
-  """Sequence positions one expert reads per update: T x B x A."""
-  return c.data.seq_len * c.spsa.batch * c.spsa.accum
+def expert_batches(data: DataSettings, experts: list[int], pooled: bool) -> pipeline.TrainBatches:
+  """Each expert's A batches of B windows of its own shard per update (every direction or
+  member of an expert reads them): `pipeline.train_iterator`."""
+  return pipeline.train_iterator(data.dir, experts, batch=data.batch, accum=data.accum,
+                                 seq_len=data.seq_len, seed=data.seed, pooled=pooled)
 
 
 def update_heads(state: train_state.TrainState, grads_head_N, ok_N, tx):

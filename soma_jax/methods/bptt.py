@@ -10,12 +10,13 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from soma_jax import bptt as bptt_lib
 from soma_jax import spsa, train_state
 from soma_jax.errors import need
 from soma_jax.methods import lstm
-from soma_jax.methods.base import adam_step, tokens_per_update
+from soma_jax.methods.base import Method, adam_step
 
 
 def _train_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
@@ -40,15 +41,9 @@ def _train_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expert
 train_step = jax.jit(_train_step, static_argnames="cfg", donate_argnames="state")
 
 
-def ops_per_update(c) -> int:
-  """SPEC 7: 3 A B T F per expert (a forward and a backward pass of about twice its cost)."""
-  return 3 * tokens_per_update(c) * lstm.flops_per_token(c)
-
-
-def validate(c) -> None:
+def make(c: ml_collections.ConfigDict) -> Method:
   need(c.model.shared_head or c.opt.train_head,
        "method=bptt with per-expert heads trains them: set opt.train_head=True")
-
-
-METHOD = lstm.lstm_method(train_step=train_step, ops_per_update=ops_per_update,
-                          validate=validate, table_rank=2)
+  s = lstm.settings(c)
+  # SPEC 7: 3 A B T F per expert (a forward and a backward pass of about twice its cost).
+  return lstm.lstm_method(s, train_step=train_step, ops_per_update=3 * lstm.forward_ops(s))

@@ -12,12 +12,13 @@ the step of `eggroll_lstm`, the same ES on the LSTM expert.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
-from soma_jax import config as config_lib
 from soma_jax import eggroll as eggroll_lib
 from soma_jax import gru as gru_lib
 from soma_jax import sizing, spsa, train_state
@@ -25,7 +26,7 @@ from soma_jax.data import pipeline
 from soma_jax.errors import UserError, need
 from soma_jax.layers import VOCAB
 from soma_jax.methods import lstm
-from soma_jax.methods.base import Method, Seed, adam_step
+from soma_jax.methods.base import DataSettings, Method, Seed, adam_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +38,14 @@ class EggrollStepConfig:
   loss_fn: Callable  # (body, head_e, window_BxT1) -> mean nats/byte
 
 
-def es_config(c) -> eggroll_lib.EggrollConfig:
-  return eggroll_lib.EggrollConfig(pop=c.eggroll.pop, sigma=c.eggroll.sigma, rank=c.eggroll.rank,
-                                   pop_chunk=c.eggroll.pop_chunk)
+def es_config(c: ml_collections.ConfigDict) -> eggroll_lib.EggrollConfig:
+  """config.eggroll, checked (SPEC 6: antithetic pairs, chunks of whole pairs)."""
+  e = c.eggroll
+  need(e.pop >= 2 and e.pop % 2 == 0, f"eggroll.pop={e.pop} must be even (antithetic pairs)")
+  need(e.rank >= 1 and e.sigma > 0, "eggroll.rank must be >= 1 and eggroll.sigma > 0")
+  need(e.pop % e.pop_chunk == 0 and e.pop_chunk % 2 == 0,
+       f"eggroll.pop_chunk={e.pop_chunk} must be even and divide eggroll.pop={e.pop}")
+  return eggroll_lib.EggrollConfig(pop=e.pop, sigma=e.sigma, rank=e.rank, pop_chunk=e.pop_chunk)
 
 
 def _eggroll_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
@@ -100,24 +106,16 @@ def _stream_step(state: train_state.TrainState, segments: dict, expert_ids_N: ja
 stream_step = jax.jit(_stream_step, static_argnames="cfg", donate_argnames="state")
 
 
-def validate_es(c) -> None:
-  e = c.eggroll
-  need(e.pop >= 2 and e.pop % 2 == 0, f"eggroll.pop={e.pop} must be even (antithetic pairs)")
-  need(e.rank >= 1 and e.sigma > 0, "eggroll.rank must be >= 1 and eggroll.sigma > 0")
-  need(e.pop % e.pop_chunk == 0 and e.pop_chunk % 2 == 0,
-       f"eggroll.pop_chunk={e.pop_chunk} must be even and divide eggroll.pop={e.pop}")
+def es_describe(es: eggroll_lib.EggrollConfig, model: str) -> dict:
+  return {"model": model, "n_pert": None, "directions_per_update": es.pop}
 
 
-def es_describe(c, model: str) -> dict:
-  return {"model": model, "n_pert": None, "directions_per_update": c.eggroll.pop}
+def step_config(s: lstm.Settings, es: eggroll_lib.EggrollConfig, loss_fn: Callable,
+                pert_chunk=None) -> EggrollStepConfig:
+  return EggrollStepConfig(lstm.step_config(s, pert_chunk), es, loss_fn)
 
 
 # ------------------------------------------------------------------------- the GRU
-
-
-def gru_config(c) -> gru_lib.GruConfig:
-  """The GRU of a method=eggroll config: width model.d_t, model.depth layers."""
-  return gru_lib.GruConfig(d=c.model.d_t, depth=c.model.depth)
 
 
 def gru_loss(body, head_e, window_BxT1):
@@ -130,25 +128,24 @@ def gru_logits(body, head_e, inputs_BxT):
   return gru_lib.gru_logits(body, inputs_BxT)
 
 
-def init_params(c, seed: Seed = None):
+def init_params(s: lstm.Settings, gru: gru_lib.GruConfig, seed: Seed = None):
   """N GRUs (this job's slice) and the unused shared-head placeholder: fresh from the run's
   seed, or warm, every model a copy of the seed run's GRU (same width and depth)."""
-  check_gru_generation(c)
-  a, b = config_lib.expert_range(c)
-  head = jnp.zeros((VOCAB, c.model.d_e), jnp.float32)
+  a, b = s.experts
+  head = jnp.zeros((VOCAB, s.model.d_e), jnp.float32)
   if seed is not None:
-    body_N, _, seed_cfg = seed
-    theirs, ours = gru_config(seed_cfg), gru_config(c)
-    need(theirs == ours, f"init_from={c.init_from!r} is a GRU of width {theirs.d} and depth "
-         f"{theirs.depth}; this run has width {ours.d}, depth {ours.depth}; fix: seed at the "
+    body_N, _, seed_method = seed
+    theirs = seed_method.model
+    need(theirs == gru, f"init_from={s.init_from!r} is a GRU of width {theirs.d} and depth "
+         f"{theirs.depth}; this run has width {gru.d}, depth {gru.depth}; fix: seed at the "
          "same model size")
     return jax.tree.map(lambda x: jnp.broadcast_to(x[0], (b - a,) + x.shape[1:]), body_N), head
-  keys = jax.random.split(jax.random.key(c.seed), c.n_experts)
-  body_N = jax.vmap(lambda k: gru_lib.init_gru(k, gru_config(c)))(keys)
+  keys = jax.random.split(jax.random.key(s.seed), s.n_experts)
+  body_N = jax.vmap(lambda k: gru_lib.init_gru(k, gru))(keys)
   return jax.tree.map(lambda x: x[a:b], body_N), head
 
 
-def check_gru_generation(c) -> None:
+def check_gru_generation(c: ml_collections.ConfigDict) -> None:
   """A run saved before eggroll.segment existed holds the earlier bare 3-gate GRU (6 d^2
   weights a layer), whose weights do not fit today's block (mixer + MLP, 12 d^2)."""
   if "segment" not in c.eggroll:
@@ -157,52 +154,40 @@ def check_gru_generation(c) -> None:
                     "experiments/train.py --config=experiments/configs/eggroll.py")
 
 
-def step_config(c, pert_chunk=None) -> EggrollStepConfig:
-  return EggrollStepConfig(lstm.step_config(c, pert_chunk), es_config(c), gru_loss)
-
-
-def flops_per_token(c) -> int:
-  return sizing.gru_flops_per_token(gru_config(c))
-
-
-def streams(c) -> int:
-  """Streams per expert: one per antithetic pair (eggroll.pop / 2)."""
-  return c.eggroll.pop // 2
-
-
-def init_carry(c, n: int) -> jax.Array:
+def init_carry(pop: int, gru: gru_lib.GruConfig, n: int) -> jax.Array:
   """Every member's GRU state at the start of its stream: zeros [N, pop, depth, d]."""
-  return jnp.zeros((n, c.eggroll.pop) + gru_lib.state_shape(gru_config(c)), jnp.float32)
+  return jnp.zeros((n, pop) + gru_lib.state_shape(gru), jnp.float32)
 
 
-def train_data(c, experts: list[int], pooled: bool) -> pipeline.StreamSegments:
-  """Each pair's own stream, eggroll.segment bytes per update."""
-  return pipeline.StreamSegments(c.data.dir, experts, streams=streams(c),
-                                 segment=c.eggroll.segment, seed=c.seed, pooled=pooled)
+def train_data(data: DataSettings, streams: int, segment: int, experts: list[int],
+               pooled: bool) -> pipeline.StreamSegments:
+  """Each pair's own stream (one per antithetic pair), `segment` bytes per update."""
+  return pipeline.StreamSegments(data.dir, experts, streams=streams, segment=segment,
+                                 seed=data.seed, pooled=pooled)
 
 
-def validate(c) -> None:
+def make(c: ml_collections.ConfigDict) -> Method:
+  """EGGROLL on N GRUs of width model.d_t and model.depth layers, each pair on its stream."""
   check_gru_generation(c)
-  validate_es(c)
-  need(1 <= c.eggroll.segment <= 1024,
-       f"eggroll.segment={c.eggroll.segment} bytes per stream update must be in 1..1024")
-
-
-def describe(c) -> dict:
-  """compare.py's columns: each member forwards its pair's segment, one sequence."""
-  return es_describe(c, "gru") | {"seq_len": c.eggroll.segment, "batch": 1, "accum": 1,
-                                  "sequences_per_update_per_expert": streams(c)}
-
-
-METHOD = Method(
-    init_params=init_params, step_config=step_config, train_step=stream_step,
-    val_loss=gru_loss, logits=gru_logits, flops_per_token=flops_per_token,
-    ops_per_update=lambda c: c.eggroll.pop * c.eggroll.segment * flops_per_token(c),
-    body_params=lambda c: sizing.gru_params(gru_config(c)),
-    ensemble_params=lambda c: c.n_experts * sizing.gru_params(gru_config(c)),
-    width_for_params=lambda total, c: sizing.gru_width_for_params(total, c.n_experts,
-                                                                  c.model.depth),
-    validate=validate, describe=describe, generates=False, table_rank=1,
-    init_carry=init_carry, train_data=train_data,
-    family="gru", shape_keys=("eggroll.rank", "eggroll.pop", "eggroll.segment"),
-    speed_keys=("eggroll.pop_chunk",))
+  es = es_config(c)
+  segment = c.eggroll.segment
+  need(1 <= segment <= 1024, f"eggroll.segment={segment} bytes per stream update must be in 1..1024")
+  s = lstm.settings(c)
+  gru = gru_lib.GruConfig(d=c.model.d_t, depth=c.model.depth)
+  streams = es.pop // 2  # one per antithetic pair
+  flops = sizing.gru_flops_per_token(gru)
+  return Method(
+      name=s.name, model=gru, init_params=functools.partial(init_params, s, gru),
+      step_config=functools.partial(step_config, s, es, gru_loss), train_step=stream_step,
+      val_loss=gru_loss, logits=gru_logits, flops_per_token=flops,
+      ops_per_update=es.pop * segment * flops, body_params=sizing.gru_params(gru),
+      ensemble_params=s.n_experts * sizing.gru_params(gru),
+      width_for_params=functools.partial(sizing.gru_width_for_params, n=s.n_experts,
+                                         depth=gru.depth),
+      # compare.py's columns: each member forwards its pair's segment, one sequence
+      describe=es_describe(es, "gru") | {"seq_len": segment, "batch": 1, "accum": 1,
+                                         "sequences_per_update_per_expert": streams},
+      generates=False, init_carry=functools.partial(init_carry, es.pop, gru),
+      train_data=functools.partial(train_data, s.data, streams, segment),
+      family="gru", shape_keys=("eggroll.rank", "eggroll.pop", "eggroll.segment"),
+      speed_keys=("eggroll.pop_chunk",))

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from soma_jax import model as model_lib
 from soma_jax import spsa, train_state
 from soma_jax.errors import need
 from soma_jax.layers import cross_entropy
 from soma_jax.methods import lstm
-from soma_jax.methods.base import tokens_per_update, update_heads
+from soma_jax.methods.base import Method, update_heads
 
 
 def _expert(body, head_VxE: jax.Array, batch_AxBxT1: jax.Array):
@@ -44,14 +45,10 @@ def _train_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expert
 train_step = jax.jit(_train_step, static_argnames="cfg", donate_argnames="state")
 
 
-def validate(c) -> None:
+def make(c: ml_collections.ConfigDict) -> Method:
   need(not c.model.shared_head and c.opt.train_head,
        "method=head_only trains each expert's own head: set model.shared_head=False and "
        "opt.train_head=True")
-
-
-METHOD = lstm.lstm_method(
-    train_step=train_step,
-    # SPEC 7 with one forward pass per window (the features the delta rule holds fixed).
-    ops_per_update=lambda c: tokens_per_update(c) * lstm.flops_per_token(c),
-    validate=validate, table_rank=4)
+  s = lstm.settings(c)
+  # SPEC 7 with one forward pass per window (the features the delta rule holds fixed).
+  return lstm.lstm_method(s, train_step=train_step, ops_per_update=lstm.forward_ops(s))

@@ -1,10 +1,14 @@
-"""What every method on the SOMA LSTM expert shares: its config, init, losses and counts.
+"""What every method on the SOMA LSTM expert shares: its settings, init, losses and counts.
 
-`lstm_method(**fields)` is a `Method` with these filled in; a method on the LSTM names its
-step (and whatever else differs) and nothing more.
+`settings(c)` reads the config's sections once; `lstm_method(s, **fields)` is a `Method`
+with the shared fields bound to them, so a method on the LSTM names its step (and whatever
+else differs) and nothing more.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,64 +18,95 @@ from soma_jax import config as config_lib
 from soma_jax import memory, sizing, spsa
 from soma_jax import model as model_lib
 from soma_jax.errors import UserError
-from soma_jax.methods.base import Method, Seed
-
-Config = ml_collections.ConfigDict
+from soma_jax.methods.base import DataSettings, Method, Seed, expert_batches
 
 
-def model_config(c: Config) -> model_lib.ModelConfig:
-  """The expert's shape from config.model."""
-  return model_lib.ModelConfig(d_t=c.model.d_t, d_e=c.model.d_e, depth=c.model.depth,
-                               shared_head=c.model.shared_head)
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """An LSTM method's config, read once (`settings`): nothing below reads the config."""
+
+  name: str  # config.method
+  model: model_lib.ModelConfig
+  n_experts: int  # N of the whole run
+  experts: tuple[int, int]  # this job's [a, b)
+  seed: int
+  init_from: str  # named in a warm start's messages
+  n_pert: int
+  probe: str
+  pert_chunk: int | str  # "auto" or a positive int
+  time_block: int
+  unroll: int
+  signs_together: bool
+  forward: str
+  weight_decay: float
+  train_head: bool
+  precision: str
+  data: DataSettings
+
+  @property
+  def n_local(self) -> int:
+    return self.experts[1] - self.experts[0]
 
 
-def signs_together(c: Config) -> bool:
+def settings(c: ml_collections.ConfigDict) -> Settings:
+  """The config's model, spsa, opt and data sections as one frozen record."""
+  s = c.spsa
+  return Settings(
+      name=c.method,
+      model=model_lib.ModelConfig(d_t=c.model.d_t, d_e=c.model.d_e, depth=c.model.depth,
+                                  shared_head=c.model.shared_head),
+      n_experts=c.n_experts, experts=config_lib.expert_range(c), seed=c.seed,
+      init_from=c.init_from, n_pert=s.n_pert, probe=s.probe, pert_chunk=config_lib.pert_chunk(c),
+      # .get: configs saved before time_block / unroll / signs / forward existed restore.
+      time_block=s.get("time_block", 64), unroll=s.get("unroll", 1),
+      signs_together=signs_together(s.get("signs", "auto")), forward=s.get("forward", "direct"),
+      weight_decay=c.opt.weight_decay, train_head=c.opt.train_head, precision=c.precision,
+      data=DataSettings(dir=c.data.dir, seq_len=c.data.seq_len, batch=s.batch, accum=s.accum,
+                        seed=c.seed))
+
+
+def signs_together(signs: str) -> bool:
   """spsa.signs resolved: "auto" evaluates the two signs apart on a CPU (half as many
   perturbed copies per loop iteration, measured faster there) and together elsewhere."""
-  signs = c.spsa.get("signs", "auto")
   return jax.default_backend() != "cpu" if signs == "auto" else signs == "together"
 
 
-def step_config(c: Config, pert_chunk: int | None = None) -> spsa.StepConfig:
+def step_config(s: Settings, pert_chunk: int | None = None) -> spsa.StepConfig:
   """The static step settings; `pert_chunk` resolves spsa.pert_chunk="auto" (see
   `soma.plan_chunk`; without it "auto" stands for the CPU's chunk, enough for shapes)."""
-  chunk = pert_chunk or config_lib.pert_chunk(c)
-  together = signs_together(c)
+  chunk = pert_chunk or s.pert_chunk
   if chunk == "auto":  # the job's experts on one device, as `plan_chunk` counts them
-    a, b = config_lib.expert_range(c)
-    chunk = memory.cpu_chunk(c.spsa.n_pert, b - a, together)
+    chunk = memory.cpu_chunk(s.n_pert, s.n_local, s.signs_together)
   return spsa.StepConfig(
-      model=model_config(c),
-      # .get: configs saved before time_block / unroll / signs / forward existed restore.
-      spsa=spsa.SpsaConfig(n_pert=c.spsa.n_pert, accum=c.spsa.accum, probe=c.spsa.probe,
-                           pert_chunk=chunk, time_block=c.spsa.get("time_block", 64),
-                           unroll=c.spsa.get("unroll", 1), signs_together=together,
-                           forward=c.spsa.get("forward", "direct")),
-      weight_decay=c.opt.weight_decay, train_head=c.opt.train_head, seed=c.seed)
+      model=s.model,
+      spsa=spsa.SpsaConfig(n_pert=s.n_pert, accum=s.data.accum, probe=s.probe,
+                           pert_chunk=chunk, time_block=s.time_block, unroll=s.unroll,
+                           signs_together=s.signs_together, forward=s.forward),
+      weight_decay=s.weight_decay, train_head=s.train_head, seed=s.seed)
 
 
-def init_params(c: Config, seed: Seed = None):
+def init_params(s: Settings, seed: Seed = None):
   """Bodies and head(s) of this job's experts: the seed run's expert 0, or a fresh init.
 
   A fresh init draws all N experts and keeps this job's slice, so a job training
   experts a:b starts exactly where the full job's experts a:b start.
   """
-  a, b = config_lib.expert_range(c)
-  cfg = model_config(c)
+  a, b = s.experts
+  cfg = s.model
   if seed is not None:
-    body, head = seed_expert(seed, cfg, c.init_from)
+    body, head = seed_expert(seed, cfg, s.init_from)
     body_N = jax.tree.map(lambda x: jnp.broadcast_to(x, (b - a,) + x.shape), body)
     head = head if cfg.shared_head else jnp.broadcast_to(head, (b - a,) + head.shape)
     return body_N, head
-  body_N, head = model_lib.init_experts(jax.random.key(c.seed), cfg, c.n_experts)
+  body_N, head = model_lib.init_experts(jax.random.key(s.seed), cfg, s.n_experts)
   body_N = jax.tree.map(lambda x: x[a:b], body_N)
   return body_N, head if cfg.shared_head else head[a:b]
 
 
 def seed_expert(seed: Seed, cfg: model_lib.ModelConfig, where: str = "init_from"):
   """Expert 0's body and E of a seed run's checkpoint (SPEC 3.4 step 3), shapes checked."""
-  body_N, head, seed_cfg = seed
-  theirs = model_config(seed_cfg)
+  body_N, head, seed_method = seed
+  theirs = seed_method.model
   if (theirs.d_t, theirs.d_e, theirs.depth) != (cfg.d_t, cfg.d_e, cfg.depth):
     raise UserError(
         f"init_from={where!r} has d_t={theirs.d_t}, d_e={theirs.d_e}, depth="
@@ -81,37 +116,26 @@ def seed_expert(seed: Seed, cfg: model_lib.ModelConfig, where: str = "init_from"
   return body, head if theirs.shared_head else head[0]
 
 
-def flops_per_token(c: Config) -> int:
-  return sizing.flops_per_token(model_config(c))
+def forward_ops(s: Settings) -> int:
+  """SPEC 7's forward operations of one expert's update batch: A B T F."""
+  return s.data.tokens_per_update * sizing.flops_per_token(s.model)
 
 
-def body_params(c: Config) -> int:
-  return sizing.body_params(model_config(c))
-
-
-def ensemble_params(c: Config) -> int:
-  return sizing.ensemble_params(model_config(c), c.n_experts)
-
-
-def width_for_params(total: int, c: Config) -> int:
-  return sizing.width_for_params(total, c.n_experts, c.model.d_e, c.model.depth,
-                                 c.model.shared_head)
-
-
-def no_checks(c: Config) -> None:
-  del c
-
-
-def describe(c: Config) -> dict:
+def describe(s: Settings) -> dict:
   """compare.py's columns of a method without SPSA directions."""
-  del c
+  del s
   return {"model": "lstm", "n_pert": None, "directions_per_update": None}
 
 
-def lstm_method(**fields) -> Method:
-  """A Method on the LSTM expert: init, step config, losses and counts as above."""
-  shared = dict(init_params=init_params, step_config=step_config, val_loss=model_lib.streamed_loss,
-                logits=model_lib.logits, flops_per_token=flops_per_token, body_params=body_params,
-                ensemble_params=ensemble_params, width_for_params=width_for_params,
-                validate=no_checks, describe=describe)
+def lstm_method(s: Settings, **fields) -> Method:
+  """A Method on the LSTM expert: init, step config, losses and counts bound to `s`."""
+  m = s.model
+  shared = dict(
+      name=s.name, model=m, init_params=functools.partial(init_params, s),
+      step_config=functools.partial(step_config, s), val_loss=model_lib.streamed_loss,
+      logits=model_lib.logits, flops_per_token=sizing.flops_per_token(m),
+      body_params=sizing.body_params(m), ensemble_params=sizing.ensemble_params(m, s.n_experts),
+      width_for_params=functools.partial(sizing.width_for_params, n=s.n_experts, d_e=m.d_e,
+                                         depth=m.depth, shared_head=m.shared_head),
+      describe=describe(s), train_data=functools.partial(expert_batches, s.data))
   return Method(**(shared | fields))

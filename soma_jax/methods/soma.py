@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
-from soma_jax import config as config_lib
 from soma_jax import memory, parallel, spsa
 from soma_jax.methods import lstm
-from soma_jax.methods.base import tokens_per_update
+from soma_jax.methods.base import Method
 
 # Jitted once per process; the old state's buffers are donated to the new one.
 train_step = jax.jit(spsa.train_step, static_argnames="cfg", donate_argnames="state")
 
 
-def ops_per_update(c) -> int:
-  """SPEC 7: 2 A n_pert B T F per expert (two signs of every direction)."""
-  return 2 * c.spsa.n_pert * tokens_per_update(c) * lstm.flops_per_token(c)
-
-
-def plan_chunk(c, n_local: int, mesh=None, step_config=lstm.step_config) -> memory.ChunkChoice:
+def plan_chunk(s: lstm.Settings, n_local: int, mesh=None, step_config=lstm.step_config
+               ) -> memory.ChunkChoice:
   """spsa.pert_chunk for this device ("auto" resolved) and the step's planned memory.
 
   Plans the one-device `train_step` at the method's `step_config` (the program training
@@ -29,25 +26,24 @@ def plan_chunk(c, n_local: int, mesh=None, step_config=lstm.step_config) -> memo
   (compile only, nothing runs).
   """
   n_dev = n_local // (mesh.shape["expert"] if mesh is not None else 1)
-  k_dev = c.spsa.n_pert // (mesh.shape["pert"] if mesh is not None else 1)
-  base = step_config(c)
+  k_dev = s.n_pert // (mesh.shape["pert"] if mesh is not None else 1)
+  base = step_config(s)
   # With the sharding the loop's state has (parallel.one_device), so that training reuses
   # this compile: an unspecified sharding would make it another program.
   state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=parallel.one_device()),
                        parallel.abstract_state(base, n_dev))
-  batch = jax.ShapeDtypeStruct((n_dev, c.spsa.accum, c.spsa.batch, c.data.seq_len + 1), jnp.uint8)
+  batch = jax.ShapeDtypeStruct((n_dev, s.data.accum, s.data.batch, s.data.seq_len + 1), jnp.uint8)
   ids = jax.ShapeDtypeStruct((n_dev,), jnp.int32)
 
   def plan_at(chunk: int) -> int:
     cfg = dataclasses.replace(base, spsa=dataclasses.replace(base.spsa, n_pert=k_dev,
                                                              pert_chunk=chunk))
-    with memory.matmul_precision(c.precision):
+    with memory.matmul_precision(s.precision):
       return memory.planned_bytes(train_step.lower(state, batch, ids, cfg=cfg).compile())
 
-  chunk = config_lib.pert_chunk(c)
   limit = memory.device_limit_bytes()
-  if chunk != "auto":  # clamped as the step clamps it, so training reuses this compile
-    chunk = min(chunk, k_dev)
+  if s.pert_chunk != "auto":  # clamped as the step clamps it, so training reuses this compile
+    chunk = min(s.pert_chunk, k_dev)
     return memory.ChunkChoice(chunk, plan_at(chunk), limit, "fixed")
   return memory.choose_pert_chunk(plan_at, k_dev, jax.default_backend(), limit,
                                   n_experts=n_dev, signs_together=base.spsa.signs_together)
@@ -58,11 +54,20 @@ def sharded_step(cfg, mesh, donate: bool = True):
   return parallel.make_train_step(spsa.train_step, cfg, mesh, donate=donate)
 
 
-def describe(c) -> dict:
-  return {"model": "lstm", "n_pert": c.spsa.n_pert,
-          "directions_per_update": c.spsa.n_pert * c.spsa.accum}
+def spsa_fields(s: lstm.Settings, step_config=lstm.step_config) -> dict:
+  """What SOMA and its summed-loss control share: the step, its counts and its planner."""
+  return dict(
+      train_step=train_step,
+      # SPEC 7: 2 A n_pert B T F per expert (two signs of every direction).
+      ops_per_update=2 * s.n_pert * lstm.forward_ops(s),
+      describe={"model": "lstm", "n_pert": s.n_pert,
+                "directions_per_update": s.n_pert * s.data.accum},
+      step_config=functools.partial(step_config, s),
+      # planned on the method's own step config, the program training runs
+      plan_chunk=functools.partial(plan_chunk, s, step_config=step_config),
+      sharded_step=sharded_step)
 
 
-METHOD = lstm.lstm_method(train_step=train_step, ops_per_update=ops_per_update,
-                          describe=describe, plan_chunk=plan_chunk, sharded_step=sharded_step,
-                          table_rank=0)
+def make(c: ml_collections.ConfigDict) -> Method:
+  s = lstm.settings(c)
+  return lstm.lstm_method(s, **spsa_fields(s))

@@ -10,23 +10,21 @@ axis, so it runs as one job on one device.
 from __future__ import annotations
 
 import dataclasses
-import functools
+
+import ml_collections
 
 from soma_jax.errors import need
 from soma_jax.methods import lstm, soma
+from soma_jax.methods.base import Method
 
 
-def step_config(c, pert_chunk=None):
-  return dataclasses.replace(lstm.step_config(c, pert_chunk), loss_groups=(0,) * c.n_experts)
+def step_config(s: lstm.Settings, pert_chunk=None):
+  return dataclasses.replace(lstm.step_config(s, pert_chunk), loss_groups=(0,) * s.n_experts)
 
 
-def validate(c) -> None:
+def make(c: ml_collections.ConfigDict) -> Method:
   need(not c.experts, "method=soma_summed sums all N experts' losses: run them as one job "
        "(experts='')")
-
-
-METHOD = lstm.lstm_method(step_config=step_config, train_step=soma.train_step,
-                          ops_per_update=soma.ops_per_update, describe=soma.describe,
-                          # planned on the summed step itself, the program training runs
-                          plan_chunk=functools.partial(soma.plan_chunk, step_config=step_config),
-                          validate=validate, table_rank=0)
+  s = lstm.settings(c)
+  # one job on one device: the sum runs over the whole expert axis (no sharded step)
+  return lstm.lstm_method(s, **soma.spsa_fields(s, step_config=step_config) | {"sharded_step": None})
