@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from soma_jax import checkpoint as ckpt_lib
 from soma_jax import runs, train
 from soma_jax import spec as spec_lib
 from soma_jax.data import pipeline
@@ -51,7 +52,8 @@ def _hand_unigram(data_dir):
 
 def _hand_routed_loss(workdir, data_dir):
   """Top-min(4, N) experts by the router; mean of their softmax probabilities; nats/byte."""
-  body_N, head, c = runs.restore_params(workdir)
+  body_N, head, _ = runs.restore_params(workdir)
+  c = ckpt_lib.read_config(workdir)
   windows, _ = pipeline.eval_split(data_dir, "test")
   n = c.n_experts
   routes = (np.zeros((len(windows), 1), int) if n == 1 else

@@ -13,16 +13,19 @@ import numpy as np  # noqa: E402
 
 from soma_jax import checkpoint as ckpt_lib  # noqa: E402
 from soma_jax import evaluate as eval_lib  # noqa: E402
-from soma_jax import methods, runs  # noqa: E402
 from soma_jax import metrics as metrics_lib  # noqa: E402
+from soma_jax import runs  # noqa: E402
 from soma_jax.data import pipeline  # noqa: E402
 from soma_jax.data.router import Router  # noqa: E402
 
 
-def _offset(workdir: str) -> int:
-  """Updates before this run began: a warm-started run continues its seed's curve."""
-  seed = ckpt_lib.read_config(workdir).get("init_from", "")
-  if not seed or not os.path.isdir(seed):
+def plot_offset(workdir: str) -> int:
+  """Where step 0 of this run lies on its seed's curve: a warm-started run (its steps counted
+  from 0) continues after its seed's updates; a continued one (init_state) already counts
+  on from its seed's step."""
+  c = ckpt_lib.read_config(workdir)
+  seed = c.get("init_from", "")
+  if not seed or c.get("init_state", False) or not os.path.isdir(seed):
     return 0
   steps = [r["step"] for r in metrics_lib.read_metrics(seed)]
   return max(steps, default=0)
@@ -36,7 +39,7 @@ def plot_curves(runs: dict[str, str], path: str, baseline: float | None = None) 
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   for name, workdir in runs.items():
     recs = metrics_lib.read_metrics(workdir)
-    off = _offset(workdir)
+    off = plot_offset(workdir)
     tr = [(off + r["step"], np.mean(r["loss"])) for r in recs if "loss" in r]
     va = [(off + r["step"], np.mean(r["val_loss"])) for r in recs if "val_loss" in r]
     if tr:
@@ -58,18 +61,22 @@ def plot_curves(runs: dict[str, str], path: str, baseline: float | None = None) 
 
 
 def run_summary(workdir: str, data_dir: str, split: str = "test") -> dict:
-  """Final metrics of one run and its routed loss on a held-out split."""
-  body_N, head, c = runs.restore_params(workdir)
-  windows, _ = pipeline.eval_split(data_dir, split)
+  """Final metrics of one run (its own updates: a continued seed's step counts the seed's
+  too) and its routed loss on a held-out split (refused, as evaluate.py refuses it, when the
+  split has no complete window)."""
+  body_N, head, method = runs.restore_params(workdir)
+  c = ckpt_lib.read_config(workdir)
+  windows, _ = eval_lib.load_split(data_dir, split)
   router = Router.load(os.path.join(data_dir, "router.npz"))
   k = min(4, c.n_experts)
   loss = eval_lib.ensemble_loss(body_N, head, windows, router, k, c.model.shared_head,
-                                logits_fn=methods.get(c).logits)
+                                logits_fn=method.logits)
   logged = [r for r in metrics_lib.read_metrics(workdir) if "ops" in r]
   last = logged[-1] if logged else {"step": 0, "ops": 0, "device_seconds": 0.0}
   return {"workdir": workdir, "n_experts": c.n_experts, "d_t": c.model.d_t,
-          "updates": last["step"], "ops": last["ops"], "device_seconds": last["device_seconds"],
-          f"{split}_nats_per_byte": loss, "top_k": k, "num_windows": int(windows.shape[0])}
+          "updates": last.get("updates", last["step"]), "ops": last["ops"],
+          "device_seconds": last["device_seconds"], f"{split}_nats_per_byte": loss,
+          "top_k": k, "num_windows": int(windows.shape[0])}
 
 
 def write_report(out_dir: str, runs: dict[str, str], data_dir: str) -> dict:
@@ -80,6 +87,7 @@ def write_report(out_dir: str, runs: dict[str, str], data_dir: str) -> dict:
   for w in runs.values():  # the unigram baseline reads the shards; the scores test and router
     ckpt_lib.check_data(w, ckpt_lib.read_config(w), data_dir,
                         ("router.npz", "test.npy", "test_docs.npy") + shards)
+  eval_lib.load_split(data_dir, "test")  # no test window: refused before anything is written
   os.makedirs(out_dir, exist_ok=True)
   baseline = eval_lib.unigram_nats(data_dir)
   plot_curves(runs, os.path.join(out_dir, "loss_curves.png"), baseline)
@@ -95,7 +103,7 @@ def write_report(out_dir: str, runs: dict[str, str], data_dir: str) -> dict:
            "|---|---|---|---|---|---|---|"]
   for name, r in results.items():
     lines.append(f"| {name} | {r['n_experts']} | {r['d_t']} | {r['updates']} | "
-                 f"{r['ops']:.3g} | {r['device_seconds']:.0f} | {r['test_nats_per_byte']:.3f} |")
+                 f"{r['ops']:.3g} | {r['device_seconds']:.3g} | {r['test_nats_per_byte']:.3f} |")
   lines += ["", f"Unigram baseline (byte frequencies of the training shards) on the same "
             f"targets: **{baseline:.3f}** nats/byte.", "", "![loss curves](loss_curves.png)", "",
             "Configs: " + ", ".join(f"{n}: n_pert={c.spsa.n_pert}, B={c.spsa.batch}, "
