@@ -1,22 +1,53 @@
 """What a training run spends, and when it stops: the clock of SPEC 7 and the budget.
 
-`Clock` counts the seconds (and CPU seconds) of training updates only, evaluation,
-checkpoints and compilation apart; `Budget` ends a run after the complete update that
-reaches its budget, in updates, CPU seconds or device-seconds (SPEC 9.6).
+`COUNTERS` is the one list of what a run counts (its budget units among them); `Clock` counts
+the seconds (and CPU seconds) of training updates only, evaluation, checkpoints and
+compilation apart; `Budget` ends a run after the complete update that reaches its budget, in
+any budget unit (SPEC 9.6).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 import jax
 
 from soma_jax import host_devices
 
+
+@dataclasses.dataclass(frozen=True)
+class Counter:
+  """One cumulative counter of a run, kept in its checkpoints, metrics and summary."""
+
+  counts: str  # what it counts (for a budget unit: results.json's budget.counts)
+  budget: bool = False  # a budget_unit: a run may stop on it
+  training: bool = True  # of training updates only (False: compilation, evaluation, saves)
+  merged: str = "sum"  # over expert-slice jobs (merge.py): "sum", or "same" (every job's own)
+  short: str = ""  # its name on the progress line
+
+
+# Every counter, budget units first (config's budget_unit lists them in this order).
+COUNTERS = {
+    "updates": Counter("this run's updates after its start (every run stops at exactly this "
+                       "count)", budget=True, merged="same", short="updates"),
+    "ops": Counter("SPEC 7's training operations of this run (updates x ops per update; every "
+                   "run stops after the update that reaches it)", budget=True, short="ops"),
+    "cpu_seconds": Counter("the process's CPU time (all threads, time.process_time) in training "
+                           "updates", budget=True, short="cpu-s"),
+    "device_seconds": Counter(f"training device-seconds ({host_devices.CHARGE_RULE})",
+                              budget=True, short="device-s"),
+    "compile_seconds": Counter("device-seconds compiling (the first update's excess over a "
+                               "timed one, and planning)", training=False),
+    "eval_seconds": Counter("device-seconds of validation", training=False),
+    "ckpt_seconds": Counter("device-seconds saving checkpoints", training=False),
+}
+BUDGET_UNITS = tuple(k for k, v in COUNTERS.items() if v.budget)  # config's budget_unit
+COUNTS = {k: COUNTERS[k].counts for k in BUDGET_UNITS}  # what each budget unit counts
 # Cumulative seconds each run keeps in its checkpoints (SPEC 7 device-seconds, and apart).
-TIMERS = ("device_seconds", "cpu_seconds", "compile_seconds", "eval_seconds", "ckpt_seconds")
-TRAINING_TIMERS = ("device_seconds", "cpu_seconds")  # of training updates; the rest apart
+TIMERS = tuple(k for k in COUNTERS if k.endswith("_seconds"))
+TRAINING_TIMERS = tuple(k for k in TIMERS if COUNTERS[k].training)  # the rest apart
 
 
 class Clock:
@@ -28,7 +59,9 @@ class Clock:
   `count` each update dispatched, `lap` once they have all finished; time `aside` for
   evaluation, checkpoint saves and the first (compiling) update. Training time is
   reported as updates x mean step seconds, so the compiling update counts at the mean
-  and only its excess is compile time.
+  and only its excess is compile time. Until another update is timed, the mean is the
+  compiling update's own run: from `dispatched` (its call returned: compiled, dispatched) to
+  its results, and 0 where that was not marked; its compilation is never training time.
   """
 
   def __init__(self, n_devices: int, ops_step: int, base: dict, plan_seconds: float = 0.0,
@@ -40,6 +73,12 @@ class Clock:
     self.apart = dict.fromkeys((k for k in TIMERS if k not in TRAINING_TIMERS), 0.0)
     self._planned = plan_seconds  # compile time before the loop, added to compile_seconds
     self._t, self._cpu_t = time.perf_counter(), time.process_time()
+    self._mark = None  # (wall, cpu) when the compiling update was dispatched
+    self.first = (0.0, 0.0)  # the compiling update's run after its dispatch: (wall, cpu)
+
+  def dispatched(self) -> None:
+    """In the compiling update's `aside`, once its call returned: the rest is its run."""
+    self._mark = (time.perf_counter(), time.process_time())
 
   def count(self) -> None:
     self._pending += 1
@@ -58,14 +97,18 @@ class Clock:
       jax.block_until_ready(sync)
     self.lap()
     yield
-    now = time.perf_counter()
+    now, cpu = time.perf_counter(), time.process_time()
     self.apart[key] += now - self._t
-    self._t, self._cpu_t = now, time.process_time()
+    if self._mark is not None:  # the compiling update: its run after the dispatch
+      self.first, self._mark = (now - self._mark[0], cpu - self._mark[1]), None
+    self._t, self._cpu_t = now, cpu
 
   def mean_step(self) -> float:
-    if self.steps:
-      return self.seconds / self.steps
-    return self.apart["compile_seconds"]  # only the compiling update so far
+    """Wall seconds of one training update (the compiling one's run while it is the only)."""
+    return self.seconds / self.steps if self.steps else self.first[0]
+
+  def mean_cpu(self) -> float:
+    return self.cpu / self.steps if self.steps else self.first[1]
 
   def at(self, done: int) -> dict:
     """`totals` once the run stands at step `done`."""
@@ -74,10 +117,10 @@ class Clock:
   def totals(self, updates: int) -> dict:
     """Cumulative ops and seconds after `updates` updates of this process."""
     mean = self.mean_step()
-    cpu_mean = self.cpu / self.steps if self.steps else 0.0
     out = {"ops": int(self.base.get("ops", 0)) + self.ops_step * updates,
            "updates": int(self.base.get("updates", 0)) + updates,
-           "device_seconds": mean * updates * self.units, "cpu_seconds": cpu_mean * updates}
+           "device_seconds": mean * updates * self.units,
+           "cpu_seconds": self.mean_cpu() * updates}
     apart = dict(self.apart, compile_seconds=max(self.apart["compile_seconds"] - mean, 0.0)
                  + self._planned)
     out.update({k: v * self.units for k, v in apart.items()})
@@ -89,12 +132,10 @@ class Budget:
   """The run's budget (`budget`, in `budget_unit`): a checkpoint after each 1/k of it, and
   the stop after the complete update that reaches it.
 
-  "updates" counts this run's updates; "ops" their operations (SPEC 7: updates x ops per
-  update; no load can move either); "cpu_seconds" the process's CPU time in training updates
-  (all threads; two busy processes beside a run still moved it by -12.8%,
-  docs/results/budget_load.json); "device_seconds" the charged training seconds of `Clock`
-  (core-seconds on a CPU; -53.5% there). With a
-  time budget every update is waited for before the next is dispatched, so the seconds are
+  `unit` is one of BUDGET_UNITS (what each counts: `COUNTERS`). No load can move "updates"
+  or "ops"; two busy processes beside a run still moved "cpu_seconds" by -12.8% and
+  "device_seconds" (`Clock`'s, core-seconds on a CPU) by -53.5%
+  (docs/results/budget_load.json). With a time budget every update is waited for before the next is dispatched, so the seconds are
   known after each one. SPEC 9.2's Table 7 runs also stopped after a complete update; their
   budget was GPU-hours; SPEC 9.6 says which unit a CPU-scale comparison may use.
   """
@@ -114,7 +155,7 @@ class Budget:
     """(checkpoint now, stop now) once update `done` (its metrics `m`) has finished."""
     if self.amount <= 0:
       return False, False
-    if self.unit in ("cpu_seconds", "device_seconds"):  # counts no wait can change
+    if self.unit in TRAINING_TIMERS:  # counts no wait can change
       jax.block_until_ready(m)
       self.clock.lap()
       if not self.clock.steps:  # only the compiling update so far: no step time yet

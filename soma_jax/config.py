@@ -12,13 +12,13 @@ from typing import Any
 
 import ml_collections
 
-from soma_jax import layers, memory
+from soma_jax import budget, layers, memory
 from soma_jax.errors import UserError, need
 from soma_jax.sizing import PAPER_WIDTH
 
 SIZES = ("tiny", "cpu", "paper")
 SIGNS = ("auto", "together", "apart")  # spsa.signs
-BUDGET_UNITS = ("updates", "ops", "cpu_seconds", "device_seconds")  # budget_unit
+BUDGET_UNITS = budget.BUDGET_UNITS  # budget_unit (what each counts: budget.COUNTERS)
 
 
 def parse_arg(arg: str | None, **defaults) -> dict:

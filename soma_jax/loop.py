@@ -34,6 +34,7 @@ class Loop:
       if pending is None and self.clock is not None:  # this process's first update compiles
         with self.clock.aside("compile_seconds"):
           self.state, m = self.step_fn(self.state, batch, self.expert_ids)
+          self.clock.dispatched()  # compiled: the rest is the update's run
           jax.block_until_ready(m)
       else:
         self.state, m = self.step_fn(self.state, batch, self.expert_ids)

@@ -22,8 +22,14 @@ from soma_jax import metrics as metrics_lib
 from soma_jax import runs
 from soma_jax.errors import UserError
 
-# Cumulative counters of each job, summed over jobs: ops and device-seconds (SPEC 7).
-TOTALS = ("ops",) + budget_lib.TIMERS
+# Cumulative counters of each job (`budget.COUNTERS`): summed over jobs (ops, seconds), or
+# every job's own (updates: the jobs update side by side; one job's count is the run's).
+TOTALS = tuple(budget_lib.COUNTERS)
+
+
+def _combine(key: str, values: list):
+  """One counter of the merged run from the jobs' `values`."""
+  return max(values) if budget_lib.COUNTERS[key].merged == "same" else sum(values)
 
 
 def merge(workdirs: list[str], out: str) -> dict:
@@ -80,8 +86,8 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
   data_state = dict(restored[0][2])
   it = dict(data_state["iterator"])
   it["experts"] = covered
-  data_state = {"iterator": it, **{k: sum(float(d.get(k, 0)) for _, _, d in restored)
-                                   for k in TOTALS}}
+  data_state = {"iterator": it, **{k: _combine(k, [d[k] for _, _, d in restored])
+                                   for k in TOTALS if all(k in d for _, _, d in restored)}}
   step = steps.pop()
   ckpt = ckpt_lib.Checkpointer(out)
   ckpt.save(step, state, data_state)
@@ -127,7 +133,9 @@ def _merge_metrics(workdirs: list[str], out: str) -> None:
           continue
         if isinstance(vals[0], list):
           rec[key] = [x for v in vals for x in v]
-        elif key in TOTALS or key == "tokens_per_second":
+        elif key in TOTALS:
+          rec[key] = _combine(key, vals)
+        elif key == "tokens_per_second":
           rec[key] = sum(vals)
         elif key == "step_seconds":
           rec[key] = max(vals)

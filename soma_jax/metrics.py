@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from absl import logging
 
+from soma_jax import budget as budget_lib
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -157,7 +159,8 @@ class Progress:
   def track_budget(self, spent_and_budget: Callable[[], tuple[float, float]],
                    unit: str = "device_seconds") -> None:
     self.budget, self.spent0 = spent_and_budget, spent_and_budget()[0]
-    self.unit = {"device_seconds": "device-s", "cpu_seconds": "cpu-s"}.get(unit, unit)
+    counter = budget_lib.COUNTERS.get(unit)
+    self.unit = counter.short if counter else unit
 
   def _eta(self, step: int, elapsed: float, steps_per_s: float) -> tuple[float, float, str]:
     """(fraction done, seconds left, the position text)."""
