@@ -6,10 +6,9 @@ r"""Turns a corpus into N expert shards, evaluation sets and a router.
   python experiments/prepare_data.py --source=jsonl:/data/c4/en:text --num_clusters=64 --out=/data/soma_c4
   python experiments/prepare_data.py --source=textdir:/data/manual --extract=auto --out=/data/soma_manual
 
-SOURCE is fineweb_edu:PATH, wikitext103:PATH, textdir:PATH, tfds:NAME[:FEATURE],
-pystdlib, jsonl:PATH[:FIELD[:ID]], parquet:PATH[:COLUMN[:ID]], hf_disk:FOLDER[:COLUMN[:ID]]
-or warc:PATH (README "Your own text"). Bad input prints one line and exits with code 2;
-an existing --out is only replaced when the new data dir is complete.
+SOURCE is one of the forms in soma_jax.data.sources.FORMATS (`--help` lists them; README
+"Your own text"). Bad input prints one line and exits with code 2; an existing --out is only
+replaced when the new data dir is complete.
 """
 
 from __future__ import annotations
@@ -20,11 +19,9 @@ import time
 from absl import flags, logging
 
 from soma_jax import cli
-from soma_jax.data import prepare
+from soma_jax.data import prepare, sources, web
 
-_SOURCE = flags.DEFINE_string(
-  "source", "pystdlib", "Corpus: fineweb_edu:PATH, wikitext103:PATH, textdir:PATH, tfds:NAME[:FEATURE], pystdlib, "
-  "jsonl:PATH[:FIELD[:ID]], parquet:PATH[:COLUMN[:ID]], hf_disk:FOLDER[:COLUMN[:ID]], warc:PATH.")
+_SOURCE = flags.DEFINE_string("source", "pystdlib", f"Corpus, one of: {sources.usages(reads=True)}.")
 _NUM_CLUSTERS = flags.DEFINE_integer("num_clusters", 8, "Number of clusters = experts N.")
 _OUT = flags.DEFINE_string("out", None, "Output data dir (written to a temporary folder, then renamed).")
 flags.mark_flag_as_required("out")
@@ -39,11 +36,12 @@ _MAX_FEATURES = flags.DEFINE_integer("max_features", 50_000, "tf-idf vocabulary 
 _SVD_DIMS = flags.DEFINE_integer("svd_dims", 128, "Truncated SVD dimensions.")
 _TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "data_dir for --source=tfds:NAME.")
 _EXTRACT = flags.DEFINE_enum(
-  "extract", "none", ["none", "html", "auto"], "Main text of HTML (needs .[web]): html = every document, "
-  "auto = textdir's *.html / *.htm files; warc: sources are always extracted.")
+  "extract", "none", list(sources.EXTRACT), "Main text of HTML (needs .[web]): html = every document, "
+  f"auto = textdir's {' '.join('*' + s for s in web.HTML_SUFFIXES)} files; warc: sources are always extracted.")
 _ON_BAD_RECORD = flags.DEFINE_enum(
-  "on_bad_record", "fail", ["fail", "skip"], "A JSON line that does not parse, a record without the field or "
-  "not a string, a WARC response that is not HTTP: fail (one line, exit 2) or skip and count.")
+  "on_bad_record", "fail", list(sources.ON_BAD_RECORD), "A JSON line that does not parse, a record without the field or "
+  "not a string, an id neither a string nor an integer, a WARC response that is not HTTP: fail (one line, exit 2) "
+  "or skip and count.")
 
 
 def main(argv):

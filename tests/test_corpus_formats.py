@@ -48,14 +48,15 @@ def _write_jsonl_formats(folder, recs):
   half = len(recs) // 2
   zc = zstandard.ZstdCompressor()
   (folder / "c.jsonl.zst").write_bytes(zc.compress(_jsonl(recs[:half], False)) + zc.compress(_jsonl(recs[half:], False)))
-  (folder / "notes.txt").write_text("not a jsonl file: passed over")
+  (folder / "notes.txt").write_text("not a jsonl file: skipped and counted")
 
 
 def test_jsonl_plain_gz_zst_nested_fields_and_ids(tmp_path):
   recs = _records(7)
   _write_jsonl_formats(tmp_path, recs)
-  docs = _docs(f"jsonl:{tmp_path}")
+  *docs, passed = _docs(f"jsonl:{tmp_path}")
   assert [d for _, d in docs] == [r["text"].encode() for r in recs] * 3
+  assert passed == ("notes.txt", documents.Skipped("not named *.jsonl, *.jsonl.gz or *.jsonl.zst"))  # counted
   assert [i for i, _ in docs[:2]] == ["a.jsonl:1", "a.jsonl:2"] and docs[7][0] == "b.jsonl.gz:1"
   assert docs[-1][0] == "c.jsonl.zst:7"  # line numbers run on across zstd frames
   nested = _docs(f"jsonl:{tmp_path / 'c.jsonl.zst'}:meta.body:id")

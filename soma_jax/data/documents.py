@@ -33,43 +33,61 @@ Entry = tuple[str, bytes | Skipped]
 MAX_DOCUMENT_BYTES = 256 << 20  # a file (after gunzip) larger than this is skipped, never read
 
 
-def walk_files(root: str, exts: tuple[str, ...] | None = None,
-                unreadable: list[str] | None = None) -> list[str]:
-  """Sorted relative paths of regular files under root (hidden entries skipped).
+def walk_files(root: str, exts: tuple[str, ...] | None = None, unreadable: list[str] | None = None,
+               other: list[str] | None = None) -> list[str]:
+  """Sorted relative paths of regular files under root (hidden entries skipped), each real file once.
 
-  Symlinked folders are followed, except one leading back to a folder already on the way
-  (a loop) or already walked; a folder that cannot be listed is appended to `unreadable`.
+  Symlinked folders are followed; a folder or file reached again by another path (a symlink to a
+  folder already listed, a loop) is read once, under the path that comes first. A folder that
+  cannot be listed is appended to `unreadable`, a file whose name ends in none of `exts` to `other`.
   """
-  out, seen = [], set()
+  seen_dirs, found = {os.path.realpath(root)}, []
 
   def failed(err: OSError) -> None:
     if unreadable is not None:
       unreadable.append(os.path.relpath(err.filename, root) if err.filename else "?")
 
   for dirpath, dirnames, filenames in os.walk(root, onerror=failed, followlinks=True):
-    seen.add(os.path.realpath(dirpath))
-    dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
-                         and os.path.realpath(os.path.join(dirpath, d)) not in seen)
+    kept = []
+    for d in sorted(d for d in dirnames if not d.startswith(".")):
+      real = os.path.realpath(os.path.join(dirpath, d))
+      if real not in seen_dirs:  # claimed when listed, so a sibling link to it is not walked too
+        seen_dirs.add(real)
+        kept.append(d)
+    dirnames[:] = kept
     for name in filenames:
-      if name.startswith("."):
-        continue
-      if exts is not None and not name.endswith(exts):
-        continue
       full = os.path.join(dirpath, name)
-      if os.path.isfile(full):
-        out.append(os.path.relpath(full, root))
-  return sorted(out)
+      if not name.startswith(".") and os.path.isfile(full):
+        found.append((os.path.relpath(full, root), name))
+  out, seen_files = [], set()
+  for rel, name in sorted(found):
+    if exts is not None and not name.endswith(exts):
+      if other is not None:
+        other.append(rel)
+    elif (real := os.path.realpath(os.path.join(root, rel))) not in seen_files:
+      seen_files.add(real)
+      out.append(rel)
+  return out
 
 
-def check_nonempty(files: list[str], root: str, what: str) -> None:
-  if not files:
-    raise UserError(f"no {what} found under {root!r}; fix: point the source at a folder that holds them")
+def suffixes(exts: tuple[str, ...]) -> str:
+  """'*.a, *.b or *.c': the names a folder source reads."""
+  names = [f"*{e}" for e in exts]
+  return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def files_at(path: str, exts: tuple[str, ...], what: str) -> list[tuple[str, str]]:
-  """(name, full path) of the file `path`, or of the files under the folder `path`, sorted."""
+def files_at(path: str, exts: tuple[str, ...] | None = None) -> tuple[list[tuple[str, str]], list[Entry]]:
+  """(name, full path) of the file `path`, or of the files under the folder `path` (sorted,
+  each real file once); and a Skipped entry for each file passed over (its name ends in none of
+  `exts`) and each sub-folder that could not be listed, for the reader to yield after the rest."""
   if os.path.isfile(path):
-    return [(os.path.basename(path), path)]
-  files = walk_files(path, exts)
-  check_nonempty(files, path, what)
-  return [(rel, os.path.join(path, rel)) for rel in files]
+    return [(os.path.basename(path), path)], []
+  unreadable, other = [], []
+  files = walk_files(path, exts, unreadable, other)
+  what = "files" if exts is None else f"{suffixes(exts)} files"
+  if not files and not unreadable:
+    held = f" (it holds {', '.join(other[:3])}{', ...' if len(other) > 3 else ''})" if other else ""
+    raise UserError(f"no {what} found under {path!r}{held}; fix: point the source at a folder that holds them")
+  passed = [(rel, Skipped(f"not named {suffixes(exts)}")) for rel in other]
+  passed += [(rel + "/", Skipped("unreadable folder")) for rel in unreadable]
+  return [(rel, os.path.join(path, rel)) for rel in files], passed

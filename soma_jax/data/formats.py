@@ -7,11 +7,12 @@ dataset is one document, read as a stream (a line, or 1,024 rows, at a time).
                               files, Arrow streaming format, memory-mapped; no network)
 
 FIELD / COLUMN defaults to `text`; a dotted name (`meta.body`) reaches into nested objects or
-struct columns. ID, when named, gives each document its id for the held-out overlap screen;
-otherwise the id is FILE:LINE (jsonl) or FILE:ROW. A null text is a zero-length document
-(skipped and counted); a record with no such field, or a value that is not a string, is an
-error, or with `on_bad_record="skip"` a Skipped("bad record"), like a JSON line that does not
-parse.
+struct columns. ID, when named, gives each document its id for the held-out overlap screen
+(`doc_id`: a string or an integer, in every record source); otherwise the id is FILE:LINE
+(jsonl) or FILE:ROW. A null text is a zero-length document (skipped and counted); a record
+with no such field, a text that is not a string or an id that is neither a string nor an
+integer, is an error, or with `on_bad_record="skip"` a Skipped("bad record"), like a JSON line
+that does not parse. A dictionary-encoded column (a pandas categorical) is read as its values.
 """
 
 from __future__ import annotations
@@ -76,10 +77,20 @@ def _text_bytes(value: Any) -> bytes | None:
   return None
 
 
-def _id_text(value: Any) -> str | None:
+def doc_id(value: Any) -> str | None:
+  """A record's id as text, the one rule of every record source: a string, or an integer (not a
+  boolean); None for anything else (a float, a boolean, null, an array, an object)."""
   if isinstance(value, bool) or not isinstance(value, str | int):
     return None
   return str(value)
+
+
+def bad_id(where: str, id_field: str, value: Any) -> str:
+  """The error of an id that `doc_id` refuses, naming the field."""
+  kinds = ((bool, "a boolean"), (int, "an integer"), (float, "a float"))
+  kind = next((name for t, name in kinds if isinstance(value, t)), None) or json_type(value)
+  return (f"{where} has the id {id_field!r} as {kind}, not a string or integer; "
+          "fix: name an id field every record has, or leave the id out")
 
 
 # ---------------------------------------------------------------------------- JSON Lines
@@ -174,14 +185,15 @@ def _jsonl_record(full: str, n: int, line: bytes, field: str, id_field: str | No
   data = _text_bytes(value)
   if data is None:
     raise _Bad(f"{where} has {field!r} as {json_type(value)}, not a string; fix: name the field that holds the text")
-  doc_id = None
+  the_id = None
   if id_field:
     found, value, why = get_field(record, id_field)
-    doc_id = _id_text(value) if found else None
-    if doc_id is None:
-      why = why or f"has the id {id_field!r} as {json_type(value)}, not a string or integer"
+    if not found:
       raise _Bad(f"{where} {why}; fix: name an id field every record has, or leave the id out")
-  return doc_id, data
+    the_id = doc_id(value)
+    if the_id is None:
+      raise _Bad(bad_id(where, id_field, value))
+  return the_id, data
 
 
 class _Bad(Exception):
@@ -190,8 +202,10 @@ class _Bad(Exception):
 
 def iter_jsonl(path: str, field: str = "text", id_field: str | None = None,
                on_bad_record: str = "fail") -> Iterator[Entry]:
-  """Every JSON line of the *.jsonl[.gz|.zst] files at `path`, one document each."""
-  for rel, full in files_at(path, (".jsonl", ".jsonl.gz", ".jsonl.zst"), "*.jsonl, *.jsonl.gz or *.jsonl.zst files"):
+  """Every JSON line of the *.jsonl[.gz|.zst] files at `path`, one document each; then a
+  Skipped entry for each file of another name, and each folder that could not be listed."""
+  files, passed = files_at(path, (".jsonl", ".jsonl.gz", ".jsonl.zst"))
+  for rel, full in files:
     try:
       with _open_jsonl(full) as f:
         for n, line in _lines(f, documents.MAX_DOCUMENT_BYTES):
@@ -201,17 +215,18 @@ def iter_jsonl(path: str, field: str = "text", id_field: str | None = None,
           if not line.strip():
             continue
           try:
-            doc_id, data = _jsonl_record(full, n, line, field, id_field)
+            the_id, data = _jsonl_record(full, n, line, field, id_field)
           except _Bad as e:
             if on_bad_record != "skip":
               raise UserError(f"{e}{_skip_hint(on_bad_record)}") from None
             yield f"{rel}:{n}", _BAD
             continue
-          yield doc_id or f"{rel}:{n}", data
+          yield the_id or f"{rel}:{n}", data
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
       raise UserError(f"gzip file {full!r} is truncated or corrupt ({e}); fix: re-create or remove it") from None
     except OSError as e:
       raise UserError(f"cannot read {full!r} ({e}); fix: check the file's permissions") from None
+  yield from passed
 
 
 # ------------------------------------------------------------------- parquet and Arrow
@@ -245,8 +260,9 @@ def check_columns(schema, what: str, full: str, field: str, id_field: str | None
   typ = _column_type(schema, field)
   if typ is None:
     raise UserError(f"{what} {full!r} has no {field!r} column (columns: {', '.join(schema.names)}); fix: {fix}")
-  if not (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ)
-          or pa.types.is_binary(typ) or pa.types.is_large_binary(typ)):
+  values = typ.value_type if pa.types.is_dictionary(typ) else typ  # a pandas categorical: its values
+  if not (pa.types.is_string(values) or pa.types.is_large_string(values) or pa.types.is_string_view(values)
+          or pa.types.is_binary(values) or pa.types.is_large_binary(values)):
     raise UserError(f"{what} {full!r}: column {field!r} holds {typ}, not strings; fix: {fix}")
   cols = [_top(schema, field)]
   if id_field:
@@ -269,26 +285,36 @@ def _column_values(table, field: str) -> list:
   return values
 
 
-def iter_rows(table, rel: str, first_row: int, field: str, id_field: str | None) -> Iterator[Entry]:
-  """The documents of a table's rows, ROWS_PER_SLICE rows at a time; ids FILE:ROW unless named."""
+def iter_rows(table, where: str, rel: str, first_row: int, field: str, id_field: str | None,
+              on_bad_record: str = "fail") -> Iterator[Entry]:
+  """The documents of a table's rows, ROWS_PER_SLICE rows at a time; ids FILE:ROW unless named
+  (`doc_id`'s rule: a row whose id breaks it is an error, or Skipped with on_bad_record="skip")."""
   for start in range(0, table.num_rows, ROWS_PER_SLICE):
     part = table.slice(start, ROWS_PER_SLICE)
     texts = _column_values(part, field)
     ids = _column_values(part, id_field) if id_field else [None] * len(texts)
-    for j, (text, doc_id) in enumerate(zip(texts, ids, strict=True)):
+    for j, (text, value) in enumerate(zip(texts, ids, strict=True)):
       row = first_row + start + j
-      yield (str(doc_id) if doc_id is not None else f"{rel}:{row}"), _text_bytes(text)
+      the_id = doc_id(value) if id_field else f"{rel}:{row}"
+      if the_id is None:
+        if on_bad_record != "skip":
+          raise UserError(bad_id(f"{where} row {row}", id_field, value) + _skip_hint(on_bad_record))
+        yield f"{rel}:{row}", _BAD
+        continue
+      yield the_id, _text_bytes(text)
 
 
-def iter_parquet(path: str, field: str = "text", id_field: str | None = None, *,
+def iter_parquet(path: str, field: str = "text", id_field: str | None = None, on_bad_record: str = "fail", *,
                  id_if_present: bool = False, fix: str | None = None) -> Iterator[Entry]:
-  """Rows of the *.parquet file(s) at `path`, one row group at a time. With `id_if_present`,
-  `id_field` is used only where the file has it (FineWeb-Edu's optional `id`)."""
+  """Rows of the *.parquet file(s) at `path`, one row group at a time; then a Skipped entry for
+  each file of another name. With `id_if_present`, `id_field` is used only where the file has
+  it (FineWeb-Edu's optional `id`)."""
   import pyarrow as pa
   import pyarrow.parquet as pq
 
   fix = fix or "name the text column: --source=parquet:PATH:COLUMN"
-  for rel, full in files_at(path, (".parquet",), "*.parquet files"):
+  files, passed = files_at(path, (".parquet",))
+  for rel, full in files:
     try:
       pf = pq.ParquetFile(full)
     except (pa.ArrowException, OSError) as e:
@@ -305,8 +331,9 @@ def iter_parquet(path: str, field: str = "text", id_field: str | None = None, *,
         raise UserError(
           f"parquet file {full!r} row group {g} is unreadable or truncated ({e}); fix: re-download or remove it"
         ) from None
-      yield from iter_rows(table, rel, row, field, ids)
+      yield from iter_rows(table, f"parquet file {full!r}", rel, row, field, ids, on_bad_record)
       row += table.num_rows
+  yield from passed
 
 
 def hf_disk_files(folder: str) -> list[str]:
@@ -339,7 +366,8 @@ def _read_json(path: str) -> dict:
   return value
 
 
-def iter_hf_disk(folder: str, field: str = "text", id_field: str | None = None) -> Iterator[Entry]:
+def iter_hf_disk(folder: str, field: str = "text", id_field: str | None = None,
+                 on_bad_record: str = "fail") -> Iterator[Entry]:
   """Rows of a saved Hugging Face dataset, one Arrow record batch at a time (memory-mapped)."""
   import pyarrow as pa
 
@@ -351,7 +379,7 @@ def iter_hf_disk(folder: str, field: str = "text", id_field: str | None = None) 
         reader = pa.ipc.open_stream(source)
         check_columns(reader.schema, "Arrow file", full, field, id_field, fix)
         for batch in reader:
-          yield from iter_rows(batch, rel, row, field, id_field)
+          yield from iter_rows(batch, f"Arrow file {full!r}", rel, row, field, id_field, on_bad_record)
           row += batch.num_rows
     except (pa.ArrowException, OSError) as e:
       raise UserError(f"Arrow file {full!r} is unreadable or truncated ({e}); fix: save the dataset again") from None

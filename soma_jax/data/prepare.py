@@ -445,13 +445,37 @@ def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict, exclude: s
   total = int(all_w.shape[0])
   del corpus, all_w
   shutil.rmtree(work)
-  for name, n in (("test", eval_counts["test_windows"]), ("ensemble-val", eval_counts["ensemble_val_windows"])):
-    if n == 0:
-      notes.append(f"the {name} set is empty: evaluation on it is impossible (documents of >= {windows.WINDOW_BYTES} "
-                   "bytes are needed); fix: a larger corpus or more --test_docs / --ensemble_val_docs")
+  notes += _empty_set_notes(eval_counts, screening, doc_stats, settings)
   manifest = _manifest(tmp, spec, settings, doc_stats, total, shards, fit, assignment, eval_counts, screening, notes)
   logging.info("prepared %d shards (%.1fs)", settings["num_clusters"], time.time() - t0)
   return manifest
+
+
+_SHARED = {"id": "id", "exact": "bytes", "normalised": "normalised text"}  # the screen's keys, in words
+
+
+def _empty_set_notes(eval_counts: dict, screening: dict, doc_stats: dict, settings: dict) -> list[str]:
+  """A note for each empty held-out set, naming the cause: every document long enough to hold
+  out is a copy of another one (which stays in training), or there are too few of them."""
+  notes = []
+  long_docs = doc_stats["nonempty"] - doc_stats["shorter_than_window"]
+  reasons = collections.Counter(e["reason"] for e in screening["listed"])
+  for name, n, flag in (("test", eval_counts["test_windows"], "test_docs"),
+                        ("ensemble-val", eval_counts["ensemble_val_windows"], "ensemble_val_docs")):
+    if n:
+      continue
+    if settings[flag] and long_docs and screening["count"] == long_docs:
+      why = ", ".join(f"{k} share their " + " and ".join(_SHARED[key] for key in r.split()[1].split("+"))
+                      for r, k in reasons.most_common())  # r: "duplicate exact+normalised of a training document"
+      only_ids = set(reasons) == {"duplicate id of a training document"}
+      what, fix = (("share an id with another document", "give each document a distinct id") if only_ids
+                   else ("are copies of each other", "remove the duplicate files or records"))
+      notes.append(f"the {name} set is empty: all {long_docs} documents of >= {windows.WINDOW_BYTES} bytes {what} "
+                   f"({why}), and such documents are never held out; fix: {fix}")
+    else:
+      notes.append(f"the {name} set is empty: evaluation on it is impossible (documents of >= {windows.WINDOW_BYTES} "
+                   "bytes are needed); fix: a larger corpus or more --test_docs / --ensemble_val_docs")
+  return notes
 
 
 def _hold_out(corpus: _Corpus, settings: dict, notes: list[str]) -> tuple[list[int], list[int], dict]:

@@ -1,20 +1,14 @@
 """Document readers: each SOURCE yields (doc_id, raw bytes) lazily, in a fixed order.
 
-SOURCE strings (see `parse_source`):
-  fineweb_edu:PATH   folder of FineWeb-Edu parquet files (column `text`, optional `id`),
-                     read one row group at a time.
-  wikitext103:PATH   folder with wiki.train.raw; documents are top-level-heading articles.
-  textdir:PATH       every file under a folder, one document per file (.gz decompressed).
-  tfds:NAME[:FEATURE] a prepared TFDS dataset via tfds.data_source (feature default `text`).
-  pystdlib           this Python's standard-library *.py files (no tests, no site-packages).
-  jsonl:PATH[:FIELD[:ID]], parquet:PATH[:COLUMN[:ID]], hf_disk:FOLDER[:COLUMN[:ID]]
-                     one record = one document (soma_jax.data.formats).
-  warc:PATH          the HTML responses of WARC archives, main text extracted (data.web).
+SOURCE strings are `KIND[:PATH[:FIELD[:ID]]]` (see `parse_source`); FORMATS, at the end of
+this module, is the one list of kinds: each one's usage, what it reads and its reader. Help
+text, error messages and the README's table are read from (or tested against) it.
 
 `extract="html"` replaces every document by its main text (data.web.extract); "auto" does so
-for textdir's *.html / *.htm files. Zero-length documents are yielded as-is; `prepare` skips
-and counts them, and likewise documents that are not text (`is_text`: binaries such as .so
-files in a textdir) and Skipped entries.
+for textdir's files named as HTML (web.HTML_SUFFIXES: *.html, *.htm, *.xhtml, gzipped too).
+Zero-length documents are yielded as-is; `prepare` skips and counts them, and likewise
+documents that are not text (`is_text`: binaries such as .so files in a textdir) and Skipped
+entries (files of other names in a folder source, unreadable folders, bad records, ...).
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ import os
 import sysconfig
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from soma_jax.data import formats, web, windows
@@ -33,15 +27,11 @@ from soma_jax.data.documents import (
   TEXT_SAMPLE_BYTES,
   Entry,
   Skipped,
-  check_nonempty,
+  files_at,
   is_text,
-  walk_files,
 )
 from soma_jax.errors import UserError
 
-KINDS = ("fineweb_edu", "wikitext103", "textdir", "tfds", "pystdlib", "jsonl", "parquet", "hf_disk", "warc")
-RECORD_KINDS = ("jsonl", "parquet", "hf_disk")  # KIND:PATH[:FIELD[:ID]]
-FILE_KINDS = ("jsonl", "parquet", "warc")  # PATH may be one file
 EXTRACT = ("none", "html", "auto")
 ON_BAD_RECORD = ("fail", "skip")
 Document = tuple[str, bytes]
@@ -61,34 +51,39 @@ class SourceSpec:
       return "pystdlib"
     if self.kind == "tfds":
       return f"tfds:{self.path}:{self.feature}"
-    if self.kind in RECORD_KINDS:
+    if FORMATS[self.kind].fields:
       return f"{self.kind}:{self.path}:{self.feature}" + (f":{self.id_field}" if self.id_field else "")
     return f"{self.kind}:{self.path}"
+
+
+def usages(reads: bool = False) -> str:
+  """'fineweb_edu:FOLDER, ..., warc:PATH': every SOURCE form, from FORMATS (`reads`: each with
+  what it reads, '; ' between them)."""
+  if reads:
+    return "; ".join(f"{f.usage}: {f.reads}" for f in FORMATS.values())
+  return ", ".join(f.usage for f in FORMATS.values())
 
 
 def parse_source(source: str) -> SourceSpec:
   """Parses `KIND[:PATH[:FIELD[:ID]]]`; raises UserError for an unknown kind or a missing path."""
   kind, _, rest = (source or "").partition(":")
-  if kind not in KINDS:
-    raise UserError(
-      f"unknown --source={source!r}; fix: use one of fineweb_edu:PATH, wikitext103:PATH, textdir:PATH, "
-      "tfds:NAME[:FEATURE], pystdlib, jsonl:PATH[:FIELD[:ID]], parquet:PATH[:COLUMN[:ID]], "
-      "hf_disk:FOLDER[:COLUMN[:ID]], warc:PATH"
-    )
-  if kind == "pystdlib":
-    return SourceSpec("pystdlib")
+  fmt = FORMATS.get(kind)
+  if fmt is None:
+    raise UserError(f"unknown --source={source!r}; fix: use one of {usages()}")
+  if fmt.takes == "nothing":
+    return SourceSpec(kind)
   if not rest:
     raise UserError(f"--source={source!r} has no path; fix: write --source={kind}:PATH")
-  if kind == "tfds":
+  if fmt.takes == "name":
     name, _, feature = rest.partition(":")
-    return SourceSpec("tfds", name, feature or "text")
-  path, fields = _split_path(rest) if kind in RECORD_KINDS else (rest, [])
+    return SourceSpec(kind, name, feature or "text")
+  path, fields = _split_path(rest) if fmt.fields else (rest, [])
   path = os.path.abspath(os.path.expanduser(path))
-  if not (os.path.isdir(path) or (kind in FILE_KINDS and os.path.isfile(path))):
-    what = "file or folder" if kind in FILE_KINDS else "folder"
+  one_file = fmt.takes == "file or folder"
+  if not (os.path.isdir(path) or (one_file and os.path.isfile(path))):
     raise UserError(
-      f"source {what} {path!r} does not exist{'' if kind in FILE_KINDS else ' or is not a folder'}; "
-      f"fix: pass an existing {what} to --source={kind}:PATH"
+      f"source {fmt.takes} {path!r} does not exist{'' if one_file else ' or is not a folder'}; "
+      f"fix: pass an existing {fmt.takes} to --source={kind}:PATH"
     )
   if len(fields) > 2 or not all(fields):
     raise UserError(f"--source={source!r}: after the path come at most a text field and an id field, "
@@ -115,9 +110,9 @@ def check_options(extract: str, on_bad_record: str) -> None:
                     "fix: pass --on_bad_record=skip or fail")
 
 
-def iter_fineweb_edu(root: str) -> Iterator[Entry]:
+def iter_fineweb_edu(root: str, on_bad_record: str = "fail") -> Iterator[Entry]:
   """FineWeb-Edu parquet files under root (column `text`, ids from `id` where present)."""
-  return formats.iter_parquet(root, "text", "id", id_if_present=True,
+  return formats.iter_parquet(root, "text", "id", on_bad_record, id_if_present=True,
                               fix="use FineWeb-Edu parquet files with a 'text' column of strings")
 
 
@@ -153,16 +148,12 @@ def _read_text_file(full: str) -> bytes | Skipped:
 
 
 def iter_textdir(root: str) -> Iterator[tuple[str, bytes | Skipped]]:
-  """Every file under root, one document per file, sorted by relative path; then a Skipped
-  entry for each folder that could not be listed."""
-  unreadable: list[str] = []
-  files = walk_files(root, unreadable=unreadable)
-  if not files and not unreadable:
-    check_nonempty(files, root, "files")
-  for rel in files:
-    yield rel, _read_text_file(os.path.join(root, rel))
-  for rel in unreadable:
-    yield rel + "/", Skipped("unreadable folder")
+  """Every file under root, one document per file, sorted by relative path, each real file
+  once; then a Skipped entry for each folder that could not be listed."""
+  files, passed = files_at(root)
+  for rel, full in files:
+    yield rel, _read_text_file(full)
+  yield from passed
 
 
 def iter_tfds(name: str, feature: str = "text", data_dir: str | None = None, split: str = "train") -> Iterator[Document]:
@@ -235,7 +226,7 @@ def iter_documents(spec: SourceSpec | str, *, tfds_data_dir: str | None = None, 
   if isinstance(spec, str):
     spec = parse_source(spec)
   check_options(extract, on_bad_record)
-  docs = _raw_documents(spec, tfds_data_dir, on_bad_record)
+  docs = FORMATS[spec.kind].read(spec, ReadOptions(tfds_data_dir, on_bad_record))
   if spec.kind == "warc" or extract == "html":
     which = lambda _: True
   elif extract == "auto" and spec.kind == "textdir":
@@ -245,21 +236,46 @@ def iter_documents(spec: SourceSpec | str, *, tfds_data_dir: str | None = None, 
   return web.extracted(docs, which, Counter() if counts is None else counts)
 
 
-def _raw_documents(spec: SourceSpec, tfds_data_dir: str | None, on_bad_record: str) -> Iterator[Entry]:
-  if spec.kind in ("jsonl", "parquet", "hf_disk", "warc"):
-    if spec.kind == "jsonl":
-      return formats.iter_jsonl(spec.path, spec.feature, spec.id_field, on_bad_record)
-    if spec.kind == "parquet":
-      return formats.iter_parquet(spec.path, spec.feature, spec.id_field)
-    if spec.kind == "hf_disk":
-      return formats.iter_hf_disk(spec.path, spec.feature, spec.id_field)
-    return web.iter_warc(spec.path, on_bad_record)
-  if spec.kind == "fineweb_edu":
-    return iter_fineweb_edu(spec.path)
-  if spec.kind == "wikitext103":
-    return iter_wikitext103(spec.path)
-  if spec.kind == "textdir":
-    return iter_textdir(spec.path)
-  if spec.kind == "tfds":
-    return iter_tfds(spec.path, spec.feature, tfds_data_dir)
-  return iter_pystdlib()
+# ------------------------------------------------------------------ the source formats
+
+@dataclass(frozen=True)
+class ReadOptions:
+  """What a reader may need besides its SourceSpec."""
+
+  tfds_data_dir: str | None = None
+  on_bad_record: str = "fail"  # fail | skip: a record a reader cannot use
+
+
+@dataclass(frozen=True)
+class Format:
+  """One kind of SOURCE: how it is written, what it reads, and its reader."""
+
+  usage: str  # the SOURCE string's form, e.g. "jsonl:PATH[:FIELD[:ID]]"
+  reads: str  # what it reads, in a few words
+  read: Callable[[SourceSpec, ReadOptions], Iterator[Entry]]
+  takes: str = "folder"  # after KIND: "folder", "file or folder", "name" (tfds) or "nothing"
+  fields: bool = False  # PATH[:FIELD[:ID]]: a record source's text field and id field
+
+
+FORMATS: dict[str, Format] = {
+  "fineweb_edu": Format("fineweb_edu:FOLDER", "FineWeb-Edu parquet files, column text, ids from id",
+                        lambda s, o: iter_fineweb_edu(s.path, o.on_bad_record)),
+  "wikitext103": Format("wikitext103:FOLDER", "wiki.train.raw, one document per top-level-heading article",
+                        lambda s, o: iter_wikitext103(s.path)),
+  "textdir": Format("textdir:FOLDER", "every file under the folder, one document each, .gz decompressed",
+                    lambda s, o: iter_textdir(s.path)),
+  "tfds": Format("tfds:NAME[:FEATURE]", "a TFDS dataset already prepared, feature default text, nothing downloaded",
+                 lambda s, o: iter_tfds(s.path, s.feature, o.tfds_data_dir), takes="name"),
+  "pystdlib": Format("pystdlib", "this Python's standard-library *.py files, the demo corpus",
+                     lambda s, o: iter_pystdlib(), takes="nothing"),
+  "jsonl": Format("jsonl:PATH[:FIELD[:ID]]", "*.jsonl, *.jsonl.gz, *.jsonl.zst files, one line = one document, FIELD default text",
+                  lambda s, o: formats.iter_jsonl(s.path, s.feature, s.id_field, o.on_bad_record),
+                  takes="file or folder", fields=True),
+  "parquet": Format("parquet:PATH[:COLUMN[:ID]]", "*.parquet files, one row = one document, COLUMN default text",
+                    lambda s, o: formats.iter_parquet(s.path, s.feature, s.id_field, o.on_bad_record),
+                    takes="file or folder", fields=True),
+  "hf_disk": Format("hf_disk:FOLDER[:COLUMN[:ID]]", "a folder written by datasets' save_to_disk, one row = one document",
+                    lambda s, o: formats.iter_hf_disk(s.path, s.feature, s.id_field, o.on_bad_record), fields=True),
+  "warc": Format("warc:PATH", "*.warc, *.warc.gz files, the main text of each 2xx HTML response",
+                 lambda s, o: web.iter_warc(s.path, o.on_bad_record), takes="file or folder"),
+}

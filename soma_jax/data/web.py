@@ -3,14 +3,16 @@
 `extract(html)` keeps a page's main text (headings, paragraphs, lists, tables, code) and drops
 markup, navigation, boilerplate and comments, so byte models and the tf-idf clusters see text,
 not tags. `iter_warc(path)` reads *.warc / *.warc.gz files (a file or a folder of them) as a
-stream: each HTTP response with a 2xx status and an HTML content type is one document, its
-text extracted; other responses are Skipped by reason; request, metadata, warcinfo, resource
-and revisit records, and a crawler's `dns:` lookups, are not documents and are passed over.
+stream: each HTTP response with a 2xx status and an HTML content type is one document, decoded
+by its HTTP charset and its text extracted; other responses, and the revisit, resource,
+conversion and continuation records, are Skipped by reason; request, metadata and warcinfo
+records, and a crawler's `dns:` lookups, are no documents and are passed over.
 Both need the optional extra: pip install -e ".[web]".
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import gzip
 import io
@@ -32,6 +34,8 @@ from soma_jax.errors import UserError
 HTML_SUFFIXES = (".html", ".htm", ".xhtml", ".html.gz", ".htm.gz", ".xhtml.gz")
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 WARC_TYPES = ("warcinfo", "response", "resource", "request", "metadata", "revisit", "conversion", "continuation")
+COUNTED_TYPES = ("resource", "revisit", "conversion", "continuation")  # Skipped and counted, not passed over
+_WINDOWS_1252 = ("iso8859-1", "ascii")  # labels browsers read as windows-1252 (WHATWG Encoding)
 EMPTY = Skipped("empty after extraction")
 _INSTALL = 'pip install -e ".[web]"'
 
@@ -61,7 +65,8 @@ def extract(html: bytes) -> bytes:
 
 def extracted(docs: Iterable[Entry], which, counts: Counter) -> Iterator[Entry]:
   """`docs` with each document whose id passes `which` replaced by its extracted text (EMPTY
-  when none is left); counts["html_extracted"] counts the pages extracted."""
+  when none is left); counts["html_extracted"] counts the pages extracted. trafilatura reads
+  bytes that are valid UTF-8 as UTF-8 and guesses the rest (a <meta charset> guides the guess)."""
   _need("trafilatura")  # before the first document, not at the first page
   for doc_id, data in docs:
     if isinstance(data, Skipped) or not data or not which(doc_id) or not is_text(data):
@@ -112,7 +117,8 @@ def iter_warc(path: str, on_bad_record: str = "fail") -> Iterator[Entry]:
   _need("warcio", "reading WARC archives")
   from warcio.archiveiterator import ArchiveIterator
 
-  for _, full in files_at(path, (".warc", ".warc.gz"), "*.warc or *.warc.gz files"):
+  files, passed = files_at(path, (".warc", ".warc.gz"))
+  for _, full in files:
     with _open_warc(full) as stream:
       archive = ArchiveIterator(stream, arc2warc=False)
       it, n = iter(archive), 0
@@ -126,6 +132,7 @@ def iter_warc(path: str, on_bad_record: str = "fail") -> Iterator[Entry]:
       if archive.offset < stream.raw.delivered:  # warcio stops quietly at a cut-off record header
         raise UserError(f"WARC file {full!r} ends in an incomplete record after record {n} (the file is truncated); "
                         "fix: re-create or remove it")
+  yield from passed
 
 
 def _next_record(it, full: str, n: int):
@@ -161,6 +168,8 @@ def _check_header(record, full: str, n: int) -> None:
 def _response(record, full: str, n: int, on_bad_record: str) -> Entry | None:
   """(URI, HTML or Skipped) of an HTTP response record; None for a record that is no page."""
   uri = record.rec_headers.get_header("WARC-Target-URI") or f"{full}#{n}"
+  if record.rec_type in COUNTED_TYPES:
+    return uri, Skipped(f"WARC {record.rec_type} record")
   if record.rec_type != "response" or uri.startswith("dns:"):
     return None
   headers = record.http_headers
@@ -170,7 +179,7 @@ def _response(record, full: str, n: int, on_bad_record: str) -> Entry | None:
     raise UserError(f"WARC file {full!r} record {n} ({uri}) is a response that is not HTTP; fix: pass archives "
                     "of HTTP crawls, or --on_bad_record=skip to count and skip such records")
   status = headers.get_statuscode() or ""
-  kind = (headers.get_header("Content-Type") or "").split(";")[0].strip().lower()
+  kind, charset = content_type(headers.get_header("Content-Type") or "")
   if not status.startswith("2"):
     return uri, Skipped("HTTP status not 2xx")
   if kind not in HTML_TYPES:
@@ -178,7 +187,32 @@ def _response(record, full: str, n: int, on_bad_record: str) -> Entry | None:
   body = record.content_stream().read(documents.MAX_DOCUMENT_BYTES + 1)
   if len(body) > documents.MAX_DOCUMENT_BYTES:
     return uri, Skipped("over the size cap")
-  return uri, body
+  return uri, to_utf8(body, charset)
+
+
+def content_type(value: str) -> tuple[str, str | None]:
+  """(media type, charset or None) of a Content-Type header, both lowercased."""
+  kind, *params = value.split(";")
+  charset = None
+  for param in params:
+    name, _, val = param.partition("=")
+    if name.strip().lower() == "charset":
+      charset = val.strip().strip("\"'").lower() or None
+  return kind.strip().lower(), charset
+
+
+def to_utf8(body: bytes, charset: str | None) -> bytes:
+  """`body` decoded by its declared charset, as UTF-8 (a byte no charset maps becomes U+FFFD);
+  as it is when no charset is declared, or one Python does not know (then read as UTF-8 where
+  valid, else guessed). iso-8859-1 and ascii are read as windows-1252, as browsers do."""
+  try:
+    codec = codecs.lookup(charset).name if charset else None
+  except LookupError:
+    codec = None
+  if codec is None or codec == "utf-8":
+    return body
+  codec = "cp1252" if codec in _WINDOWS_1252 else codec
+  return body.decode(codec, errors="replace").encode("utf-8", errors="surrogatepass")
 
 
 def _drain(record, full: str, n: int) -> None:
