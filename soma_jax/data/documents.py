@@ -4,6 +4,7 @@ test, and the file walks of file sources."""
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 
 from soma_jax.errors import UserError
@@ -38,10 +39,11 @@ def walk_files(root: str, exts: tuple[str, ...] | None = None, unreadable: list[
   """Sorted relative paths of regular files under root (hidden entries skipped), each real file once.
 
   Symlinked folders are followed; a folder or file reached again by another path (a symlink to a
-  folder already listed, a loop) is read once, under the path that comes first. A folder that
-  cannot be listed is appended to `unreadable`, a file whose name ends in none of `exts` to `other`.
+  folder already listed, a loop, a hard link) is read once, under the path that comes first. A
+  folder that cannot be listed is appended to `unreadable`, a file whose name ends in none of
+  `exts` to `other`.
   """
-  seen_dirs, found = {os.path.realpath(root)}, []
+  seen_dirs, found = {_identity(root)}, []
 
   def failed(err: OSError) -> None:
     if unreadable is not None:
@@ -50,24 +52,36 @@ def walk_files(root: str, exts: tuple[str, ...] | None = None, unreadable: list[
   for dirpath, dirnames, filenames in os.walk(root, onerror=failed, followlinks=True):
     kept = []
     for d in sorted(d for d in dirnames if not d.startswith(".")):
-      real = os.path.realpath(os.path.join(dirpath, d))
+      real = _identity(os.path.join(dirpath, d))
       if real not in seen_dirs:  # claimed when listed, so a sibling link to it is not walked too
         seen_dirs.add(real)
         kept.append(d)
     dirnames[:] = kept
     for name in filenames:
       full = os.path.join(dirpath, name)
-      if not name.startswith(".") and os.path.isfile(full):
-        found.append((os.path.relpath(full, root), name))
+      if not name.startswith(".") and (real := _identity(full, regular=True)):
+        found.append((os.path.relpath(full, root), name, real))
   out, seen_files = [], set()
-  for rel, name in sorted(found):
+  for rel, name, real in sorted(found):
     if exts is not None and not name.endswith(exts):
       if other is not None:
         other.append(rel)
-    elif (real := os.path.realpath(os.path.join(root, rel))) not in seen_files:
+    elif real not in seen_files:
       seen_files.add(real)
       out.append(rel)
   return out
+
+
+def _identity(path: str, regular: bool = False) -> tuple[int, int] | str | None:
+  """What makes two paths the same file or folder: (device, inode) after symlinks; the real
+  path if it cannot be stat'ed. With `regular`, None for anything but a regular file."""
+  try:
+    st = os.stat(path)
+  except OSError:
+    return None if regular else os.path.realpath(path)
+  if regular and not stat.S_ISREG(st.st_mode):
+    return None
+  return st.st_dev, st.st_ino
 
 
 def suffixes(exts: tuple[str, ...]) -> str:
