@@ -18,17 +18,24 @@ from absl import flags
 from ml_collections import config_flags
 
 from soma_jax import cli
+from soma_jax.errors import UserError
 from soma_jax.studies import compare
 
-_CONFIG = config_flags.DEFINE_config_file("config", None,
-                                          "experiments/configs/compare.py:study=table4|table7|ladder,size=cpu|tiny",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, f"experiments/configs/compare.py:study={'|'.join(compare.STUDIES)},size=cpu|tiny",
+    lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "output folder: seeds/, runs/, table.md, results.json")
-flags.mark_flags_as_required(["config", "out"])
+_LIST = flags.DEFINE_bool("list", False, "print the studies (name and what each is) and exit")
 
 
 def main(argv):
   del argv
+  if _LIST.value:
+    print(compare.listing())
+    return
+  if _CONFIG.value is None or not _OUT.value:
+    raise UserError("--config and --out are required; fix: e.g. --config=experiments/configs/"
+                    "compare.py:study=table7,size=tiny --out=runs/table7 (--list: the studies)")
   cli.log_devices()
   command = "python " + shlex.join(sys.argv)
   cli.absolute_paths(_CONFIG.value)

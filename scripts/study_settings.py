@@ -16,6 +16,7 @@ import math
 import os
 
 from soma_jax import cli
+from soma_jax import spec as spec_lib
 from soma_jax.config import load_config_file
 from soma_jax.studies import ladder, protocol
 
@@ -33,8 +34,8 @@ def study(name: str) -> dict:
   rows = protocol.sized(config) if name != "ladder" else {}
   out["rows"] = {n: {"method": c.method, "d_t": c.model.d_t, "n_experts": c.n_experts,
                      "n_pert": c.spsa.n_pert, "batch": c.spsa.batch, "seq_len": c.data.seq_len,
-                     "params": protocol.total_params(c),
-                     "ops_per_update": protocol.ops_per_update(c)} for n, c in rows.items()}
+                     "params": spec_lib.resolve(c).method.ensemble_params,
+                     "ops_per_update": spec_lib.resolve(c).total_ops_per_update} for n, c in rows.items()}
   if out.get("budget_unit") == "ops":  # the update at which each row's operations reach it
     matched = config.get("match_updates", {})
     for n, row in out["rows"].items():

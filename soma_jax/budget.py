@@ -46,7 +46,9 @@ COUNTERS = {
 BUDGET_UNITS = tuple(k for k, v in COUNTERS.items() if v.budget)  # config's budget_unit
 COUNTS = {k: COUNTERS[k].counts for k in BUDGET_UNITS}  # what each budget unit counts
 # Cumulative seconds each run keeps in its checkpoints (SPEC 7 device-seconds, and apart).
-TIMERS = tuple(k for k in COUNTERS if k.endswith("_seconds"))
+# In the order checkpoints, summaries and results.json have always listed them (device first).
+TIMERS = tuple(sorted((k for k in COUNTERS if k.endswith("_seconds")),
+                      key=lambda k: k != "device_seconds"))
 TRAINING_TIMERS = tuple(k for k in TIMERS if COUNTERS[k].training)  # the rest apart
 
 

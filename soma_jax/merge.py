@@ -13,6 +13,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from soma_jax import budget as budget_lib
@@ -79,9 +80,8 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
   state = states[0].replace(body=body, opt=opt, head_opt=head_opt, sched=sched,
                             skipped=skipped, head=head, carry=carry)
 
-  full = runs.shapes_only(ref)
+  full = ml_collections.ConfigDict(ref.to_dict())
   full.experts = ""
-  full.init_from = ref.init_from
   ckpt_lib.write_config(out, full)
   data_state = dict(restored[0][2])
   it = dict(data_state["iterator"])

@@ -69,7 +69,9 @@ class RunSpec:
   precision: str
   shared_head: bool
   data_dir: str  # absolute; "" where the config names none (refused by `plan.place`)
-  seq_len: int
+  seq_len: int  # T: bytes of context per window
+  batch: int  # B windows per batch, A batches per update
+  accum: int
   val_windows: int  # each expert's validation windows scored at every evaluation
   init_from: str  # the seed workdir of a warm start ("" for none)
   init_state: bool  # continue the seed run's whole state, not only its parameters
@@ -112,7 +114,8 @@ def resolve(c: ml_collections.ConfigDict) -> RunSpec:
       plateau=train_state.PlateauConfig(patience=c.opt.patience, floor=c.opt.floor),
       lr=c.opt.lr, eps=c.spsa.eps, weight_decay=c.opt.weight_decay,
       train_head=c.opt.train_head, precision=c.precision, shared_head=c.model.shared_head,
-      data_dir=c.data.dir, seq_len=c.data.seq_len, val_windows=c.data.val_windows,
+      data_dir=c.data.dir, seq_len=c.data.seq_len, batch=c.spsa.batch, accum=c.spsa.accum,
+      val_windows=c.data.val_windows,
       init_from=c.init_from, init_state=bool(c.get("init_state", False)),
       mesh=MeshRequest(str(c.mesh.expert), str(c.mesh.pert), c.spsa.n_pert,
                        None if chunk == "auto" or method.plan_chunk is None else int(chunk)))

@@ -26,6 +26,7 @@ from soma_jax import evaluate as eval_lib
 from soma_jax import memory, records, train_state
 from soma_jax import metrics as metrics_lib
 from soma_jax import plan as plan_lib
+from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 from soma_jax.loop import Loop
 
@@ -38,10 +39,11 @@ def run(c: ml_collections.ConfigDict, workdir: str) -> dict:
   return train(plan_lib.resolve(c), workdir)
 
 
-def train_to_end(c: ml_collections.ConfigDict, workdir: str, what: str) -> dict:
-  """`run`, for experiments that go on with the trained run: a run stopped early (Ctrl-C,
-  SIGTERM) is a UserError naming `what`, never a half-trained input to the next stage."""
-  summary = run(c, workdir)
+def train_to_end(spec: spec_lib.RunSpec, workdir: str, what: str) -> dict:
+  """The resolved run placed and trained, for experiments that go on with it: a run stopped
+  early (Ctrl-C, SIGTERM) is a UserError naming `what`, never a half-trained input to the
+  next stage."""
+  summary = train(plan_lib.place(spec), workdir)
   if summary["status"] != "done":
     raise UserError(f"{what} stopped early ({summary['status']}); rerun the same command to "
                     "resume")

@@ -100,4 +100,4 @@ def test_a_study_run_given_a_relative_data_dir_resumes(data_prepared, tmp_path, 
                   ckpt_every=2)
   w = str(tmp_path / "run")
   train_lib.run(c, w)
-  protocol.check_existing(w, c)  # the same experiment: no UserError
+  protocol.check_existing(w, spec_lib.resolve(c))  # the same experiment: no UserError

@@ -11,8 +11,9 @@ import pytest
 
 from soma_jax import model as model_lib
 from soma_jax import sizing
+from soma_jax import spec as spec_lib
 from soma_jax.config import load_config_file
-from soma_jax.studies import independent
+from soma_jax.methods import soma as soma_method
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,8 +95,8 @@ def test_summed_step_matches_shared_loss_estimate():
     state = train_state.init_state(body_N, head, 1e-3, 1e-3, cfg.weight_decay, cfg.train_head)
     state = state.replace(sched=jax.tree.map(  # float64 lr and eps, like the parameters
         lambda x: x.astype(np.float64) if x.dtype == np.float32 else x, state.sched))
-    summed = independent.VARIANT_METHODS["summed"]  # the registered soma_summed step
-    new, _ = jax.jit(inspect.unwrap(summed.train_step), static_argnames="cfg")(
+    summed = soma_method.train_step  # the registered soma_summed step (SOMA's, loss groups set)
+    new, _ = jax.jit(inspect.unwrap(summed), static_argnames="cfg")(
         state, batch, ids, cfg=dataclasses.replace(cfg, loss_groups=(0, 0, 0)))
     losses, z = _perturbed_losses(body_N, head, batch, 1e-3, 0, ids, jax.random.key(cfg.seed),
                                   cfg.spsa)
@@ -145,15 +146,15 @@ def test_an_existing_run_continues_only_under_the_same_experiment(tmp_path):
   checkpoint.write_config(w, c)
   faster = c.copy_and_resolve_references()
   faster.spsa.update(signs="apart", time_block=8, pert_chunk=2)
-  protocol.check_existing(w, faster)
+  protocol.check_existing(w, spec_lib.resolve(faster))
   older = c.copy_and_resolve_references()
   del older.spsa["signs"]  # a run made before the field existed
   checkpoint.write_config(w, older)
-  protocol.check_existing(w, c)
+  protocol.check_existing(w, spec_lib.resolve(c))
   longer = c.copy_and_resolve_references()
   longer.steps += 1
   with pytest.raises(UserError, match="different config"):
-    protocol.check_existing(w, longer)
+    protocol.check_existing(w, spec_lib.resolve(longer))
 
 
 def test_study_settings_json_is_what_the_configs_say():

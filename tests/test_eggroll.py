@@ -12,11 +12,10 @@ import numpy as np
 import optax
 import pytest
 
-from soma_jax import eggroll, gru, methods, model, runs, sizing, train_state
+from soma_jax import eggroll, gru, model, runs, train_state
 from soma_jax import plan as plan_lib
 from soma_jax import spec as spec_lib
 from soma_jax.layers import LowRank
-from soma_jax.methods import lstm
 from tests.test_compare import gru_flops_per_token, load_config
 
 GCFG = gru.GruConfig(d=8, depth=1)
@@ -221,8 +220,8 @@ def _gru_method_config(data_dir, **over):
 
 def make_step(c):
   """(the method's step at its step config, its operations per update per expert)."""
-  method = methods.get(c)
-  return functools.partial(method.train_step, cfg=method.step_config(c)), method.ops_per_update(c)
+  method = spec_lib.resolve(c).method
+  return functools.partial(method.train_step, cfg=method.step_config()), method.ops_per_update
 
 
 def test_method_eggroll_is_the_papers_gru(data_prepared):
@@ -250,7 +249,7 @@ def test_gru_eggroll_loss_falls_by_the_es_update(data_prepared):
   segs = jax.tree.map(jnp.asarray, segs)
   step_fn, _ = make_step(c)
   ids = jnp.zeros((1,), jnp.int32)
-  h0 = jnp.zeros(gru.state_shape(methods.eggroll.gru_config(c)))
+  h0 = jnp.zeros(gru.state_shape(spec_lib.resolve(c).method.model))
   each = jax.vmap(gru.segment_loss, in_axes=(None, 0, 0, None, None))
   loss = jax.jit(lambda body: jnp.mean(each(jax.tree.map(lambda x: x[0], body), segs["inputs"][0],
                                             segs["targets"][0], segs["reset"][0], h0)[0]))
@@ -278,10 +277,10 @@ def test_gru_eggroll_trains_checkpoints_and_evaluates(data_prepared, tmp_path):
   summary = train.run(c, str(tmp_path / "run"))
   assert summary["status"] == "done" and np.isfinite(summary["val_loss"]).all()
   body_N, head, restored = runs.restore_params(str(tmp_path / "run"))
-  assert restored.method == "eggroll" and len(body_N["layers"]) == 6
+  assert restored.name == "eggroll" and len(body_N["layers"]) == 6
   windows = jnp.asarray(plan_lib.resolve(c).val_windows)
   val = train_state.expert_losses(body_N, head, windows, shared_head=True,
-                           loss_fn=spec_lib.resolve(restored).method.val_loss)
+                           loss_fn=restored.val_loss)
   np.testing.assert_allclose(np.asarray(val), summary["val_loss"], rtol=1e-5)
 
 
@@ -303,7 +302,7 @@ def test_eggroll_lstm_extra_runs_es_on_the_soma_expert(data_prepared):
   assert "blocks" in state.body
   step_fn, ops = make_step(c)
   tokens = c.data.seq_len * c.spsa.batch * c.spsa.accum
-  assert ops == c.eggroll.pop * tokens * sizing.flops_per_token(lstm.model_config(c))
+  assert ops == c.eggroll.pop * tokens * spec_lib.resolve(c).method.flops_per_token
   batch = next(pipeline.train_iterator(data_prepared, [0], batch=c.spsa.batch, accum=1,
                                        seq_len=c.data.seq_len, seed=0, pooled=True))
   body0 = jax.tree.map(lambda x: np.asarray(x[0]), state.body)  # before the donated step
@@ -386,8 +385,8 @@ def test_cpu_update_stands_to_soma_as_in_the_paper():
 
   assert abs(2**20 * 100 / (2 * 64 * 64 * 1024) / 12 - 1) < 0.05
   egg, soma = load_config("eggroll", "n=1,size=cpu"), load_config("soma", "n=2,size=cpu")
-  egg_tokens = make_step(egg)[1] // sizing.gru_flops_per_token(methods.eggroll.gru_config(egg))
-  soma_tokens = make_step(soma)[1] // sizing.flops_per_token(lstm.model_config(soma))
+  egg_tokens = make_step(egg)[1] // spec_lib.resolve(egg).method.flops_per_token
+  soma_tokens = make_step(soma)[1] // spec_lib.resolve(soma).method.flops_per_token
   assert egg_tokens == egg.eggroll.pop * egg.eggroll.segment and egg.eggroll.segment == 100
   assert soma_tokens == 2 * soma.spsa.n_pert * soma.spsa.batch * soma.data.seq_len
   assert abs(egg_tokens / soma_tokens / 12 - 1) < 0.2, egg_tokens / soma_tokens

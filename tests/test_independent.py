@@ -170,12 +170,17 @@ def test_run_continues_the_checkpoint_in_both_arms(tmp_path, tiny_ensemble, data
     return out
 
   monkeypatch.setattr(spsa, "_group_diff", recording)
-  for variant, method in dict(independent.VARIANT_METHODS).items():
-    def wrapped(state, batch, ids, cfg, _fn=method.train_step, _v=variant):
+  variant_of = {name: v for v, name in independent.VARIANT_METHODS.items()}
+  train_variant = independent.train_variant
+
+  def recording_variant(start, method, *args):
+    def wrapped(state, batch, ids, cfg, _fn=method.train_step, _v=variant_of[method.name]):
       if _v not in first:
         first[_v] = (jax.tree.map(np.array, state), np.asarray(ids))
       return _fn(state, batch, ids, cfg=cfg)
-    monkeypatch.setitem(independent.VARIANT_METHODS, variant, method._replace(train_step=wrapped))
+    return train_variant(start, method._replace(train_step=wrapped), *args)
+
+  monkeypatch.setattr(independent, "train_variant", recording_variant)
   soma_method.train_step.clear_cache()  # both variants' jitted step: retrace, so the
   # recorder sees the summed step
   config = ivs_tiny_config(data_four_shards, num_seeds=2)

@@ -7,8 +7,9 @@ import os
 import pytest
 
 from soma_jax import checkpoint as ckpt_lib
+from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import compare, ladder, protocol
+from soma_jax.studies import compare, ladder
 from tests.test_compare import load_config
 
 
@@ -26,8 +27,8 @@ def test_every_rung_has_equal_params_and_ops_per_update():
     assert abs(s["ops_difference"]) <= 0.02, s
     # recomputed from the configs themselves, not from `sizes`' own arithmetic
     cfgs = ladder.sized(config, w)
-    p = {n: protocol.total_params(c) for n, c in cfgs.items()}
-    o = {n: protocol.ops_per_update(c) for n, c in cfgs.items()}
+    p = {n: spec_lib.resolve(c).method.ensemble_params for n, c in cfgs.items()}
+    o = {n: spec_lib.resolve(c).total_ops_per_update for n, c in cfgs.items()}
     assert abs(p["mono"] - p["soma_n2"]) <= 0.02 * p["soma_n2"]
     assert abs(o["mono"] - o["soma_n2"]) <= 0.02 * o["soma_n2"]
     assert p["soma_n2_summed"] == p["soma_n2"] and o["soma_n2_summed"] == o["soma_n2"]

@@ -20,7 +20,6 @@ import pytest
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import evaluate as eval_lib
 from soma_jax import runs, train
-from soma_jax import spec as spec_lib
 from soma_jax.data import pipeline
 from soma_jax.data.router import Router
 from soma_jax.errors import UserError
@@ -79,8 +78,7 @@ def test_an_old_run_evaluates_as_it_did(name, data_prepared, tmp_path):
   windows, doc_ids = eval_lib.load_split(data_prepared, "test")
   router = Router.load(os.path.join(data_prepared, "router.npz"))
   got = eval_lib.evaluate(state.body, state.head, windows, doc_ids, router, 4,
-                          c.model.shared_head, draws=10,
-                          logits_fn=spec_lib.resolve(c).method.logits)["nats_per_byte"]
+                          c.shared_head, draws=10, logits_fn=c.method.logits)["nats_per_byte"]
   assert got == pytest.approx(_expected()["runs"][name]["test_nats_per_byte_at_3"], rel=1e-6)
 
 

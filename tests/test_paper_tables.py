@@ -10,7 +10,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from soma_jax import evaluate as eval_lib
-from soma_jax import methods, runs
+from soma_jax import runs
 from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
@@ -152,7 +152,7 @@ def test_table7_rows_report_gains(table7_run):
   config, out, payload, _ = table7_run
   assert_common_fields(payload, config)
   r, o = payload["methods"]["soma_n2"], payload["methods"]["mono"]
-  assert r["ops_per_update"] == protocol.ops_per_update(protocol.sized(config)["soma_n2"])
+  assert r["ops_per_update"] == spec_lib.resolve(protocol.sized(config)["soma_n2"]).total_ops_per_update
   for a, b in zip(r["per_seed"], o["per_seed"], strict=True):
     for q in (a, b):
       assert_gains(q)
@@ -190,7 +190,7 @@ def test_table7_continues_the_seeds_state(table7_run):
     record = {**seed, "_path": seed_dir}
     configs = [protocol.budgeted(methods[name], config.data_dir, s, record, "updates", 1, 1)
                for s in payload["seeds"]]
-    first = [runs.initial_state(spec_lib.resolve(c)) for c in configs]  # what the first compared update reads
+    first = [runs.initial_state(c) for c in configs]  # what the first compared update reads
     assert leaves_equal(first[0], first[1]), name  # bit for bit, whatever the seed
     step, last, _, _ = runs.restore_state(seed_dir)  # the seed's last state
     assert int(first[0].step) == int(last.step) == step == seed["step"]
@@ -198,11 +198,11 @@ def test_table7_continues_the_seeds_state(table7_run):
       assert leaves_equal(expert((first[0].body, first[0].opt, first[0].head_opt), e),
                           expert((last.body, last.opt, last.head_opt), 0)), name
     assert not leaves_equal(jax.tree.map(np.zeros_like, last.opt), last.opt)  # moments moved
-    tuned = runs.initial_state(spec_lib.resolve(table7.grid_point(configs[0], 0.00125, 0.005)))
+    tuned = runs.initial_state(table7.grid_point(configs[0], 0.00125, 0.005))
     assert leaves_equal(tuned.opt, first[0].opt)  # the seed's moments, this config's lr / eps
     np.testing.assert_array_equal(tuned.sched.lr, np.float32(0.00125))
     np.testing.assert_array_equal(tuned.sched.eps, np.float32(0.005))
-    fresh = configs[0].copy_and_resolve_references()
+    fresh = configs[0].config.copy_and_resolve_references()
     fresh.init_state = False  # parameters only: fresh moments at step 0
     assert int(runs.initial_state(spec_lib.resolve(fresh)).step) == 0
 
@@ -268,6 +268,10 @@ def test_table4_head_only_bodies_do_not_change(table4_run):
                           jax.tree.map(lambda x: x[0], seed_body))
 
 
+def _specs(cfgs: dict) -> dict:
+  return {name: spec_lib.resolve(c) for name, c in cfgs.items()}
+
+
 def test_study_plans_refused(data_two_shards):
   """The seed run's seed may not be an optimisation seed; an update budget needs equal
   operations per update (Table 7's pair); the lr grid must be able to show an edge."""
@@ -287,11 +291,11 @@ def test_study_plans_refused(data_two_shards):
   config = tiny("table7", data_two_shards)
   cfgs = protocol.sized(config)
   tol = config.ops_tolerance
-  assert protocol.check_equal_ops(cfgs, tol, "updates")  # the equal-size pair passes
+  assert protocol.check_equal_ops(_specs(cfgs), tol, "updates")  # the equal-size pair passes
   cfgs["mono"].spsa.n_pert *= 2  # twice the directions: twice the operations per update
   with pytest.raises(UserError, match="operations per update"):
-    protocol.check_equal_ops(cfgs, tol, "updates")
-  protocol.check_equal_ops(cfgs, tol, "cpu_seconds")  # a time budget: printed, not refused
+    protocol.check_equal_ops(_specs(cfgs), tol, "updates")
+  protocol.check_equal_ops(_specs(cfgs), tol, "cpu_seconds")  # a time budget: printed, not refused
   config.lr_factors = (1.0, 2.0)
   with pytest.raises(UserError, match="lr_factors"):
     table7.check_grid(config)
@@ -341,9 +345,9 @@ def test_step_compiles_once_per_run(data_prepared, tmp_path):
   seed = str(tmp_path / "seed")
   train_lib.run(tiny_config(data_prepared, n_experts=1, steps=2, seed=7), seed)
   c = tiny_config(data_prepared, steps=4, init_from=seed, seed=4242)  # a new static config
-  before = methods.METHODS['soma'].train_step._cache_size()
+  before = spec_lib.resolve(c).method.train_step._cache_size()
   train_lib.run(c, str(tmp_path / "run"))
-  assert methods.METHODS['soma'].train_step._cache_size() == before + 1
+  assert spec_lib.resolve(c).method.train_step._cache_size() == before + 1
 
 
 def test_head_only_step_leaves_bodies_and_their_adam_state(data_prepared):
@@ -351,9 +355,8 @@ def test_head_only_step_leaves_bodies_and_their_adam_state(data_prepared):
 
   c = tiny_config(data_prepared, method="head_only")
   c.opt.weight_decay = 1e-2  # decay would move a body if it were updated
-  spec_lib.resolve(c)
-  method = methods.get(c)
-  cfg = method.step_config(c)
+  method = spec_lib.resolve(c).method
+  cfg = method.step_config()
   state = runs.initial_state(spec_lib.resolve(c))
   batch = jax.random.randint(jax.random.key(0), (3, 1, c.spsa.batch, c.data.seq_len + 1), 0,
                              256).astype(np.uint8)
@@ -366,7 +369,7 @@ def test_head_only_step_leaves_bodies_and_their_adam_state(data_prepared):
       method.val_loss(expert(before.body, e), before.head[e], batch[e, 0]))])) for e in range(3)],
       rtol=1e-5)
   soma = tiny_config(data_prepared)
-  assert 2 * soma.spsa.n_pert * protocol.ops_per_update(c) == protocol.ops_per_update(soma)
+  assert 2 * soma.spsa.n_pert * spec_lib.resolve(c).total_ops_per_update == spec_lib.resolve(soma).total_ops_per_update
 
 
 def test_summed_method_and_refusals(data_prepared):
@@ -375,7 +378,7 @@ def test_summed_method_and_refusals(data_prepared):
   c = tiny_config(data_prepared, method="soma_summed")
   spec_lib.resolve(c)
   assert spec_lib.resolve(c).method.step_config().loss_groups == (0, 0, 0)
-  assert methods.get(tiny_config(data_prepared)).step_config(c).loss_groups is None
+  assert spec_lib.resolve(tiny_config(data_prepared)).method.step_config().loss_groups is None
   c.experts = "0:2"
   with pytest.raises(UserError, match="one job"):
     spec_lib.resolve(c)
@@ -414,9 +417,9 @@ def test_cpu_scale_rows_and_sizes():
           soma.data.seq_len) == (2, 32, 4, 4, 256)
   assert list(t4) == ["soma_n2", "mono_k4", "mono_k16", "mono_k64", "eggroll", "bptt",
                       "head_only", "soma_n2_summed"]
-  total = protocol.total_params(soma)
+  total = spec_lib.resolve(soma).method.ensemble_params
   for name, c in list(t4.items()) + list(t7.items()):
-    assert abs(protocol.total_params(c) - total) <= 0.02 * total, name
+    assert abs(spec_lib.resolve(c).method.ensemble_params - total) <= 0.02 * total, name
     assert c.data.seq_len == 256 and c.spsa.batch == 4, name
   for k in (4, 16, 64):
     assert t4[f"mono_k{k}"].spsa.n_pert == k and t4[f"mono_k{k}"].model.d_t == 47
@@ -430,7 +433,7 @@ def test_cpu_scale_rows_and_sizes():
   # 1,000-update seeds at a seed no row uses; 5 seeds; the lr grid 0.25x .. 4x the preset lr.
   c4, c7 = load_config("compare", "study=table4,size=cpu"), load_config("compare", "study=table7,size=cpu")
   assert protocol.check_plan(c7) == "updates" and c7.budget == 1000
-  assert protocol.check_equal_ops(t7, c7.ops_tolerance, "updates")
+  assert protocol.check_equal_ops(_specs(t7), c7.ops_tolerance, "updates")
   assert protocol.check_plan(c4) == "ops" and c4.budget == 1.6e12
   for c in (c4, c7):
     assert c.seeds == 5 and c.seed_updates == 1000

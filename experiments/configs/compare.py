@@ -25,8 +25,7 @@ import ml_collections
 
 from soma_jax.config import load_config_file, parse_arg
 from soma_jax.errors import UserError
-
-STUDIES = ("table4", "table7")
+from soma_jax.studies.compare import STUDIES  # the one list of compare.py's studies
 
 
 def _method(file: str, arg: str) -> ml_collections.ConfigDict:
@@ -125,8 +124,8 @@ def get_config(arg: str | None = None):
     return _ladder(arg)
   a = parse_arg(arg, study="table4", size="cpu")
   if a["study"] not in STUDIES or a["size"] not in ("cpu", "tiny"):
-    raise UserError(f"compare.py:study={a['study']},size={a['size']}: use study=table4 or "
-                    "table7 and size=cpu or tiny")
+    raise UserError(f"compare.py:study={a['study']},size={a['size']}: use study="
+                    f"{' or '.join(STUDIES)} and size=cpu or tiny")
   size, cpu = a["size"], a["size"] == "cpu"
   c = ml_collections.ConfigDict()
   c.study = a["study"]  # table4 (SPEC 9.1) or table7 (SPEC 9.2)

@@ -30,10 +30,10 @@ import ml_collections
 
 from soma_jax.config import load_config_file, parse_arg
 from soma_jax.errors import UserError
+from soma_jax.studies.variance import STUDIES  # the one list of the variance studies
 
 PER_N = ("experts", "reference")  # the studies that compare N experts of one total size
 
-STUDIES = ("shared_vs_separate", "n_pert", "experts", "batch", "reference")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

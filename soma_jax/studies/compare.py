@@ -22,13 +22,21 @@ import ml_collections
 from soma_jax.errors import UserError, writable_dir
 from soma_jax.studies import ladder, table4, table7
 
-STUDIES = ("table4", "table7", "ladder")  # ladder: SPEC 9.7, the width ladder
+# The one list of compare.py's studies: config.study -> its module (`run`, `table`). The
+# config file, the entry point's --help and --list all read it.
+STUDIES = {"table4": table4, "table7": table7, "ladder": ladder}
 
 
 def _module(study: object):
   if study not in STUDIES:
     raise UserError(f"study={study!r}; use one of {', '.join(STUDIES)}")
-  return {"table4": table4, "table7": table7, "ladder": ladder}[study]
+  return STUDIES[study]
+
+
+def listing() -> str:
+  """One line per study: its name and its module docstring's first paragraph."""
+  first = lambda m: " ".join(m.__doc__.strip().split("\n\n")[0].split())
+  return "\n".join(f"{name:8s} {first(module)}" for name, module in STUDIES.items())
 
 
 STUDY_FILE = "study.json"  # OUT's study, written first: another study is refused there

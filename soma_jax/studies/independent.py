@@ -34,12 +34,13 @@ import numpy as np
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import evaluate as eval_lib
-from soma_jax import methods, runs, spsa, train_state
+from soma_jax import runs, train_state
+from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 from soma_jax.loop import Loop
-from soma_jax.methods import soma, soma_summed
+from soma_jax.methods import Method
 from soma_jax.studies import protocol, report, variance
 
 PyTree = jax.typing.ArrayLike
@@ -49,7 +50,7 @@ NUM_EXPERTS = 4  # the paper's Figure 4 ensemble; the variance study's groupings
 
 # Each variant is a registered method (the old state's buffers are donated; each variant
 # starts from its own copy): SOMA's own losses, and the summed-loss control.
-VARIANT_METHODS = {"independent": soma.METHOD, "summed": soma_summed.METHOD}
+VARIANT_METHODS = {"independent": "soma", "summed": "soma_summed"}
 
 
 # ------------------------------------------------------------------------- the start
@@ -84,58 +85,57 @@ def ensemble_workdir(config: ml_collections.ConfigDict, out: str) -> str:
   e.init_from = seed_dir
   for run, workdir, what in ((s, seed_dir, "the seed run"), (e, ens_dir, "the ensemble run")):
     t0 = time.perf_counter()
-    train_lib.train_to_end(run, workdir, what)
+    train_lib.train_to_end(spec_lib.resolve(run), workdir, what)
     print(f"[independent_vs_summed] {what}: N = {run.n_experts}, {run.steps} updates in "
           f"{time.perf_counter() - t0:.0f} s ({workdir})", flush=True)
   return ens_dir
 
 
 def continuation_start(workdir: str, ids: tuple[int, ...], lr: float, eps: float
-                       ) -> tuple[int, train_state.TrainState, ml_collections.ConfigDict]:
-  """(checkpoint step, state, the run's config): experts `ids` of the newest checkpoint.
+                       ) -> tuple[int, train_state.TrainState, spec_lib.RunSpec]:
+  """(checkpoint step, state, the run's spec): experts `ids` of the newest checkpoint.
 
   Bodies and Adam moments (mu, nu and count) are the checkpoint's own arrays; heads are
   kept and frozen (no head optimizer); lr and eps are set to the fixed values.
   """
-  run_cfg = ckpt_lib.read_config(workdir)
-  if methods.get(run_cfg) is not soma.METHOD:
-    raise UserError(f"{workdir!r} is a method={run_cfg.method!r} run; fix: a SOMA workdir")
-  if run_cfg.n_experts < NUM_EXPERTS:
-    raise UserError(f"{workdir!r} has {run_cfg.n_experts} experts; Figure 4 continues "
+  run = runs.read_spec(workdir)
+  if run.method.name != VARIANT_METHODS["independent"]:
+    raise UserError(f"{workdir!r} is a method={run.method.name!r} run; fix: a SOMA workdir")
+  if run.n_experts < NUM_EXPERTS:
+    raise UserError(f"{workdir!r} has {run.n_experts} experts; Figure 4 continues "
                     f"{NUM_EXPERTS} of a trained SOMA N >= {NUM_EXPERTS}; fix: train one with "
                     "more experts, or --config.init_from='' to train it first")
-  if run_cfg.get("experts", ""):
-    raise UserError(f"{workdir!r} holds the slice experts={run_cfg.experts}; fix: merge the "
+  if len(run.experts) != run.n_experts:
+    raise UserError(f"{workdir!r} holds the slice experts={run.config.experts}; fix: merge the "
                     "slices first (experiments/merge.py)")
-  if max(ids) >= run_cfg.n_experts:
+  if max(ids) >= run.n_experts:
     raise UserError(f"experts={','.join(map(str, ids))} but {workdir!r} has experts 0.."
-                    f"{run_cfg.n_experts - 1}; fix: choose ids among them")
+                    f"{run.n_experts - 1}; fix: choose ids among them")
   step, state, _, _ = runs.restore_state(workdir)
   idx = np.asarray(ids)
   take = lambda tree: jax.tree.map(lambda x: x[idx], tree)  # noqa: E731
   n = len(ids)
   state = train_state.TrainState(
       step=state.step, body=take(state.body),
-      head=state.head if run_cfg.model.shared_head else state.head[idx], opt=take(state.opt),
+      head=state.head if run.shared_head else state.head[idx], opt=take(state.opt),
       head_opt=(), sched=train_state.plateau_init(jnp.full((n,), lr, jnp.float32),
                                            jnp.full((n,), eps, jnp.float32)),
       skipped=jnp.zeros((n,), jnp.int32))
-  return int(step), state, run_cfg
+  return int(step), state, run
 
 
-def step_config(config: ml_collections.ConfigDict, run_cfg: ml_collections.ConfigDict,
-                seed: int, variant: str = "independent") -> spsa.StepConfig:
-  """The continuation's step for `variant`: the run's model and weight decay, this config's
-  directions (the summed variant's losses grouped into one)."""
-  d = run_cfg.to_dict()
-  d.update(n_experts=NUM_EXPERTS, experts="", seed=seed)
+def variant_spec(config: ml_collections.ConfigDict, run: spec_lib.RunSpec, seed: int,
+                 variant: str = "independent") -> spec_lib.RunSpec:
+  """The continuation of `variant`: the run's model and weight decay, this config's
+  directions (the summed variant's losses grouped into one), resolved; its method's
+  step config and train step are what the continuation runs."""
+  d = run.config.to_dict()
+  d.update(method=VARIANT_METHODS[variant], n_experts=NUM_EXPERTS, experts="", seed=seed)
   d["spsa"].update(n_pert=config.spsa.n_pert, batch=config.spsa.batch, accum=1,
                    probe=config.spsa.probe, pert_chunk=config.spsa.pert_chunk)
   d["data"]["seq_len"] = config.seq_len
   d["opt"]["train_head"] = False  # heads frozen
-  c = ml_collections.ConfigDict(d)
-  methods.validate(c)
-  return VARIANT_METHODS[variant].step_config(c)
+  return spec_lib.resolve(ml_collections.ConfigDict(d))
 
 
 # ------------------------------------------------------------------------------ data
@@ -199,13 +199,13 @@ def doc_means(values_n: np.ndarray, doc_ids_n: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- training
 
 
-def train_variant(start: train_state.TrainState, variant: str, cfg: spsa.StepConfig, ids: jax.Array,
+def train_variant(start: train_state.TrainState, method: Method, ids: jax.Array,
                   batches: Iterator[np.ndarray], steps: int, checkpoints: list[int],
                   score) -> tuple[list[dict], np.ndarray, train_state.TrainState, float]:
-  """One variant from its own copy of `start`, through the training loop (`loop.Loop`):
-  ([{step, test}], final per-window test losses, end state, seconds). Run under x64: the
-  summed difference is formed in float64."""
-  step_fn = functools.partial(VARIANT_METHODS[variant].train_step, cfg=cfg)
+  """One variant (its `Method`) from its own copy of `start`, through the training loop
+  (`loop.Loop`): ([{step, test}], final per-window test losses, end state, seconds). Run
+  under x64: the summed difference is formed in float64."""
+  step_fn = functools.partial(method.train_step, cfg=method.step_config())
   loop = Loop(jax.tree.map(jnp.array, start), step_fn, batches, ids)  # a copy: it is donated
   curve, last = [], None
   t0 = time.perf_counter()
@@ -253,14 +253,14 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
     raise UserError("steps must be >= 1 and lr, eps > 0")
   ids = parse_experts(config.experts)
   workdir = ensemble_workdir(config, out)
-  ckpt_step, start, run_cfg = continuation_start(workdir, ids, config.lr, config.eps)
-  data_dir = config.data_dir or run_cfg.data.dir
-  pipeline.check_data_dir(data_dir, run_cfg.n_experts)
+  ckpt_step, start, run = continuation_start(workdir, ids, config.lr, config.eps)
+  data_dir = config.data_dir or run.data_dir
+  pipeline.check_data_dir(data_dir, run.n_experts)
   sample = FixedSample(data_dir, ids, config.sample_windows, config.seq_len, config.sample_seed)
   windows, doc_ids = pipeline.eval_split(data_dir, "test")
   if config.test_windows:
     windows, doc_ids = windows[:config.test_windows], doc_ids[:config.test_windows]
-  shared = bool(run_cfg.model.shared_head)
+  shared = bool(run.shared_head)
   score = lambda st: test_losses(st.body, st.head, windows, shared)  # noqa: E731
   vc = _variance_config(config, data_dir, ids)
   checkpoints, seeds = _checkpoints(config.steps), list(range(config.seed,
@@ -272,16 +272,16 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
     for seed in seeds:
       curves, final = {}, {}
       for variant in VARIANTS:
-        cfg = step_config(config, run_cfg, seed, variant)
+        method = variant_spec(config, run, seed, variant).method
         curves[variant], final[variant], end, secs = train_variant(
-            start, variant, cfg, expert_ids, sample.batches(seed, config.spsa.batch),
+            start, method, expert_ids, sample.batches(seed, config.spsa.batch),
             config.steps, checkpoints, score)
         variances[f"seed{seed}/{variant}"] = variance_at(vc, end)
         print(f"[independent_vs_summed] seed {seed} {variant}: {config.steps} updates in "
               f"{secs:.0f} s, test {curves[variant][-1]['test_nats_per_byte']:.4f} nats/byte",
               flush=True)
       per_seed[seed] = _seed_result(curves, final, doc_ids, config.bootstrap_draws, seed)
-  payload = _payload(config, out, workdir, ckpt_step, run_cfg, data_dir, seeds, checkpoints,
+  payload = _payload(config, out, workdir, ckpt_step, run, data_dir, seeds, checkpoints,
                      per_seed, variances, windows.shape[0], vc)
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(payload, f, indent=1, default=float)
@@ -309,14 +309,14 @@ def _paired(per_seed: dict, seeds: list[int], checkpoints: list[int]) -> list[di
   return paired
 
 
-def _payload(config, out, workdir, ckpt_step, run_cfg, data_dir, seeds, checkpoints, per_seed,
+def _payload(config, out, workdir, ckpt_step, run, data_dir, seeds, checkpoints, per_seed,
              variances, num_windows, vc) -> dict:
   payload = {
       "init_from": _shown(workdir, out), "init_step": ckpt_step,
-      "ensemble_run": _run_summary(run_cfg), "experts": list(parse_experts(config.experts)),
-      "seed_run": (_run_summary(ckpt_lib.read_config(run_cfg.init_from))
-                   if run_cfg.init_from and os.path.isdir(run_cfg.init_from) else None),
-      "n_experts": NUM_EXPERTS, "d_t": run_cfg.model.d_t, "shared_head": run_cfg.model.shared_head,
+      "ensemble_run": _run_summary(run.config), "experts": list(parse_experts(config.experts)),
+      "seed_run": (_run_summary(ckpt_lib.read_config(run.init_from))
+                   if run.init_from and os.path.isdir(run.init_from) else None),
+      "n_experts": NUM_EXPERTS, "d_t": run.config.model.d_t, "shared_head": run.shared_head,
       "n_pert": config.spsa.n_pert, "batch": config.spsa.batch, "probe": config.spsa.probe,
       "seq_len": config.seq_len, "steps": config.steps, "lr": config.lr, "eps": config.eps,
       "sample_windows_per_shard": config.sample_windows, "sample_seed": config.sample_seed,
@@ -357,8 +357,9 @@ def _shown(path: str, out: str) -> str:
   return path if rel.startswith("..") else os.path.join("OUT", rel)
 
 
-def _run_summary(c: ml_collections.ConfigDict) -> dict:
-  """A training run's recipe, from its config."""
+def _run_summary(saved: ml_collections.ConfigDict) -> dict:
+  """A training run's recipe, from its saved config.json."""
+  c = saved
   return {"n_experts": c.n_experts, "d_t": c.model.d_t, "steps": c.steps, "lr": c.opt.lr,
           "eps": c.spsa.eps, "n_pert": c.spsa.n_pert, "batch": c.spsa.batch,
           "seq_len": c.data.seq_len, "train_head": c.opt.train_head,

@@ -29,9 +29,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from soma_jax import descent, memory, methods, runs
+from soma_jax import descent, memory, runs
 from soma_jax import evaluate as eval_lib
 from soma_jax import model as model_lib
+from soma_jax import spec as spec_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 from soma_jax.studies import protocol, report, table7
@@ -77,11 +78,12 @@ def sizes(config: ml_collections.ConfigDict, width: int) -> dict:
   """Widths, total parameters and operations per update of every method at a rung, and how
   far the monolith's are from SOMA's (relative to SOMA's)."""
   cfgs = sized(config, width)
+  specs = {n: spec_lib.resolve(c) for n, c in cfgs.items()}
   ref, mono = config.reference, _other(config)
-  params = {n: protocol.total_params(c) for n, c in cfgs.items()}
-  ops = {n: protocol.ops_per_update(c) for n, c in cfgs.items()}
+  params = {n: s.method.ensemble_params for n, s in specs.items()}
+  ops = {n: s.total_ops_per_update for n, s in specs.items()}
   return {"width": width, "d_t": {n: c.model.d_t for n, c in cfgs.items()},
-          "n_experts": {n: c.n_experts for n, c in cfgs.items()}, "params": params,
+          "n_experts": {n: s.n_experts for n, s in specs.items()}, "params": params,
           "ops_per_update": ops,
           "params_difference": (params[mono] - params[ref]) / params[ref],
           "ops_difference": (ops[mono] - ops[ref]) / ops[ref]}
@@ -99,13 +101,13 @@ def _other(config: ml_collections.ConfigDict) -> str:
 # -------------------------------------------------------------------------- mechanism
 
 
-def measurement_batches(data_dir: str, c: ml_collections.ConfigDict, count: int
+def measurement_batches(data_dir: str, spec: spec_lib.RunSpec, count: int
                         ) -> list[list[np.ndarray]]:
   """Per expert, up to `count` batches [A, B, T + 1] of its shard's expert-validation
   windows (held out from training), the same for every model measured at the rung."""
-  a, b, t = c.spsa.accum, c.spsa.batch, c.data.seq_len
+  a, b, t = spec.accum, spec.batch, spec.seq_len
   out = []
-  for e in range(c.n_experts):
+  for e in range(spec.n_experts):
     w = pipeline.expert_val_windows(data_dir, e, t)
     k = min(count, w.shape[0] // (a * b))
     if k < 1:
@@ -120,21 +122,21 @@ def batch_loss(body, head, batch_AxBxT1: jax.Array) -> jax.Array:
   return jnp.mean(jax.vmap(lambda w: model_lib.loss(body, head, w))(batch_AxBxT1))
 
 
-def seed_descent(c: ml_collections.ConfigDict, workdir: str, batches: list[np.ndarray],
+def seed_descent(spec: spec_lib.RunSpec, workdir: str, batches: list[np.ndarray],
                  expert: int, m: ml_collections.ConfigDict) -> dict:
   """rho and r of the seed run in `workdir` (a compared run's start: its expert 0) under
-  run config `c`'s estimator, probes drawn as expert `expert`'s."""
+  the run's estimator, probes drawn as expert `expert`'s."""
   body_N, head, _ = runs.restore_params(workdir)
   body = jax.tree.map(lambda x: x[0], body_N)
-  head_e = head if c.model.shared_head else head[0]
-  cfg = methods.get(c).step_config(c).spsa
+  head_e = head if spec.shared_head else head[0]
+  cfg = spec.method.step_config().spsa
   with memory.full_precision():
     return descent.measure(batch_loss, body, head_e, [jnp.asarray(b) for b in batches],
-                           c.spsa.eps, cfg, jax.random.key(m.seed), repeats=m.repeats,
+                           spec.eps, cfg, jax.random.key(m.seed), repeats=m.repeats,
                            hutchinson=m.hutchinson, rho_by=m.rho_by, expert=expert)
 
 
-def mechanism(config: ml_collections.ConfigDict, cfgs: dict, seeds: dict, data_dir: str) -> dict:
+def mechanism(config: ml_collections.ConfigDict, specs: dict, seeds: dict, data_dir: str) -> dict:
   """rho and r of each SOMA expert and of the monolith at the rung's start, on identical
   windows: expert e on its shard's batches, the monolith on all of them."""
   ref, mono, m = config.reference, _other(config), config.mechanism
@@ -142,10 +144,10 @@ def mechanism(config: ml_collections.ConfigDict, cfgs: dict, seeds: dict, data_d
     raise UserError(f"mechanism.rho_by={m.rho_by!r} (use {' or '.join(descent.RHO_BY)}), "
                     f"repeats={m.repeats} (>= 2), hutchinson={m.hutchinson}, batches={m.batches} "
                     "(>= 1)")
-  batches = measurement_batches(data_dir, cfgs[ref], m.batches)
+  batches = measurement_batches(data_dir, specs[ref], m.batches)
   start = lambda name: seeds[config.start[name]]["_path"]
-  experts = [seed_descent(cfgs[ref], start(ref), b, e, m) for e, b in enumerate(batches)]
-  monolith = seed_descent(cfgs[mono], start(mono), [x for b in batches for x in b], 0, m)
+  experts = [seed_descent(specs[ref], start(ref), b, e, m) for e, b in enumerate(batches)]
+  monolith = seed_descent(specs[mono], start(mono), [x for b in batches for x in b], 0, m)
   return {"experts": experts, "monolith": monolith, **predicted(experts, monolith)}
 
 
@@ -197,11 +199,11 @@ def run_control(config: ml_collections.ConfigDict, cfgs: dict, pair: dict, data_
   per_seed = []
   for soma in pair["methods"][ref]["per_seed"]:
     lr, eps = soma["selected"]["lr"], soma["selected"]["eps"]
-    rc = table7.grid_point(protocol.budgeted(cfgs[name], data_dir, soma["seed"], start,
-                                             "updates", soma["updates"], 1), lr, eps)
+    run_spec = table7.grid_point(protocol.budgeted(cfgs[name], data_dir, soma["seed"], start,
+                                                   "updates", soma["updates"], 1), lr, eps)
     workdir = os.path.join(out, "runs", f"seed{soma['seed']}", name)
-    protocol.train(rc, workdir, f"seed {soma['seed']} {name} lr={lr:g} eps={eps:g}")
-    ends = {s: float(protocol.final_losses(workdir, rc, sc).mean())
+    protocol.train(run_spec, workdir, f"seed {soma['seed']} {name} lr={lr:g} eps={eps:g}")
+    ends = {s: float(protocol.final_losses(workdir, run_spec, sc).mean())
             for s, sc in zip(("validation", "test"), scored, strict=True)}
     gain = {s: soma["start_loss"][s] - ends[s] for s in ends}
     per_seed.append({"seed": soma["seed"], "lr": lr, "eps": eps, "updates": soma["updates"],
@@ -228,7 +230,7 @@ def run_rung(config: ml_collections.ConfigDict, width: int, out: str, data_dir: 
         f"{mono} d_t={cfgs[mono].model.d_t}", flush=True)
   seeds = protocol.train_seeds(pair_config, protocol.sized(pair_config), data_dir, out, scored[0])
   t_mech = time.perf_counter()
-  mech = mechanism(config, {n: _with_data(c, data_dir) for n, c in cfgs.items()}, seeds, data_dir)
+  mech = mechanism(config, {n: spec_lib.resolve(c) for n, c in cfgs.items()}, seeds, data_dir)
   mech["wall_seconds"] = time.perf_counter() - t_mech
   print(f"[ladder] rung {width}: rho expert {mech['rho_expert']:.4g}, monolith "
         f"{mech['monolith']['rho']:.4g}, predicted ratio {mech['predicted_ratio']:.3f} "
@@ -247,12 +249,6 @@ def run_rung(config: ml_collections.ConfigDict, width: int, out: str, data_dir: 
           "methods": pair["methods"], "gain_difference": pair["gain_difference"],
           "control": control, "measured_ratio": measured,
           "measured_ratio_per_seed": ratios, "wall_seconds": time.perf_counter() - t0}
-
-
-def _with_data(c: ml_collections.ConfigDict, data_dir: str) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict(c.to_dict())
-  c.data.dir = data_dir
-  return c
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "",

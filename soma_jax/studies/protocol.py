@@ -37,33 +37,17 @@ from scipy import stats as scipy_stats
 
 from soma_jax import budget as budget_lib
 from soma_jax import checkpoint as ckpt_lib
-from soma_jax import config as config_lib
 from soma_jax import evaluate as eval_lib
-from soma_jax import host_devices, methods, records, runs
 from soma_jax import plan as plan_lib
+from soma_jax import records, runs
+from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 
 MAX_UPDATES = 10_000_000  # the step cap of a budgeted run: its budget ends it first
-UNITS = config_lib.BUDGET_UNITS + ("auto",)  # a study's budget_unit (each one in COUNTS)
-COUNTS = {  # what each unit counts (results.json's budget.counts)
-    "updates": "this run's updates after its start (every run stops at exactly this count)",
-    "ops": "SPEC 7's training operations of this run (updates x ops per update; every run stops "
-           "after the update that reaches it)",
-    "cpu_seconds": "the process's CPU time (all threads, time.process_time) in training updates",
-    "device_seconds": f"training device-seconds ({host_devices.CHARGE_RULE})",
-}
-
-
-def total_params(c: ml_collections.ConfigDict) -> int:
-  """Parameters of a config's N experts and their heads."""
-  return methods.get(c).ensemble_params(c)
-
-
-def ops_per_update(c: ml_collections.ConfigDict) -> int:
-  """Training operations of one update of all N experts (SPEC 7)."""
-  return methods.get(c).ops_per_update(c) * c.n_experts
+UNITS = budget_lib.BUDGET_UNITS + ("auto",)  # a study's budget_unit (each one in COUNTS)
+COUNTS = budget_lib.COUNTS  # what each unit counts (results.json's budget.counts)
 
 
 def optimisation_seeds(config: ml_collections.ConfigDict) -> list[int]:
@@ -105,11 +89,11 @@ def check_plan(config: ml_collections.ConfigDict) -> str:
   return unit
 
 
-def check_equal_ops(cfgs: dict[str, ml_collections.ConfigDict], tolerance: float,
+def check_equal_ops(specs: dict[str, spec_lib.RunSpec], tolerance: float,
                     unit: str) -> dict[str, int]:
   """Each method's operations per update, printed; with an update budget they must agree
   within `tolerance` (SPEC 9.6: equal updates mean equal compute only then)."""
-  ops = {name: ops_per_update(c) for name, c in cfgs.items()}
+  ops = {name: s.total_ops_per_update for name, s in specs.items()}
   print("[compare] operations per update: " + ", ".join(f"{n} {o:,}" for n, o in ops.items()),
         flush=True)
   lo, hi = min(ops.values()), max(ops.values())
@@ -156,9 +140,9 @@ def describe_span(val: eval_lib.TestSet, test: eval_lib.TestSet) -> dict:
           "test_documents": int(np.unique(test.doc_ids).size)}
 
 
-def layout_of(c: ml_collections.ConfigDict) -> dict:
-  """How training lays a config's run out on this machine: FSO / DDPP over how many devices."""
-  placed = plan_lib.layout(c, c.n_experts)
+def layout_of(spec: spec_lib.RunSpec) -> dict:
+  """How training lays a run out on this machine: FSO / DDPP over how many devices."""
+  placed = plan_lib.layout(spec, spec.n_experts)
   return {"expert_devices": placed.expert, "pert_devices": placed.pert,
           "devices": jax.device_count(), "platform": jax.default_backend(), "why": placed.why}
 
@@ -167,9 +151,9 @@ def layout_of(c: ml_collections.ConfigDict) -> dict:
 
 
 def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict | None,
-             unit: str, amount: float, checkpoints: int) -> ml_collections.ConfigDict:
-  """A copy of training config `c` at optimisation seed `seed` that continues the seed run
-  record `start` (its whole train state; None: a fresh init) until `amount` of `unit`."""
+             unit: str, amount: float, checkpoints: int) -> spec_lib.RunSpec:
+  """Training config `c` at optimisation seed `seed`, continuing the seed run record `start`
+  (its whole train state; None: a fresh init) until `amount` of `unit`: resolved."""
   c = ml_collections.ConfigDict(c.to_dict())
   c.data.dir, c.seed = data_dir, seed
   c.init_from, c.init_state = (start["_path"], True) if start else ("", False)
@@ -178,27 +162,27 @@ def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict
   c.ckpt_every = MAX_UPDATES  # the budget's checkpoints are the curve
   c.ckpt.keep = checkpoints + 1
   c.ensemble_eval_every = -1  # the study scores checkpoints itself, on its own span
-  return c
+  return spec_lib.resolve(c)
 
 
-def check_existing(workdir: str, c: ml_collections.ConfigDict) -> None:
+def check_existing(workdir: str, spec: spec_lib.RunSpec) -> None:
   """A study run found in `workdir` continues only under the same experiment: speed knobs
   may differ, anything else (budget, size, data) is a UserError."""
   if not os.path.isfile(os.path.join(workdir, ckpt_lib.CONFIG_FILE)):
     return
   # against the config as training saves it (data.dir absolute): an --out given relative
   # must resume its own runs
-  changes = ckpt_lib.config_changes(ckpt_lib.read_config(workdir), plan_lib.absolute_data_dir(c))
+  changes = ckpt_lib.config_changes(ckpt_lib.read_config(workdir), spec.config)
   if any(not ckpt_lib.under(k, ckpt_lib.SPEED_KEYS) for k in changes):
     raise UserError(f"{workdir!r} holds a run with a different config (budget, size or data: "
                     f"{', '.join(changes)}); fix: choose a new --out or delete that folder")
 
 
-def train(c: ml_collections.ConfigDict, workdir: str, what: str) -> float:
+def train(spec: spec_lib.RunSpec, workdir: str, what: str) -> float:
   """Trains (or resumes) one run to its end; the wall seconds of this call."""
-  check_existing(workdir, c)
+  check_existing(workdir, spec)
   t0 = time.perf_counter()
-  train_lib.train_to_end(c, workdir, what)
+  train_lib.train_to_end(spec, workdir, what)
   return time.perf_counter() - t0
 
 
@@ -210,16 +194,16 @@ def checkpoints(workdir: str) -> list[int]:
     ckpt.close()
 
 
-def _score(scorer: eval_lib.TestSet, c: ml_collections.ConfigDict, body, head) -> np.ndarray:
-  return scorer.losses(body, head, c.n_experts, c.model.shared_head, methods.get(c).logits)
+def _score(scorer: eval_lib.TestSet, spec: spec_lib.RunSpec, body, head) -> np.ndarray:
+  return scorer.losses(body, head, spec.n_experts, spec.shared_head, spec.method.logits)
 
 
-def start_losses(c: ml_collections.ConfigDict, scorers: dict[str, eval_lib.TestSet]
+def start_losses(spec: spec_lib.RunSpec, scorers: dict[str, eval_lib.TestSet]
                  ) -> dict[str, np.ndarray]:
-  """Per-window losses of the parameters run config `c` starts from, on each scorer
+  """Per-window losses of the parameters a run starts from, on each scorer
   ({"validation": ..., "test": ...}); the start is the same for every optimisation seed."""
-  body, head = runs.initial_params(c)
-  return {split: _score(s, c, body, head) for split, s in scorers.items()}
+  body, head = runs.initial_params(spec)
+  return {split: _score(s, spec, body, head) for split, s in scorers.items()}
 
 
 def _point(data_state: dict, step: int, start_step: int, ops_update: int, loss: float) -> dict:
@@ -228,17 +212,17 @@ def _point(data_state: dict, step: int, start_step: int, ops_update: int, loss: 
           "loss": loss}
 
 
-def curve(workdir: str, c: ml_collections.ConfigDict, scorer: eval_lib.TestSet,
+def curve(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet,
           start_step: int, start_loss: float) -> tuple[list[dict], np.ndarray]:
   """The start (the seed's state, `start_loss` on `scorer`, at the seed's step) and each of
   the run's checkpoints scored by `scorer`: ([{step, update, ops, device_seconds,
   cpu_seconds, loss}], per-window losses of the last checkpoint). `update` and `ops` are
   this run's, counted from its start."""
-  opu = ops_per_update(c)
+  opu = spec.total_ops_per_update
   points, last = [_point({}, start_step, start_step, opu, float(start_loss))], None
   for s in (s for s in checkpoints(workdir) if s > start_step):
     _, state, data_state, _ = runs.restore_state(workdir, step=s)
-    last = _score(scorer, c, state.body, state.head)
+    last = _score(scorer, spec, state.body, state.head)
     points.append(_point(data_state, s, start_step, opu, float(last.mean())))
   if last is None:
     raise UserError(f"{workdir!r} has no checkpoint after its start (step {start_step}); "
@@ -246,14 +230,14 @@ def curve(workdir: str, c: ml_collections.ConfigDict, scorer: eval_lib.TestSet,
   return points, last
 
 
-def final_losses(workdir: str, c: ml_collections.ConfigDict, scorer: eval_lib.TestSet
+def final_losses(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet
                  ) -> np.ndarray:
   """Per-window losses of a run's newest checkpoint (scored once)."""
   body, head, _ = runs.restore_params(workdir)
-  return _score(scorer, c, body, head)
+  return _score(scorer, spec, body, head)
 
 
-def summary(workdir: str, c: ml_collections.ConfigDict, start_step: int) -> dict:
+def summary(workdir: str, spec: spec_lib.RunSpec, start_step: int) -> dict:
   """A finished run (its newest checkpoint and summary.json): the step reached, this run's
   updates and operations, its training and apart seconds, and the budget counted one update
   before the stop (below the budget)."""
@@ -261,9 +245,9 @@ def summary(workdir: str, c: ml_collections.ConfigDict, start_step: int) -> dict
   with open(os.path.join(workdir, records.SUMMARY_FILE)) as f:
     done = json.load(f)
   updates = int(step) - start_step
-  return {"step": int(step), "updates": updates, "ops": updates * ops_per_update(c),
+  return {"step": int(step), "updates": updates, "ops": updates * spec.total_ops_per_update,
           **{k: float(data_state.get(k, 0.0)) for k in budget_lib.TIMERS},
-          "budget_unit": c.budget_unit,
+          "budget_unit": spec.budget.unit,
           "budget_before_last_update": done.get("budget_before_last_update")}
 
 
@@ -281,11 +265,6 @@ def shown(path: str, out: str) -> str:
 # ----------------------------------------------------------------------------- seeds
 
 
-def model_kind(c: ml_collections.ConfigDict) -> str:
-  """"lstm" or "gru": the model family of a config's method (its `describe`)."""
-  return methods.get(c).family
-
-
 def seed_configs(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collections.ConfigDict]
                  ) -> dict[str, ml_collections.ConfigDict]:
   """Each seed run's config: its recipe (config.seed_runs) at the model of the methods
@@ -295,15 +274,15 @@ def seed_configs(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collectio
     users = [m for m in cfgs if config.start[m] == name]
     if not users:
       continue
-    models = {(cfgs[m].model.d_t, cfgs[m].model.d_e, cfgs[m].model.depth, model_kind(cfgs[m]))
-              for m in users}
+    models = {(cfgs[m].model.d_t, cfgs[m].model.d_e, cfgs[m].model.depth,
+               spec_lib.resolve(cfgs[m]).method.family) for m in users}
     if len(models) > 1:
       raise UserError(f"methods {', '.join(users)} start from seed {name!r} but differ in "
                       "model size; fix: give each size its own seed run in config.start")
     s = ml_collections.ConfigDict(seed_c.to_dict())
     ref = cfgs[users[0]]
     s.model.update(d_t=ref.model.d_t, d_e=ref.model.d_e, depth=ref.model.depth)
-    if model_kind(s) != model_kind(ref):
+    if spec_lib.resolve(s).method.family != spec_lib.resolve(ref).method.family:
       raise UserError(f"seed {name!r} is method={s.method} but {users[0]} is method="
                       f"{ref.method}: a GRU seeds a GRU, an LSTM an LSTM")
     if s.n_experts != 1:
@@ -323,16 +302,16 @@ def train_seeds(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collection
   records = {}
   for name, s in seed_configs(config, cfgs).items():
     workdir = os.path.join(out, "seeds", name)
-    c = budgeted(s, data_dir, config.seed_run_seed, None, "updates", config.seed_updates, 1)
+    spec = budgeted(s, data_dir, config.seed_run_seed, None, "updates", config.seed_updates, 1)
     print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t}, {config.seed_updates} "
           f"updates at seed {config.seed_run_seed}", flush=True)
-    wall = train(c, workdir, f"seed run {name}")
+    wall = train(spec, workdir, f"seed run {name}")
     records[name] = {"workdir": shown(workdir, out), "method": s.method, "d_t": s.model.d_t,
                      "depth": s.model.depth, "lr": s.opt.lr, "eps": s.spsa.eps,
                      "n_pert": s.spsa.n_pert, "batch": s.spsa.batch, "seq_len": s.data.seq_len,
-                     "seed": config.seed_run_seed, **summary(workdir, c, 0),
-                     "ops_per_update": ops_per_update(c),
-                     "ensemble_val_nats_per_byte": float(final_losses(workdir, c, val).mean()),
+                     "seed": config.seed_run_seed, **summary(workdir, spec, 0),
+                     "ops_per_update": spec.total_ops_per_update,
+                     "ensemble_val_nats_per_byte": float(final_losses(workdir, spec, val).mean()),
                      "wall_seconds_this_call": wall, "_path": workdir}
   return records
 
@@ -460,8 +439,8 @@ def sized(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigD
     raise UserError(f"reference={ref!r} is not a method; have {', '.join(names)}")
   cfgs = {n: ml_collections.ConfigDict(config.methods[n].to_dict())
           for n in [ref] + [n for n in names if n != ref]}
-  target = total_params(cfgs[ref])
+  target = spec_lib.resolve(cfgs[ref]).method.ensemble_params
   for name, c in cfgs.items():
     if name != ref and config.match_params:
-      c.model.d_t = methods.get(c).width_for_params(target, c)
+      c.model.d_t = spec_lib.resolve(c).method.width_for_params(target)
   return cfgs

@@ -26,14 +26,14 @@ import ml_collections
 import numpy as np
 
 from soma_jax import evaluate as eval_lib
-from soma_jax import methods as methods_lib
+from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 from soma_jax.studies import protocol
 
 
 def run_config(name: str, c: ml_collections.ConfigDict, config: ml_collections.ConfigDict,
                data_dir: str, seed: int, start: dict, unit: str, ref_updates: int | None
-               ) -> ml_collections.ConfigDict:
+               ) -> spec_lib.RunSpec:
   """The run of row `name` at one seed: to the budget, or (a control) to the reference's
   updates in this seed."""
   if name in config.match_updates:
@@ -53,22 +53,24 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
       raise UserError(f"match_updates.{name}={target!r}: controls match the reference {ref!r}, "
                       "and must be methods")
   unit = protocol.check_plan(config)
-  protocol.check_equal_ops(methods, 1.0, unit)  # printed; unequal costs are Table 4's point
-  data_dir = protocol.ensure_data(config, out, max(c.n_experts for c in methods.values()))
-  val, test = protocol.eval_sets(config, data_dir, [c.data.seq_len for c in methods.values()])
+  specs = {name: spec_lib.resolve(c) for name, c in methods.items()}
+  protocol.check_equal_ops(specs, 1.0, unit)  # printed; unequal costs are Table 4's point
+  data_dir = protocol.ensure_data(config, out, max(s.n_experts for s in specs.values()))
+  val, test = protocol.eval_sets(config, data_dir, [s.seq_len for s in specs.values()])
   seeds = protocol.train_seeds(config, methods, data_dir, out, val)
   starts, results = {}, {}
   for n, c in methods.items():
-    rc = protocol.budgeted(c, data_dir, config.first_seed, seeds[config.start[n]], unit, 1, 1)
-    starts[n] = protocol.start_losses(rc, {"validation": val, "test": test})
-    results[n] = describe(n, c, config, seeds[config.start[n]], unit, protocol.layout_of(rc))
+    first = protocol.budgeted(c, data_dir, config.first_seed, seeds[config.start[n]], unit, 1, 1)
+    starts[n] = protocol.start_losses(first, {"validation": val, "test": test})
+    results[n] = describe(n, first, config, seeds[config.start[n]], unit,
+                          protocol.layout_of(first))
   ends = {}
   for seed in protocol.optimisation_seeds(config):
     ref_updates = None
     for name, c in methods.items():
-      rc = run_config(name, c, config, data_dir, seed, seeds[config.start[name]], unit,
-                      ref_updates)
-      record, ends[(seed, name)] = run_row(rc, out, seed, name, seeds[config.start[name]],
+      row = run_config(name, c, config, data_dir, seed, seeds[config.start[name]], unit,
+                       ref_updates)
+      record, ends[(seed, name)] = run_row(row, out, seed, name, seeds[config.start[name]],
                                            starts[name], (val, test))
       ref_updates = record["updates"] if name == ref else ref_updates
       results[name]["per_seed"].append(record)
@@ -89,16 +91,16 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
   return protocol.write(out, payload, table)
 
 
-def run_row(rc: ml_collections.ConfigDict, out: str, seed: int, name: str, start: dict,
+def run_row(row: spec_lib.RunSpec, out: str, seed: int, name: str, start: dict,
             start_w: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet]
             ) -> tuple[dict, np.ndarray]:
   """Trains one row at one seed; (its per-seed record, its end per-window test losses)."""
   val, test = scored
   workdir = os.path.join(out, "runs", f"seed{seed}", name)
-  wall = protocol.train(rc, workdir, f"{name} (seed {seed})")
-  points, end_test = protocol.curve(workdir, rc, test, start["step"], start_w["test"].mean())
-  end_val = protocol.final_losses(workdir, rc, val)
-  done = protocol.summary(workdir, rc, start["step"])
+  wall = protocol.train(row, workdir, f"{name} (seed {seed})")
+  points, end_test = protocol.curve(workdir, row, test, start["step"], start_w["test"].mean())
+  end_val = protocol.final_losses(workdir, row, val)
+  done = protocol.summary(workdir, row, start["step"])
   print(f"[table4] seed {seed} {name}: {done['updates']} updates, "
         f"{protocol.budget_used(done):.4g} {done['budget_unit']}, test "
         f"{start_w['test'].mean():.4f} -> {end_test.mean():.4f}", flush=True)
@@ -131,14 +133,15 @@ def gain_differences(results: dict, ends: dict, starts: dict, ref: str,
   return out
 
 
-def describe(name: str, c: ml_collections.ConfigDict, config: ml_collections.ConfigDict,
+def describe(name: str, spec: spec_lib.RunSpec, config: ml_collections.ConfigDict,
              seed: dict, unit: str, layout: dict) -> dict:
   """What a row is (its Method's `describe`: model, directions per update) and its budget."""
-  return {"method": c.method, **methods_lib.get(c).describe(c), "n_experts": c.n_experts,
-          "d_t": c.model.d_t, "depth": c.model.depth, "params": protocol.total_params(c),
-          "seq_len": c.data.seq_len, "batch": c.spsa.batch, "accum": c.spsa.accum, "lr": c.opt.lr,
-          "eps": c.spsa.eps, "layout": layout,
-          "ops_per_update": protocol.ops_per_update(c), "start": protocol.start_of(seed),
+  c = spec.config  # the row's settings as its config names them
+  return {"method": spec.method.name, **spec.method.describe, "n_experts": spec.n_experts,
+          "d_t": c.model.d_t, "depth": c.model.depth, "params": spec.method.ensemble_params,
+          "seq_len": spec.seq_len, "batch": c.spsa.batch, "accum": c.spsa.accum, "lr": spec.lr,
+          "eps": spec.eps, "layout": layout,
+          "ops_per_update": spec.total_ops_per_update, "start": protocol.start_of(seed),
           "budget": "updates of " + config.reference if name in config.match_updates else unit,
           "per_seed": []}
 

@@ -32,14 +32,16 @@ import ml_collections
 import numpy as np
 
 from soma_jax import evaluate as eval_lib
+from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 from soma_jax.studies import protocol
 
 
-def grid_point(c: ml_collections.ConfigDict, lr: float, eps: float) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict(c.to_dict())
+def grid_point(spec: spec_lib.RunSpec, lr: float, eps: float) -> spec_lib.RunSpec:
+  """The budgeted run at another lr and eps (its config changed there, then resolved)."""
+  c = ml_collections.ConfigDict(spec.config.to_dict())
   c.opt.lr, c.spsa.eps = lr, eps
-  return c
+  return spec_lib.resolve(c)
 
 
 def extended(lrs: list[float], best: float) -> float | None:
@@ -51,11 +53,11 @@ def extended(lrs: list[float], best: float) -> float | None:
   return None
 
 
-def tune(c: ml_collections.ConfigDict, config: ml_collections.ConfigDict, root: str,
+def tune(spec: spec_lib.RunSpec, config: ml_collections.ConfigDict, root: str,
          val: eval_lib.TestSet, what: str, start: dict) -> tuple[dict, list[dict], dict]:
   """The two-stage lr-then-eps search of one architecture and seed, on validation only.
 
-  `c` is the budgeted run config (seed, start, budget set); `start` = {step, val}: the seed
+  `spec` is the budgeted run (seed, start, budget set); `start` = {step, val}: the seed
   step it continues and its validation loss. Returns (the selected configuration's record,
   every configuration's record in the order trained, the search: grids and edge flags).
   """
@@ -65,7 +67,7 @@ def tune(c: ml_collections.ConfigDict, config: ml_collections.ConfigDict, root: 
   def run(lr: float, eps: float) -> dict:
     if (lr, eps) not in tried:
       workdir = os.path.join(root, f"lr{lr:g}_eps{eps:g}")
-      point = grid_point(c, lr, eps)
+      point = grid_point(spec, lr, eps)
       wall = protocol.train(point, workdir, f"{what} lr={lr:g} eps={eps:g}")
       points, last = protocol.curve(workdir, point, val, start["step"], start["val"])
       tried[(lr, eps)] = {"lr": lr, "eps": eps, "workdir": workdir, "val_curve": points,
@@ -137,25 +139,27 @@ def compare_pair(config: ml_collections.ConfigDict, out: str,
     raise UserError(f"study=table7 compares two architectures; config.methods has {len(methods)}")
   check_grid(config)
   unit = protocol.check_plan(config)
-  ops = protocol.check_equal_ops(methods, config.ops_tolerance, unit)
+  specs = {name: spec_lib.resolve(c) for name, c in methods.items()}
+  ops = protocol.check_equal_ops(specs, config.ops_tolerance, unit)
   ref, other = list(methods)
-  data_dir = protocol.ensure_data(config, out, max(c.n_experts for c in methods.values()))
-  val, test = scorers or protocol.eval_sets(config, data_dir, [c.data.seq_len for c in methods.values()])
+  data_dir = protocol.ensure_data(config, out, max(s.n_experts for s in specs.values()))
+  val, test = scorers or protocol.eval_sets(config, data_dir, [s.seq_len for s in specs.values()])
   seeds = protocol.train_seeds(config, methods, data_dir, out, val)
   results, finals, starts = {}, {}, {}
   for name, c in methods.items():
     s = seeds[config.start[name]]
-    rc = protocol.budgeted(c, data_dir, config.first_seed, s, unit, config.budget, 1)
-    starts[name] = protocol.start_losses(rc, {"validation": val, "test": test})  # test: once
-    results[name] = describe(c, s, ops[name], protocol.layout_of(rc))
+    first = protocol.budgeted(c, data_dir, config.first_seed, s, unit, config.budget, 1)
+    starts[name] = protocol.start_losses(first, {"validation": val, "test": test})  # test: once
+    results[name] = describe(first, s, protocol.layout_of(first))
   for seed in protocol.optimisation_seeds(config):
     for name, c in methods.items():
       s = seeds[config.start[name]]
-      rc = protocol.budgeted(c, data_dir, seed, s, unit, config.budget, config.curve_points)
-      chosen, tried, search = tune(rc, config, os.path.join(out, "runs", f"seed{seed}", name),
+      run_spec = protocol.budgeted(c, data_dir, seed, s, unit, config.budget, config.curve_points)
+      chosen, tried, search = tune(run_spec, config,
+                                   os.path.join(out, "runs", f"seed{seed}", name),
                                    val, f"seed {seed} {name}",
                                    {"step": s["step"], "val": starts[name]["validation"].mean()})
-      finals[(seed, name)] = protocol.final_losses(chosen["workdir"], rc, test)  # once
+      finals[(seed, name)] = protocol.final_losses(chosen["workdir"], run_spec, test)  # once
       results[name]["per_seed"].append(per_seed_record(seed, s, chosen, tried, search, out,
                                                         starts[name], finals[(seed, name)]))
   gain_difference = differences(results, finals, starts, ref, other, test, config)
@@ -171,11 +175,13 @@ def compare_pair(config: ml_collections.ConfigDict, out: str,
           "methods": results, "gain_difference": gain_difference}
 
 
-def describe(c: ml_collections.ConfigDict, seed: dict, ops: int, layout: dict) -> dict:
-  return {"method": c.method, "n_experts": c.n_experts, "d_t": c.model.d_t,
-          "params": protocol.total_params(c), "n_pert": c.spsa.n_pert, "batch": c.spsa.batch,
-          "seq_len": c.data.seq_len, "weight_decay": c.opt.weight_decay, "ops_per_update": ops,
-          "start": protocol.start_of(seed), "layout": layout, "per_seed": []}
+def describe(spec: spec_lib.RunSpec, seed: dict, layout: dict) -> dict:
+  c = spec.config  # the architecture's settings as its config names them
+  return {"method": spec.method.name, "n_experts": spec.n_experts, "d_t": c.model.d_t,
+          "params": spec.method.ensemble_params, "n_pert": c.spsa.n_pert,
+          "batch": c.spsa.batch, "seq_len": spec.seq_len, "weight_decay": spec.weight_decay,
+          "ops_per_update": spec.total_ops_per_update, "start": protocol.start_of(seed),
+          "layout": layout, "per_seed": []}
 
 
 def per_seed_record(seed: int, start: dict, chosen: dict, tried: list[dict], search: dict,
@@ -189,7 +195,7 @@ def per_seed_record(seed: int, start: dict, chosen: dict, tried: list[dict], sea
       **search, **protocol.row_losses(start_w, ends),
       "updates": chosen["updates"], "updates_per_expert": chosen["updates"],
       "budget_used": protocol.budget_used(chosen),
-      **{k: chosen[k] for k in ("device_seconds", "cpu_seconds")},
+      **{k: chosen[k] for k in budget_lib.TRAINING_TIMERS},
       "curve": chosen["val_curve"], "curve_split": "ensemble_val",
       "test_nats_per_byte": float(test_w.mean()),
       "configurations": [strip(r) for r in tried],

@@ -18,8 +18,9 @@ import time
 import ml_collections
 
 from soma_jax import checkpoint as ckpt_lib
-from soma_jax import methods, records, runs
 from soma_jax import model as model_lib
+from soma_jax import records, runs
+from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
@@ -62,48 +63,47 @@ def train_all(c: ml_collections.ConfigDict, out: str) -> dict[int, str]:
     pipeline.check_data_dir(data_dir, n)
     run = run_config(c, n, data_dir)
     t0 = time.perf_counter()
-    train_lib.train_to_end(run, workdir(out, n), f"the N = {n} run")
+    train_lib.train_to_end(spec_lib.resolve(run), workdir(out, n), f"the N = {n} run")
     print(f"[train_sizes] N = {n}: width {run.model.d_t}, {run.steps} updates, "
           f"{time.perf_counter() - t0:.0f} s ({workdir(out, n)})", flush=True)
     done[n] = workdir(out, n)
   return done
 
 
-def _check_run(c: ml_collections.ConfigDict, n: int, run_cfg: ml_collections.ConfigDict,
+def _check_run(c: ml_collections.ConfigDict, n: int, run: spec_lib.RunSpec,
                where: str) -> model_lib.ModelConfig:
   """The run's model, once its N, width and recipe are the study's; else one UserError."""
   want = variance.sized_model(c, n)
-  m = run_cfg.model
   fix = _fix(c, os.path.dirname(where))
-  if methods.get(run_cfg).family != "lstm" or run_cfg.get("experts", ""):
-    raise UserError(f"{where!r} is not a whole LSTM ensemble (method={run_cfg.method}, "
-                    f"experts={run_cfg.get('experts', '')!r}); {fix}")
-  got, need = (run_cfg.n_experts, m.d_t, m.d_e, m.depth), (n, want.d_t, want.d_e, want.depth)
+  if run.method.family != "lstm" or len(run.experts) != run.n_experts:
+    raise UserError(f"{where!r} is not a whole LSTM ensemble (method={run.method.name}, "
+                    f"experts={run.config.get('experts', '')!r}); {fix}")
+  m = run.method.model
+  got, need = (run.n_experts, m.d_t, m.d_e, m.depth), (n, want.d_t, want.d_e, want.depth)
   if got != need:
     raise UserError(f"{where!r} holds N = {got[0]} experts of width {got[1]} (d_E {got[2]}, "
                     f"depth {got[3]}); the study needs N = {n} at width {want.d_t} (d_E "
                     f"{want.d_e}, depth {want.depth}) for total_params={c.total_params:,}; {fix}")
   # The run's whole config against the one train_all writes for this N (`run_config`):
   # what a resume may change (cadence, speed knobs) aside, but not the length.
-  changes = ckpt_lib.config_changes(run_cfg, run_config(c, n, run_cfg.data.dir))
+  changes = ckpt_lib.config_changes(run.config, run_config(c, n, run.data_dir))
   for key, (a, b) in changes.items():
     if key == "steps" or not ckpt_lib.under(key, ckpt_lib.RESUMABLE_KEYS):
       raise UserError(f"{where!r} was trained with {key}={a}, the study's train_run has {b}; "
                       f"{fix}")
-  return model_lib.ModelConfig(d_t=m.d_t, d_e=m.d_e, depth=m.depth,
-                               shared_head=bool(m.shared_head))
+  return m
 
 
-def _record(where: str, run_cfg: ml_collections.ConfigDict, step: int) -> dict:
+def _record(where: str, run: spec_lib.RunSpec, step: int) -> dict:
   """What the results say of one N's run: recipe, last expert-validation loss, seconds."""
   summary = {}
   if os.path.isfile(os.path.join(where, records.SUMMARY_FILE)):
     with open(os.path.join(where, records.SUMMARY_FILE)) as f:
       summary = json.load(f)
-  return {"workdir": os.path.normpath(where), "update": step, "n_experts": run_cfg.n_experts,
-          "d_t": run_cfg.model.d_t, "n_pert": run_cfg.spsa.n_pert, "batch": run_cfg.spsa.batch,
-          "seq_len": run_cfg.data.seq_len, "lr": run_cfg.opt.lr, "eps": run_cfg.spsa.eps,
-          "weight_decay": run_cfg.opt.weight_decay, "data_dir": run_cfg.data.dir,
+  return {"workdir": os.path.normpath(where), "update": step, "n_experts": run.n_experts,
+          "d_t": run.method.model.d_t, "n_pert": run.config.spsa.n_pert, "batch": run.batch,
+          "seq_len": run.seq_len, "lr": run.lr, "eps": run.eps,
+          "weight_decay": run.weight_decay, "data_dir": run.data_dir,
           "val_loss": summary.get("val_loss"), "device_seconds": summary.get("device_seconds")}
 
 
@@ -117,14 +117,14 @@ def load_all(c: ml_collections.ConfigDict) -> dict[int, variance.Trained]:
     where = workdir(out, n)
     if not os.path.isfile(os.path.join(where, ckpt_lib.CONFIG_FILE)):
       raise UserError(f"trained_dir={out!r} has no trained N = {n} (no {where}); {_fix(c, out)}")
-    mcfg = _check_run(c, n, ckpt_lib.read_config(where), where)
-    step, state, _, run_cfg = runs.restore_state(where)
+    mcfg = _check_run(c, n, runs.read_spec(where), where)
+    step, state, _, run = runs.restore_state(where)
     if int(step) != c.train_run.steps:
       raise UserError(f"{where!r} is at update {int(step)} of {c.train_run.steps}; "
                       f"{_fix(c, out)}")
-    loaded[n] = variance.Trained(state.body, state.head, mcfg, run_cfg.data.dir,
+    loaded[n] = variance.Trained(state.body, state.head, mcfg, run.data_dir,
                                  f"trained: {os.path.normpath(where)} at update {int(step)}",
-                                 _record(where, run_cfg, int(step)))
+                                 _record(where, run, int(step)))
   with c.unlocked():
     c.weights = (f"trained: one SOMA run per N in {os.path.normpath(out)}, "
                  f"{c.train_run.steps} updates each")

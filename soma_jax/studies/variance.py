@@ -15,11 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from soma_jax import config as config_lib
 from soma_jax import model as model_lib
 from soma_jax import sizing, spsa, train_state
+from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 from soma_jax.loop import Loop
-from soma_jax.methods import soma
 from soma_jax.variance_measure import (
   PyTree,
   block_errors,
@@ -57,9 +58,10 @@ def step_seconds(cfg: model_lib.ModelConfig, n: int, n_pert: int, batch: int, se
                                  step_cfg.train_head)
   data = jax.random.randint(jax.random.key(seed), (n, 1, batch, seq_len + 1), 0, 256)
   data = data.astype(jnp.uint8)
-  # SOMA's registered step, advanced by the training loop: the first (compiling) update
-  # is waited for, then `steps` updates are timed.
-  loop = Loop(state, functools.partial(soma.METHOD.train_step, cfg=step_cfg),
+  # SOMA's registered step (a soma config's Method; at this study's step config), advanced by
+  # the training loop: the first (compiling) update is waited for, then `steps` are timed.
+  soma_step = spec_lib.resolve(config_lib.base_config(n=1, size="tiny")).method.train_step
+  loop = Loop(state, functools.partial(soma_step, cfg=step_cfg),
               itertools.repeat(data), jnp.arange(n))
   updates = loop.run(0, steps + 1)
   jax.block_until_ready(next(updates)[1])
