@@ -31,6 +31,7 @@ import os
 import ml_collections
 import numpy as np
 
+from soma_jax import budget as budget_lib
 from soma_jax import evaluate as eval_lib
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
