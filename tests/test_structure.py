@@ -156,3 +156,90 @@ def test_no_sys_path_edits_in_benchmarks_scripts_or_tests():
            if PATH_EDIT.search(line)]
   assert found == []
   assert PATH_EDIT.search("sys.path.insert(0, ROOT)") and not PATH_EDIT.search("on `sys.path`")
+
+
+# ------------------------------------------------------------------- bind at resolve (issue 38)
+
+CONFIG_NAMES = {"c", "config", "run_cfg", "seed_c", "rc", "vc"}
+# Where a raw ConfigDict may still be a parameter: building and validating configs, the
+# resolver and each method's `make`, config.json's own I/O, and the entry points that resolve.
+# The studies build configs (their config space) and resolve each one where they build it.
+RAW_CONFIG_ALLOWED = {
+    "soma_jax/config.py": None, "soma_jax/checkpoint.py": None, "soma_jax/records.py": None,
+    "soma_jax/cli.py": None, "soma_jax/merge.py": None,
+    "soma_jax/spec.py": {"resolve"}, "soma_jax/plan.py": {"resolve"}, "soma_jax/train.py": {"run"},
+    "soma_jax/methods/lstm.py": {"settings"},
+    "soma_jax/methods/eggroll.py": {"make", "es_config", "check_gru_generation"},
+}
+
+
+def _takes_raw_config(fn: ast.FunctionDef) -> bool:
+  args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+  for a in args:
+    note = ast.unparse(a.annotation) if a.annotation is not None else ""
+    if "ConfigDict" in note or (a.arg in CONFIG_NAMES and not note):
+      return True
+  return False
+
+
+def raw_config_functions(trees: dict[str, ast.Module]) -> list[str]:
+  """Top-level functions and methods below the resolver that take a raw config."""
+  found = []
+  for path, tree in trees.items():
+    rel = path.replace(os.sep, "/")
+    allowed = RAW_CONFIG_ALLOWED.get(rel, set())
+    if allowed is None or rel.startswith("soma_jax/studies/"):
+      continue
+    if rel.startswith("soma_jax/methods/") and rel not in RAW_CONFIG_ALLOWED:
+      allowed = {"make"}
+    nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    nodes += [m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body
+              if isinstance(m, ast.FunctionDef)]
+    found += [f"{rel}:{n.lineno} {n.name}" for n in nodes
+              if n.name not in allowed and _takes_raw_config(n)]
+  return found
+
+
+def test_no_function_below_the_resolver_takes_a_raw_config():
+  """A config is read once, by `spec.resolve` and each method's `make`: everything below
+  holds the RunSpec, the Method or their fields."""
+  assert raw_config_functions(_sources("soma_jax")) == []
+
+
+def test_the_raw_config_check_sees_one():
+  tree = {"soma_jax/plan.py": ast.parse(
+      "def place(spec, c: ml_collections.ConfigDict):\n  pass\ndef f(c):\n  pass\n"
+      "def g(c: jax.Array):\n  pass\ndef resolve(c):\n  pass\n")}
+  assert raw_config_functions(tree) == ["soma_jax/plan.py:1 place", "soma_jax/plan.py:3 f"]
+
+
+METHOD_API = {"Method", "Seed", "MAKERS", "make"}  # what soma_jax.methods offers outside it
+
+
+def method_module_imports(trees: dict[str, ast.Module]) -> list[str]:
+  """Imports of one method's module (`from soma_jax.methods import soma`, ...) outside
+  soma_jax/methods/: a method is reached through its resolved spec."""
+  found = []
+  for path, tree in trees.items():
+    if path.startswith(os.path.join("soma_jax", "methods") + os.sep):
+      continue
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and node.module == "soma_jax.methods":
+        found += [f"{path}:{node.lineno} {a.name}" for a in node.names if a.name not in METHOD_API]
+      elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("soma_jax.methods."):
+        found.append(f"{path}:{node.lineno} {node.module}")
+      elif isinstance(node, ast.Import):
+        found += [f"{path}:{node.lineno} {a.name}" for a in node.names
+                  if a.name.startswith("soma_jax.methods.")]
+  return found
+
+
+def test_no_method_module_imported_outside_methods():
+  assert method_module_imports(_sources(*FOLDERS)) == []
+
+
+def test_the_method_import_check_sees_one():
+  tree = ast.parse("from soma_jax.methods import Method, soma\nimport soma_jax.methods.lstm\n"
+                   "from soma_jax.methods.base import Seed\n")
+  assert method_module_imports({"x.py": tree}) == [
+      "x.py:1 soma", "x.py:2 soma_jax.methods.lstm", "x.py:3 soma_jax.methods.base"]
