@@ -32,6 +32,7 @@ from ml_collections import config_flags
 
 from soma_jax import budget as budget_lib
 from soma_jax import cli, host_devices
+from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.config import BUDGET_UNITS
 from soma_jax.errors import UserError
@@ -64,16 +65,17 @@ def stop_busy(procs: list[subprocess.Popen]) -> None:
     p.wait()
 
 
-def one_run(c, data_dir: str, unit: str, budget: float, busy: int, warmup: float) -> dict:
-  """Trains `c` from a fresh init to `budget` of `unit` (beside `busy` spinning processes)."""
-  rc = protocol.budgeted(c, data_dir, 0, None, unit, budget, 1)
+def one_run(spec: spec_lib.RunSpec, busy: int, warmup: float) -> dict:
+  """Trains a budgeted run (`protocol.budgeted`: a fresh init, to its budget of one unit)
+  beside `busy` spinning processes."""
+  unit = spec.budget.unit
   procs = start_busy(busy)
   try:
     time.sleep(warmup if busy else 0.0)
     load0 = list(os.getloadavg())
     with tempfile.TemporaryDirectory() as workdir:
       t0 = time.perf_counter()
-      summary = train_lib.train_to_end(rc, workdir, f"budget_load {unit} run")
+      summary = train_lib.train_to_end(spec, workdir, f"budget_load {unit} run")
       wall = time.perf_counter() - t0
     load1 = list(os.getloadavg())
   finally:
@@ -94,27 +96,33 @@ def compare_unit(runs: list[dict], tolerance: float) -> dict:
           "relative_difference": diff, "within_tolerance": bool(abs(diff) <= tolerance)}
 
 
-def measure(config, row: str, data_dir: str, units: list[str], budget: float, busy: int,
-            warmup: float, repeats: int, tolerance: float) -> dict:
-  if row not in config.methods:
-    raise UserError(f"--row={row!r} is not a method of this config; have "
-                    f"{', '.join(config.methods.keys())}")
+def check_flags(rows: list[str], row: str, units: list[str], budget: float, busy: int,
+                repeats: int) -> None:
+  """A UserError for a --row not among the config's `rows`, or a bad unit or count."""
+  if row not in rows:
+    raise UserError(f"--row={row!r} is not a method of this config; have {', '.join(rows)}")
   bad = [u for u in units if u not in BUDGET_UNITS]
   if bad or busy < 1 or repeats < 1 or budget <= 0:
     raise UserError(f"--units={units} (use {', '.join(BUDGET_UNITS)}), --busy={busy} and "
                     f"--repeats={repeats} (>= 1), --budget={budget} (> 0)")
-  c = protocol.sized(config)[row]
-  out = {"row": row, "method": c.method, "n_experts": c.n_experts, "d_t": c.model.d_t,
-         "budget": budget, "busy_processes": busy, "busy_command": SPIN, "warmup_seconds": warmup,
-         "tolerance": tolerance, "platform": jax.default_backend(),
-         "usable_cores": host_devices.usable_cores(), "devices": jax.device_count(),
-         "layout": protocol.layout_of(c), "load_average_start": list(os.getloadavg()),
-         "runs": [], "units": {}}
-  for unit in units:
+
+
+def measure(specs: dict[str, spec_lib.RunSpec], row: str, busy: int, warmup: float,
+            repeats: int, tolerance: float) -> dict:
+  """Each unit's budgeted run (`specs`: unit -> the row's run at that unit's budget) alone
+  and beside `busy` processes, `repeats` times in that order."""
+  s = next(iter(specs.values()))
+  out = {"row": row, "method": s.method.name, "n_experts": s.n_experts,
+         "d_t": s.method.model.d_t, "budget": s.budget.amount, "busy_processes": busy,
+         "busy_command": SPIN, "warmup_seconds": warmup, "tolerance": tolerance,
+         "platform": jax.default_backend(), "usable_cores": host_devices.usable_cores(),
+         "devices": jax.device_count(), "layout": protocol.layout_of(s),
+         "load_average_start": list(os.getloadavg()), "runs": [], "units": {}}
+  for unit, spec in specs.items():
     runs = []
     for _ in range(repeats):
       for n in (0, busy):
-        runs.append(one_run(c, data_dir, unit, budget, n, warmup))
+        runs.append(one_run(spec, n, warmup))
         print(f"[budget_load] {unit}, {n} busy: {runs[-1]['updates']} updates in "
               f"{runs[-1]['wall_seconds']:.1f} s wall", file=sys.stderr, flush=True)
     out["runs"] += runs
@@ -126,10 +134,15 @@ def measure(config, row: str, data_dir: str, units: list[str], budget: float, bu
 def main(argv):
   del argv
   config = _CONFIG.value
+  check_flags(list(config.methods.keys()), _ROW.value, _UNITS.value, _BUDGET.value,
+              _BUSY.value, _REPEATS.value)
+  c = protocol.sized(config)[_ROW.value]
   with tempfile.TemporaryDirectory() as tmp:
     data_dir = _DATA_DIR.value or protocol.ensure_data(config, tmp, 2)
-    result = measure(config, _ROW.value, data_dir, _UNITS.value, _BUDGET.value, _BUSY.value,
-                     _WARMUP.value, _REPEATS.value, _TOLERANCE.value)
+    specs = {unit: protocol.budgeted(c, data_dir, 0, None, unit, _BUDGET.value, 1)
+             for unit in _UNITS.value}
+    result = measure(specs, _ROW.value, _BUSY.value, _WARMUP.value, _REPEATS.value,
+                     _TOLERANCE.value)
   result["command"] = "python -m benchmarks.budget_load " + " ".join(sys.argv[1:])
   for unit, u in result["units"].items():
     print(f"{unit}: {u['mean_alone']:.1f} updates alone, {u['mean_loaded']:.1f} beside "

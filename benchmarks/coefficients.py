@@ -21,7 +21,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from benchmarks.step_timing import describe, step_inputs
-from soma_jax import cli, memory, methods, spsa
+from soma_jax import cli, memory, spsa
+from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
@@ -34,17 +35,20 @@ flags.mark_flag_as_required("config")
 _COEFFICIENTS = jax.jit(spsa.coefficients, static_argnames=("cfg", "shared_head"))
 
 
-def compare(c, precisions, forwards, n_pert: int) -> dict:
+def check_flags(precisions, forwards, n_pert: int) -> None:
   for name, values, allowed in (("precision", precisions, memory.PRECISIONS),
                                 ("forward", forwards, spsa.FORWARDS)):
     if not values or not set(values) <= set(allowed):
       raise UserError(f"--{name}={','.join(values)} must name some of {', '.join(allowed)}")
   if n_pert < 1:
     raise UserError(f"--n_pert={n_pert} must be >= 1")
-  with c.unlocked():
-    c.spsa.n_pert, c.spsa.pert_chunk = n_pert, n_pert
-  inputs = step_inputs(c)
-  base = methods.get(c).step_config(c, n_pert)
+
+
+def compare(spec: spec_lib.RunSpec, precisions, forwards) -> dict:
+  """Each precision x forward's coefficients against highest / direct (all of the run's
+  directions in one chunk)."""
+  inputs = step_inputs(spec)
+  base = spec.method.step_config(spec.mesh.n_pert)
   s = inputs.state
 
   def coefs(precision: str, forward: str) -> np.ndarray:
@@ -64,15 +68,18 @@ def compare(c, precisions, forwards, n_pert: int) -> dict:
                    "relative_norm_vs_highest_direct":
                        float(np.linalg.norm(got - ref) / np.linalg.norm(ref))})
       print(rows[-1], file=sys.stderr, flush=True)
-  return describe(c, forward="all", eps=float(s.sched.eps[0])) | {
+  return describe(spec, forward="all", eps=float(s.sched.eps[0])) | {
       "reference": "precision=highest, forward=direct", "coefficient_rms": float(
           np.sqrt(np.mean(ref ** 2))), "rows": rows}
 
 
 def main(argv):
   del argv
-  cli.emit_json(compare(_CONFIG.value, _PRECISION.value, _FORWARD.value, _N_PERT.value),
-                _JSON.value)
+  check_flags(_PRECISION.value, _FORWARD.value, _N_PERT.value)
+  c = _CONFIG.value
+  with c.unlocked():  # every direction in one chunk
+    c.spsa.n_pert, c.spsa.pert_chunk = _N_PERT.value, _N_PERT.value
+  cli.emit_json(compare(spec_lib.resolve(c), _PRECISION.value, _FORWARD.value), _JSON.value)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from soma_jax import evaluate as eval_lib
 from soma_jax import model as model_lib
 from soma_jax.data.router import Router
 from soma_jax.errors import UserError
-from soma_jax.methods import lstm
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run folder (checkpoints, config)")
 _JSON = flags.DEFINE_string("json", None, "write the results here as JSON")
@@ -70,12 +69,13 @@ def peak_memory() -> tuple[int, str]:
 def _ensemble():
   """(bodies, head, model config, N, request windows, router): the run's, or the synthetic
   ensemble of --synthetic_n experts routed by random centroids."""
-  body_N, head, c = runs.restore_params(_WORKDIR.value, _STEP.value)
-  data_dir = _DATA_DIR.value or c.data.dir
+  _, state, _, spec = runs.restore_state(_WORKDIR.value, _STEP.value)
+  body_N, head = state.body, state.head
+  data_dir = _DATA_DIR.value or spec.data_dir
   windows, _ = eval_lib.load_split(data_dir, _SPLIT.value)
   windows = np.resize(windows, (_REQUESTS.value, windows.shape[1]))  # tiles a short split
   router = Router.load(os.path.join(data_dir, "router.npz"))
-  cfg, n = lstm.model_config(c), c.n_experts
+  cfg, n = spec.method.model, spec.n_experts
   if _SYNTH_N.value > 0:
     n = _SYNTH_N.value
     cfg = model_lib.ModelConfig(d_t=_SYNTH_D.value, d_e=cfg.d_e, depth=cfg.depth, shared_head=True)

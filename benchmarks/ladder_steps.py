@@ -11,7 +11,7 @@ For every rung of the config (`rungs=` picks them), each of SOMA's N = 2 run, th
 monolith's, the summed-loss control's and the two seed runs' (N = 1 at SOMA's expert width
 and at the monolith's width):
 - `update_seconds`: wall seconds per update in training itself (`--train_updates` updates
-  from a fresh init through `train.run` on the data dir, its clock's training time: the
+  from a fresh init through `train.train` on the data dir, its clock's training time: the
   pipelined loop, compilation, evaluation and checkpoints apart). This sizes the rungs.
 - `isolated_step_seconds`: the median of `--reps` rounds of the step alone, each waited for
   (`step_timing.benchmark`, in the layout training uses). On these 2 cores it read 38.9 ms
@@ -39,7 +39,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from benchmarks import step_timing
-from soma_jax import cli, descent, host_devices, memory, methods, runs
+from soma_jax import cli, descent, host_devices, memory, runs
+from soma_jax import plan as plan_lib
+from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.studies import ladder, protocol
@@ -58,39 +60,38 @@ _DATA_DIR = flags.DEFINE_string(
 flags.mark_flag_as_required("config")
 
 
-def step_seconds(c, reps: int) -> dict:
-  """Median seconds of one isolated update of training config `c` and its layout."""
-  r = step_timing.benchmark(c, reps, loop=False, ideals=False)
+def step_seconds(spec: spec_lib.RunSpec, reps: int) -> dict:
+  """Median seconds of one isolated update of a run and its layout."""
+  r = step_timing.benchmark(spec, reps, loop=False, ideals=False)
   return {"isolated_step_seconds": r["step_seconds"], "layout": r["layout"],
-          "d_t": c.model.d_t, "n_experts": c.n_experts,
+          "d_t": spec.method.model.d_t, "n_experts": spec.n_experts,
           "load_average_1m_at_start": r["load_average_1m_at_start"]}
 
 
-def update_seconds(c, data_dir: str, updates: int, scratch: str) -> dict:
-  """Wall seconds per update of `updates` training updates of config `c` from a fresh init
-  (training's clock: compilation, evaluation and checkpoints apart)."""
-  rc = protocol.budgeted(c, data_dir, 0, None, "updates", updates, 1)
+def update_seconds(spec: spec_lib.RunSpec, scratch: str) -> dict:
+  """Wall seconds per update of a budgeted run from a fresh init (`protocol.budgeted` in
+  updates; training's clock: compilation, evaluation and checkpoints apart)."""
   workdir = tempfile.mkdtemp(dir=scratch)
-  train_lib.run(rc, workdir)
-  done = protocol.summary(workdir, rc, 0)
+  train_lib.train(plan_lib.place(spec), workdir)
+  done = protocol.summary(workdir, spec, 0)
   units = host_devices.charged_units(jax.device_count())  # device-seconds per wall second
   return {"update_seconds": done["device_seconds"] / units / done["updates"],
           "train_updates": done["updates"], "compile_seconds": done["compile_seconds"] / units}
 
 
-def mechanism_seconds(c, m, count: int) -> float:
-  """Wall seconds of the mechanism's measurement of config `c`'s model at a fresh init on
+def mechanism_seconds(spec: spec_lib.RunSpec, m, count: int) -> float:
+  """Wall seconds of the mechanism's measurement of a run's model at a fresh init on
   `count` random batches (compilation included: the study pays it once per model)."""
-  body_N, head = runs.initial_params(c)
+  body_N, head = runs.initial_params(spec)
   body = jax.tree.map(lambda x: x[0], body_N)
-  head_e = head if c.model.shared_head else head[0]
+  head_e = head if spec.shared_head else head[0]
   rng = np.random.default_rng(0)
-  shape = (c.spsa.accum, c.spsa.batch, c.data.seq_len + 1)
+  shape = (spec.accum, spec.batch, spec.seq_len + 1)
   batches = [jnp.asarray(rng.integers(0, 256, shape, dtype=np.uint8)) for _ in range(count)]
   t = time.perf_counter()
   with memory.full_precision():
-    descent.measure(ladder.batch_loss, body, head_e, batches, c.spsa.eps,
-                    methods.get(c).step_config(c).spsa, jax.random.key(m.seed),
+    descent.measure(ladder.batch_loss, body, head_e, batches, spec.eps,
+                    spec.method.step_config().spsa, jax.random.key(m.seed),
                     repeats=m.repeats, hutchinson=m.hutchinson, rho_by=m.rho_by)
   return time.perf_counter() - t
 
@@ -119,19 +120,21 @@ def rung(config, width: int, reps: int, mechanism: bool, data_dir: str, scratch:
   pair = ladder.rung_config(config, width, control=False)
   seed_cfgs = protocol.seed_configs(pair, protocol.sized(pair))
   every = {**cfgs, **{f"seed_{name}": c for name, c in seed_cfgs.items()}}
-  timed = {name: step_seconds(c, reps) for name, c in every.items()}
+  specs = {name: spec_lib.resolve(c) for name, c in every.items()}
+  timed = {name: step_seconds(spec, reps) for name, spec in specs.items()}
   key = "isolated_step_seconds"
   if _TRAIN_UPDATES.value > 0:
     for name, c in every.items():
-      timed[name].update(update_seconds(c, data_dir, _TRAIN_UPDATES.value, scratch))
+      run = protocol.budgeted(c, data_dir, 0, None, "updates", _TRAIN_UPDATES.value, 1)
+      timed[name].update(update_seconds(run, scratch))
     key = "update_seconds"
   out = {**ladder.sizes(config, width), "steps": timed, "projected_from": key}
   out["projected_training_minutes"] = projection(
       config, {k: v[key] for k, v in timed.items()}, ref, mono)
   if mechanism:
     m = config.mechanism
-    out["mechanism_seconds"] = {ref: mechanism_seconds(cfgs[ref], m, m.batches),
-                                mono: mechanism_seconds(cfgs[mono], m, 2 * m.batches)}
+    out["mechanism_seconds"] = {ref: mechanism_seconds(specs[ref], m, m.batches),
+                                mono: mechanism_seconds(specs[mono], m, 2 * m.batches)}
   print(f"[ladder_steps] rung {width} ({key}): " + ", ".join(
       f"{k} {v[key] * 1e3:.1f} ms" for k, v in timed.items()), file=sys.stderr, flush=True)
   return out

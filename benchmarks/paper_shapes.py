@@ -24,6 +24,7 @@ from absl import flags
 
 from soma_jax import cli, memory, spsa  # importing jax starts no backend
 from soma_jax import config as config_lib
+from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,8 +81,9 @@ def measure_row(label: str, n_pert: int, reps: int, precision: str, time_block: 
     with memory.matmul_precision(precision):
       return {"row": label, "precision": precision, "dot_algorithm": memory.dot_algorithm(precision),
               "matmul_gflops": step_timing.matmul_peak_gflops(4096, max(reps, 5))}
-  c = row_config(label, n_pert, precision, time_block, unroll, signs, forward)
-  out = step_timing.benchmark(c, reps, loop=False, ideals=False)
+  spec = spec_lib.resolve(row_config(label, n_pert, precision, time_block, unroll, signs,
+                                     forward))
+  out = step_timing.benchmark(spec, reps, loop=False, ideals=False)
   return {"row": label, "what": ROWS[label][1], **out}
 
 

@@ -17,6 +17,7 @@ from ml_collections import config_flags
 
 from benchmarks.step_timing import plans, signs_values
 from soma_jax import cli
+from soma_jax import spec as spec_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _CHUNKS = flags.DEFINE_list("pert_chunk", ["16", "64"], "spsa.pert_chunk values")
@@ -27,8 +28,8 @@ flags.mark_flag_as_required("config")
 
 def main(argv):
   del argv
-  result = plans(_CONFIG.value, cli.positive_ints("pert_chunk", _CHUNKS.value),
-                 signs_values(_SIGNS.value))
+  chunks = cli.positive_ints("pert_chunk", _CHUNKS.value)
+  result = plans(spec_lib.resolve(_CONFIG.value), chunks, signs_values(_SIGNS.value))
   for r in result["rows"]:
     b = r["planned_bytes"]
     size = f"{b / 1e9:.2f} GB" if b >= 1e8 else f"{b / 1e6:.1f} MB"

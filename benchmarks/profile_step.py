@@ -3,8 +3,9 @@
   python -m benchmarks.profile_step --config=experiments/configs/soma.py:n=2,size=paper \
       --json bench_out/profile.json [--steps=2] [--trace_dir=bench_out/trace] [--top=40]
 
-Compiles the step as training does ("auto" chunk resolved, the config's precision), runs it
-once to warm up, then records --steps steps with `jax.profiler`. The trace (Perfetto JSON,
+Compiles the step as training does (in its device layout, `plan.place_step`: on a CPU one
+host device per core unless --cpu_devices says otherwise; "auto" chunk resolved, the
+config's precision), runs it once to warm up, then records --steps steps with `jax.profiler`. The trace (Perfetto JSON,
 kept under --trace_dir when given) is summed by event name for each profiler process, e.g.
 the GPU's kernels apart from the host's threads; each op gets its total milliseconds per
 step (self time: minus the ops nested in it, so a loop counts only its own overhead), its
@@ -27,6 +28,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from benchmarks.profiling import profile  # noqa: E402
 from soma_jax import cli  # noqa: E402
+from soma_jax import spec as spec_lib  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _STEPS = flags.DEFINE_integer("steps", 2, "profiled steps (after one warm-up step)")
@@ -38,7 +40,7 @@ flags.mark_flag_as_required("config")
 
 def main(argv):
   del argv
-  result = profile(_CONFIG.value, _STEPS.value, _TOP.value, _TRACE_DIR.value)
+  result = profile(spec_lib.resolve(_CONFIG.value), _STEPS.value, _TOP.value, _TRACE_DIR.value)
   for proc, p in result["processes"].items():
     print(f"{proc}: {p['total_ms_per_step']:.1f} ms per step in ranked ops", file=sys.stderr)
     print("  " + ", ".join(f"{k} {100 * v['share']:.0f}%" for k, v in p["categories"].items()),

@@ -12,8 +12,10 @@ import tempfile
 
 import jax
 
-from benchmarks.step_timing import describe, step_inputs
-from soma_jax import memory, methods
+from benchmarks.step_timing import LayoutStep, describe, step_inputs
+from soma_jax import memory
+from soma_jax import plan as plan_lib
+from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 
 # Events that wrap others (whole executions, waits, Python frames) would count time twice.
@@ -95,15 +97,17 @@ def summarize(trace: dict, steps: int, top: int) -> dict:
   return out
 
 
-def profile(c, steps: int, top: int, trace_dir: str | None) -> dict:
+def profile(spec: spec_lib.RunSpec, steps: int, top: int, trace_dir: str | None) -> dict:
+  """The step in the layout training uses (`plan.place_step`), its trace summed."""
   if steps < 1 or top < 1:
     raise UserError(f"--steps={steps} and --top={top} must be >= 1")
-  inputs = step_inputs(c)
-  choice = methods.choose_chunk(c, c.n_experts)
-  cfg = methods.get(c).step_config(c, choice.chunk)
-  step = inputs.runner(inputs.compile(cfg))
+  inputs = step_inputs(spec)
+  placed = plan_lib.place_step(spec)
+  cfg = placed.step_cfg
+  sharded = LayoutStep.build(inputs, placed)
+  step = sharded.run if sharded else inputs.runner(inputs.compile(cfg))
   run = lambda: jax.block_until_ready(step())
-  with memory.matmul_precision(c.precision):
+  with memory.matmul_precision(spec.precision):
     run()  # warm-up: allocations and autotuning stay out of the trace
     with tempfile.TemporaryDirectory() as tmp:
       where = trace_dir or tmp
@@ -118,7 +122,9 @@ def profile(c, steps: int, top: int, trace_dir: str | None) -> dict:
                         "a JAX whose profiler writes Perfetto traces (jax >= 0.4.30)")
       with gzip.open(files[-1]) as f:
         trace = json.load(f)
-  return describe(c, pert_chunk=choice.chunk, time_block=cfg.spsa.time_block,
-                  forward=cfg.spsa.forward, dot_algorithm=memory.dot_algorithm(c.precision)) | {
+  lay = placed.layout
+  return describe(spec, pert_chunk=placed.chunk.chunk, time_block=cfg.spsa.time_block,
+                  forward=cfg.spsa.forward, dot_algorithm=memory.dot_algorithm(spec.precision)) | {
+      "layout": {"mesh_expert": lay.expert, "mesh_pert": lay.pert, "what": lay.why},
       "steps": steps, "trace": files[-1] if trace_dir else None,
       "processes": summarize(trace, steps, top)}

@@ -41,6 +41,7 @@ from ml_collections import config_flags
 
 from benchmarks.step_timing import benchmark
 from soma_jax import cli
+from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
@@ -80,7 +81,7 @@ def one_device_process(reps: int) -> dict:
 
 def main(argv):
   del argv
-  out = benchmark(_CONFIG.value, _REPS.value, _LOOP.value and not _STEP_ONLY.value,
+  out = benchmark(spec_lib.resolve(_CONFIG.value), _REPS.value, _LOOP.value and not _STEP_ONLY.value,
                   ideals=not _STEP_ONLY.value)
   if _ONE_PROCESS.value and out["devices"] > 1:
     child = one_device_process(_REPS.value)

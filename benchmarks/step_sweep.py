@@ -20,6 +20,7 @@ from ml_collections import config_flags
 
 from benchmarks.step_timing import signs_values, sweep
 from soma_jax import cli
+from soma_jax import spec as spec_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _CHUNKS = flags.DEFINE_list("pert_chunk", ["1", "2", "4"], "spsa.pert_chunk values")
@@ -32,9 +33,10 @@ flags.mark_flag_as_required("config")
 
 def main(argv):
   del argv
-  result = sweep(_CONFIG.value, cli.positive_ints("pert_chunk", _CHUNKS.value),
-                 cli.positive_ints("time_block", _BLOCKS.value), _REPS.value,
-                 signs_values(_SIGNS.value))
+  chunks = cli.positive_ints("pert_chunk", _CHUNKS.value)
+  blocks = cli.positive_ints("time_block", _BLOCKS.value)
+  signs = signs_values(_SIGNS.value)
+  result = sweep(spec_lib.resolve(_CONFIG.value), chunks, blocks, _REPS.value, signs)
   for r in result["rows"]:
     print(f"pert_chunk {r['pert_chunk']:>4}  time_block {r['time_block']:>4}  "
           f"signs {r['signs']:>8}  "

@@ -16,13 +16,13 @@ import time
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from soma_jax import config as config_lib
-from soma_jax import memory, methods, parallel, runs, sizing, spsa, train_state
+from soma_jax import memory, parallel, runs, sizing, spsa, train_state
 from soma_jax import model as model_lib
 from soma_jax import plan as plan_lib
+from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 
 
@@ -72,18 +72,18 @@ def undonated(train_step):
 
 @dataclasses.dataclass(frozen=True)
 class StepInputs:
-  """A config's initial state, random bytes [N, A, B, T + 1] and expert ids: what every
+  """A run's initial state, random bytes [N, A, B, T + 1] and expert ids: what every
   benchmark of the step compiles and runs it on."""
 
-  c: ml_collections.ConfigDict
+  spec: spec_lib.RunSpec
   state: train_state.TrainState
   batch: jax.Array
   ids: jax.Array
 
   def compile(self, cfg: spsa.StepConfig):
-    """The step compiled at the config's matmul precision (no run)."""
-    with memory.matmul_precision(self.c.precision):
-      step = undonated(methods.get(self.c).train_step)
+    """The one-device step compiled at the run's matmul precision (no run)."""
+    with memory.matmul_precision(self.spec.precision):
+      step = undonated(self.spec.method.train_step)
       return step.lower(self.state, self.batch, self.ids, cfg=cfg).compile()
 
   def runner(self, compiled):
@@ -92,43 +92,47 @@ class StepInputs:
   @property
   def tokens(self) -> int:
     """Perturbed tokens per step: 2 A K B T N."""
-    s = self.c.spsa
-    return 2 * s.accum * s.n_pert * s.batch * self.c.data.seq_len * self.c.n_experts
+    s = self.spec
+    return 2 * s.accum * s.mesh.n_pert * s.batch * s.seq_len * s.n_experts
 
 
-def step_inputs(c: ml_collections.ConfigDict) -> StepInputs:
-  methods.validate(c)
-  n, a, b, t = c.n_experts, c.spsa.accum, c.spsa.batch, c.data.seq_len
+def step_inputs(spec: spec_lib.RunSpec) -> StepInputs:
+  n, a, b, t = spec.n_experts, spec.accum, spec.batch, spec.seq_len
   batch = np.random.default_rng(0).integers(0, 256, (n, a, b, t + 1), dtype=np.uint8)
-  return StepInputs(c, runs.initial_state(c), jnp.asarray(batch), jnp.arange(n, dtype=jnp.int32))
+  return StepInputs(spec, runs.initial_state(spec), jnp.asarray(batch),
+                    jnp.arange(n, dtype=jnp.int32))
 
 
 @dataclasses.dataclass(frozen=True)
 class LayoutStep:
-  """The step on the mesh training would use for this config (`plan.layout`), not donating,
-  compiled, with its inputs laid out as training lays them out."""
+  """The step on the mesh training would use for this run (`plan.place_step`), not
+  donating, compiled, with its inputs laid out as training lays them out."""
 
   layout: parallel.Layout
   choice: memory.ChunkChoice
   run: object  # () -> (state, metrics)
 
   @staticmethod
-  def build(inputs: StepInputs) -> "LayoutStep | None":
+  def build(inputs: StepInputs, placed: plan_lib.Placed) -> "LayoutStep | None":
     """None when training would run on one device (the plain step is the layout's)."""
-    c = inputs.c
-    placed = plan_lib.layout(c, c.n_experts)
-    if (placed.expert, placed.pert) == (1, 1):
+    mesh, spec = placed.mesh, inputs.spec
+    if mesh is None:
       return None
-    mesh = parallel.make_mesh(placed.expert, placed.pert, n_experts=c.n_experts)
-    choice = methods.choose_chunk(c, c.n_experts, mesh)
-    method = methods.get(c)
-    step = method.sharded_step(method.step_config(c, choice.chunk), mesh, donate=False)
+    step = spec.method.sharded_step(placed.step_cfg, mesh, donate=False)
     state = parallel.put_state(inputs.state, mesh)
     batch = parallel.global_batch(np.asarray(inputs.batch), mesh)
-    ids = parallel.expert_ids(c.n_experts, mesh)
-    with memory.matmul_precision(c.precision):
+    ids = parallel.expert_ids(spec.n_experts, mesh)
+    with memory.matmul_precision(spec.precision):
       compiled = step.lower(state, batch, ids).compile()
-    return LayoutStep(placed, choice, lambda: compiled(state, batch, ids))
+    return LayoutStep(placed.layout, placed.chunk, lambda: compiled(state, batch, ids))
+
+
+def one_device_chunk(spec: spec_lib.RunSpec, placed: plan_lib.Placed) -> memory.ChunkChoice:
+  """The pert_chunk planned for the plain one-device step: the placed one where training
+  runs on one device, else planned again without the mesh."""
+  if placed.mesh is None:
+    return placed.chunk
+  return plan_lib.choose_chunk(spec.method, spec.n_experts)
 
 
 def losses_agree(one_device, layout) -> dict:
@@ -140,11 +144,11 @@ def losses_agree(one_device, layout) -> dict:
           "loss_max_relative_difference": float(np.max(np.abs(a - b) / np.abs(a)))}
 
 
-def describe(c: ml_collections.ConfigDict, **config) -> dict:
+def describe(spec: spec_lib.RunSpec, **config) -> dict:
   """The fields every benchmark record starts with: the shapes, the backend, the device."""
-  return {"config": {"n_experts": c.n_experts, "d_t": c.model.d_t, "n_pert": c.spsa.n_pert,
-                     "batch": c.spsa.batch, "accum": c.spsa.accum, "seq_len": c.data.seq_len,
-                     "precision": c.precision, **config},
+  return {"config": {"n_experts": spec.n_experts, "d_t": spec.method.model.d_t,
+                     "n_pert": spec.mesh.n_pert, "batch": spec.batch, "accum": spec.accum,
+                     "seq_len": spec.seq_len, "precision": spec.precision, **config},
           "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
           "devices": jax.device_count()}
 
@@ -185,22 +189,24 @@ def estimate_only(cfg: spsa.StepConfig):
   return est
 
 
-def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
+def benchmark(spec: spec_lib.RunSpec, reps: int = 5, loop: bool = True,
+              ideals: bool = True) -> dict:
   """The figures above; `ideals=False` times the step alone (paper_shapes.py's rows).
 
   `step_seconds` and the rates are the step in the device layout training uses
-  (`plan.layout`: on a CPU one host device per core under the entry points); when that is
-  not one device, the plain one-device step is timed in the same rounds
+  (`plan.place_step`: on a CPU one host device per core under the entry points); when that
+  is not one device, the plain one-device step is timed in the same rounds
   (`one_device_step_seconds`, `speedup_vs_one_device`) and the ideals' ratios
   (`efficiency`, ...) read the one-device step, a one-device program like them.
   """
   load = os.getloadavg()[0]
-  inputs = step_inputs(c)
+  inputs = step_inputs(spec)
   state, batch = inputs.state, inputs.batch
-  choice = methods.choose_chunk(c, c.n_experts)
-  cfg = methods.get(c).step_config(c, choice.chunk)
+  placed = plan_lib.place_step(spec)
+  choice = one_device_chunk(spec, placed)
+  cfg = spec.method.step_config(choice.chunk)
   compiled = inputs.compile(cfg)
-  sharded = LayoutStep.build(inputs)
+  sharded = LayoutStep.build(inputs, placed)
   fns = {"one_device_step": inputs.runner(compiled)}
   if sharded is not None:
     fns["step"] = lambda: sharded.run()[0].body
@@ -210,21 +216,20 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
     fns["batched_forward"] = lambda: wide(state.body, state.head, batch)
     est = estimate_only(cfg)
     fns["estimate"] = lambda: est(state, batch, inputs.ids)
-  with memory.matmul_precision(c.precision):
+  with memory.matmul_precision(spec.precision):
     seconds = interleaved(fns, reps)
   one_s = seconds["one_device_step"]
   step_s, tokens = seconds.get("step", one_s), inputs.tokens
-  placed = sharded.layout if sharded else plan_lib.layout(c, c.n_experts)
-  out = describe(c, depth=c.model.depth,
-                 pert_chunk=sharded.choice.chunk if sharded else choice.chunk,
-                 pert_chunk_setting=str(c.spsa.pert_chunk), time_block=cfg.spsa.time_block,
-                 unroll=cfg.spsa.unroll, probe=c.spsa.probe,
+  lay = placed.layout
+  out = describe(spec, depth=cfg.model.depth, pert_chunk=placed.chunk.chunk,
+                 pert_chunk_setting=str(spec.mesh.chunk or "auto"),
+                 time_block=cfg.spsa.time_block, unroll=cfg.spsa.unroll, probe=cfg.spsa.probe,
                  signs=cfg.spsa.signs, forward=cfg.spsa.forward,
-                 dot_algorithm=memory.dot_algorithm(c.precision),
+                 dot_algorithm=memory.dot_algorithm(spec.precision),
                  params_per_expert=sizing.body_params(cfg.model))
   out.update(
       load_average_1m_at_start=load, reps=reps, step_seconds=step_s,
-      layout={"mesh_expert": placed.expert, "mesh_pert": placed.pert, "what": placed.why},
+      layout={"mesh_expert": lay.expert, "mesh_pert": lay.pert, "what": lay.why},
       perturbed_tokens_per_second=tokens / step_s,
       achieved_gflops=tokens * sizing.flops_per_token(cfg.model) / step_s / 1e9,
       one_device_step_seconds=one_s, one_device_pert_chunk=choice.chunk,
@@ -235,26 +240,32 @@ def benchmark(c, reps: int = 5, loop: bool = True, ideals: bool = True) -> dict:
       device_limit_bytes=choice.limit_bytes,
   )
   if sharded is not None:
-    with memory.matmul_precision(c.precision):
+    with memory.matmul_precision(spec.precision):
       out.update(losses_agree(compiled(state, batch, inputs.ids), sharded.run()))
-  stats = jax.devices()[0].memory_stats() or {}
-  if "peak_bytes_in_use" in stats:  # the allocator's peak so far: the step's alone without
-    # the ideals (paper_shapes.py's rows, one process each), else the step's and the ideals'
-    key = "process_peak_bytes_in_use" if ideals else "device_peak_bytes_in_use"
-    out[key] = int(stats["peak_bytes_in_use"])
+  out.update(_allocator_peak(ideals))
   if ideals:
-    out.update(_ideal_figures(c, inputs, cfg, seconds, out, step_s, loop, reps))
+    out.update(_ideal_figures(spec, inputs, cfg, seconds, out, step_s, loop, reps))
   return out
 
 
-def _ideal_figures(c, inputs: StepInputs, cfg, seconds: dict, out: dict, step_s: float,
-                   loop: bool, reps: int) -> dict:
+def _allocator_peak(ideals: bool) -> dict:
+  """The allocator's peak so far, where the device reports one: the step's alone without
+  the ideals (paper_shapes.py's rows, one process each), else the step's and the ideals'."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" not in stats:
+    return {}
+  key = "process_peak_bytes_in_use" if ideals else "device_peak_bytes_in_use"
+  return {key: int(stats["peak_bytes_in_use"])}
+
+
+def _ideal_figures(spec: spec_lib.RunSpec, inputs: StepInputs, cfg, seconds: dict, out: dict,
+                   step_s: float, loop: bool, reps: int) -> dict:
   """The step's ratios to its ideals (measured in the same rounds as the step), the matmul
   rate, the memory at 2 n_pert and, with `loop`, the per-direction loop."""
   one_s, tokens = seconds["one_device_step"], inputs.tokens
   fwd_s, wide_s, est_s = seconds["forward"], seconds["batched_forward"], seconds["estimate"]
   new = {}
-  with memory.matmul_precision(c.precision):
+  with memory.matmul_precision(spec.precision):
     new["matmul_peak_gflops"] = matmul_peak_gflops(4096 if jax.default_backend() == "gpu" else 2048)
   new.update(forward_seconds=fwd_s, forward_tokens_per_second=tokens / fwd_s,
              efficiency=fwd_s / one_s, batched_forward_seconds=wide_s,
@@ -265,11 +276,11 @@ def _ideal_figures(c, inputs: StepInputs, cfg, seconds: dict, out: dict, step_s:
              estimate_seconds=est_s, estimate_efficiency=fwd_s / est_s)
   new["fraction_of_matmul_peak"] = out["achieved_gflops"] / new["matmul_peak_gflops"]
   # Peak memory scales with pert_chunk, not n_pert: the same step at 2 n_pert.
-  cfg2 = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, n_pert=2 * c.spsa.n_pert))
+  cfg2 = dataclasses.replace(cfg, spsa=dataclasses.replace(cfg.spsa, n_pert=2 * cfg.spsa.n_pert))
   new["peak_memory_bytes_2x_n_pert"] = memory.planned_bytes(inputs.compile(cfg2))
   new["memory_ratio_2x_n_pert"] = new["peak_memory_bytes_2x_n_pert"] / out["peak_memory_bytes"]
   if loop:
-    with memory.matmul_precision(c.precision):
+    with memory.matmul_precision(spec.precision):
       new["loop_seconds"] = naive_loop_seconds(inputs.state, inputs.batch, inputs.ids, cfg,
                                                min(reps, 3))
     new["speedup_vs_loop"] = new["loop_seconds"] / step_s
@@ -308,18 +319,18 @@ def naive_loop_seconds(state, batch, ids, cfg: spsa.StepConfig, reps: int) -> fl
   return timeit(run, reps)
 
 
-def sweep(c, chunks: list[int], blocks: list[int], reps: int,
+def sweep(spec: spec_lib.RunSpec, chunks: list[int], blocks: list[int], reps: int,
           signs: tuple[str, ...] = ("together",)) -> dict:
   """step_sweep.py's table: every dividing (pert_chunk, time_block, spsa.signs), timed in
   the same rounds."""
-  inputs = step_inputs(c)
-  k = c.spsa.n_pert
+  inputs = step_inputs(spec)
+  k = spec.mesh.n_pert
   rows, fns = {}, {}
   skipped = [f"pert_chunk={chunk} does not divide n_pert={k}" for chunk in chunks if k % chunk]
   limit = memory.device_limit_bytes()
   for chunk, block, sign in itertools.product([ch for ch in chunks if k % ch == 0], blocks,
                                               signs):
-    cfg = methods.get(c).step_config(c, chunk)
+    cfg = spec.method.step_config(chunk)
     cfg = dataclasses.replace(cfg, spsa=dataclasses.replace(
         cfg.spsa, time_block=block, signs_together=sign == "together"))
     name = f"pert_chunk={chunk},time_block={block},signs={sign}"
@@ -330,7 +341,7 @@ def sweep(c, chunks: list[int], blocks: list[int], reps: int,
                      f"device's {limit / 1e9:.1f} GB")
       continue
     try:
-      with memory.matmul_precision(c.precision):
+      with memory.matmul_precision(spec.precision):
         jax.block_until_ready(inputs.runner(compiled)())
     except jax.errors.JaxRuntimeError as e:  # out of memory despite the plan
       skipped.append(f"{name} failed: {str(e).splitlines()[0][:200]}")
@@ -340,35 +351,44 @@ def sweep(c, chunks: list[int], blocks: list[int], reps: int,
                   "planned_bytes": plan}
   if not fns:
     raise UserError("no combination to time: " + "; ".join(skipped))
-  with memory.matmul_precision(c.precision):
+  with memory.matmul_precision(spec.precision):
     seconds = interleaved(fns, reps, warm=False)  # each ran once above, the out-of-memory probe
   best = min(seconds.values())
   for name, row in rows.items():
     row.update(step_seconds=seconds[name],
                perturbed_tokens_per_second=inputs.tokens / seconds[name],
                relative_to_fastest=seconds[name] / best)
-  return describe(c) | {"reps": reps, "auto_pert_chunk": methods.choose_chunk(c, c.n_experts).chunk,
-                        "auto_signs": methods.get(c).step_config(c).spsa.signs,
-                        "rows": sorted(rows.values(), key=lambda r: r["step_seconds"]),
-                        "skipped": skipped}
+  return describe(spec) | {
+      "reps": reps, "auto_pert_chunk": plan_lib.choose_chunk(spec.method, spec.n_experts).chunk,
+      "auto_signs": spec.method.step_config().spsa.signs,
+      "rows": sorted(rows.values(), key=lambda r: r["step_seconds"]), "skipped": skipped}
 
 
-def plans(c: ml_collections.ConfigDict, chunks: list[int], signs: tuple[str, ...]) -> dict:
+def planned_bytes(spec: spec_lib.RunSpec, cfg: spsa.StepConfig) -> int:
+  """XLA's buffer plan of the run's one-device step at `cfg`, compiled on abstract inputs
+  (nothing allocated or run), as `plan_chunk` plans a chunk for a device's limit."""
+  n, one = spec.n_experts, parallel.one_device()
+  state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
+                       parallel.abstract_state(cfg, n))
+  batch = jax.ShapeDtypeStruct((n, spec.accum, spec.batch, spec.seq_len + 1), jnp.uint8)
+  ids = jax.ShapeDtypeStruct((n,), jnp.int32)
+  with memory.matmul_precision(spec.precision):
+    return memory.planned_bytes(spec.method.train_step.lower(state, batch, ids, cfg=cfg).compile())
+
+
+def plans(spec: spec_lib.RunSpec, chunks: list[int], signs: tuple[str, ...]) -> dict:
   """plan_memory.py's table: one row per dividing pert_chunk x signs, XLA's planned bytes."""
-  methods.validate(c)
-  if methods.get(c).plan_chunk is None:
-    raise UserError(f"method={c.method}: only the SOMA step has a pert_chunk to plan")
-  k = c.spsa.n_pert
+  if spec.method.plan_chunk is None:
+    raise UserError(f"method={spec.method.name}: only the SOMA step has a pert_chunk to plan")
+  k = spec.mesh.n_pert
   skipped = [f"pert_chunk={chunk} does not divide n_pert={k}" for chunk in chunks if k % chunk]
   rows = []
   for chunk, sign in itertools.product([ch for ch in chunks if k % ch == 0], signs):
-    ci = c.copy_and_resolve_references()  # the caller's config stays as it was
-    with ci.unlocked():  # resolved, the field is typed by its value ("auto": str): retype it
-      del ci.spsa["pert_chunk"]
-      ci.spsa.update(pert_chunk=chunk, signs=sign)
-    choice = methods.choose_chunk(ci, ci.n_experts)
-    rows.append({"pert_chunk": chunk, "signs": sign, "planned_bytes": choice.planned_bytes})
+    cfg = spec.method.step_config(chunk)
+    cfg = dataclasses.replace(cfg, spsa=dataclasses.replace(
+        cfg.spsa, signs_together=sign == "together"))
+    rows.append({"pert_chunk": chunk, "signs": sign, "planned_bytes": planned_bytes(spec, cfg)})
   if not rows:
     raise UserError("nothing to plan: " + "; ".join(skipped))
-  return describe(c, time_block=c.spsa.time_block) | {
+  return describe(spec, time_block=spec.method.step_config().spsa.time_block) | {
       "device_limit_bytes": memory.device_limit_bytes(), "rows": rows, "skipped": skipped}

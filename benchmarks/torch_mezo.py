@@ -33,6 +33,7 @@ from absl import flags
 from benchmarks import step_timing
 from soma_jax import cli
 from soma_jax import config as config_lib
+from soma_jax import spec as spec_lib
 
 _N = flags.DEFINE_integer("n", 4, "experts N")
 _D_T = flags.DEFINE_integer("d_t", 64, "body width")
@@ -144,9 +145,9 @@ def torch_side(n, d_t, d_e, depth, n_pert, batch_NxBxT1, reps) -> dict:
           "torch_step_seconds": seconds, "torch_mean_loss": losses[-1]}
 
 
-def jax_side(c, reps) -> dict:
+def jax_side(spec: spec_lib.RunSpec, reps: int) -> dict:
   """The SOMA step in training's layout and on one device (step_timing's timings)."""
-  out = step_timing.benchmark(c, reps, loop=False, ideals=False)
+  out = step_timing.benchmark(spec, reps, loop=False, ideals=False)
   keep = ("layout", "step_seconds", "one_device_step_seconds", "pert_chunk",
           "one_device_pert_chunk", "params_per_expert", "devices")
   return {k: out.get(k, out["config"].get(k)) for k in keep}
@@ -157,20 +158,19 @@ def main(argv):
   if importlib.util.find_spec("torch") is None:
     print(MISSING)
     return
-  c = soma_config(_N.value, _D_T.value, _N_PERT.value, _BATCH.value, _SEQ_LEN.value,
-                  _TIME_BLOCK.value)
+  spec = spec_lib.resolve(soma_config(_N.value, _D_T.value, _N_PERT.value, _BATCH.value,
+                                      _SEQ_LEN.value, _TIME_BLOCK.value))
+  n, m, k = spec.n_experts, spec.method.model, spec.mesh.n_pert
   load = os.getloadavg()[0]
-  jax_out = jax_side(c, _REPS.value)
-  batch = np.random.default_rng(0).integers(0, 256, (c.n_experts, c.spsa.batch,
-                                                     c.data.seq_len + 1), dtype=np.uint8)
-  torch_out = torch_side(c.n_experts, c.model.d_t, c.model.d_e, c.model.depth, c.spsa.n_pert,
-                         batch, _REPS.value)
-  tokens = 2 * c.spsa.n_pert * c.spsa.batch * c.data.seq_len * c.n_experts
+  jax_out = jax_side(spec, _REPS.value)
+  batch = np.random.default_rng(0).integers(0, 256, (n, spec.batch, spec.seq_len + 1),
+                                            dtype=np.uint8)
+  torch_out = torch_side(n, m.d_t, m.d_e, m.depth, k, batch, _REPS.value)
+  tokens = 2 * k * spec.batch * spec.seq_len * n
   result = {
-      "config": {"n_experts": c.n_experts, "d_t": c.model.d_t, "d_e": c.model.d_e,
-                 "depth": c.model.depth, "n_pert": c.spsa.n_pert, "batch": c.spsa.batch,
-                 "seq_len": c.data.seq_len, "time_block": c.spsa.time_block,
-                 "reps": _REPS.value},
+      "config": {"n_experts": n, "d_t": m.d_t, "d_e": m.d_e, "depth": m.depth, "n_pert": k,
+                 "batch": spec.batch, "seq_len": spec.seq_len,
+                 "time_block": spec.method.step_config().spsa.time_block, "reps": _REPS.value},
       "load_average_1m_at_start": load, "perturbed_tokens_per_update": tokens,
       **{f"jax_{k}": v for k, v in jax_out.items()}, **torch_out,
       "torch_perturbed_tokens_per_second": tokens / torch_out["torch_step_seconds"],

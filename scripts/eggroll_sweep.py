@@ -24,9 +24,10 @@ import os
 import sys
 import time
 
-from soma_jax import cli, host_devices, methods, runs
+from soma_jax import cli, host_devices, runs
 from soma_jax import evaluate as eval_lib
 from soma_jax import metrics as metrics_lib
+from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.config import load_config_file
 from soma_jax.errors import UserError, exit_on_user_error
@@ -81,6 +82,7 @@ def _point(args, data_dir: str, lr: float, sigma: float) -> dict:
   c.data.dir = data_dir
   c.opt.lr, c.eggroll.sigma = lr, sigma
   c.update(steps=args.steps, log_every=1, eval_every=args.steps, ckpt_every=args.steps)
+  spec = spec_lib.resolve(c)
   done = _done_path(args, lr, sigma)
   workdir = os.path.dirname(done)
   if os.path.isfile(done):  # a finished grid point of an earlier call
@@ -88,12 +90,11 @@ def _point(args, data_dir: str, lr: float, sigma: float) -> dict:
       point = json.load(f)
   else:
     t0 = time.perf_counter()
-    summary = train_lib.train_to_end(c, workdir, f"grid point lr={lr:g} sigma={sigma:g}")
+    summary = train_lib.train_to_end(spec, workdir, f"grid point lr={lr:g} sigma={sigma:g}")
     _, state, _, _ = runs.restore_state(workdir)
     point = {"lr": lr, "sigma": sigma,
              "ensemble_val_loss": eval_lib.ensemble_validation(
-                 c.data.dir, state.body, state.head, c.model.shared_head,
-                 methods.get(c).logits),
+                 spec.data_dir, state.body, state.head, spec.shared_head, spec.method.logits),
              "expert_val_loss": summary["val_loss"][0], "updates": summary["step"],
              "step_seconds": summary["device_seconds"] / max(summary["step"], 1),
              "wall_seconds": time.perf_counter() - t0, "loadavg": list(os.getloadavg())}

@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from soma_jax import cli, merge, methods, runs, spsa, train
+from soma_jax import cli, merge, runs, spsa, train
 from soma_jax import config as config_lib
+from soma_jax import spec as spec_lib
 from soma_jax.data import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,12 +59,12 @@ def merged_vs_one_job(tmp: str, data_dir: str, signs: str) -> dict:
 
 def estimates_bit_identical(signs: str) -> dict:
   """{pert_chunk: [slice 0:1, 0:2, 0:3, 1:3 bit-identical to the N = 4 job's estimate]}."""
-  c = config_lib.base_config(n=4, size="tiny")
-  state = runs.initial_state(c)
+  spec = spec_lib.resolve(config_lib.base_config(n=4, size="tiny"))
+  state = runs.initial_state(spec)
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 1, 2, 33), dtype=np.uint8))
   out = {}
   for chunk in (1, 2, 4):
-    cfg = dataclasses.replace(methods.get(c).step_config(c).spsa, pert_chunk=chunk,
+    cfg = dataclasses.replace(spec.method.step_config().spsa, pert_chunk=chunk,
                               signs_together=signs == "together")
     est = jax.jit(lambda body, head, b, eps, ids, cfg=cfg: spsa.estimate(
         body, head, b, eps, state.step, ids, jax.random.key(0), cfg, shared_head=False)[0])

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_sweep_times_each_dividing_combination_and_ranks_them():
   c = config_lib.base_config(n=2, size="tiny")  # n_pert 4
-  out = step_timing.sweep(c, chunks=[1, 3, 4], blocks=[8, 16], reps=2,
+  out = step_timing.sweep(spec_lib.resolve(c), chunks=[1, 3, 4], blocks=[8, 16], reps=2,
                           signs=("together", "apart"))
   combos = {(r["pert_chunk"], r["time_block"], r["signs"]) for r in out["rows"]}
   assert combos == {(k, t, s) for k in (1, 4) for t in (8, 16) for s in ("together", "apart")}
@@ -67,12 +67,12 @@ def test_paper_shapes_help_lists_the_forward_and_precision_settings():
 
 
 def test_sweep_skips_combinations_that_would_not_fit_the_device(monkeypatch):
-  c = config_lib.base_config(n=2, size="tiny")
-  full = step_timing.sweep(c, chunks=[1, 4], blocks=[8], reps=1)
+  spec = spec_lib.resolve(config_lib.base_config(n=2, size="tiny"))
+  full = step_timing.sweep(spec, chunks=[1, 4], blocks=[8], reps=1)
   plan = {r["pert_chunk"]: r["planned_bytes"] for r in full["rows"]}
   limit = (plan[1] + plan[4]) / 2 / step_timing.memory.MARGIN  # chunk 1 fits, 4 does not
   monkeypatch.setattr(step_timing.memory, "device_limit_bytes", lambda: int(limit))
-  out = step_timing.sweep(c, chunks=[1, 4], blocks=[8], reps=1)
+  out = step_timing.sweep(spec, chunks=[1, 4], blocks=[8], reps=1)
   assert [r["pert_chunk"] for r in out["rows"]] == [1]
   assert len(out["skipped"]) == 1 and out["skipped"][0].startswith(
       "pert_chunk=4,time_block=8,signs=together plans")
@@ -85,8 +85,9 @@ def test_ideal_forwards_cover_the_steps_tokens_with_plain_losses():
   from soma_jax import model as M
 
   c = config_lib.base_config(n=2, size="tiny")  # n_pert 4, A 1, B 2, T 32, own heads
-  inputs = step_timing.step_inputs(c)
-  cfg = spec_lib.resolve(c).method.step_config(pert_chunk=2)
+  spec = spec_lib.resolve(c)
+  inputs = step_timing.step_inputs(spec)
+  cfg = spec.method.step_config(pert_chunk=2)
   s = inputs.state
   plain = step_timing.ideal_forward(cfg)(s.body, s.head, inputs.batch)
   wide = step_timing.ideal_forward(cfg, together=4)(s.body, s.head, inputs.batch)
@@ -100,8 +101,8 @@ def test_ideal_forwards_cover_the_steps_tokens_with_plain_losses():
 
 
 def test_benchmark_reports_ratios_of_the_times_it_measured():
-  c = config_lib.base_config(n=2, size="tiny")
-  out = step_timing.benchmark(c, reps=1, loop=False)
+  spec = spec_lib.resolve(config_lib.base_config(n=2, size="tiny"))
+  out = step_timing.benchmark(spec, reps=1, loop=False)
   assert out["reps"] == 1 and out["config"]["pert_chunk"] == 4  # the tiny preset fixes it
   # One device here: the layout training uses is the plain step, timed once.
   assert out["layout"]["what"] == "one device" and out["speedup_vs_one_device"] == 1.0
@@ -109,7 +110,7 @@ def test_benchmark_reports_ratios_of_the_times_it_measured():
   assert out["efficiency"] == out["forward_seconds"] / out["step_seconds"]
   assert out["efficiency_vs_batched"] == out["batched_forward_seconds"] / out["step_seconds"]
   assert out["estimate_efficiency"] == out["forward_seconds"] / out["estimate_seconds"]
-  step_inputs = step_timing.step_inputs(c)
+  step_inputs = step_timing.step_inputs(spec)
   assert out["perturbed_tokens_per_second"] == pytest.approx(step_inputs.tokens / out["step_seconds"])
   assert out["memory_ratio_2x_n_pert"] == out["peak_memory_bytes_2x_n_pert"] / out["peak_memory_bytes"]
   assert out["memory_ratio_2x_n_pert"] < 1.5  # memory ~ chunk, not n_pert (2 if it grew with K)
@@ -119,7 +120,7 @@ def test_plan_memory_plans_each_dividing_chunk_and_signs():
   from soma_jax.errors import UserError
 
   c = config_lib.base_config(n=2, size="tiny")  # n_pert 4
-  out = step_timing.plans(c, [1, 3, 4], ("together", "apart"))
+  out = step_timing.plans(spec_lib.resolve(c), [1, 3, 4], ("together", "apart"))
   assert [(r["pert_chunk"], r["signs"]) for r in out["rows"]] == [
       (1, "together"), (1, "apart"), (4, "together"), (4, "apart")]
   assert out["skipped"] == ["pert_chunk=3 does not divide n_pert=4"]
@@ -127,13 +128,14 @@ def test_plan_memory_plans_each_dividing_chunk_and_signs():
   assert plan[4, "together"] > plan[1, "together"] and plan[4, "apart"] < plan[4, "together"]
   assert c.spsa.pert_chunk == 4 and c.spsa.signs == "auto"  # the caller's config unchanged
   with pytest.raises(UserError, match="nothing to plan"):
-    step_timing.plans(c, [3], ("apart",))
+    step_timing.plans(spec_lib.resolve(c), [3], ("apart",))
   c.spsa.pert_chunk = "auto"  # every preset's default (the paper one's too): still planned
-  assert [r["pert_chunk"] for r in step_timing.plans(c, [1, 4], ("apart",))["rows"]] == [1, 4]
+  plans = step_timing.plans(spec_lib.resolve(c), [1, 4], ("apart",))
+  assert [r["pert_chunk"] for r in plans["rows"]] == [1, 4]
   with c.unlocked():
     c.method = "bptt"
   with pytest.raises(UserError, match="only the SOMA step"):
-    step_timing.plans(c, [1], ("apart",))
+    step_timing.plans(spec_lib.resolve(c), [1], ("apart",))
 
 
 def test_estimate_only_is_the_steps_estimate():
@@ -145,8 +147,9 @@ def test_estimate_only_is_the_steps_estimate():
   from soma_jax import spsa
 
   c = config_lib.base_config(n=2, size="tiny")
-  inputs = step_timing.step_inputs(c)
-  cfg = spec_lib.resolve(c).method.step_config()
+  spec = spec_lib.resolve(c)
+  inputs = step_timing.step_inputs(spec)
+  cfg = spec.method.step_config()
   s = inputs.state
   g, loss = step_timing.estimate_only(cfg)(s, inputs.batch, inputs.ids)
   want = spsa.estimate(s.body, s.head, inputs.batch, s.sched.eps, s.step, inputs.ids,
