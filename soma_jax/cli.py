@@ -18,6 +18,10 @@ _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "CPU host devices: 0 = one per usable core (CPU affinity and cgroup "
     "quota), unless JAX_NUM_CPU_DEVICES or XLA_FLAGS=--xla_force_host_platform_device_count "
     "sets it; no effect on a GPU run")
+_CACHE = flags.DEFINE_string(
+    "compilation_cache", None, "JAX's persistent compilation cache: a folder (default "
+    "$XDG_CACHE_HOME/soma-jax/jax, else ~/.cache/soma-jax/jax), or 'off'; the same programs "
+    "either way, so results are bit-identical; JAX_COMPILATION_CACHE_DIR, when set, wins")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -26,6 +30,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     argv = flags.FLAGS(argv)
     _check_config_files()
     host_devices.start(_CPU_DEVICES.value)
+    compilation_cache(_CACHE.value)
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)  # library info logs (orbax) only on request
     return argv
@@ -35,6 +40,38 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError, UserError) as e:
     print(f"error: {_flag_error(e, argv)}", file=sys.stderr)
     sys.exit(2)
+
+
+def default_cache_dir() -> str:
+  """$XDG_CACHE_HOME/soma-jax/jax, else ~/.cache/soma-jax/jax."""
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(root, "soma-jax", "jax")
+
+
+def compilation_cache(where: str | None) -> str | None:
+  """Turns JAX's persistent compilation cache on (every program, however quick to compile)
+  in `where` (None: JAX_COMPILATION_CACHE_DIR, else `default_cache_dir`); 'off' leaves it
+  off. The folder in use, or None."""
+  import jax
+
+  if where is None:
+    where = os.environ.get("JAX_COMPILATION_CACHE_DIR") or default_cache_dir()
+  if where.strip().lower() in ("off", "none", ""):
+    return None
+  where = os.path.abspath(os.path.expanduser(where))
+  try:
+    os.makedirs(where, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"--compilation_cache={where!r} cannot be created ({e.strerror or e}); "
+                    "fix: a writable folder, or --compilation_cache=off") from None
+  jax.config.update("jax_compilation_cache_dir", where)
+  for key, env in (("jax_persistent_cache_min_compile_time_secs",
+                    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"),
+                   ("jax_persistent_cache_min_entry_size_bytes",
+                    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")):
+    jax.config.update(key, float(os.environ.get(env, 0)) if "secs" in key
+                      else int(os.environ.get(env, 0)))
+  return where
 
 
 def _flag_error(e: Exception, argv: list[str]) -> str:

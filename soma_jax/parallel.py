@@ -17,6 +17,7 @@ experts in `local_experts(n, mesh)` through `global_batch`.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -209,10 +210,13 @@ def abstract_state(cfg: Any, n: int) -> PyTree:
 # ----------------------------------------------------------------------------- step
 
 
+@functools.lru_cache(maxsize=64)
 def make_train_step(train_step: Callable, cfg: Any, mesh: Mesh, donate: bool = True):
   """The jitted, sharded `step(state, batch_NxAxBxT1, expert_ids_N) -> (state, metrics)` of
-  a one-device `train_step(state, batch, ids, cfg, directions=, combine=)` (SOMA's
-  `spsa.train_step`; this module imports no estimator).
+  a one-device `train_step(state, batch, ids, cfg, directions=, combine=, key=)` (SOMA's
+  `spsa.train_step`; this module imports no estimator). Where `cfg.seed` is None the step
+  takes the seed's key as data, `step(state, batch, ids, key)` (replicated), so one program
+  serves every seed; built once per (step, settings, mesh, donation) in a process.
 
   FSO (pert = 1): each device runs `spsa.train_step` on its local experts; nothing is
   exchanged. DDPP (pert > 1): each pert device evaluates K/P directions of every
@@ -234,7 +238,10 @@ def make_train_step(train_step: Callable, cfg: Any, mesh: Mesh, donate: bool = T
   specs = state_specs(abstract)
   ids = jax.ShapeDtypeStruct((1,), jnp.int32)
   batch = jax.ShapeDtypeStruct((1, cfg.spsa.accum, 1, 2), jnp.uint8)
-  _, metrics = jax.eval_shape(lambda s, b, i: train_step(s, b, i, cfg), abstract, batch, ids)
+  keyed = cfg.seed is None  # the seed's key comes as data: one more (replicated) input
+  key = (jax.random.key(0),) if keyed else ()
+  _, metrics = jax.eval_shape(lambda s, b, i, *k: train_step(s, b, i, cfg, key=k[0] if k else None),
+                              abstract, batch, ids, *key)
   metric_specs = jax.tree.map(lambda x: P("expert") if x.ndim else P(), metrics)
 
   def combine(g_N, loss_N):
@@ -242,29 +249,31 @@ def make_train_step(train_step: Callable, cfg: Any, mesh: Mesh, donate: bool = T
     flat, unravel = ravel_pytree((g_N, loss_N))
     return unravel(jax.lax.psum(flat, "pert"))
 
-  def local_step(state, batch, expert_ids):
+  def local_step(state, batch, expert_ids, *key):
+    key = key[0] if key else None
     if n_pert_dev == 1:
-      return train_step(state, batch, expert_ids, cfg)
+      return train_step(state, batch, expert_ids, cfg, key=key)
     start = jax.lax.axis_index("pert") * k
     return train_step(state, batch, expert_ids, cfg, directions=(start, k),
-                           combine=combine)
+                      combine=combine, key=key)
 
   # check_vma=False: the model's and the estimator's scans start from fresh zeros, which
   # the varying-axes checker would reject as carries; replication over "pert" of the
   # outputs holds by construction (identical inputs after the psum on every replica).
-  sharded = jax.shard_map(local_step, mesh=mesh, in_specs=(specs, P("expert"), P("expert")),
+  sharded = jax.shard_map(local_step, mesh=mesh,
+                          in_specs=(specs, P("expert"), P("expert")) + (P(),) * len(key),
                           out_specs=(specs, metric_specs), check_vma=False)
   named = lambda tree: jax.tree.map(lambda s: NamedSharding(mesh, s), tree,
                                     is_leaf=lambda x: isinstance(x, P))
   state_sh, batch_sh = named(specs), batch_sharding(mesh)
 
-  def step(state, batch_NxAxBxT1, expert_ids_N):
-    return sharded(state, batch_NxAxBxT1, expert_ids_N)
+  def step(state, batch_NxAxBxT1, expert_ids_N, *key):
+    return sharded(state, batch_NxAxBxT1, expert_ids_N, *key)
 
   # Explicit shardings: inputs already laid out this way (global_batch, expert_ids,
   # state_sharding) pass through without copies; the outputs keep the state's layout so
   # the next step needs no resharding; donation reuses the old state's buffers.
-  return jax.jit(step, in_shardings=(state_sh, batch_sh, batch_sh),
+  return jax.jit(step, in_shardings=(state_sh, batch_sh, batch_sh) + (NamedSharding(mesh, P()),) * len(key),
                  out_shardings=(state_sh, named(metric_specs)),
                  donate_argnames=("state",) if donate else ())
 

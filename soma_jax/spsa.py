@@ -301,13 +301,22 @@ def head_grad(body: PyTree, embed_VxE: jax.Array, batch_AxBxT1: jax.Array) -> ja
 # ------------------------------------------------------------------------ the step
 
 
+def step_key(seed: int | None, key: jax.Array | None) -> jax.Array:
+  """The step's base key: `jax.random.key(seed)` of a static seed, or the one given as data."""
+  if (seed is None) == (key is None):
+    raise ValueError("a step takes its seed once: as cfg.seed or as its key argument")
+  return jax.random.key(seed) if key is None else key
+
+
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
   model: model_lib.ModelConfig
   spsa: SpsaConfig
   weight_decay: float = 0.0
   train_head: bool = False  # delta rule on each expert's own head (seed run, wide controls)
-  seed: int = 0
+  # The optimisation seed; None: it comes as data, the step's `key` argument (training:
+  # one compiled program serves every seed of a shape).
+  seed: int | None = 0
   # None: each expert's own loss (SOMA). A group id per expert: losses summed within
   # each group before the difference (the shared-loss control of SPEC 5 and Figure 4).
   loss_groups: tuple[int, ...] | None = None
@@ -316,17 +325,18 @@ class StepConfig:
 def train_step(state: TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
                cfg: StepConfig, *, directions: tuple[jax.typing.ArrayLike, int] | None = None,
                combine: Callable[[PyTree, jax.Array], tuple[PyTree, jax.Array]] | None = None,
-               ) -> tuple[TrainState, dict]:
+               key: jax.Array | None = None) -> tuple[TrainState, dict]:
   """One SOMA update of every expert: SPSA body estimate, Adam, optional delta-rule head.
 
   An expert whose loss or estimate is not finite skips this update (its parameters and
   Adam state are unchanged); the other experts are unaffected. For DDPP (`parallel.py`),
   `directions` picks this device's slice of the directions (see `estimate`) and
   `combine(g_N, loss_N)` sums the slices' shares across devices before the update.
+  `key` is `jax.random.key(seed)` given as data where `cfg.seed` is None (`base_key`).
   """
   if cfg.train_head and cfg.model.shared_head:
     raise ValueError("train_head needs per-expert heads (model.shared_head=False)")
-  base_key = jax.random.key(cfg.seed)
+  base_key = step_key(cfg.seed, key)
   g_N, loss_N = estimate(
       state.body, state.head, batch_NxAxBxT1, state.sched.eps, state.step, expert_ids_N,
       base_key, cfg.spsa, shared_head=cfg.model.shared_head, loss_groups=cfg.loss_groups,

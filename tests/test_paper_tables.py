@@ -34,6 +34,7 @@ class Reversed:
   def __init__(self, inner: eval_lib.TestSet):
     self.inner, self.calls = inner, 0
     self.windows, self.doc_ids = inner.windows, inner.doc_ids
+    self.windows_scored, self.documents_available = inner.windows_scored, inner.documents_available
     self.split, self.route, self.score = "test", inner.route, inner.score
 
   def losses(self, *args, **kwargs):
@@ -344,7 +345,8 @@ def test_step_compiles_once_per_run(data_prepared, tmp_path):
 
   seed = str(tmp_path / "seed")
   train_lib.run(tiny_config(data_prepared, n_experts=1, steps=2, seed=7), seed)
-  c = tiny_config(data_prepared, steps=4, init_from=seed, seed=4242)  # a new static config
+  c = tiny_config(data_prepared, steps=4, init_from=seed, seed=4242)
+  c.spsa.batch = 3  # a shape no other test trains: a new program
   before = spec_lib.resolve(c).method.train_step._cache_size()
   train_lib.run(c, str(tmp_path / "run"))
   assert spec_lib.resolve(c).method.train_step._cache_size() == before + 1

@@ -20,12 +20,13 @@ from soma_jax.methods.base import Method, adam_step
 
 
 def _train_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
-                cfg: spsa.StepConfig) -> tuple[train_state.TrainState, dict]:
+                cfg: spsa.StepConfig, key: jax.Array | None = None
+                ) -> tuple[train_state.TrainState, dict]:
   """Backprop through the scan: gradients averaged over the A batches, per-expert Adam.
 
   With per-expert heads (`train_head`) E is trained by its exact gradient too.
   """
-  del expert_ids_N
+  del expert_ids_N, key  # nothing random
   if not cfg.model.shared_head and not cfg.train_head:
     raise ValueError("BPTT with per-expert heads trains them (opt.train_head=True)")
   mcfg = dataclasses.replace(cfg.model, shared_head=not cfg.train_head)

@@ -33,9 +33,10 @@ def _expert(body, head_VxE: jax.Array, batch_AxBxT1: jax.Array):
 
 
 def _train_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
-                cfg: spsa.StepConfig) -> tuple[train_state.TrainState, dict]:
+                cfg: spsa.StepConfig, key: jax.Array | None = None
+                ) -> tuple[train_state.TrainState, dict]:
   """Delta rule on every expert's head at its frozen body; the bodies stay as they are."""
-  del expert_ids_N
+  del expert_ids_N, key  # nothing random
   loss_N, g_head_N = jax.vmap(_expert)(state.body, state.head, batch_NxAxBxT1)
   ok_N = jnp.isfinite(loss_N) & jax.vmap(train_state.all_finite)(g_head_N)
   head, head_opt = update_heads(state, g_head_N, ok_N, train_state.adam(cfg.weight_decay))

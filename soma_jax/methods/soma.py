@@ -22,26 +22,30 @@ def plan_chunk(s: lstm.Settings, n_local: int, mesh=None, step_config=lstm.step_
   """spsa.pert_chunk for this device ("auto" resolved) and the step's planned memory.
 
   Plans the one-device `train_step` at the method's `step_config` (the program training
-  runs) on one device's share: N / mesh.expert experts and n_pert / mesh.pert directions
-  (compile only, nothing runs).
+  runs, its seed given as data) on one device's share: N / mesh.expert experts and
+  n_pert / mesh.pert directions (compile only, nothing runs). On a mesh without a device
+  limit to plan against (the CPU) nothing is compiled: the mesh runs another program.
   """
   n_dev = n_local // (mesh.shape["expert"] if mesh is not None else 1)
   k_dev = s.n_pert // (mesh.shape["pert"] if mesh is not None else 1)
-  base = step_config(s)
+  base = step_config(s, seed_as_data=True)
   # With the sharding the loop's state has (parallel.one_device), so that training reuses
   # this compile: an unspecified sharding would make it another program.
-  state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=parallel.one_device()),
-                       parallel.abstract_state(base, n_dev))
+  one = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=parallel.one_device())
+  state = jax.tree.map(one, parallel.abstract_state(base, n_dev))
   batch = jax.ShapeDtypeStruct((n_dev, s.data.accum, s.data.batch, s.data.seq_len + 1), jnp.uint8)
   ids = jax.ShapeDtypeStruct((n_dev,), jnp.int32)
+  key = one(jax.random.key(0))
+  limit = memory.device_limit_bytes()
 
   def plan_at(chunk: int) -> int:
+    if mesh is not None and not limit:
+      return -1
     cfg = dataclasses.replace(base, spsa=dataclasses.replace(base.spsa, n_pert=k_dev,
                                                              pert_chunk=chunk))
     with memory.matmul_precision(s.precision):
-      return memory.planned_bytes(train_step.lower(state, batch, ids, cfg=cfg).compile())
+      return memory.planned_bytes(train_step.lower(state, batch, ids, cfg=cfg, key=key).compile())
 
-  limit = memory.device_limit_bytes()
   if s.pert_chunk != "auto":  # clamped as the step clamps it, so training reuses this compile
     chunk = min(s.pert_chunk, k_dev)
     return memory.ChunkChoice(chunk, plan_at(chunk), limit, "fixed")

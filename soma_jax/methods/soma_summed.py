@@ -18,8 +18,9 @@ from soma_jax.methods import lstm, soma
 from soma_jax.methods.base import Method
 
 
-def step_config(s: lstm.Settings, pert_chunk=None):
-  return dataclasses.replace(lstm.step_config(s, pert_chunk), loss_groups=(0,) * s.n_experts)
+def step_config(s: lstm.Settings, pert_chunk=None, seed_as_data: bool = False):
+  return dataclasses.replace(lstm.step_config(s, pert_chunk, seed_as_data),
+                             loss_groups=(0,) * s.n_experts)
 
 
 def make(c: ml_collections.ConfigDict) -> Method:
