@@ -146,6 +146,17 @@ def bootstrap_ci(values_n: np.ndarray, doc_ids_n: np.ndarray, draws: int = 10_00
   trailing column of `values` (systems, k values) sees the same draws, so intervals of
   differences between columns are paired. Returns (lo, hi), each of shape values.shape[1:].
   """
+  stats = bootstrap_means(values_n, doc_ids_n, draws, seed, chunk)
+  alpha = (1.0 - level) / 2
+  lo, hi = np.quantile(stats, [alpha, 1.0 - alpha], axis=0)
+  return lo, hi
+
+
+def bootstrap_means(values_n: np.ndarray, doc_ids_n: np.ndarray, draws: int = 10_000,
+                    seed: int = 0, chunk: int = 500) -> np.ndarray:
+  """The window mean of `values` [n, ...] on each of `draws` document resamples (documents
+  drawn with replacement, all their windows kept; every trailing column sees the same
+  draws): [draws, ...] float64."""
   values = np.asarray(values_n, np.float64)
   _, doc_n = np.unique(np.asarray(doc_ids_n), return_inverse=True)
   num_docs = int(doc_n.max()) + 1
@@ -160,9 +171,7 @@ def bootstrap_ci(values_n: np.ndarray, doc_ids_n: np.ndarray, draws: int = 10_00
     # How often each document is drawn: one multinomial row per bootstrap draw.
     times_MxD = rng.multinomial(num_docs, np.full(num_docs, 1.0 / num_docs), size=m).astype(np.float64)
     stats[i:i + m] = (times_MxD @ sums_DxS) / (times_MxD @ counts_D)[:, None]
-  alpha = (1.0 - level) / 2
-  lo, hi = np.quantile(stats, [alpha, 1.0 - alpha], axis=0)
-  return lo.reshape(values.shape[1:]), hi.reshape(values.shape[1:])
+  return stats.reshape((draws,) + values.shape[1:])
 
 
 # ----------------------------------------------------------------------------- one pass
@@ -451,13 +460,19 @@ class TestSet:
   The router sees the first `route` bytes of a window and the loss is the mean over the
   next `score` targets: the paper's 256 / 768 on whole 1,025-byte windows, or shorter
   pieces of each window (`cut_windows`) for a model trained on T < 1024.
+
+  `max_windows` 1,025-byte windows are taken spread across the split's documents
+  (`pipeline.spread_windows`: each document's first window before any document's second),
+  before they are cut; 0: every window, in the split's order.
   """
 
   def __init__(self, data_dir: str, max_windows: int = 0, split: str = "test",
                route: int = ROUTE_BYTES, score: int = SCORED):
     windows, doc_ids = pipeline.eval_split(data_dir, split)
-    if max_windows:  # the first this many 1,025-byte windows, before they are cut
-      windows, doc_ids = windows[:max_windows], doc_ids[:max_windows]
+    self.documents_available = int(np.unique(doc_ids).size)  # the split's documents
+    keep = pipeline.spread_windows(doc_ids, max_windows)
+    windows, doc_ids = windows[keep], doc_ids[keep]
+    self.windows_scored = int(windows.shape[0])  # 1,025-byte windows, before they are cut
     self.windows, self.doc_ids = cut_windows(windows, doc_ids, route, score)
     if self.windows.shape[0] == 0:
       raise UserError(f"{data_dir!r} has no {split} windows; fix: prepare it with more held-out "

@@ -406,3 +406,33 @@ def eval_split(data_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:
   if docs.shape != (w.shape[0],):
     raise UserError(f"{split}_docs.npy does not match {split}.npy in {data_dir!r}; fix: re-run prepare_data.py")
   return np.asarray(w), docs.astype(np.int32)
+
+
+# The fixed shuffle of document order behind `spread_windows`: any seed would do; fixing
+# one makes every study score the same evaluation windows on a given data dir.
+SPREAD_SEED = 20_250
+
+
+def spread_windows(doc_ids_n: np.ndarray, n: int, seed: int = SPREAD_SEED) -> np.ndarray:
+  """Indices of n windows spread across documents: round robin over the documents.
+
+  The documents are put in an order shuffled by `seed`; round r takes, in that order, the
+  r-th window (in split order) of every document that has more than r, so every document's
+  first window comes before any document's second and n windows cover min(n, documents)
+  documents. A smaller n selects a prefix of a larger n's windows. n = 0, or n at least
+  the split's windows: every window, in the split's order.
+  """
+  doc_ids = np.asarray(doc_ids_n)
+  total = doc_ids.shape[0]
+  if n < 0:
+    raise ValueError(f"n={n} must be >= 0 (0: every window)")
+  if n == 0 or n >= total:
+    return np.arange(total)
+  docs, doc_n = np.unique(doc_ids, return_inverse=True)
+  place_D = np.empty(docs.size, np.int64)  # each document's place in the shuffled order
+  place_D[np.random.default_rng(seed).permutation(docs.size)] = np.arange(docs.size)
+  order = np.argsort(doc_n, kind="stable")  # windows grouped by document, split order within
+  starts_D = np.searchsorted(doc_n[order], np.arange(docs.size))
+  rank_n = np.empty(total, np.int64)  # a window's rank inside its document: 0 for the first
+  rank_n[order] = np.arange(total) - starts_D[doc_n[order]]
+  return np.lexsort((place_D[doc_n], rank_n))[:n]

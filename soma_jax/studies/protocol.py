@@ -21,7 +21,10 @@
 - What is reported (SPEC 9.6): each row's start, end and gain (start - end) on validation
   and test, and the reference's gain minus each other row's gain with a 95% t interval
   across optimisation seeds (`gain_difference`) and, per seed, a paired document bootstrap
-  of the same difference (end gap - start gap: document noise only, around one start).
+  of the same difference (end gap - start gap: document noise only, around one start);
+  `seeds_and_documents` carries both noises (the t interval widened by the documents'
+  variance: `widened_t_interval`, SPEC 9.8). The evaluation windows are spread across the
+  split's documents (`pipeline.spread_windows`; `describe_span` counts them).
 """
 
 from __future__ import annotations
@@ -133,11 +136,19 @@ def eval_sets(config: ml_collections.ConfigDict, data_dir: str, seq_lens: list[i
 
 
 def describe_span(val: eval_lib.TestSet, test: eval_lib.TestSet) -> dict:
+  """The evaluation span and sets: *_windows count the scored pieces, *_windows_scored the
+  1,025-byte windows they are cut from, *_documents the documents those come from of the
+  split's *_documents_available (`pipeline.spread_windows` spreads them)."""
   return {"route_bytes": test.route, "score_bytes": test.score,
           "window_bytes": test.route + test.score + 1,
           "windows_per_1025_byte_window": 1024 // (test.route + test.score),
           "val_windows": int(val.windows.shape[0]), "test_windows": int(test.windows.shape[0]),
-          "test_documents": int(np.unique(test.doc_ids).size)}
+          "test_documents": int(np.unique(test.doc_ids).size),
+          "val_documents": int(np.unique(val.doc_ids).size),
+          "val_documents_available": val.documents_available,
+          "val_windows_scored": val.windows_scored,
+          "test_documents_available": test.documents_available,
+          "test_windows_scored": test.windows_scored}
 
 
 def layout_of(spec: spec_lib.RunSpec) -> dict:
@@ -386,6 +397,39 @@ def t_interval(values: list[float]) -> dict:
   return out
 
 
+def document_variance(values_SxN: np.ndarray, doc_ids_n: np.ndarray, draws: int,
+                      seed: int) -> float:
+  """Document-bootstrap variance of the seed-averaged window mean of `values` [S, n] (each
+  seed's per-window values on the same n windows): Var_b[(1/S) sum_s mean_b(values_s)],
+  ddof 1 over the draws b, each draw resampling documents once for every seed (the seeds
+  are scored on the same test documents)."""
+  means_BxS = eval_lib.bootstrap_means(np.asarray(values_SxN, np.float64).T, doc_ids_n, draws,
+                                       seed)
+  return float(means_BxS.mean(axis=1).var(ddof=1)) if draws > 1 else 0.0
+
+
+def widened_t_interval(values: list[float], doc_var: float, level: float = 0.95) -> dict:
+  """The t interval across seeds widened by the documents' variance (SPEC 9.8):
+
+    mean +- t_{(1 + level) / 2, S - 1} * sqrt(sd^2 / S + doc_var)
+
+  with S seeds, `values` their results (sd: sample sd, ddof 1) and `doc_var` the document
+  bootstrap variance of their mean (`document_variance`). sd^2 / S is the seed noise
+  conditional on the documents, doc_var the noise of drawing the test documents; the t
+  quantile at S - 1 degrees of freedom keeps it conservative. At least as wide as
+  `t_interval` (doc_var >= 0); ci95 None for one seed (no seed noise to estimate).
+  """
+  x = np.asarray(values, np.float64)
+  out = {"mean": float(x.mean()), "n": int(x.size), "document_sd": float(np.sqrt(doc_var)),
+         "sd": None, "ci95": None}
+  if x.size > 1:
+    out["sd"] = float(x.std(ddof=1))
+    half = float(scipy_stats.t.ppf((1 + level) / 2, x.size - 1)
+                 * np.sqrt(out["sd"] ** 2 / x.size + doc_var))
+    out["ci95"] = [out["mean"] - half, out["mean"] + half]
+  return out
+
+
 def row_losses(start: dict, end: dict) -> dict:
   """One row and seed: start_loss, end_loss and gain (start - end), per split (each a loss
   or per-window losses)."""
@@ -399,18 +443,28 @@ def gain_difference(ref: list[dict], other: list[dict], gains_w: list[tuple], do
   """The reference's gain minus another row's, over the seeds both ran (per-seed records
   with `seed` and `gain`), on test (with validation beside it): the mean with its 95% t
   interval across seeds, and per seed the paired document bootstrap of the per-window
-  difference (end gap - start gap). `gains_w`: per seed (ref, other) per-window test gains."""
+  difference (end gap - start gap); `seeds_and_documents`: the t interval widened by the
+  documents' bootstrap variance of the seed-mean difference (`widened_t_interval`), both
+  noises. `gains_w`: per seed (ref, other) per-window test gains."""
   diff = {split: [a["gain"][split] - b["gain"][split] for a, b in zip(ref, other, strict=True)]
           for split in ("test", "validation")}
   per_seed = []
   for a, (ref_w, other_w) in zip(ref, gains_w, strict=True):
     d = paired(other_w, ref_w, doc_ids, draws, a["seed"])  # ref gain - other gain per window
     per_seed.append({"seed": a["seed"], "diff": d["diff"], "bootstrap_ci95": d["ci95"]})
+  diff_SxN = np.stack([np.asarray(r, np.float64) - np.asarray(o, np.float64) for r, o in gains_w])
+  both = widened_t_interval(diff["test"], document_variance(diff_SxN, doc_ids, draws,
+                                                            ref[0]["seed"]))
   return {"split": "test", **t_interval(diff["test"]), "per_seed": per_seed,
+          "seeds_and_documents": {"ci95": both["ci95"], "document_sd": both["document_sd"]},
           "validation": t_interval(diff["validation"]),
           "how": "reference gain minus this row's gain (= end gap minus start gap); ci95: "
-                 "t interval across optimisation seeds; bootstrap_ci95: paired test-document "
-                 "bootstrap around this seed's runs (document noise only)"}
+                 "t interval across optimisation seeds (conditional on the test documents); "
+                 "bootstrap_ci95: paired test-document bootstrap around this seed's runs "
+                 "(document noise only); seeds_and_documents.ci95: both noises, the seed t "
+                 "interval widened by the documents' variance, mean +- t_{0.975, S-1} * "
+                 "sqrt(sd^2 / S + document_sd^2), document_sd the paired test-document "
+                 "bootstrap sd of the seed-mean difference"}
 
 
 def pm(stat: dict, signed: bool = False, digits: int = 3) -> str:
