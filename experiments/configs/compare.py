@@ -6,9 +6,11 @@ with their optimizer state, budgets the machine's load cannot move, the compared
 
 Arguments: study (table4: SPEC 9.1, the allocation rows and two controls; table7: SPEC 9.2,
 SOMA N = 2 against the monolith with equal tuning) and size (cpu: 5 optimisation seeds,
-1,000-update seeds; tiny: tests). Budgets: table7 in updates (1,000 per configuration: the
-two architectures do equal operations per update), table4 in "auto" (the process's CPU
-seconds on a CPU, device-seconds on a GPU). Every method is a complete training config from
+1,000-update seeds; tiny: tests). Budgets at size=cpu: table7 in updates (1,000 per
+configuration: the two architectures do equal operations per update), table4 in SPEC 7's
+operations (1.6e12 per row and seed, on a CPU and a GPU alike: its rows differ in cost per
+update); at size=tiny both in updates (3). A budget the 10,000,000-update step cap would cut
+off is refused before anything trains. Every method is a complete training config from
 its own config file (soma.py, eggroll.py, bptt.py, seed.py), so any field can be changed,
 e.g. --config.methods.bptt.opt.lr=1e-3 or --config.budget=2000.
 
@@ -98,7 +100,9 @@ def _plan(c: ml_collections.ConfigDict, cpu: bool) -> None:
   # updates), "device_seconds" (SPEC 7), or "auto" (cpu_seconds on a CPU, device_seconds
   # elsewhere). Never wall time (SPEC 9.6).
   c.budget_unit = "updates" if c.study == "table7" or not cpu else "ops"
-  # table4's 1.6e12 ops: 1,193 of SOMA N = 2's updates, 75 of the monolith's with 64 directions
+  # table4's 1.6e12 ops: 1,193 of SOMA N = 2's updates, 75 of the monolith's with 64 directions.
+  # Refused where protocol.MAX_UPDATES (10,000,000 steps) would end a run first: in updates or
+  # ops exactly; in seconds above 10,000,000 updates at 1 s each (protocol.SLOW_UPDATE_SECONDS).
   c.budget = float((1000 if c.study == "table7" else 1.6e12) if cpu else 3)
   # table7 in updates: ops per update may differ by this fraction (tiny's widths are 4% apart)
   c.ops_tolerance = 0.02 if cpu else 0.05

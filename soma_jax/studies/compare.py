@@ -1,15 +1,18 @@
 """The paper's comparisons at any scale (SPEC 9): `run` dispatches on config.study.
 
-  table4  SPEC 9.1: how to spend a budget (CPU seconds on a CPU, device-seconds on a GPU):
+  table4  SPEC 9.1: how to spend a budget (SPEC 7's operations at size=cpu, on any machine):
           SOMA N = 2, monoliths at 1x / 4x / 16x SOMA's directions, EGGROLL, BPTT, and the
           head-only and summed-loss controls
   table7  SPEC 9.2: SOMA N = 2 against the monolith of the same size at equal updates (equal
           operations) and equal tuning (lr then eps grid, selection on validation, test once)
+  ladder  SPEC 9.7: table7 at each width of config.rungs, the descent ratio rho and the
+          effective rank r at each rung's start, and the summed-loss control
 
 Every row continues its architecture's own seed run, optimizer state included (`protocol`,
-SPEC 9.6). `run(config, out)`
-writes OUT/results.json and OUT/table.md; the runs live in OUT/seeds and OUT/runs/seedS/NAME
-and resume like any training run.
+SPEC 9.6); every study field and run config is checked before anything trains
+(`protocol.check_plan`, `protocol.check_runs`). `run(config, out)` writes OUT/results.json
+and OUT/table.md; the runs live in OUT/seeds and OUT/runs/seedS/NAME (the ladder's in
+OUT/rungW/) and resume like any training run.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def claim_out(study: str, out: str) -> None:
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
-  """Runs config.study (table4 or table7) into `out`; returns its results.json payload."""
+  """Runs config.study (table4, table7 or ladder) into `out`; returns its results.json payload."""
   module = _module(config.study)
   claim_out(config.study, out)
   return module.run(config, out, command)

@@ -15,8 +15,10 @@ parameters, `protocol.sized`; SOMA and the monolith then do equal operations per
 3. the summed-loss control (config.control) from SOMA's start, at SOMA's selected lr and eps
    and SOMA's number of updates in each seed (as Table 4's controls run).
 The measured ratio is SOMA's compared-phase test gain (start - end) over the monolith's, per
-seed, with its 95% t interval across seeds. OUT/rungW holds each rung's seeds and runs (they
-resume); OUT/results.json, table.md and ladder.png are written after every rung.
+seed, with its 95% t interval across seeds. Every field, the mechanism's settings and every
+rung's runs are checked before the first rung trains (`check`). OUT/rungW holds each rung's
+seeds and runs (they resume); OUT/results.json, table.md and ladder.png are written after
+every rung.
 """
 
 from __future__ import annotations
@@ -89,6 +91,35 @@ def sizes(config: ml_collections.ConfigDict, width: int) -> dict:
           "ops_difference": (ops[mono] - ops[ref]) / ops[ref]}
 
 
+MECHANISM_FIELDS = {"mechanism.rho_by": protocol.one_of(*descent.RHO_BY),
+                    "mechanism.batches": protocol.whole(1), "mechanism.repeats": protocol.whole(2),
+                    "mechanism.hutchinson": protocol.whole(1), "mechanism.seed": protocol.whole(0)}
+
+
+def check(config: ml_collections.ConfigDict) -> list[int]:
+  """Every field of the ladder checked and every rung's runs resolved before any rung trains:
+  Table 7's plan and grid, the control, the mechanism, and at each rung its seed runs and
+  methods (`protocol.check_runs`) and the monolith's operations within ops_tolerance of
+  SOMA's; the rungs' widths."""
+  ws = widths(config)
+  unit = protocol.check_plan(config)
+  table7.check_grid(config)
+  if config.control not in config.methods or config.control == config.reference:
+    raise UserError(f"control={config.control!r} must name a method other than the reference "
+                    f"{config.reference!r}; fix: --config.control= one of "
+                    f"{', '.join(n for n in config.methods if n != config.reference)}")
+  _other(config)
+  protocol.check_fields(config, MECHANISM_FIELDS)
+  for w in ws:
+    protocol.check_runs(rung_config(config, w), sized(config, w), unit, (config.control,))
+    s = sizes(config, w)
+    if abs(s["ops_difference"]) > config.ops_tolerance:
+      raise UserError(f"rung {w}: the monolith's operations per update differ from SOMA's by "
+                      f"{s['ops_difference']:+.1%} (> {config.ops_tolerance:.0%}); fix: other "
+                      "--config.rungs")
+  return ws
+
+
 def _other(config: ml_collections.ConfigDict) -> str:
   """The monolith: the method that is neither the reference nor the control."""
   others = [n for n in config.methods if n not in (config.reference, config.control)]
@@ -140,10 +171,7 @@ def mechanism(config: ml_collections.ConfigDict, specs: dict, seeds: dict, data_
   """rho and r of each SOMA expert and of the monolith at the rung's start, on identical
   windows: expert e on its shard's batches, the monolith on all of them."""
   ref, mono, m = config.reference, _other(config), config.mechanism
-  if m.rho_by not in descent.RHO_BY or m.repeats < 2 or m.hutchinson < 1 or m.batches < 1:
-    raise UserError(f"mechanism.rho_by={m.rho_by!r} (use {' or '.join(descent.RHO_BY)}), "
-                    f"repeats={m.repeats} (>= 2), hutchinson={m.hutchinson}, batches={m.batches} "
-                    "(>= 1)")
+  protocol.check_fields(config, MECHANISM_FIELDS)
   batches = measurement_batches(data_dir, specs[ref], m.batches)
   start = lambda name: seeds[config.start[name]]["_path"]
   experts = [seed_descent(specs[ref], start(ref), b, e, m) for e, b in enumerate(batches)]
@@ -256,12 +284,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "",
   """Every rung into OUT/rungW; OUT/results.json, table.md and ladder.png after each rung."""
   begun = protocol.started()
   os.makedirs(out, exist_ok=True)
-  ws = widths(config)
-  for w in ws:  # every rung's sizes checked before anything trains
-    s = sizes(config, w)
-    if abs(s["ops_difference"]) > config.ops_tolerance:
-      raise UserError(f"rung {w}: the monolith's operations per update differ from SOMA's by "
-                      f"{s['ops_difference']:+.1%} (> {config.ops_tolerance:.0%}); fix: other rungs")
+  ws = check(config)  # every field and every rung's runs, before anything trains
   data_dir = protocol.ensure_data(config, out, 2)
   scored = scorers or protocol.eval_sets(config, data_dir, [config.methods[config.reference].data.seq_len])
   rungs = []

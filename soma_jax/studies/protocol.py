@@ -30,8 +30,11 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import time
+from collections.abc import Callable, Iterable
 
 import jax
 import ml_collections
@@ -49,6 +52,10 @@ from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 
 MAX_UPDATES = 10_000_000  # the step cap of a budgeted run: its budget ends it first
+# A time budget is refused above (MAX_UPDATES - seed_updates) x this: the step cap would end
+# it first at any update faster than 1 s (CPU-scale updates take about 0.05 s, the paper
+# preset's 2.3 s on an H200), and an update's seconds are known only once it has run.
+SLOW_UPDATE_SECONDS = 1.0
 UNITS = budget_lib.BUDGET_UNITS + ("auto",)  # a study's budget_unit (each one in COUNTS)
 COUNTS = budget_lib.COUNTS  # what each unit counts (results.json's budget.counts)
 
@@ -69,27 +76,179 @@ def budget_unit(config: ml_collections.ConfigDict) -> str:
   """The study's budget unit; "auto": cpu_seconds on a CPU, device_seconds elsewhere."""
   unit = config.budget_unit
   if unit not in UNITS:
-    raise UserError(f"budget_unit={unit!r}; use one of {', '.join(UNITS)}")
+    raise UserError(f"budget_unit={unit!r} is not a unit; fix: --config.budget_unit= one of "
+                    f"{', '.join(UNITS)}")
   if unit == "auto":
     return "cpu_seconds" if jax.default_backend() == "cpu" else "device_seconds"
   return unit
 
 
+def whole(lo: int, hi: int | None = None) -> tuple[str, Callable[[object], bool]]:
+  """A study field's rule: an integer in lo.. (or lo..hi)."""
+  text = f"an integer >= {lo}" if hi is None else f"an integer in {lo}..{hi}"
+  return text, lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= lo
+                          and (hi is None or v <= hi))
+
+
+def positive(strict: bool = True) -> tuple[str, Callable[[object], bool]]:
+  """A study field's rule: a finite number > 0 (or >= 0)."""
+  return f"a finite number {'>' if strict else '>='} 0", lambda v: (
+      isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+      and (v > 0 if strict else v >= 0))
+
+
+def factors() -> tuple[str, Callable[[object], bool]]:
+  """A study field's rule: a tuple of finite numbers > 0 (a grid's multiples)."""
+  text, ok = positive()
+  return f"a tuple of {text[2:]}s", lambda v: isinstance(v, tuple | list) and all(map(ok, v))
+
+
+def one_of(*choices: object) -> tuple[str, Callable[[object], bool]]:
+  return "one of " + ", ".join(map(str, choices)), lambda v: v in choices
+
+
+def _field(config: ml_collections.ConfigDict, key: str) -> object:
+  for part in key.split("."):
+    config = config[part]
+  return config
+
+
+def check_fields(config: ml_collections.ConfigDict, rules: dict) -> None:
+  """Each study field of `rules` ({dotted key: (what it must be, test)}) in range, else a
+  UserError naming it as compare.py's flag (--config.KEY)."""
+  for key, (text, ok) in rules.items():
+    value = _field(config, key)
+    if not ok(value):
+      raise UserError(f"{key}={value!r} is out of range: it must be {text}; fix: "
+                      f"--config.{key}=VALUE in that range")
+
+
+PLAN_FIELDS = {  # every study's own fields (a method's and a seed run's: `check_runs`)
+    "seeds": whole(1), "first_seed": whole(0), "seed_run_seed": whole(0),
+    "seed_updates": whole(1, MAX_UPDATES - 1), "curve_points": whole(1),
+    "bootstrap_draws": whole(1), "ops_tolerance": positive(strict=False),
+    "base_lr": positive(), "match_params": one_of(True, False),
+    "data_dir": ("a string", lambda v: isinstance(v, str)),
+    "eval.route_bytes": whole(1), "eval.score_bytes": whole(1),
+    "eval.val_windows": whole(0), "eval.test_windows": whole(0),
+}
+
+
 def check_plan(config: ml_collections.ConfigDict) -> str:
-  """The budget, the seeds' updates and the seed run's seed checked; the budget unit."""
+  """Every study field, the budget (finite, one the step cap does not cut off), the seeds,
+  the evaluation span and each method's own config checked, before anything trains; the
+  budget unit."""
+  check_fields(config, PLAN_FIELDS)
   unit = budget_unit(config)
-  if not config.budget > 0:
-    raise UserError(f"budget={config.budget} must be > 0 ({unit} per run)")
-  if unit == "updates" and config.budget != int(config.budget):
-    raise UserError(f"budget={config.budget} updates must be a whole number")
-  if config.seed_updates < 1:
-    raise UserError(f"seed_updates={config.seed_updates} must be >= 1 (SPEC 3.4: about 1,000)")
+  check_budget(config, unit)
   seeds = optimisation_seeds(config)
   if config.seed_run_seed in seeds:
     raise UserError(f"seed_run_seed={config.seed_run_seed} is one of the optimisation seeds "
                     f"{seeds}: that seed's rows would replay the seed run's batches and "
-                    f"directions; fix: a seed outside them, e.g. {max(seeds) + 1000}")
+                    f"directions; fix: --config.seed_run_seed={max(seeds) + 1000} (a seed "
+                    "outside them)")
+  if config.reference not in config.methods:
+    raise UserError(f"reference={config.reference!r} is not a method; fix: --config.reference="
+                    f"one of {', '.join(config.methods)}")
+  for name, c in config.seed_runs.items():
+    as_field(f"seed_runs.{name}.", c, lambda c=c: spec_lib.resolve(c))
+  specs = {name: as_field(f"methods.{name}.", c, lambda c=c: spec_lib.resolve(c))
+           for name, c in config.methods.items()}
+  check_span(config, [s.seq_len for s in specs.values()])
   return unit
+
+
+def check_budget(config: ml_collections.ConfigDict, unit: str) -> None:
+  """`budget` finite and > 0, whole in updates, and (in updates or seconds) one the step cap
+  does not cut off: a run continues its seed's step counter to at most MAX_UPDATES, so it
+  has MAX_UPDATES - seed_updates updates; a time budget is refused above that many updates
+  at SLOW_UPDATE_SECONDS each (ops: `check_runs`, which knows each run's cost)."""
+  b = config.budget
+  if not (isinstance(b, int | float) and not isinstance(b, bool) and math.isfinite(b) and b > 0):
+    raise UserError(f"budget={b!r} must be a finite number > 0 ({unit} per run); fix: "
+                    "--config.budget=AMOUNT, e.g. 1000 updates or 1.6e12 ops")
+  if unit == "updates" and b != int(b):
+    raise UserError(f"budget={b} updates must be a whole number; fix: --config.budget={int(b)}")
+  room = MAX_UPDATES - config.seed_updates
+  if unit == "updates" and b > room:
+    raise UserError(f"budget={b:g} updates per run: the step cap ends each run at step "
+                    f"{MAX_UPDATES:,}, {room:,} updates after its {config.seed_updates}-update "
+                    f"seed; fix: --config.budget={room} or less")
+  slowest = room * SLOW_UPDATE_SECONDS
+  if unit in budget_lib.TRAINING_TIMERS and b > slowest:
+    raise UserError(f"budget={b:g} {unit} per run: the step cap ({MAX_UPDATES:,} updates, "
+                    f"{room:,} after the seed) ends a run first unless its updates take over "
+                    f"{b / room:.3g} s; a time budget may be at most {room:,} updates at "
+                    f"{SLOW_UPDATE_SECONDS:g} s each (CPU-scale updates take about 0.05 s); "
+                    f"fix: --config.budget={slowest:.0f} or less, or --config.budget_unit=ops")
+
+
+def check_span(config: ml_collections.ConfigDict, seq_lens: list[int]) -> None:
+  """The evaluation span (`eval_sets`' rules) against the trained contexts `seq_lens`."""
+  route, score, t = config.eval.route_bytes, config.eval.score_bytes, min(seq_lens)
+  if route + score > t or 1024 % (route + score):
+    r = route if route < t else max(1, t // 4)  # keep the route where it fits
+    fix = (f"--config.eval.route_bytes={r} " if r != route else "") + (
+        f"--config.eval.score_bytes={t - r}")
+    raise UserError(f"eval.route_bytes + eval.score_bytes = {route} + {score} must divide 1024 "
+                    f"and be <= the trained context T = {t} (every scored target inside it); "
+                    f"fix: {fix}")
+
+
+def _leaves(c: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+  out = []
+  for key, value in c.items():
+    out += (_leaves(value, f"{prefix}{key}.") if isinstance(value, ml_collections.ConfigDict)
+            else [prefix + key])
+  return out
+
+
+def reworded(message: str, prefix: str, keys: list[str]) -> str:
+  """A run config's UserError with its fields named as the study's: `prefix` before each
+  field of `keys` (dotted ones wherever they stand, the rest before "=") and after every
+  "--config."."""
+  message = message.replace("--config.", "--config." + prefix)
+  for key in sorted(keys, key=len, reverse=True):
+    end = r"(?![\w.])" if "." in key else "(?==)"
+    message = re.sub(rf"(?<![\w.]){re.escape(key)}{end}", prefix + key, message)
+  return message
+
+
+def as_field(prefix: str, c: ml_collections.ConfigDict, make: Callable):
+  """make(), with a UserError about config `c` re-worded as the study's fields (`prefix`:
+  "methods.NAME." or "seed_runs.NAME.")."""
+  try:
+    return make()
+  except UserError as e:
+    raise UserError(reworded(str(e), prefix, _leaves(c))) from None
+
+
+def check_runs(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collections.ConfigDict],
+               unit: str, by_updates: Iterable[str] | None = None
+               ) -> dict[str, spec_lib.RunSpec]:
+  """Every run the study trains resolved before any trains (each seed run, each method as
+  `budgeted` at the first seed), its errors named as the study's fields; an ops budget the
+  step cap cuts off, refused (the cheapest row needs the most updates). `by_updates`: the
+  methods that run to the reference's updates, not the budget (config.match_updates)."""
+  by_updates = config.match_updates if by_updates is None else by_updates
+  for name, s in seed_configs(config, cfgs).items():  # each seed run's own: `check_plan`
+    as_field(f"seed_runs.{name}.", s, lambda s=s: budgeted(
+        s, config.data_dir, config.seed_run_seed, None, "updates", config.seed_updates, 1))
+  specs = {}
+  for name, c in cfgs.items():
+    u, amount = ("updates", 1) if name in by_updates else (unit, config.budget)
+    specs[name] = as_field(f"methods.{name}.", c, lambda c=c, u=u, a=amount: budgeted(
+        c, config.data_dir, config.first_seed, None, u, a, config.curve_points))
+  if unit != "ops":
+    return specs
+  rows = {n: s.total_ops_per_update for n, s in specs.items() if n not in by_updates}
+  room, cheapest = MAX_UPDATES - config.seed_updates, min(rows, key=rows.get)
+  if config.budget > room * rows[cheapest]:
+    raise UserError(f"budget={config.budget:g} ops per run: {cheapest} does "
+                    f"{rows[cheapest]:,} operations per update, so the step cap ({MAX_UPDATES:,} "
+                    f"updates, {room:,} after its seed) ends it at {room * rows[cheapest]:.4g}; "
+                    f"fix: --config.budget={room * rows[cheapest]} or less")
+  return specs
 
 
 def check_equal_ops(specs: dict[str, spec_lib.RunSpec], tolerance: float,

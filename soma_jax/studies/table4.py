@@ -9,8 +9,10 @@ on SOMA's data and for SOMA's number of updates in each seed (`match_updates`):
   (the shared loss), the same directions.
 Every row continues the seed run of its own architecture (`protocol`: equal seed updates,
 the seed's whole train state), the same for every optimisation seed, and trains for `budget`
-in `budget_unit` (the paper: GPU-hours; here "auto": the process's CPU seconds on a CPU,
-device-seconds on a GPU; the rows do unequal operations per update, so never updates).
+in `budget_unit` (the paper: GPU-hours; here SPEC 7's operations at size=cpu, 1.6e12 per row
+and seed on any machine, since the rows do unequal operations per update and no load moves
+an operation count; updates at size=tiny; any other unit with --config.budget_unit). A
+budget the step cap would cut off is refused before anything trains (`protocol.check_plan`).
 Reported per row: operations, updates and the budget used; per seed the start, end and gain
 (start - end) on validation and test; SOMA's gain minus each row's gain with its 95% t
 interval across seeds (`protocol.gain_difference`); the end test loss with its paired CI
@@ -46,14 +48,14 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
   """Seeds, then every row at every optimisation seed; writes results.json and table.md."""
   begun = protocol.started()
   os.makedirs(out, exist_ok=True)
+  unit = protocol.check_plan(config)  # every field, and every run resolved, before data
   methods = protocol.sized(config)
   ref = config.reference
   for name, target in config.match_updates.items():
     if name not in methods or target != ref:
       raise UserError(f"match_updates.{name}={target!r}: controls match the reference {ref!r}, "
-                      "and must be methods")
-  unit = protocol.check_plan(config)
-  specs = {name: spec_lib.resolve(c) for name, c in methods.items()}
+                      f"and must be methods; fix: --config.match_updates.{name}={ref}")
+  specs = protocol.check_runs(config, methods, unit)
   protocol.check_equal_ops(specs, 1.0, unit)  # printed; unequal costs are Table 4's point
   data_dir = protocol.ensure_data(config, out, max(s.n_experts for s in specs.values()))
   val, test = protocol.eval_sets(config, data_dir, [s.seq_len for s in specs.values()])

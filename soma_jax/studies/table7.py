@@ -103,15 +103,23 @@ def grown(run_at, grid: list[float], extend: int, key: str) -> tuple[list[float]
   return grid, chosen
 
 
+GRID_FIELDS = {"lr_factors": protocol.factors(), "lr_extend": protocol.whole(0),
+               "eps_factors": protocol.factors(), "eps_extend": protocol.whole(0)}
+
+
 def check_grid(config: ml_collections.ConfigDict) -> None:
-  if len(config.lr_factors) < 3 or config.lr_extend < 0:
-    raise UserError(f"lr_factors={tuple(config.lr_factors)} needs at least 3 factors and "
-                    f"lr_extend={config.lr_extend} >= 0: an edge choice must be detectable")
+  """The lr and eps grids: positive factors, an lr edge that can be seen, eps = 1x in stage 2."""
+  protocol.check_fields(config, GRID_FIELDS)
+  if len(config.lr_factors) < 3:
+    raise UserError(f"lr_factors={tuple(config.lr_factors)} needs at least 3 factors: an edge "
+                    "choice must be detectable; fix: --config.lr_factors='(0.5, 1.0, 2.0)'")
   if 1.0 not in config.eps_factors:
-    raise UserError(f"eps_factors={tuple(config.eps_factors)} must hold 1.0 (the stage-1 eps)")
-  if config.eps_extend < 0 or (config.eps_extend and len(config.eps_factors) < 3):
-    raise UserError(f"eps_extend={config.eps_extend} must be >= 0, and growing the eps grid "
-                    f"needs at least 3 eps_factors (have {tuple(config.eps_factors)})")
+    raise UserError(f"eps_factors={tuple(config.eps_factors)} must hold 1.0 (the stage-1 eps); "
+                    "fix: --config.eps_factors='(0.5, 1.0, 2.0)'")
+  if config.eps_extend and len(config.eps_factors) < 3:
+    raise UserError(f"eps_extend={config.eps_extend}: growing the eps grid needs at least 3 "
+                    f"eps_factors (have {tuple(config.eps_factors)}); fix: --config.eps_extend=0 "
+                    "or --config.eps_factors='(0.5, 1.0, 2.0)'")
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "",
@@ -135,12 +143,12 @@ def compare_pair(config: ml_collections.ConfigDict, out: str,
                  scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None) -> dict:
   """One Table 7 comparison into OUT (seeds/, runs/): the study's own results fields, with
   `budget`, `scored`, `data_dir` and `seed_records` for `protocol.results`."""
+  unit = protocol.check_plan(config)  # every field, and every run resolved, before data
+  check_grid(config)
   methods = protocol.sized(config)
   if len(methods) != 2:
     raise UserError(f"study=table7 compares two architectures; config.methods has {len(methods)}")
-  check_grid(config)
-  unit = protocol.check_plan(config)
-  specs = {name: spec_lib.resolve(c) for name, c in methods.items()}
+  specs = protocol.check_runs(config, methods, unit)
   ops = protocol.check_equal_ops(specs, config.ops_tolerance, unit)
   ref, other = list(methods)
   data_dir = protocol.ensure_data(config, out, max(s.n_experts for s in specs.values()))
