@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from soma_jax import spec as spec_lib
+from soma_jax import train as train_lib
 from soma_jax.config import load_config_file
 from soma_jax.errors import UserError
 from soma_jax.studies import compare, protocol
@@ -32,10 +33,13 @@ class Trained(Exception):
 
 @pytest.fixture
 def no_training(monkeypatch):
-  def train(spec, workdir, what):
-    raise Trained(what)
+  """Any training call raises Trained: the study's own, and the training loop's entries."""
+  def train(*args, **kwargs):
+    raise Trained(str(args[-1]) if args else "")
 
   monkeypatch.setattr(protocol, "train", train)
+  monkeypatch.setattr(train_lib, "train_to_end", train)
+  monkeypatch.setattr(train_lib, "run", train)
 
 
 def _set(config, key: str, value) -> None:
