@@ -210,6 +210,18 @@ def abstract_state(cfg: Any, n: int) -> PyTree:
 # ----------------------------------------------------------------------------- step
 
 
+def _step_specs(train_step: Callable, cfg: Any, key: tuple) -> tuple[PyTree, PyTree]:
+  """The state's and the metrics' partition specs. The spec trees depend only on the config
+  (shared head, trained head), not on N; metrics are per expert ([N], split like the
+  experts) or scalars (replicated)."""
+  abstract = abstract_state(cfg, 1)
+  ids = jax.ShapeDtypeStruct((1,), jnp.int32)
+  batch = jax.ShapeDtypeStruct((1, cfg.spsa.accum, 1, 2), jnp.uint8)
+  _, metrics = jax.eval_shape(lambda s, b, i, *k: train_step(s, b, i, cfg, key=k[0] if k else None),
+                              abstract, batch, ids, *key)
+  return state_specs(abstract), jax.tree.map(lambda x: P("expert") if x.ndim else P(), metrics)
+
+
 @functools.lru_cache(maxsize=64)
 def make_train_step(train_step: Callable, cfg: Any, mesh: Mesh, donate: bool = True):
   """The jitted, sharded `step(state, batch_NxAxBxT1, expert_ids_N) -> (state, metrics)` of
@@ -232,17 +244,8 @@ def make_train_step(train_step: Callable, cfg: Any, mesh: Mesh, donate: bool = T
     raise UserError(f"spsa.n_pert={cfg.spsa.n_pert} must split evenly over mesh.pert="
                     f"{n_pert_dev} devices into whole chunks of spsa.pert_chunk="
                     f"{cfg.spsa.pert_chunk}; use n_pert a multiple of mesh.pert x pert_chunk")
-  # The spec trees depend only on the config (shared head, trained head), not on N.
-  # Metrics are per expert ([N], split like the experts) or scalars (replicated).
-  abstract = abstract_state(cfg, 1)
-  specs = state_specs(abstract)
-  ids = jax.ShapeDtypeStruct((1,), jnp.int32)
-  batch = jax.ShapeDtypeStruct((1, cfg.spsa.accum, 1, 2), jnp.uint8)
-  keyed = cfg.seed is None  # the seed's key comes as data: one more (replicated) input
-  key = (jax.random.key(0),) if keyed else ()
-  _, metrics = jax.eval_shape(lambda s, b, i, *k: train_step(s, b, i, cfg, key=k[0] if k else None),
-                              abstract, batch, ids, *key)
-  metric_specs = jax.tree.map(lambda x: P("expert") if x.ndim else P(), metrics)
+  key = (jax.random.key(0),) if cfg.seed is None else ()  # the seed's key as data: replicated
+  specs, metric_specs = _step_specs(train_step, cfg, key)
 
   def combine(g_N, loss_N):
     # The one collective of a DDPP step: all partial sums in one flat vector, one psum.
@@ -273,7 +276,8 @@ def make_train_step(train_step: Callable, cfg: Any, mesh: Mesh, donate: bool = T
   # Explicit shardings: inputs already laid out this way (global_batch, expert_ids,
   # state_sharding) pass through without copies; the outputs keep the state's layout so
   # the next step needs no resharding; donation reuses the old state's buffers.
-  return jax.jit(step, in_shardings=(state_sh, batch_sh, batch_sh) + (NamedSharding(mesh, P()),) * len(key),
+  key_sh = (NamedSharding(mesh, P()),) * len(key)
+  return jax.jit(step, in_shardings=(state_sh, batch_sh, batch_sh) + key_sh,
                  out_shardings=(state_sh, named(metric_specs)),
                  donate_argnames=("state",) if donate else ())
 
