@@ -45,9 +45,10 @@ SPEED_KEYS = ("mesh", "spsa.pert_chunk", "spsa.time_block", "spsa.unroll", "spsa
               "spsa.forward")  # and each method's own (Method.speed_keys)
 # Fields a resume may change freely: run length (steps, time budget), logging and checkpoint
 # cadence, precision and the speed knobs.
+# init_from_other_data too: a resume reads no seed.
 RESUMABLE_KEYS = ("steps", "budget", "budget_checkpoints", "log_every", "eval_every",
                   "ckpt_every", "ensemble_eval_every", "ckpt.keep", "precision",
-                  "resume_overrides") + SPEED_KEYS
+                  "resume_overrides", "init_from_other_data") + SPEED_KEYS
 MANIFEST_KEY = "data.manifest_sha256"  # the data dir's manifest.json, compared on resume
 
 
@@ -219,11 +220,37 @@ def check_resume(workdir: str, new: ml_collections.ConfigDict, data_sha: str | N
   if shape or refused:
     listed = "; ".join(f"{k}: {changed[k][0]!r} there, {changed[k][1]!r} now"
                        for k in sorted(set(shape) | set(refused)))
+    # another manifest is overridden by naming data.dir (MANIFEST_KEY is no config field)
+    named = sorted({"data.dir" if k == MANIFEST_KEY else k for k in refused})
     fix = ("use a new --workdir or the original config" if shape else
            "resume with the saved values, use a new --workdir, or name the fields in "
-           f"--config.resume_overrides={','.join(sorted(refused))} to change them on purpose")
+           f"--config.resume_overrides={','.join(named)} to change them on purpose")
     raise UserError(f"workdir {workdir!r} holds another run ({listed}); fix: {fix}")
   return changed, overrides
+
+
+def seed_workdir(init_from: str) -> str:
+  """`init_from`, a folder that is there (a warm start's seed run)."""
+  if not os.path.isdir(init_from):
+    raise UserError(f"init_from={init_from!r} does not exist; fix: the seed run's workdir")
+  return init_from
+
+
+def check_seed(c: ml_collections.ConfigDict, data_sha: str | None) -> None:
+  """A new run's seed (config.init_from, if any): there, and trained on this run's data (the
+  manifest.json hash its config_history.jsonl recorded at its last start is `data_sha`),
+  unless config.init_from_other_data. A seed with no recorded hash (older runs) passes."""
+  if not c.get("init_from"):
+    return
+  recorded = last_history(seed_workdir(c.init_from)).get("data_manifest_sha256")
+  if recorded is None or data_sha is None or recorded == data_sha or c.get(
+      "init_from_other_data", False):
+    return
+  raise UserError(f"init_from={c.init_from!r} was trained on other data than {c.data.dir!r} "
+                  f"(manifest.json SHA-256 {recorded[:12]} at the seed's last start, "
+                  f"{data_sha[:12]} here: another corpus, or the data re-prepared); fix: a seed "
+                  "trained on this data, or --config.init_from_other_data=True to start from "
+                  "it anyway")
 
 
 def record_start(workdir: str, step: int, changed: dict, overrides: list[str],

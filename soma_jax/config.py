@@ -79,10 +79,15 @@ def _run_fields(n: int) -> ml_collections.ConfigDict:
   # measured on an H200 before the algorithm was explicit), high = 3 TF32 passes, highest =
   # full f32 (1.5x slower there); on a CPU all three are f32. Evaluation is always f32.
   c.precision = "default"
-  c.init_from = ""  # a seed workdir: copy its body and E into every expert (SPEC 3.4)
+  # A seed workdir (SPEC 3.4): its body and E into every expert, or, a seed of this run's N,
+  # its expert e's into expert e (any other N is refused).
+  c.init_from = ""
   # With init_from: also carry the seed's Adam moments, plateau state (lr and eps set to this
   # config's) and step counter, so the run continues the seed (SPEC 9.6); steps counts on.
   c.init_state = False
+  # With init_from: start from a seed trained on other data (its config_history.jsonl records
+  # another data manifest than data.dir's: another corpus, or the data re-prepared since).
+  c.init_from_other_data = False
   # On resume, config fields allowed to differ from the saved run on purpose, e.g.
   # "opt.lr,spsa.n_pert" (recorded in config_history.jsonl; shape fields never change).
   c.resume_overrides = ""
@@ -234,6 +239,7 @@ FIELD_RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "budget_checkpoints": _int(1), "log_every": _int(1), "eval_every": _int(1),
     "ensemble_eval_every": _int(-1), "ckpt_every": _int(1),
     "precision": _one_of(*memory.PRECISIONS), "init_state": _BOOL,
+    "init_from_other_data": _BOOL,
     "model.d_t": _int(1), "model.d_e": _int(1), "model.depth": _int(1),
     "model.shared_head": _BOOL,
     "spsa.n_pert": _int(1), "spsa.batch": _int(1), "spsa.accum": _int(1),

@@ -21,9 +21,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import host_devices, memory, parallel, runs, train_state
+from soma_jax import metrics as metrics_lib
 from soma_jax import spec as spec_lib
 from soma_jax.data import pipeline
 from soma_jax.data.router import Router
@@ -62,7 +65,8 @@ class Plan:
   """A `RunSpec` placed (`place`): everything a training run reads.
 
   The arrays (`state`, `val_windows`) are placed on the run's devices; `batches` is the
-  run's input iterator (a plan trains one run).
+  run's input iterator (a plan trains one run). `state` is built when first read: a resume
+  restores onto `abstract_state` and reads no seed (`init_from`).
   """
 
   spec: spec_lib.RunSpec
@@ -70,7 +74,8 @@ class Plan:
   data_sha256: str | None  # manifest.json's, recorded in config_history.jsonl
   val_windows: jax.Array  # [N, V, T + 1] each expert's validation windows, every evaluation
   ensemble: Ensemble | None  # None where this job does not score the ensemble
-  state: train_state.TrainState  # the initial state (fresh, warm or continued)
+  abstract_state: Any  # the initial state's shapes, dtypes and shardings (no seed read)
+  start: Callable[[], train_state.TrainState]  # builds `state`, reading the seed if any
   step_fn: Callable  # (state, batch, expert_ids) -> (state, metrics), on the mesh if any
   expert_ids: jax.Array
   to_global: Callable  # host batch -> device (global) array
@@ -80,6 +85,11 @@ class Plan:
   @property
   def method(self) -> Method:
     return self.spec.method
+
+  @functools.cached_property
+  def state(self) -> train_state.TrainState:
+    """The initial state (fresh, warm or continued) on the run's devices."""
+    return self.start()
 
 
 def resolve(c: ml_collections.ConfigDict) -> Plan:
@@ -95,14 +105,17 @@ def place(spec: spec_lib.RunSpec) -> Plan:
   manifest, ensemble = _open_data(spec)
   placed = place_step(spec)
   n_local = len(spec.experts)
-  devices = _devices(spec.method, placed, runs.initial_state(spec), spec.experts.start, n_local)
+  devices = _devices(spec.method, placed, spec.experts.start, n_local,
+                     jax.random.key(spec.seed))
   pooled = spec.n_experts == 1 and manifest["num_clusters"] > 1
   val = _expert_val_windows(spec, devices["feed"], pooled)
   return Plan(
       spec=spec, placed=placed, data_sha256=ckpt_lib.manifest_sha256(spec.data_dir),
       val_windows=devices["to_global"](val),
       ensemble=ensemble if n_local == spec.n_experts and jax.process_count() == 1 else None,
-      state=devices["state"], step_fn=devices["step_fn"], expert_ids=devices["expert_ids"],
+      abstract_state=_abstract_state(spec, placed.mesh),
+      start=functools.partial(_start_state, spec, placed.mesh),
+      step_fn=devices["step_fn"], expert_ids=devices["expert_ids"],
       to_global=devices["to_global"], batches=spec.method.train_data(devices["feed"], pooled),
       start_line=_start_line(spec, placed))
 
@@ -119,7 +132,9 @@ def place_step(spec: spec_lib.RunSpec) -> Placed:
   t0 = time.perf_counter()
   chunk = choose_chunk(spec.method, n_local, mesh)
   plan_seconds = time.perf_counter() - t0
-  return Placed(lay, mesh, chunk, plan_seconds, spec.method.step_config(chunk.chunk))
+  # The seed comes as data (`_devices` binds its key): one program for every seed of a shape.
+  return Placed(lay, mesh, chunk, plan_seconds,
+                spec.method.step_config(chunk.chunk, seed_as_data=True))
 
 
 def choose_chunk(method: Method, n_local: int, mesh=None) -> memory.ChunkChoice:
@@ -139,8 +154,6 @@ def _open_data(spec: spec_lib.RunSpec) -> tuple[dict, Ensemble | None]:
                     f"manifest.json {manifest['num_clusters']}; fix: re-run "
                     "experiments/prepare_data.py")
   windows, _ = pipeline.eval_split(spec.data_dir, "ensemble_val")
-  if spec.init_from and not os.path.isdir(spec.init_from):
-    raise UserError(f"init_from={spec.init_from!r} does not exist; fix: the seed run's workdir")
   if spec.cadence.ensemble_eval_every < 0 or windows.shape[0] == 0:
     return manifest, None
   return manifest, Ensemble(router, windows[:ENSEMBLE_WINDOWS], min(4, spec.n_experts))
@@ -155,24 +168,54 @@ def layout(spec: spec_lib.RunSpec, n_local: int) -> parallel.Layout:
       backend=jax.default_backend(), processes=jax.process_count())
 
 
-def _devices(method: Method, placed: Placed, state, first: int, n_local: int) -> dict:
-  """The state, step and expert ids on the run's devices, the experts this process feeds
-  and how a host batch becomes a device array."""
-  mesh, step_cfg = placed.mesh, placed.step_cfg
+def _start_state(spec: spec_lib.RunSpec, mesh) -> train_state.TrainState:
+  """The initial state on the run's devices; a warm start's seed read now, and the line
+  naming which of its experts each expert starts from printed."""
+  seed = runs.read_seed(spec) if spec.init_from else None
+  if seed is not None:
+    metrics_lib.Progress(spec.cadence.steps, 0).message(seed.describe(spec.init_state))
+  return _on_devices(runs.initial_state(spec, seed), mesh)
+
+
+def _abstract_state(spec: spec_lib.RunSpec, mesh) -> train_state.TrainState:
+  """The initial state's shapes, dtypes and shardings, seed unread (a warm state has the
+  fresh one's shapes): what a resume restores onto."""
+  shapes = jax.eval_shape(lambda: runs.initial_state(spec.without_seed()))
+  shardings = (jax.tree.map(lambda _: parallel.one_device(), shapes) if mesh is None
+               else parallel.state_sharding(shapes, mesh))
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
+                      shardings)
+
+
+def _on_devices(state: train_state.TrainState, mesh) -> train_state.TrainState:
   if mesh is None:
     # Every leaf committed to the device: a warm start's leaves come from a restored seed run
     # (committed), a fresh init's not, and the step's outputs are; a mixture compiled the
     # step once per pattern (3 times for a warm start, its compiles counted as training).
-    return {"state": jax.device_put(state, parallel.one_device()),
-            "step_fn": functools.partial(method.train_step, cfg=step_cfg),
+    return jax.device_put(state, parallel.one_device())
+  return parallel.put_state(state, mesh)
+
+
+def _devices(method: Method, placed: Placed, first: int, n_local: int, key) -> dict:
+  """The step and expert ids on the run's devices, the experts this process feeds and how a
+  host batch becomes a device array."""
+  mesh, step_cfg = placed.mesh, placed.step_cfg
+  if mesh is None:
+    return {"step_fn": functools.partial(method.train_step, cfg=step_cfg,
+                                         key=jax.device_put(key, parallel.one_device())),
             "expert_ids": jnp.arange(first, first + n_local, dtype=jnp.int32),
             "feed": list(range(first, first + n_local)),  # this process feeds every expert
             "to_global": functools.partial(jax.tree.map, jnp.asarray)}
-  return {"state": parallel.put_state(state, mesh),
-          "step_fn": method.sharded_step(step_cfg, mesh),
+  return {"step_fn": _with_key(method.sharded_step(step_cfg, mesh),
+                               jax.device_put(key, NamedSharding(mesh, P()))),
           "expert_ids": parallel.expert_ids(n_local, mesh, first=first),
           "feed": [first + i for i in parallel.local_experts(n_local, mesh)],  # this host's
           "to_global": functools.partial(parallel.global_batch, mesh=mesh)}
+
+
+def _with_key(sharded: Callable, key: jax.Array) -> Callable:
+  """`step(state, batch, ids)` of a sharded step that takes the seed's key last."""
+  return lambda state, batch, ids: sharded(state, batch, ids, key)
 
 
 def _expert_val_windows(spec: spec_lib.RunSpec, experts: list[int], pooled: bool) -> np.ndarray:

@@ -61,9 +61,11 @@ def already_trained(workdir: str, start: int, steps: int, skipped: list, totals:
 def open_workdir(workdir: str, config, data_sha: str | None, shape_keys: tuple = (),
                  speed_keys: tuple = ()) -> tuple[dict, list[str]]:
   """(allowed changes, resume_overrides) of a resume against the workdir's config.json, or
-  ({}, []) for a new run; writes nothing. `shape_keys` / `speed_keys`: the method's own."""
-  if ckpt_lib.has_checkpoint(workdir) and os.path.isfile(
-      os.path.join(workdir, ckpt_lib.CONFIG_FILE)):
+  ({}, []) for a new run, its seed checked (`checkpoint.check_seed`: a resume reads only its
+  own workdir); writes nothing. `shape_keys` / `speed_keys`: the method's own."""
+  if not ckpt_lib.has_checkpoint(workdir):
+    ckpt_lib.check_seed(config, data_sha)
+  elif os.path.isfile(os.path.join(workdir, ckpt_lib.CONFIG_FILE)):
     return ckpt_lib.check_resume(workdir, config, data_sha, shape_keys, speed_keys)
   return {}, []
 

@@ -7,6 +7,7 @@ a run back with `restore_state` / `restore_params`, whatever its method.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -16,49 +17,105 @@ from soma_jax import checkpoint as ckpt_lib
 from soma_jax import spec as spec_lib
 from soma_jax import train_state
 from soma_jax.errors import UserError
+from soma_jax.methods import Method, Seed
 
 PyTree = Any
 
 
-def initial_params(spec: spec_lib.RunSpec) -> tuple[PyTree, jax.Array]:
+@dataclasses.dataclass(frozen=True)
+class SeedRun:
+  """A warm start's seed (`read_seed`): its newest state cut to this job's experts, or its
+  one expert, which then seeds every expert."""
+
+  where: str  # its workdir (spec.init_from)
+  n_experts: int  # the seed run's N: 1 seeds every expert, N seeds expert e from its expert e
+  state: train_state.TrainState  # leading 1, or this job's experts
+  method: Method  # the seed's (its model checked against this run's by `init_params`)
+
+  @property
+  def params(self) -> Seed:
+    return self.state.body, self.state.head, self.method
+
+  def describe(self, init_state: bool) -> str:
+    """The line a warm start prints: which of the seed's experts each expert starts from."""
+    what = "parameters, Adam and plateau state" if init_state else "parameters"
+    if self.n_experts == 1:
+      return f"init_from={self.where!r} holds one expert: every expert starts from it ({what})"
+    return (f"init_from={self.where!r} holds {self.n_experts} experts: each expert e starts "
+            f"from its expert e ({what})")
+
+
+def read_seed(spec: spec_lib.RunSpec) -> SeedRun:
+  """spec.init_from's newest state for this job (SPEC 3.4; LSTM and GRU methods alike): a
+  seed of one expert as it is, one of N experts (this run's N) cut to this job's experts;
+  a seed of another family or another N refused before its state is read."""
+  where = ckpt_lib.seed_workdir(spec.init_from)
+  theirs = read_spec(where)
+  ours = spec.method
+  if ours.family != theirs.method.family:  # a GRU seeds a GRU, an LSTM an LSTM
+    raise UserError(f"init_from={where!r} is a {theirs.method.family} run (method="
+                    f"{theirs.method.name}); method={ours.name} trains a {ours.family}: fix: a "
+                    "seed of the same model")
+  if theirs.n_experts == 1:
+    return SeedRun(where, 1, restore_state(where)[1], theirs.method)
+  if theirs.n_experts != spec.n_experts:
+    raise UserError(f"init_from={where!r} holds {theirs.n_experts} experts and this run has "
+                    f"n_experts={spec.n_experts}; a seed of several experts starts each expert e "
+                    f"from its expert e; fix: --config.n_experts={theirs.n_experts}, or a seed "
+                    "of one expert (every expert starts from it)")
+  a, b = (spec.experts.start - theirs.experts.start, spec.experts.stop - theirs.experts.start)
+  if a < 0 or b > len(theirs.experts):
+    raise UserError(f"init_from={where!r} holds experts {theirs.experts.start}.."
+                    f"{theirs.experts.stop - 1} of {theirs.n_experts}; this job trains experts "
+                    f"{spec.experts.start}..{spec.experts.stop - 1}; fix: merge the seed's slices "
+                    "first (experiments/merge.py)")
+  state = restore_state(where)[1]
+  take = lambda tree: jax.tree.map(lambda x: x[a:b], tree)  # noqa: E731
+  state = state.replace(body=take(state.body), opt=take(state.opt),
+                        head=state.head if theirs.shared_head else state.head[a:b],
+                        head_opt=take(state.head_opt), sched=take(state.sched),
+                        skipped=state.skipped[a:b], carry=take(state.carry))
+  return SeedRun(where, theirs.n_experts, state, theirs.method)
+
+
+def initial_params(spec: spec_lib.RunSpec, seed: SeedRun | None = None
+                   ) -> tuple[PyTree, jax.Array]:
   """Bodies and head(s) of this job's experts: warm from spec.init_from's newest checkpoint
-  (SPEC 3.4; LSTM and GRU methods alike), or the method's fresh init."""
-  seed = restore_params(spec.init_from) if spec.init_from else None
-  if seed is not None:  # a GRU seeds a GRU, an LSTM an LSTM (the methods' model families)
-    ours, theirs = spec.method, seed[2]
-    if ours.family != theirs.family:
-      raise UserError(f"init_from={spec.init_from!r} is a {theirs.family} run (method="
-                      f"{theirs.name}); method={ours.name} trains a {ours.family}: fix: a seed "
-                      "of the same model")
-  return spec.method.init_params(seed)
+  (`read_seed`, or `seed` where it was read already), or the method's fresh init."""
+  if seed is None and spec.init_from:
+    seed = read_seed(spec)
+  return spec.method.init_params(None if seed is None else seed.params)
 
 
-def initial_state(spec: spec_lib.RunSpec) -> train_state.TrainState:
+def initial_state(spec: spec_lib.RunSpec, seed: SeedRun | None = None
+                  ) -> train_state.TrainState:
   """The TrainState a run starts from (every method's: Adam of the bodies, and of the heads
   where opt.train_head). With `init_state` (and `init_from`) the seed run's state goes on:
-  see `continued`."""
-  body_N, head = initial_params(spec)
+  see `continued`. `seed`: spec.init_from already read (`read_seed`)."""
+  if seed is None and spec.init_from:
+    seed = read_seed(spec)
+  body_N, head = initial_params(spec, seed)
   n = jax.tree.leaves(body_N)[0].shape[0]
   state = train_state.init_state(body_N, head, spec.lr, spec.eps, spec.weight_decay,
                                  spec.train_head, spec.method.init_carry(n))
-  if spec.init_from and spec.init_state:
-    return continued(state, spec.init_from)
+  if seed is not None and spec.init_state:
+    return continued(state, seed)
   return state
 
 
-def continued(fresh: train_state.TrainState, init_from: str) -> train_state.TrainState:
+def continued(fresh: train_state.TrainState, seed: SeedRun) -> train_state.TrainState:
   """`fresh` (this run's initial state, warm from the seed's parameters) with the rest of
-  the seed run's newest state: every expert takes the seed's Adam moments and count, its
-  plateau state (lr and eps set to this config's) and its step counter (SPEC 9.6: the
-  compared phase continues the seed run)."""
-  _, seed, _, _ = restore_state(init_from)
+  the seed run's newest state: each expert takes its seed expert's Adam moments and count
+  (the one expert's, or its own of a seed of N), its plateau state (lr and eps set to this
+  config's) and the step counter (SPEC 9.6: the compared phase continues the seed run)."""
+  theirs = seed.state
   n = fresh.skipped.shape[0]
-  every = lambda x: jnp.broadcast_to(x[0], (n,) + x.shape[1:])  # the seed's expert 0
-  take = lambda ours, theirs, what: _same_tree(ours, theirs, what, init_from) and jax.tree.map(
-      every, theirs)
-  sched = jax.tree.map(every, seed.sched).replace(lr=fresh.sched.lr, eps=fresh.sched.eps)
-  head_opt = take(fresh.head_opt, seed.head_opt, "head optimizer") if fresh.head_opt != () else ()
-  return fresh.replace(step=seed.step, opt=take(fresh.opt, seed.opt, "optimizer"),
+  every = lambda x: jnp.broadcast_to(x, (n,) + x.shape[1:])  # noqa: E731 - [1] or [n] to [n]
+  take = lambda ours, t, what: _same_tree(ours, t, what, seed.where) and jax.tree.map(every, t)
+  sched = jax.tree.map(every, theirs.sched).replace(lr=fresh.sched.lr, eps=fresh.sched.eps)
+  head_opt = (take(fresh.head_opt, theirs.head_opt, "head optimizer")
+              if fresh.head_opt != () else ())
+  return fresh.replace(step=theirs.step, opt=take(fresh.opt, theirs.opt, "optimizer"),
                        head_opt=head_opt, sched=sched)
 
 

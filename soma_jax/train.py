@@ -133,7 +133,8 @@ def _resume(plan: plan_lib.Plan, ckpt: ckpt_lib.Checkpointer, overrides: list[st
   resharded by orbax to the shardings of this abstract state. Fields named in
   `resume_overrides` that live in the state (opt.lr, spsa.eps) take their new values.
   """
-  restored = ckpt.restore_latest(ckpt_lib.abstract_like(plan.state), heal=True)
+  # onto the state's shapes alone: a resume reads no seed (plan.state is read only here)
+  restored = ckpt.restore_latest(plan.abstract_state, heal=True)
   if restored is None:  # a fresh run; one continuing its seed (init_state) counts on from it
     return _Now(plan.state, int(plan.state.step))
   step, state, data_state = restored
@@ -177,7 +178,10 @@ def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, work
     log = _Log(plan, clock, progress)
     loop = Loop(now.state, plan.step_fn, plan.batches, plan.expert_ids, plan.to_global, clock)
     status = "done"
-    end = now.start if budget.spent() else cad.steps  # a resumed run already at its budget
+    end = cad.steps
+    if budget.spent():  # a resumed run already at its budget: no update, the same line
+      end = now.start
+      progress.message(f"budget reached: {budget.describe()} at step {now.start}")
     for done, m in loop.run(now.start, end):
       mark, spent = budget.after(done, m)
       record = _periodic_evals(plan, loop, done, m, log, last=done == cad.steps or spent)

@@ -49,7 +49,8 @@ def es_config(c: ml_collections.ConfigDict) -> eggroll_lib.EggrollConfig:
 
 
 def _eggroll_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expert_ids_N: jax.Array,
-                  cfg: EggrollStepConfig) -> tuple[train_state.TrainState, dict]:
+                  cfg: EggrollStepConfig, key: jax.Array | None = None
+                  ) -> tuple[train_state.TrainState, dict]:
   """EGGROLL on each expert's body (its own population, key and loss), then Adam.
 
   The A batches are concatenated into one batch of A*B sequences per member. A GRU body
@@ -58,7 +59,7 @@ def _eggroll_step(state: train_state.TrainState, batch_NxAxBxT1: jax.Array, expe
   """
   scfg = cfg.step
   head_axis = None if scfg.model.shared_head else 0
-  base_key = jax.random.key(scfg.seed)
+  base_key = spsa.step_key(scfg.seed, key)
 
   def one(body, head_e, batch_AxBxT1, e):
     windows = batch_AxBxT1.reshape((-1,) + batch_AxBxT1.shape[2:])
@@ -78,7 +79,8 @@ eggroll_step = jax.jit(_eggroll_step, static_argnames="cfg", donate_argnames="st
 
 
 def _stream_step(state: train_state.TrainState, segments: dict, expert_ids_N: jax.Array,
-                 cfg: EggrollStepConfig) -> tuple[train_state.TrainState, dict]:
+                 cfg: EggrollStepConfig, key: jax.Array | None = None
+                 ) -> tuple[train_state.TrainState, dict]:
   """EGGROLL on each expert's GRU, every pair on its own stream (SPEC 9.4), then Adam.
 
   `segments` is `pipeline.StreamSegments` output: inputs and targets [N, S, L], reset
@@ -86,7 +88,7 @@ def _stream_step(state: train_state.TrainState, segments: dict, expert_ids_N: ja
   state at the end of the previous update, and leaves its new state there (zeros for an
   expert whose update is skipped as non-finite, so a NaN never travels on).
   """
-  base_key = jax.random.key(cfg.step.seed)
+  base_key = spsa.step_key(cfg.step.seed, key)
 
   def one(body, carry_P, inputs_SxL, targets_SxL, reset_L, e):
     loss_fn = lambda p, seg, h: gru_lib.segment_loss(p, seg[0], seg[1], reset_L, h)
@@ -111,8 +113,8 @@ def es_describe(es: eggroll_lib.EggrollConfig, model: str) -> dict:
 
 
 def step_config(s: lstm.Settings, es: eggroll_lib.EggrollConfig, loss_fn: Callable,
-                pert_chunk=None) -> EggrollStepConfig:
-  return EggrollStepConfig(lstm.step_config(s, pert_chunk), es, loss_fn)
+                pert_chunk=None, seed_as_data: bool = False) -> EggrollStepConfig:
+  return EggrollStepConfig(lstm.step_config(s, pert_chunk, seed_as_data), es, loss_fn)
 
 
 # ------------------------------------------------------------------------- the GRU
@@ -130,16 +132,17 @@ def gru_logits(body, head_e, inputs_BxT):
 
 def init_params(s: lstm.Settings, gru: gru_lib.GruConfig, seed: Seed = None):
   """N GRUs (this job's slice) and the unused shared-head placeholder: fresh from the run's
-  seed, or warm, every model a copy of the seed run's GRU (same width and depth)."""
+  seed, or warm from the seed run's GRUs (same width and depth): its one GRU in every
+  model, or each model from its own (`lstm.each_expert`)."""
   a, b = s.experts
   head = jnp.zeros((VOCAB, s.model.d_e), jnp.float32)
   if seed is not None:
-    body_N, _, seed_method = seed
+    body_K, _, seed_method = seed
     theirs = seed_method.model
     need(theirs == gru, f"init_from={s.init_from!r} is a GRU of width {theirs.d} and depth "
          f"{theirs.depth}; this run has width {gru.d}, depth {gru.depth}; fix: seed at the "
          "same model size")
-    return jax.tree.map(lambda x: jnp.broadcast_to(x[0], (b - a,) + x.shape[1:]), body_N), head
+    return lstm.each_expert(body_K, b - a, s.init_from), head
   keys = jax.random.split(jax.random.key(s.seed), s.n_experts)
   body_N = jax.vmap(lambda k: gru_lib.init_gru(k, gru))(keys)
   return jax.tree.map(lambda x: x[a:b], body_N), head

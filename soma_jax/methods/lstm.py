@@ -71,9 +71,12 @@ def signs_together(signs: str) -> bool:
   return jax.default_backend() != "cpu" if signs == "auto" else signs == "together"
 
 
-def step_config(s: Settings, pert_chunk: int | None = None) -> spsa.StepConfig:
+def step_config(s: Settings, pert_chunk: int | None = None, seed_as_data: bool = False
+                ) -> spsa.StepConfig:
   """The static step settings; `pert_chunk` resolves spsa.pert_chunk="auto" (see
-  `soma.plan_chunk`; without it "auto" stands for the CPU's chunk, enough for shapes)."""
+  `soma.plan_chunk`; without it "auto" stands for the CPU's chunk, enough for shapes).
+  `seed_as_data`: no seed inside (None); the step takes `jax.random.key(seed)` as its `key`
+  argument, so every seed of a shape runs one compiled program (what training does)."""
   chunk = pert_chunk or s.pert_chunk
   if chunk == "auto":  # the job's experts on one device, as `plan_chunk` counts them
     chunk = memory.cpu_chunk(s.n_pert, s.n_local, s.signs_together)
@@ -82,11 +85,13 @@ def step_config(s: Settings, pert_chunk: int | None = None) -> spsa.StepConfig:
       spsa=spsa.SpsaConfig(n_pert=s.n_pert, accum=s.data.accum, probe=s.probe,
                            pert_chunk=chunk, time_block=s.time_block, unroll=s.unroll,
                            signs_together=s.signs_together, forward=s.forward),
-      weight_decay=s.weight_decay, train_head=s.train_head, seed=s.seed)
+      weight_decay=s.weight_decay, train_head=s.train_head,
+      seed=None if seed_as_data else s.seed)
 
 
 def init_params(s: Settings, seed: Seed = None):
-  """Bodies and head(s) of this job's experts: the seed run's expert 0, or a fresh init.
+  """Bodies and head(s) of this job's experts: warm from `seed` (`seed_experts`), or a fresh
+  init.
 
   A fresh init draws all N experts and keeps this job's slice, so a job training
   experts a:b starts exactly where the full job's experts a:b start.
@@ -94,26 +99,42 @@ def init_params(s: Settings, seed: Seed = None):
   a, b = s.experts
   cfg = s.model
   if seed is not None:
-    body, head = seed_expert(seed, cfg, s.init_from)
-    body_N = jax.tree.map(lambda x: jnp.broadcast_to(x, (b - a,) + x.shape), body)
-    head = head if cfg.shared_head else jnp.broadcast_to(head, (b - a,) + head.shape)
-    return body_N, head
+    return seed_experts(seed, cfg, b - a, s.init_from)
   body_N, head = model_lib.init_experts(jax.random.key(s.seed), cfg, s.n_experts)
   body_N = jax.tree.map(lambda x: x[a:b], body_N)
   return body_N, head if cfg.shared_head else head[a:b]
 
 
-def seed_expert(seed: Seed, cfg: model_lib.ModelConfig, where: str = "init_from"):
-  """Expert 0's body and E of a seed run's checkpoint (SPEC 3.4 step 3), shapes checked."""
-  body_N, head, seed_method = seed
+def seed_experts(seed: Seed, cfg: model_lib.ModelConfig, n: int, where: str = "init_from"):
+  """The n bodies and E of this job from a seed run's checkpoint (SPEC 3.4 step 3), shapes
+  checked: its one expert in every expert, or (a seed of this run's N, cut to this job's
+  experts by `runs.read_seed`) each expert from its own."""
+  body_K, head, seed_method = seed
   theirs = seed_method.model
   if (theirs.d_t, theirs.d_e, theirs.depth) != (cfg.d_t, cfg.d_e, cfg.depth):
     raise UserError(
         f"init_from={where!r} has d_t={theirs.d_t}, d_e={theirs.d_e}, depth="
         f"{theirs.depth}; this run has d_t={cfg.d_t}, d_e={cfg.d_e}, depth={cfg.depth}; "
         "fix: train the seed at the same model size")
-  body = jax.tree.map(lambda x: x[0], body_N)
-  return body, head if theirs.shared_head else head[0]
+  body_N = each_expert(body_K, n, where)
+  head_K = head[None] if theirs.shared_head else head  # [1 or n, V, d_E]
+  if cfg.shared_head:
+    if head_K.shape[0] > 1:
+      raise UserError(f"init_from={where!r} has a head per expert and this run one shared "
+                      "head (model.shared_head=True); fix: --config.model.shared_head=False, "
+                      "or a seed of one expert")
+    return body_N, head_K[0]
+  return body_N, jnp.broadcast_to(head_K, (n,) + head_K.shape[1:])
+
+
+def each_expert(tree_K, n: int, where: str = "init_from"):
+  """A seed's experts for this job's n: its one expert ([1, ...] leaves) in every expert, or
+  its n experts ([n, ...]) each in its own."""
+  k = jax.tree.leaves(tree_K)[0].shape[0]
+  if k not in (1, n):
+    raise UserError(f"init_from={where!r} holds {k} experts and this job trains {n}; fix: a "
+                    "seed of one expert, or one of this run's n_experts")
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape[1:]), tree_K)
 
 
 def forward_ops(s: Settings) -> int:
