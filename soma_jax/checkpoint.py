@@ -230,9 +230,12 @@ def check_resume(workdir: str, new: ml_collections.ConfigDict, data_sha: str | N
 
 
 def seed_workdir(init_from: str) -> str:
-  """`init_from`, a folder that is there (a warm start's seed run)."""
+  """`init_from`, a training workdir that is there (a warm start's seed run)."""
   if not os.path.isdir(init_from):
     raise UserError(f"init_from={init_from!r} does not exist; fix: the seed run's workdir")
+  if not os.path.isfile(os.path.join(init_from, CONFIG_FILE)):
+    raise UserError(f"init_from={init_from!r} is not a training workdir (no {CONFIG_FILE}); "
+                    "fix: the seed run's workdir, the --workdir it was trained in")
   return init_from
 
 

@@ -133,6 +133,14 @@ def test_a_seed_trained_on_other_data_is_refused_naming_the_override(data_prepar
   assert train.run(c, w)["status"] == "done"
 
 
+def test_a_seed_that_is_not_a_run_is_named_as_init_from(data_prepared, tmp_path):
+  os.makedirs(tmp_path / "empty")
+  for seed, what in ((tmp_path / "empty", r"is not a training workdir \(no config\.json\)"),
+                     (tmp_path / "gone", "does not exist")):
+    with pytest.raises(UserError, match=rf"init_from=.* {what}; fix: the seed run's workdir"):
+      train.run(tiny_config(data_prepared, steps=2, init_from=str(seed)), str(tmp_path / "w"))
+
+
 # ---------------------------------------------- item 5: a resume reads only its own workdir
 
 
