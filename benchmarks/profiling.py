@@ -103,7 +103,7 @@ def profile(spec: spec_lib.RunSpec, steps: int, top: int, trace_dir: str | None)
     raise UserError(f"--steps={steps} and --top={top} must be >= 1")
   inputs = step_inputs(spec)
   placed = plan_lib.place_step(spec)
-  cfg = placed.step_cfg
+  cfg = spec.method.step_config(placed.chunk.chunk)  # training's, its seed static here
   sharded = LayoutStep.build(inputs, placed)
   step = sharded.run if sharded else inputs.runner(inputs.compile(cfg))
   run = lambda: jax.block_until_ready(step())

@@ -118,7 +118,9 @@ class LayoutStep:
     mesh, spec = placed.mesh, inputs.spec
     if mesh is None:
       return None
-    step = spec.method.sharded_step(placed.step_cfg, mesh, donate=False)
+    # training's step config with its seed static (training gives it as data: the same work)
+    step = spec.method.sharded_step(spec.method.step_config(placed.chunk.chunk), mesh,
+                                    donate=False)
     state = parallel.put_state(inputs.state, mesh)
     batch = parallel.global_batch(np.asarray(inputs.batch), mesh)
     ids = parallel.expert_ids(spec.n_experts, mesh)

@@ -42,14 +42,41 @@ COUNTERS = {
                                "timed one, and planning)", training=False),
     "eval_seconds": Counter("device-seconds of validation", training=False),
     "ckpt_seconds": Counter("device-seconds saving checkpoints", training=False),
+    "update_seconds": Counter("wall seconds of training updates (device-seconds over the "
+                              "devices or cores charged)", budget=False),
+    "step_compiles": Counter("XLA compilations in a process's first (compiling) update: 0 "
+                             "where this process or JAX's persistent cache had the program",
+                             training=False),
 }
 BUDGET_UNITS = tuple(k for k, v in COUNTERS.items() if v.budget)  # config's budget_unit
 COUNTS = {k: COUNTERS[k].counts for k in BUDGET_UNITS}  # what each budget unit counts
 # Cumulative seconds each run keeps in its checkpoints (SPEC 7 device-seconds, and apart).
-# In the order checkpoints, summaries and results.json have always listed them (device first).
+# In the order checkpoints, summaries and results.json have always listed them (device
+# first), the wall seconds of updates last.
 TIMERS = tuple(sorted((k for k in COUNTERS if k.endswith("_seconds")),
-                      key=lambda k: k != "device_seconds"))
+                      key=lambda k: (k != "device_seconds", k == "update_seconds")))
 TRAINING_TIMERS = tuple(k for k in TIMERS if COUNTERS[k].training)  # the rest apart
+
+
+# XLA compilations in this process: JAX's compile events (which fire on a persistent-cache
+# hit too) less its persistent-cache hits.
+_BACKEND_COMPILES = [0]
+
+
+def _count_compile(event: str, duration: float, **kwargs) -> None:
+  del duration, kwargs
+  if event == "/jax/core/compile/backend_compile_duration":
+    _BACKEND_COMPILES[0] += 1
+
+
+def _count_cache_hit(event: str, **kwargs) -> None:
+  del kwargs
+  if event == "/jax/compilation_cache/cache_hits":
+    _BACKEND_COMPILES[0] -= 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+jax.monitoring.register_event_listener(_count_cache_hit)
 
 
 class Clock:
@@ -77,6 +104,7 @@ class Clock:
     self._t, self._cpu_t = time.perf_counter(), time.process_time()
     self._mark = None  # (wall, cpu) when the compiling update was dispatched
     self.first = (0.0, 0.0)  # the compiling update's run after its dispatch: (wall, cpu)
+    self.compiles = 0  # XLA compilations inside this process's compiling update
 
   def dispatched(self) -> None:
     """In the compiling update's `aside`, once its call returned: the rest is its run."""
@@ -98,7 +126,10 @@ class Clock:
     if sync is not None:
       jax.block_until_ready(sync)
     self.lap()
+    compiled = _BACKEND_COMPILES[0]
     yield
+    if key == "compile_seconds":
+      self.compiles += _BACKEND_COMPILES[0] - compiled
     now, cpu = time.perf_counter(), time.process_time()
     self.apart[key] += now - self._t
     if self._mark is not None:  # the compiling update: its run after the dispatch
@@ -122,10 +153,11 @@ class Clock:
     out = {"ops": int(self.base.get("ops", 0)) + self.ops_step * updates,
            "updates": int(self.base.get("updates", 0)) + updates,
            "device_seconds": mean * updates * self.units,
-           "cpu_seconds": self.mean_cpu() * updates}
+           "cpu_seconds": self.mean_cpu() * updates, "update_seconds": mean * updates}
     apart = dict(self.apart, compile_seconds=max(self.apart["compile_seconds"] - mean, 0.0)
                  + self._planned)
     out.update({k: v * self.units for k, v in apart.items()})
+    out["step_compiles"] = self.compiles
     return {k: v + self.base.get(k, 0) if k not in ("ops", "updates") else v
             for k, v in out.items()}
 

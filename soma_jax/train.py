@@ -152,6 +152,7 @@ def _resume(plan: plan_lib.Plan, ckpt: ckpt_lib.Checkpointer, overrides: list[st
   totals = {k: float(data_state.get(k, 0.0)) for k in budget_lib.TIMERS}
   totals["ops"] = int(data_state.get("ops", plan.spec.ops_step * step))
   totals["updates"] = int(data_state.get("updates", step))  # this run's, warm start aside
+  totals["step_compiles"] = int(data_state.get("step_compiles", 0))
   logging.info("resumed from step %d in %s", step, workdir)
   return _Now(state.replace(sched=sched), int(step), totals)
 

@@ -8,6 +8,7 @@ import numpy as np
 from soma_jax import runs
 from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
+from soma_jax.studies import executor as executor_lib
 from soma_jax.studies import protocol
 from tests.test_train import tiny_config
 
@@ -100,4 +101,4 @@ def test_a_study_run_given_a_relative_data_dir_resumes(data_prepared, tmp_path, 
                   ckpt_every=2)
   w = str(tmp_path / "run")
   train_lib.run(c, w)
-  protocol.check_existing(w, spec_lib.resolve(c))  # the same experiment: no UserError
+  executor_lib.check_existing(w, spec_lib.resolve(c))  # the same experiment: no UserError

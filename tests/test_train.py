@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from soma_jax import budget as budget_lib
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import host_devices, merge, runs, train
 from soma_jax.config import load_config_file
@@ -18,8 +19,9 @@ from soma_jax.errors import UserError
 from tests.conftest import default_env, equal_to_rounding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMING = ("step_seconds", "tokens_per_second", "device_seconds", "cpu_seconds", "compile_seconds",
-          "eval_seconds", "ckpt_seconds")
+# What differs from run to run of one config: timings, and whether the step compiled here
+# (JAX's persistent cache may hold it).
+TIMING = ("step_seconds", "tokens_per_second", "step_compiles") + budget_lib.TIMERS
 
 
 def tiny_config(data_dir, **overrides):

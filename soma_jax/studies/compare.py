@@ -65,11 +65,12 @@ def claim_out(study: str, out: str) -> None:
     json.dump({"study": study}, f)
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
-  """Runs config.study (table4, table7 or ladder) into `out`; returns its results.json payload."""
+def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
+  """Runs config.study into `out`, each stage's runs by `executor` (`executor.make`; None:
+  one after another in this process); returns its results.json payload."""
   module = _module(config.study)
   claim_out(config.study, out)
-  return module.run(config, out, command)
+  return module.run(config, out, command, executor=executor)
 
 
 def table(payload: dict) -> str:

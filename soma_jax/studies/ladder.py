@@ -219,18 +219,24 @@ def predicted(experts: list[dict], monolith: dict) -> dict:
 
 
 def run_control(config: ml_collections.ConfigDict, cfgs: dict, pair: dict, data_dir: str,
-                out: str, scored: tuple[eval_lib.TestSet, eval_lib.TestSet]) -> dict:
-  """The control from SOMA's start at SOMA's selected lr / eps and updates, per seed; its
-  start is SOMA's (the same seed run and state), so its gain is SOMA's start minus its end."""
+                out: str, scored: tuple[eval_lib.TestSet, eval_lib.TestSet],
+                executor=None) -> dict:
+  """The control from SOMA's start at SOMA's selected lr / eps and updates, per seed (one
+  stage, by `executor`); its start is SOMA's (the same seed run and state), so its gain is
+  SOMA's start minus its end."""
   ref, name = config.reference, config.control
   start = pair["seed_records"][config.start[name]]
+  somas = pair["methods"][ref]["per_seed"]
+  planned = [(table7.grid_point(protocol.budgeted(
+      cfgs[name], data_dir, soma["seed"], start, "updates", soma["updates"], 1),
+      soma["selected"]["lr"], soma["selected"]["eps"]),
+      os.path.join(out, "runs", f"seed{soma['seed']}", name),
+      f"seed {soma['seed']} {name} lr={soma['selected']['lr']:g} eps={soma['selected']['eps']:g}")
+      for soma in somas]
+  protocol.train_all(planned, executor)
   per_seed = []
-  for soma in pair["methods"][ref]["per_seed"]:
+  for soma, (run_spec, workdir, _) in zip(somas, planned, strict=True):
     lr, eps = soma["selected"]["lr"], soma["selected"]["eps"]
-    run_spec = table7.grid_point(protocol.budgeted(cfgs[name], data_dir, soma["seed"], start,
-                                                   "updates", soma["updates"], 1), lr, eps)
-    workdir = os.path.join(out, "runs", f"seed{soma['seed']}", name)
-    protocol.train(run_spec, workdir, f"seed {soma['seed']} {name} lr={lr:g} eps={eps:g}")
     ends = {s: float(protocol.final_losses(workdir, run_spec, sc).mean())
             for s, sc in zip(("validation", "test"), scored, strict=True)}
     gain = {s: soma["start_loss"][s] - ends[s] for s in ends}
@@ -247,7 +253,7 @@ def run_control(config: ml_collections.ConfigDict, cfgs: dict, pair: dict, data_
 
 
 def run_rung(config: ml_collections.ConfigDict, width: int, out: str, data_dir: str,
-             scored: tuple[eval_lib.TestSet, eval_lib.TestSet]) -> dict:
+             scored: tuple[eval_lib.TestSet, eval_lib.TestSet], executor=None) -> dict:
   """Seeds, the mechanism at the start, Table 7's pair, the control: one rung's record."""
   t0 = time.perf_counter()
   pair_config = rung_config(config, width, control=False)
@@ -256,15 +262,16 @@ def run_rung(config: ml_collections.ConfigDict, width: int, out: str, data_dir: 
   ref, mono = config.reference, _other(config)
   print(f"[ladder] rung {width}: {ref} d_t={cfgs[ref].model.d_t} x {cfgs[ref].n_experts}, "
         f"{mono} d_t={cfgs[mono].model.d_t}", flush=True)
-  seeds = protocol.train_seeds(pair_config, protocol.sized(pair_config), data_dir, out, scored[0])
+  seeds = protocol.train_seeds(pair_config, protocol.sized(pair_config), data_dir, out, scored[0],
+                               executor)
   t_mech = time.perf_counter()
   mech = mechanism(config, {n: spec_lib.resolve(c) for n, c in cfgs.items()}, seeds, data_dir)
   mech["wall_seconds"] = time.perf_counter() - t_mech
   print(f"[ladder] rung {width}: rho expert {mech['rho_expert']:.4g}, monolith "
         f"{mech['monolith']['rho']:.4g}, predicted ratio {mech['predicted_ratio']:.3f} "
         f"± {mech['predicted_ratio_se']:.3f}", flush=True)
-  pair = table7.compare_pair(pair_config, out, scored)
-  control = run_control(config, cfgs, pair, data_dir, out, scored)
+  pair = table7.compare_pair(pair_config, out, scored, executor)
+  control = run_control(config, cfgs, pair, data_dir, out, scored, executor)
   ratios = [a["gain"]["test"] / b["gain"]["test"] for a, b in zip(
       pair["methods"][ref]["per_seed"], pair["methods"][mono]["per_seed"], strict=True)]
   measured = protocol.t_interval(ratios)
@@ -280,16 +287,18 @@ def run_rung(config: ml_collections.ConfigDict, width: int, out: str, data_dir: 
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "",
-        scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None) -> dict:
-  """Every rung into OUT/rungW; OUT/results.json, table.md and ladder.png after each rung."""
-  begun = protocol.started()
+        scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None,
+        executor=None) -> dict:
+  """Every rung into OUT/rungW (each stage's runs by `executor`); OUT/results.json, table.md
+  and ladder.png after each rung."""
+  begun = protocol.started(executor)
   os.makedirs(out, exist_ok=True)
   ws = check(config)  # every field and every rung's runs, before anything trains
   data_dir = protocol.ensure_data(config, out, 2)
   scored = scorers or protocol.eval_sets(config, data_dir, [config.methods[config.reference].data.seq_len])
   rungs = []
   for w in ws:
-    rungs.append(run_rung(config, w, os.path.join(out, f"rung{w}"), data_dir, scored))
+    rungs.append(run_rung(config, w, os.path.join(out, f"rung{w}"), data_dir, scored, executor))
     payload = protocol.results(
         "ladder", SPEC, config, command, begun,
         {"unit": protocol.budget_unit(config), "per": "configuration, at every rung",

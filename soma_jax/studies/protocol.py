@@ -47,9 +47,9 @@ from soma_jax import evaluate as eval_lib
 from soma_jax import plan as plan_lib
 from soma_jax import records, runs
 from soma_jax import spec as spec_lib
-from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
+from soma_jax.studies import executor as executor_lib
 
 MAX_UPDATES = 10_000_000  # the step cap of a budgeted run: its budget ends it first
 # A time budget is refused above (MAX_UPDATES - seed_updates) x this: the step cap would end
@@ -67,9 +67,33 @@ def optimisation_seeds(config: ml_collections.ConfigDict) -> list[int]:
   return list(range(config.first_seed, config.first_seed + config.seeds))
 
 
-def started() -> dict:
-  """When and under what load a study began (`results` records both)."""
-  return {"t0": time.perf_counter(), "load_average": list(os.getloadavg())}
+def started(executor=None) -> dict:
+  """When, under what load and with which executor a study began (`results` records them)."""
+  return {"t0": time.perf_counter(), "load_average": list(os.getloadavg()),
+          "executor": getattr(executor, "name", "inline")}
+
+
+def cost(out: str, begun: dict) -> dict:
+  """What the study's runs spent, from every run folder's summary.json under `out` (each
+  run's own totals, its seed's excluded): wall seconds of this call, and summed over runs the
+  wall seconds of training updates, compilation, step compiles and evaluation (core- or
+  device-seconds as each run counts them, `budget.COUNTERS`), and the executor."""
+  sums = dict.fromkeys(("update_seconds", "compile_seconds", "step_compiles", "eval_seconds",
+                        "device_seconds"), 0.0)
+  runs_read = 0
+  for folder, _, files in os.walk(out):
+    if records.SUMMARY_FILE in files:
+      with open(os.path.join(folder, records.SUMMARY_FILE)) as f:
+        done = json.load(f)
+      runs_read += 1
+      for k in sums:
+        sums[k] += float(done.get(k) or 0.0)
+  wall = time.perf_counter() - begun["t0"]
+  return {"wall_seconds": wall, **sums, "step_compiles": int(sums["step_compiles"]),
+          "update_fraction_of_wall": sums["update_seconds"] / wall if wall else None,
+          "runs": runs_read, "executor": begun.get("executor", "inline"),
+          "how": "sums over the runs' summary.json; update_seconds: wall seconds in training "
+                 "updates; compile, eval: core-seconds on a CPU, device-seconds elsewhere"}
 
 
 def budget_unit(config: ml_collections.ConfigDict) -> str:
@@ -335,25 +359,16 @@ def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict
   return spec_lib.resolve(c)
 
 
-def check_existing(workdir: str, spec: spec_lib.RunSpec) -> None:
-  """A study run found in `workdir` continues only under the same experiment: speed knobs
-  may differ, anything else (budget, size, data) is a UserError."""
-  if not os.path.isfile(os.path.join(workdir, ckpt_lib.CONFIG_FILE)):
-    return
-  # against the config as training saves it (data.dir absolute): an --out given relative
-  # must resume its own runs
-  changes = ckpt_lib.config_changes(ckpt_lib.read_config(workdir), spec.config)
-  if any(not ckpt_lib.under(k, ckpt_lib.SPEED_KEYS) for k in changes):
-    raise UserError(f"{workdir!r} holds a run with a different config (budget, size or data: "
-                    f"{', '.join(changes)}); fix: choose a new --out or delete that folder")
-
-
-def train(spec: spec_lib.RunSpec, workdir: str, what: str) -> float:
-  """Trains (or resumes) one run to its end; the wall seconds of this call."""
-  check_existing(workdir, spec)
-  t0 = time.perf_counter()
-  train_lib.train_to_end(spec, workdir, what)
-  return time.perf_counter() - t0
+def train_all(runs: list[tuple[spec_lib.RunSpec, str, str]], executor=None) -> list[float]:
+  """Trains every run of a stage (none reads another) to its end: one after another in this
+  process (`executor` None), or by `executor` (`executor.make`: processes, SLURM); each run's
+  wall seconds, in order. Every run's folder is checked (`check_existing`) before any trains."""
+  if executor is None:
+    return [executor_lib.train(spec, workdir, what) for spec, workdir, what in runs]
+  for spec, workdir, _ in runs:
+    executor_lib.check_existing(workdir, spec)
+  return executor.run([executor_lib.Job(spec.config.to_dict(), workdir, what)
+                       for spec, workdir, what in runs])
 
 
 def checkpoints(workdir: str) -> list[int]:
@@ -466,16 +481,20 @@ def seed_configs(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collectio
 
 
 def train_seeds(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collections.ConfigDict],
-                data_dir: str, out: str, val: eval_lib.TestSet) -> dict[str, dict]:
-  """Trains every seed run for `seed_updates` updates at `seed_run_seed` in OUT/seeds/NAME;
-  their cost, apart, and their final loss on the study's ensemble-validation set `val`."""
-  records = {}
-  for name, s in seed_configs(config, cfgs).items():
-    workdir = os.path.join(out, "seeds", name)
-    spec = budgeted(s, data_dir, config.seed_run_seed, None, "updates", config.seed_updates, 1)
+                data_dir: str, out: str, val: eval_lib.TestSet, executor=None) -> dict[str, dict]:
+  """Trains every seed run for `seed_updates` updates at `seed_run_seed` in OUT/seeds/NAME
+  (one stage: `train_all` with `executor`); their cost, apart, and their final loss on the
+  study's ensemble-validation set `val`."""
+  planned = {name: (budgeted(s, data_dir, config.seed_run_seed, None, "updates",
+                           config.seed_updates, 1), os.path.join(out, "seeds", name), s)
+           for name, s in seed_configs(config, cfgs).items()}
+  for name, (_, _, s) in planned.items():
     print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t}, {config.seed_updates} "
           f"updates at seed {config.seed_run_seed}", flush=True)
-    wall = train(spec, workdir, f"seed run {name}")
+  walls = train_all([(spec, workdir, f"seed run {name}") for name, (spec, workdir, _)
+                     in planned.items()], executor)
+  records = {}
+  for (name, (spec, workdir, s)), wall in zip(planned.items(), walls, strict=True):
     records[name] = {"workdir": shown(workdir, out), "method": s.method, "d_t": s.model.d_t,
                      "depth": s.model.depth, "lr": s.opt.lr, "eps": s.spsa.eps,
                      "n_pert": s.spsa.n_pert, "batch": s.spsa.batch, "seq_len": s.data.seq_len,
@@ -516,7 +535,7 @@ def results(study: str, spec: str, config: ml_collections.ConfigDict, command: s
       "data_dir": shown(data_dir, out), "seeds": optimisation_seeds(config),
       "bootstrap_draws": config.bootstrap_draws, "reference": config.reference,
       "seed_runs": {k: {f: v for f, v in r.items() if f != "_path"} for k, r in seeds.items()},
-      **rest,
+      **rest, "cost": cost(out, begun),
   }
 
 

@@ -44,9 +44,10 @@ def run_config(name: str, c: ml_collections.ConfigDict, config: ml_collections.C
   return protocol.budgeted(c, data_dir, seed, start, unit, config.budget, config.curve_points)
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
-  """Seeds, then every row at every optimisation seed; writes results.json and table.md."""
-  begun = protocol.started()
+def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
+  """Seeds, then every row at every optimisation seed (each stage's runs by `executor`,
+  `protocol.train_all`); writes results.json and table.md."""
+  begun = protocol.started(executor)
   os.makedirs(out, exist_ok=True)
   unit = protocol.check_plan(config)  # every field, and every run resolved, before data
   methods = protocol.sized(config)
@@ -59,23 +60,18 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
   protocol.check_equal_ops(specs, 1.0, unit)  # printed; unequal costs are Table 4's point
   data_dir = protocol.ensure_data(config, out, max(s.n_experts for s in specs.values()))
   val, test = protocol.eval_sets(config, data_dir, [s.seq_len for s in specs.values()])
-  seeds = protocol.train_seeds(config, methods, data_dir, out, val)
+  seeds = protocol.train_seeds(config, methods, data_dir, out, val, executor)
   starts, results = {}, {}
   for n, c in methods.items():
     first = protocol.budgeted(c, data_dir, config.first_seed, seeds[config.start[n]], unit, 1, 1)
     starts[n] = protocol.start_losses(first, {"validation": val, "test": test})
     results[n] = describe(n, first, config, seeds[config.start[n]], unit,
                           protocol.layout_of(first))
-  ends = {}
+  rows, ends = train_rows(config, methods, (data_dir, out, unit), seeds, starts, (val, test),
+                          executor)
   for seed in protocol.optimisation_seeds(config):
-    ref_updates = None
-    for name, c in methods.items():
-      row = run_config(name, c, config, data_dir, seed, seeds[config.start[name]], unit,
-                       ref_updates)
-      record, ends[(seed, name)] = run_row(row, out, seed, name, seeds[config.start[name]],
-                                           starts[name], (val, test))
-      ref_updates = record["updates"] if name == ref else ref_updates
-      results[name]["per_seed"].append(record)
+    for name in methods:
+      results[name]["per_seed"].append(rows[(seed, name)])
     for name in methods:
       results[name]["per_seed"][-1].update(_paired(ends, ref, name, seed, test, config))
   for r in results.values():
@@ -93,13 +89,36 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "") -> dict:
   return protocol.write(out, payload, table)
 
 
-def run_row(row: spec_lib.RunSpec, out: str, seed: int, name: str, start: dict,
-            start_w: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet]
-            ) -> tuple[dict, np.ndarray]:
-  """Trains one row at one seed; (its per-seed record, its end per-window test losses)."""
+def train_rows(config: ml_collections.ConfigDict, methods: dict, where: tuple[str, str, str],
+               seeds: dict, starts: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet],
+               executor=None) -> tuple[dict, dict]:
+  """Every row at every optimisation seed in two stages, each trained by `executor`: the rows
+  on the budget, then the controls at the reference's updates in their seed. Returns
+  ({(seed, row): its per-seed record}, {(seed, row): its end per-window test losses})."""
+  data_dir, out, unit = where
+  records, ends = {}, {}
+  for stage in ([n for n in methods if n not in config.match_updates],
+                [n for n in methods if n in config.match_updates]):
+    planned = {(seed, name): run_config(
+        name, methods[name], config, data_dir, seed, seeds[config.start[name]], unit,
+        records[(seed, config.reference)]["updates"] if name in config.match_updates else None)
+        for seed in protocol.optimisation_seeds(config) for name in stage}
+    walls = protocol.train_all([(row, os.path.join(out, "runs", f"seed{seed}", name),
+                                 f"{name} (seed {seed})") for (seed, name), row in planned.items()],
+                               executor)
+    for ((seed, name), row), wall in zip(planned.items(), walls, strict=True):
+      records[(seed, name)], ends[(seed, name)] = row_record(
+          row, out, seed, name, seeds[config.start[name]], starts[name], scored, wall)
+  return records, ends
+
+
+def row_record(row: spec_lib.RunSpec, out: str, seed: int, name: str, start: dict,
+               start_w: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet], wall: float
+               ) -> tuple[dict, np.ndarray]:
+  """One trained row at one seed scored: (its per-seed record, its end per-window test
+  losses)."""
   val, test = scored
   workdir = os.path.join(out, "runs", f"seed{seed}", name)
-  wall = protocol.train(row, workdir, f"{name} (seed {seed})")
   points, end_test = protocol.curve(workdir, row, test, start["step"], start_w["test"].mean())
   end_val = protocol.final_losses(workdir, row, val)
   done = protocol.summary(workdir, row, start["step"])

@@ -54,53 +54,88 @@ def extended(lrs: list[float], best: float) -> float | None:
   return None
 
 
-def tune(spec: spec_lib.RunSpec, config: ml_collections.ConfigDict, root: str,
-         val: eval_lib.TestSet, what: str, start: dict) -> tuple[dict, list[dict], dict]:
-  """The two-stage lr-then-eps search of one architecture and seed, on validation only.
+class Search:
+  """The two-stage lr-then-eps search of one architecture and seed, on validation only,
+  advanced one stage of runs at a time (`wanted`, then `record` each, then `advance`).
 
   `spec` is the budgeted run (seed, start, budget set); `start` = {step, val}: the seed
-  step it continues and its validation loss. Returns (the selected configuration's record,
-  every configuration's record in the order trained, the search: grids and edge flags).
+  step it continues and its validation loss. Stage 1 runs lr in base x lr_factors at
+  eps = base, growing the grid by 2x past the edge the best sits on (at most lr_extend
+  times); stage 2 runs eps in base x eps_factors at the selected lr (the eps = base run
+  reused), grown the same way at most eps_extend times. The best is the lowest final
+  validation loss, the first in grid order on a tie.
   """
-  base = config.base_lr
-  tried: dict[tuple[float, float], dict] = {}
 
-  def run(lr: float, eps: float) -> dict:
-    if (lr, eps) not in tried:
-      workdir = os.path.join(root, f"lr{lr:g}_eps{eps:g}")
-      point = grid_point(spec, lr, eps)
-      wall = protocol.train(point, workdir, f"{what} lr={lr:g} eps={eps:g}")
-      points, last = protocol.curve(workdir, point, val, start["step"], start["val"])
-      tried[(lr, eps)] = {"lr": lr, "eps": eps, "workdir": workdir, "val_curve": points,
-                          "val_nats_per_byte": float(last.mean()),
-                          **protocol.summary(workdir, point, start["step"]),
-                          "wall_seconds_this_call": wall}
-      print(f"[table7] {what} lr={lr:g} eps={eps:g}: {tried[(lr, eps)]['updates']} updates, "
-            f"ensemble val {last.mean():.4f}", flush=True)
-    return tried[(lr, eps)]
+  def __init__(self, spec: spec_lib.RunSpec, config: ml_collections.ConfigDict, root: str,
+               what: str, start: dict):
+    self.spec, self.root, self.what, self.start = spec, root, what, start
+    self.base, self.config = config.base_lr, config
+    self.tried: dict[tuple[float, float], dict] = {}  # in the order trained
+    self.key, self.grid, self.extend = "lr", [f * self.base for f in config.lr_factors], config.lr_extend
+    self.lr: dict | None = None  # stage 1's choice
+    self.chosen: dict | None = None  # the selected configuration, once done
 
-  lrs, lr = grown(lambda x: run(x, base), [f * base for f in config.lr_factors],
-                  config.lr_extend, "lr")
-  epss, chosen = grown(lambda e: run(lr["lr"], e), [f * base for f in config.eps_factors],
-                       config.eps_extend, "eps")
-  search = {"lr_grid": sorted(lrs), "eps_grid": sorted(epss),
-            "lr_at_edge": extended(lrs, lr["lr"]) is not None,
-            "eps_at_edge": len(epss) > 1 and extended(epss, chosen["eps"]) is not None}
-  return chosen, list(tried.values()), search
+  def _point(self, x: float) -> tuple[float, float]:
+    return (x, self.base) if self.key == "lr" else (self.lr["lr"], x)
+
+  def wanted(self) -> list[tuple[float, float]]:
+    """The (lr, eps) points this stage still needs, in grid order ([] once done)."""
+    if self.chosen is not None:
+      return []
+    return [p for p in map(self._point, self.grid) if p not in self.tried]
+
+  def job(self, point: tuple[float, float]) -> tuple[spec_lib.RunSpec, str, str]:
+    lr, eps = point
+    return (grid_point(self.spec, lr, eps), os.path.join(self.root, f"lr{lr:g}_eps{eps:g}"),
+            f"{self.what} lr={lr:g} eps={eps:g}")
+
+  def record(self, point: tuple[float, float], val: eval_lib.TestSet, wall: float) -> None:
+    """A trained point scored on validation (its curve) and kept."""
+    run_spec, workdir, _ = self.job(point)
+    points, last = protocol.curve(workdir, run_spec, val, self.start["step"], self.start["val"])
+    self.tried[point] = {"lr": point[0], "eps": point[1], "workdir": workdir,
+                         "val_curve": points, "val_nats_per_byte": float(last.mean()),
+                         **protocol.summary(workdir, run_spec, self.start["step"]),
+                         "wall_seconds_this_call": wall}
+    print(f"[table7] {self.what} lr={point[0]:g} eps={point[1]:g}: "
+          f"{self.tried[point]['updates']} updates, ensemble val {last.mean():.4f}", flush=True)
+
+  def advance(self) -> None:
+    """With every wanted point tried: grow the grid past an edge, go to stage 2, or finish."""
+    while self.chosen is None and not self.wanted():
+      best = min((self.tried[p] for p in map(self._point, self.grid)),
+                 key=lambda r: r["val_nats_per_byte"])
+      more = extended(self.grid, best[self.key]) if self.extend > 0 else None
+      if more is not None:
+        self.grid, self.extend = [*self.grid, more], self.extend - 1
+      elif self.key == "lr":
+        self.lrs, self.lr = self.grid, best
+        self.key, self.grid = "eps", [f * self.base for f in self.config.eps_factors]
+        self.extend = self.config.eps_extend
+      else:
+        self.chosen = best
+
+  def result(self) -> tuple[dict, list[dict], dict]:
+    """(the selected configuration's record, every configuration's record in the order
+    trained, the search: grids and edge flags)."""
+    epss = self.grid
+    return self.chosen, list(self.tried.values()), {
+        "lr_grid": sorted(self.lrs), "eps_grid": sorted(epss),
+        "lr_at_edge": extended(self.lrs, self.lr["lr"]) is not None,
+        "eps_at_edge": len(epss) > 1 and extended(epss, self.chosen["eps"]) is not None}
 
 
-def grown(run_at, grid: list[float], extend: int, key: str) -> tuple[list[float], dict]:
-  """(the grid, the record of its lowest final validation loss) after growing the grid by a
-  factor of 2 past the edge the best sits on, at most `extend` times."""
-  best = lambda: min((run_at(x) for x in grid), key=lambda r: r["val_nats_per_byte"])
-  chosen = best()
-  for _ in range(extend):
-    more = extended(grid, chosen[key])
-    if more is None:
-      break
-    grid = [*grid, more]
-    chosen = best()
-  return grid, chosen
+def run_searches(searches: list[Search], val: eval_lib.TestSet, executor) -> None:
+  """Every search to its end, a stage at a time: each stage's runs (all searches' wanted
+  points, independent of each other) trained by `executor`, then scored and recorded."""
+  for search in searches:
+    search.advance()
+  while wanted := [(s, p) for s in searches for p in s.wanted()]:
+    walls = protocol.train_all([s.job(p) for s, p in wanted], executor)
+    for (search, point), wall in zip(wanted, walls, strict=True):
+      search.record(point, val, wall)
+    for search in searches:
+      search.advance()
 
 
 GRID_FIELDS = {"lr_factors": protocol.factors(), "lr_extend": protocol.whole(0),
@@ -123,15 +158,17 @@ def check_grid(config: ml_collections.ConfigDict) -> None:
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "",
-        scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None) -> dict:
+        scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None,
+        executor=None) -> dict:
   """Seeds, then every architecture x seed x grid point; writes OUT/results.json, table.md.
 
   `scorers` = (validation, test) replaces the data dir's own (tests use it to give the
-  test set a ranking opposite to validation's).
+  test set a ranking opposite to validation's); `executor` runs each stage's runs
+  (`protocol.train_all`; None: one after another here).
   """
-  begun = protocol.started()
+  begun = protocol.started(executor)
   os.makedirs(out, exist_ok=True)
-  payload = compare_pair(config, out, scorers)
+  payload = compare_pair(config, out, scorers, executor)
   payload = protocol.results(
       "table7", "SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6", config, command,
       begun, payload.pop("budget"), payload.pop("scored"), payload.pop("data_dir"), out,
@@ -140,7 +177,8 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "",
 
 
 def compare_pair(config: ml_collections.ConfigDict, out: str,
-                 scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None) -> dict:
+                 scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None,
+                 executor=None) -> dict:
   """One Table 7 comparison into OUT (seeds/, runs/): the study's own results fields, with
   `budget`, `scored`, `data_dir` and `seed_records` for `protocol.results`."""
   unit = protocol.check_plan(config)  # every field, and every run resolved, before data
@@ -153,24 +191,26 @@ def compare_pair(config: ml_collections.ConfigDict, out: str,
   ref, other = list(methods)
   data_dir = protocol.ensure_data(config, out, max(s.n_experts for s in specs.values()))
   val, test = scorers or protocol.eval_sets(config, data_dir, [s.seq_len for s in specs.values()])
-  seeds = protocol.train_seeds(config, methods, data_dir, out, val)
+  seeds = protocol.train_seeds(config, methods, data_dir, out, val, executor)
   results, finals, starts = {}, {}, {}
   for name, c in methods.items():
     s = seeds[config.start[name]]
     first = protocol.budgeted(c, data_dir, config.first_seed, s, unit, config.budget, 1)
     starts[name] = protocol.start_losses(first, {"validation": val, "test": test})  # test: once
     results[name] = describe(first, s, protocol.layout_of(first))
-  for seed in protocol.optimisation_seeds(config):
-    for name, c in methods.items():
-      s = seeds[config.start[name]]
-      run_spec = protocol.budgeted(c, data_dir, seed, s, unit, config.budget, config.curve_points)
-      chosen, tried, search = tune(run_spec, config,
-                                   os.path.join(out, "runs", f"seed{seed}", name),
-                                   val, f"seed {seed} {name}",
-                                   {"step": s["step"], "val": starts[name]["validation"].mean()})
-      finals[(seed, name)] = protocol.final_losses(chosen["workdir"], run_spec, test)  # once
-      results[name]["per_seed"].append(per_seed_record(seed, s, chosen, tried, search, out,
-                                                        starts[name], finals[(seed, name)]))
+  searches = {(seed, name): Search(
+      protocol.budgeted(c, data_dir, seed, seeds[config.start[name]], unit, config.budget,
+                        config.curve_points), config, os.path.join(out, "runs", f"seed{seed}", name),
+      f"seed {seed} {name}", {"step": seeds[config.start[name]]["step"],
+                              "val": starts[name]["validation"].mean()})
+      for seed in protocol.optimisation_seeds(config) for name, c in methods.items()}
+  run_searches(list(searches.values()), val, executor)
+  for (seed, name), search in searches.items():
+    chosen, tried, grids = search.result()
+    finals[(seed, name)] = protocol.final_losses(chosen["workdir"], search.spec, test)  # once
+    results[name]["per_seed"].append(per_seed_record(
+        seed, seeds[config.start[name]], chosen, tried, grids, out, starts[name],
+        finals[(seed, name)]))
   gain_difference = differences(results, finals, starts, ref, other, test, config)
   return {"budget": {"unit": unit, "per": "configuration", "seed_updates": config.seed_updates,
                      "ops_per_update": ops},
@@ -255,6 +295,12 @@ def _row(a: dict, b: dict, g: dict) -> str:
           f"{b['minus_ref']:+.4f} |")
 
 
+def _both(g: dict) -> str:
+  """The seeds-and-documents interval of a gain difference, '[lo, hi]' (or '-': one seed)."""
+  ci95 = g.get("seeds_and_documents", {}).get("ci95")
+  return "-" if ci95 is None else f"[{ci95[0]:+.4f}, {ci95[1]:+.4f}]"
+
+
 def table(p: dict) -> str:
   """Markdown: the setup, one row per seed (start → end, gains), then the gain difference
   across seeds, the validation view and the flags."""
@@ -289,7 +335,8 @@ def table(p: dict) -> str:
   start_gap = {s: o["start_loss"][s] - r["start_loss"][s] for s in ("validation", "test")}
   lines += [
       "", f"**{ref}'s gain minus {other}'s gain, test: {protocol.ci(g, 4)}** (mean and 95% t "
-      f"interval over {n} seeds; validation {protocol.ci(g['validation'], 4)}). Gains (start − "
+      f"interval over {n} seeds, conditional on the test documents; with the documents' noise "
+      f"too {_both(g)}; validation {protocol.ci(g['validation'], 4)}). Gains (start − "
       f"end), test: {ref} {protocol.ci(r['gain']['test'], 4)}, {other} "
       f"{protocol.ci(o['gain']['test'], 4)}; validation: {ref} "
       f"{protocol.ci(r['gain']['validation'], 4)}, {other} "
