@@ -153,7 +153,7 @@ def test_one_registry_of_budget_counters():
   assert set(budget_lib.COUNTS) == set(budget_lib.BUDGET_UNITS)
   assert all(budget_lib.COUNTS.values())
   assert merge.TOTALS == tuple(budget_lib.COUNTERS)
-  assert set(budget_lib.TRAINING_TIMERS) == {"cpu_seconds", "device_seconds"}
+  assert set(budget_lib.TRAINING_TIMERS) == {"cpu_seconds", "device_seconds", "update_seconds"}
   c = tiny_config("/nonexistent", budget_unit="seconds")
   with pytest.raises(UserError, match="updates, ops, cpu_seconds, device_seconds"):
     config_lib.validate(c)
