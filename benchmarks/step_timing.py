@@ -367,15 +367,11 @@ def sweep(spec: spec_lib.RunSpec, chunks: list[int], blocks: list[int], reps: in
 
 
 def planned_bytes(spec: spec_lib.RunSpec, cfg: spsa.StepConfig) -> int:
-  """XLA's buffer plan of the run's one-device step at `cfg`, compiled on abstract inputs
-  (nothing allocated or run), as `plan_chunk` plans a chunk for a device's limit."""
-  n, one = spec.n_experts, parallel.one_device()
-  state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
-                       parallel.abstract_state(cfg, n))
-  batch = jax.ShapeDtypeStruct((n, spec.accum, spec.batch, spec.seq_len + 1), jnp.uint8)
-  ids = jax.ShapeDtypeStruct((n,), jnp.int32)
-  with memory.matmul_precision(spec.precision):
-    return memory.planned_bytes(spec.method.train_step.lower(state, batch, ids, cfg=cfg).compile())
+  """XLA's buffer plan of the run's one-device step at `cfg` (`parallel.planned_step_bytes`,
+  as `plan_chunk` plans a chunk for a device's limit)."""
+  return parallel.planned_step_bytes(
+      spec.method.train_step, cfg, (spec.n_experts, spec.accum, spec.batch, spec.seq_len + 1),
+      spec.precision)
 
 
 def plans(spec: spec_lib.RunSpec, chunks: list[int], signs: tuple[str, ...]) -> dict:

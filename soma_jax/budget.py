@@ -44,8 +44,9 @@ COUNTERS = {
     "ckpt_seconds": Counter("device-seconds saving checkpoints", training=False),
     "update_seconds": Counter("wall seconds of training updates (device-seconds over the "
                               "devices or cores charged)", budget=False),
-    "step_compiles": Counter("XLA compilations in a process's first (compiling) update: 0 "
-                             "where this process or JAX's persistent cache had the program",
+    "step_compiles": Counter("XLA compilations of the step (planning its chunk, and a "
+                             "process's first update): 0 where this process or JAX's "
+                             "persistent cache had the program",
                              training=False),
 }
 BUDGET_UNITS = tuple(k for k, v in COUNTERS.items() if v.budget)  # config's budget_unit
@@ -79,6 +80,11 @@ jax.monitoring.register_event_duration_secs_listener(_count_compile)
 jax.monitoring.register_event_listener(_count_cache_hit)
 
 
+def compiles() -> int:
+  """XLA compilations so far in this process (a persistent-cache hit is none)."""
+  return _BACKEND_COMPILES[0]
+
+
 class Clock:
   """Device-seconds of training updates only, the rest apart (SPEC 7): wall seconds x
   `host_devices.charged_units`, i.e. core-seconds on a CPU (every core the process may use,
@@ -94,7 +100,7 @@ class Clock:
   """
 
   def __init__(self, n_devices: int, ops_step: int, base: dict, plan_seconds: float = 0.0,
-               start: int = 0):
+               start: int = 0, plan_compiles: int = 0):
     self.units = host_devices.charged_units(n_devices)
     self.ops_step, self.base = ops_step, base  # base: the restored cumulative totals
     self.start = start  # the step this process started from
@@ -104,7 +110,9 @@ class Clock:
     self._t, self._cpu_t = time.perf_counter(), time.process_time()
     self._mark = None  # (wall, cpu) when the compiling update was dispatched
     self.first = (0.0, 0.0)  # the compiling update's run after its dispatch: (wall, cpu)
-    self.compiles = 0  # XLA compilations inside this process's compiling update
+    # XLA compilations of the step: planning it (`plan_compiles`) and this process's
+    # compiling update
+    self.compiles = plan_compiles
 
   def dispatched(self) -> None:
     """In the compiling update's `aside`, once its call returned: the rest is its run."""
@@ -126,10 +134,10 @@ class Clock:
     if sync is not None:
       jax.block_until_ready(sync)
     self.lap()
-    compiled = _BACKEND_COMPILES[0]
+    compiled = compiles()
     yield
     if key == "compile_seconds":
-      self.compiles += _BACKEND_COMPILES[0] - compiled
+      self.compiles += compiles() - compiled
     now, cpu = time.perf_counter(), time.process_time()
     self.apart[key] += now - self._t
     if self._mark is not None:  # the compiling update: its run after the dispatch

@@ -30,8 +30,8 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from soma_jax import memory, train_state
 from soma_jax import model as model_lib
-from soma_jax import train_state
 from soma_jax.errors import UserError
 
 PyTree = Any
@@ -208,6 +208,22 @@ def abstract_state(cfg: Any, n: int) -> PyTree:
 
 
 # ----------------------------------------------------------------------------- step
+
+
+def planned_step_bytes(train_step: Callable, cfg: Any, batch_shape: tuple[int, ...],
+                       precision: str) -> int:
+  """XLA's buffer plan of a one-device `train_step(state, batch, ids, cfg=cfg)` for a batch of
+  `batch_shape` [N, A, B, T + 1], compiled on abstract inputs (nothing allocated or run). The
+  inputs carry the sharding training's have (`one_device`), and a seedless `cfg` takes its key
+  as data as training's does, so training reuses this compile."""
+  one = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device())  # noqa: E731
+  n = batch_shape[0]
+  state = jax.tree.map(one, abstract_state(cfg, n))
+  batch = jax.ShapeDtypeStruct(batch_shape, jnp.uint8)
+  ids = jax.ShapeDtypeStruct((n,), jnp.int32)
+  key = {"key": one(jax.random.key(0))} if cfg.seed is None else {}
+  with memory.matmul_precision(precision):
+    return memory.planned_bytes(train_step.lower(state, batch, ids, cfg=cfg, **key).compile())
 
 
 def _step_specs(train_step: Callable, cfg: Any, key: tuple) -> tuple[PyTree, PyTree]:

@@ -24,6 +24,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from soma_jax import budget as budget_lib
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import host_devices, memory, parallel, runs, train_state
 from soma_jax import metrics as metrics_lib
@@ -53,6 +54,7 @@ class Placed:
   mesh: Any  # jax.sharding.Mesh, or None on one device
   chunk: memory.ChunkChoice
   plan_seconds: float  # compiling the step to plan its chunk (counted as compile time)
+  plan_compiles: int  # XLA compilations that planning made (0 on a persistent-cache hit)
   step_cfg: Hashable  # the method's static step settings
 
   @property
@@ -129,11 +131,11 @@ def place_step(spec: spec_lib.RunSpec) -> Placed:
   mesh = None
   if (lay.expert, lay.pert) != (1, 1) or jax.process_count() > 1:
     mesh = parallel.make_mesh(lay.expert, lay.pert, n_experts=n_local)
-  t0 = time.perf_counter()
+  t0, compiled = time.perf_counter(), budget_lib.compiles()
   chunk = choose_chunk(spec.method, n_local, mesh)
-  plan_seconds = time.perf_counter() - t0
+  plan_seconds, plan_compiles = time.perf_counter() - t0, budget_lib.compiles() - compiled
   # The seed comes as data (`_devices` binds its key): one program for every seed of a shape.
-  return Placed(lay, mesh, chunk, plan_seconds,
+  return Placed(lay, mesh, chunk, plan_seconds, plan_compiles,
                 spec.method.step_config(chunk.chunk, seed_as_data=True))
 
 

@@ -170,8 +170,9 @@ def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, work
     progress = metrics_lib.Progress(cad.steps, now.start)
     warm = f" (warm start from {spec.init_from})" if spec.init_from and not now.totals else ""
     progress.message(plan.start_line.replace("START", f"{now.start}{warm}", 1))
-    clock = budget_lib.Clock(plan.placed.n_devices, spec.ops_step, now.totals, plan.placed.plan_seconds,
-                             now.start)
+    placed = plan.placed
+    clock = budget_lib.Clock(placed.n_devices, spec.ops_step, now.totals, placed.plan_seconds,
+                             now.start, placed.plan_compiles)
     budget = budget_lib.Budget(spec.budget.unit, spec.budget.amount, spec.budget.checkpoints,
                                clock, now.start)
     if budget.amount > 0:  # the budget ends the run, not its steps: progress and ETA by it

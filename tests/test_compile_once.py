@@ -6,6 +6,7 @@ mesh); entry points keep compiled programs in JAX's persistent cache."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -95,13 +96,17 @@ def test_entry_points_use_the_persistent_cache(data_prepared, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
+  compiles = lambda name: json.load(open(tmp_path / name / "summary.json"))["step_compiles"]
   train(str(tmp_path / "one"), str(cache))
   entries = set(os.listdir(cache))
   assert entries, "nothing cached"
+  assert compiles("one") >= 1  # a cold cache: the step is compiled
   train(str(tmp_path / "two"), str(cache))
   assert set(os.listdir(cache)) == entries
+  assert compiles("two") == 0  # read from the cache: no XLA compilation
   train(str(tmp_path / "three"), "off")
   assert set(os.listdir(cache)) == entries
+  assert compiles("three") >= 1  # no cache: compiled again
 
 
 def test_the_default_cache_folder(monkeypatch):

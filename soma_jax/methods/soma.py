@@ -6,7 +6,6 @@ import dataclasses
 import functools
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from soma_jax import memory, parallel, spsa
@@ -29,13 +28,6 @@ def plan_chunk(s: lstm.Settings, n_local: int, mesh=None, step_config=lstm.step_
   n_dev = n_local // (mesh.shape["expert"] if mesh is not None else 1)
   k_dev = s.n_pert // (mesh.shape["pert"] if mesh is not None else 1)
   base = step_config(s, seed_as_data=True)
-  # With the sharding the loop's state has (parallel.one_device), so that training reuses
-  # this compile: an unspecified sharding would make it another program.
-  one = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=parallel.one_device())
-  state = jax.tree.map(one, parallel.abstract_state(base, n_dev))
-  batch = jax.ShapeDtypeStruct((n_dev, s.data.accum, s.data.batch, s.data.seq_len + 1), jnp.uint8)
-  ids = jax.ShapeDtypeStruct((n_dev,), jnp.int32)
-  key = one(jax.random.key(0))
   limit = memory.device_limit_bytes()
 
   def plan_at(chunk: int) -> int:
@@ -43,8 +35,8 @@ def plan_chunk(s: lstm.Settings, n_local: int, mesh=None, step_config=lstm.step_
       return -1
     cfg = dataclasses.replace(base, spsa=dataclasses.replace(base.spsa, n_pert=k_dev,
                                                              pert_chunk=chunk))
-    with memory.matmul_precision(s.precision):
-      return memory.planned_bytes(train_step.lower(state, batch, ids, cfg=cfg, key=key).compile())
+    return parallel.planned_step_bytes(
+        train_step, cfg, (n_dev, s.data.accum, s.data.batch, s.data.seq_len + 1), s.precision)
 
   if s.pert_chunk != "auto":  # clamped as the step clamps it, so training reuses this compile
     chunk = min(s.pert_chunk, k_dev)
