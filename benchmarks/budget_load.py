@@ -138,7 +138,7 @@ def main(argv):
               _BUSY.value, _REPEATS.value)
   c = protocol.sized(config)[_ROW.value]
   with tempfile.TemporaryDirectory() as tmp:
-    data_dir = _DATA_DIR.value or protocol.ensure_data(config, tmp, 2)
+    data_dir = _DATA_DIR.value or protocol.ensure_data(config.data_dir, tmp, 2)
     specs = {unit: protocol.budgeted(c, data_dir, 0, None, unit, _BUDGET.value, 1)
              for unit in _UNITS.value}
     result = measure(specs, _ROW.value, _BUSY.value, _WARMUP.value, _REPEATS.value,

@@ -149,7 +149,7 @@ def main(argv):
     if data_dir:
       pipeline.check_data_dir(data_dir, 2)
     elif _TRAIN_UPDATES.value > 0:
-      data_dir = protocol.ensure_data(config, scratch, 2)  # config.data_dir or the built-in
+      data_dir = protocol.ensure_data(config.data_dir, scratch, 2)  # or the built-in corpus
     rungs = [rung(config, w, _REPS.value, _MECHANISM.value, data_dir, scratch)
              for w in ladder.widths(config)]
   result = {"benchmark": "ladder_steps", "command": "python -m benchmarks.ladder_steps " +

@@ -89,7 +89,7 @@ def assert_common_fields(payload: dict, config) -> None:
 def table7_run(tmp_path_factory, data_two_shards):
   config = tiny("table7", data_two_shards)
   out = str(tmp_path_factory.mktemp("table7") / "out")
-  val, _ = protocol.eval_sets(config, data_two_shards, [32])
+  val, _ = protocol.eval_sets(protocol.check_plan(config).eval, data_two_shards, [32])
   test = Reversed(val)
   payload = table7.run(config, out, "python experiments/compare.py --test", scorers=(val, test))
   return config, out, payload, test
@@ -224,7 +224,7 @@ def test_table4_rows_budget_and_starts(table4_run):
   methods = payload["methods"]
   assert list(methods) == ["soma_n2", "mono_k4", "eggroll", "head_only", "soma_n2_summed"]
   assert_common_fields(payload, config)
-  val, test = protocol.eval_sets(config, config.data_dir, [32])  # the seeds' and the rows' sets
+  val, test = protocol.eval_sets(protocol.check_plan(config).eval, config.data_dir, [32])  # the seeds' and the rows'
   assert (payload["eval"]["val_windows"], payload["eval"]["test_windows"]) == (
       val.windows.shape[0], test.windows.shape[0])
   for name, m in methods.items():
@@ -277,7 +277,7 @@ def test_study_plans_refused(data_two_shards):
   """The seed run's seed may not be an optimisation seed; an update budget needs equal
   operations per update (Table 7's pair); the lr grid must be able to show an edge."""
   config = tiny("table7", data_two_shards)
-  assert protocol.check_plan(config) == "updates"
+  assert protocol.check_plan(config).unit == "updates"
   config.seed_run_seed = config.first_seed + 1
   with pytest.raises(UserError, match="seed_run_seed"):
     protocol.check_plan(config)
@@ -406,7 +406,10 @@ def test_span_must_lie_inside_the_trained_context(data_two_shards):
   config = tiny("table7", data_two_shards)
   config.eval.score_bytes = 32  # 8 + 32 > T = 32
   with pytest.raises(UserError, match="trained context"):
-    protocol.eval_sets(config, data_two_shards, [32])
+    protocol.check_plan(config)
+  span = protocol.EvalSpan(route=8, score=32, val_windows=4, test_windows=4)
+  with pytest.raises(UserError, match="trained context"):
+    protocol.eval_sets(span, data_two_shards, [32])
 
 
 def test_cpu_scale_rows_and_sizes():
@@ -434,12 +437,12 @@ def test_cpu_scale_rows_and_sizes():
   # operations (process CPU time moved by 12.8% under load: docs/results/budget_load.json);
   # 1,000-update seeds at a seed no row uses; 5 seeds; the lr grid 0.25x .. 4x the preset lr.
   c4, c7 = load_config("compare", "study=table4,size=cpu"), load_config("compare", "study=table7,size=cpu")
-  assert protocol.check_plan(c7) == "updates" and c7.budget == 1000
+  assert protocol.check_plan(c7).unit == "updates" and c7.budget == 1000
   assert protocol.check_equal_ops(_specs(t7), c7.ops_tolerance, "updates")
-  assert protocol.check_plan(c4) == "ops" and c4.budget == 1.6e12
+  assert protocol.check_plan(c4).unit == "ops" and c4.budget == 1.6e12
   for c in (c4, c7):
     assert c.seeds == 5 and c.seed_updates == 1000
-    assert c.seed_run_seed not in protocol.optimisation_seeds(c)
+    assert c.seed_run_seed not in protocol.check_plan(c).seeds
   assert [f * c7.base_lr for f in c7.lr_factors] == [0.000625, 0.00125, 0.0025, 0.005, 0.01]
 
 

@@ -225,4 +225,4 @@ def test_cpu_plans_pass_the_plan_checks(study):
   """The size=cpu configs' plans (budget, seeds, spans) pass: the step cap does not cut off
   Table 4's 1.6e12 operations or Table 7's 1,000 updates."""
   config = load_config_file(CONFIG, f"study={study},size=cpu")
-  assert protocol.check_plan(config) == ("ops" if study == "table4" else "updates")
+  assert protocol.check_plan(config).unit == ("ops" if study == "table4" else "updates")

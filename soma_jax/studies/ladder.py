@@ -96,13 +96,13 @@ MECHANISM_FIELDS = {"mechanism.rho_by": protocol.one_of(*descent.RHO_BY),
                     "mechanism.hutchinson": protocol.whole(1), "mechanism.seed": protocol.whole(0)}
 
 
-def check(config: ml_collections.ConfigDict) -> list[int]:
+def check(config: ml_collections.ConfigDict) -> tuple[list[int], protocol.StudyPlan]:
   """Every field of the ladder checked and every rung's runs resolved before any rung trains:
   Table 7's plan and grid, the control, the mechanism, and at each rung its seed runs and
   methods (`protocol.check_runs`) and the monolith's operations within ops_tolerance of
-  SOMA's; the rungs' widths."""
+  SOMA's; the rungs' widths and the study's plan."""
   ws = widths(config)
-  unit = protocol.check_plan(config)
+  plan = protocol.check_plan(config)
   table7.check_grid(config)
   if config.control not in config.methods or config.control == config.reference:
     raise UserError(f"control={config.control!r} must name a method other than the reference "
@@ -111,13 +111,14 @@ def check(config: ml_collections.ConfigDict) -> list[int]:
   _other(config)
   protocol.check_fields(config, MECHANISM_FIELDS)
   for w in ws:
-    protocol.check_runs(rung_config(config, w), sized(config, w), unit, (config.control,))
+    protocol.check_runs(protocol.check_plan(rung_config(config, w)), sized(config, w),
+                        (config.control,))
     s = sizes(config, w)
     if abs(s["ops_difference"]) > config.ops_tolerance:
       raise UserError(f"rung {w}: the monolith's operations per update differ from SOMA's by "
                       f"{s['ops_difference']:+.1%} (> {config.ops_tolerance:.0%}); fix: other "
                       "--config.rungs")
-  return ws
+  return ws, plan
 
 
 def _other(config: ml_collections.ConfigDict) -> str:
@@ -262,8 +263,8 @@ def run_rung(config: ml_collections.ConfigDict, width: int, out: str, data_dir: 
   ref, mono = config.reference, _other(config)
   print(f"[ladder] rung {width}: {ref} d_t={cfgs[ref].model.d_t} x {cfgs[ref].n_experts}, "
         f"{mono} d_t={cfgs[mono].model.d_t}", flush=True)
-  seeds = protocol.train_seeds(pair_config, protocol.sized(pair_config), data_dir, out, scored[0],
-                               executor)
+  seeds = protocol.train_seeds(protocol.check_plan(pair_config), protocol.sized(pair_config),
+                               data_dir, out, scored[0], executor)
   t_mech = time.perf_counter()
   mech = mechanism(config, {n: spec_lib.resolve(c) for n, c in cfgs.items()}, seeds, data_dir)
   mech["wall_seconds"] = time.perf_counter() - t_mech
@@ -293,16 +294,17 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "",
   and ladder.png after each rung."""
   begun = protocol.started(executor)
   os.makedirs(out, exist_ok=True)
-  ws = check(config)  # every field and every rung's runs, before anything trains
-  data_dir = protocol.ensure_data(config, out, 2)
-  scored = scorers or protocol.eval_sets(config, data_dir, [config.methods[config.reference].data.seq_len])
+  ws, plan = check(config)  # every field and every rung's runs, before anything trains
+  data_dir = protocol.ensure_data(plan.data_dir, out, 2)
+  scored = scorers or protocol.eval_sets(plan.eval, data_dir,
+                                         [config.methods[plan.reference].data.seq_len])
   rungs = []
   for w in ws:
     rungs.append(run_rung(config, w, os.path.join(out, f"rung{w}"), data_dir, scored, executor))
     payload = protocol.results(
-        "ladder", SPEC, config, command, begun,
-        {"unit": protocol.budget_unit(config), "per": "configuration, at every rung",
-         "seed_updates": config.seed_updates},
+        "ladder", SPEC, plan, command, begun,
+        {"unit": plan.unit, "per": "configuration, at every rung",
+         "seed_updates": plan.seed_updates},
         scored, data_dir, out, {}, rungs_asked=ws, mechanism=config.mechanism.to_dict(),
         other=_other(config), control=config.control, rungs=rungs)
     protocol.write(out, payload, table)

@@ -29,6 +29,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -60,11 +61,43 @@ UNITS = budget_lib.BUDGET_UNITS + ("auto",)  # a study's budget_unit (each one i
 COUNTS = budget_lib.COUNTS  # what each unit counts (results.json's budget.counts)
 
 
-def optimisation_seeds(config: ml_collections.ConfigDict) -> list[int]:
-  """first_seed, first_seed + 1, ... (config.seeds of them)."""
-  if config.seeds < 1:
-    raise UserError(f"seeds={config.seeds} must be >= 1 (optimisation seeds per method)")
-  return list(range(config.first_seed, config.first_seed + config.seeds))
+@dataclasses.dataclass(frozen=True)
+class EvalSpan:
+  """How a study scores: route on `route` bytes, score the next `score` targets, on the
+  first `val_windows` / `test_windows` 1,025-byte windows spread over documents (0 = all)."""
+  route: int
+  score: int
+  val_windows: int
+  test_windows: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyPlan:
+  """A study's own fields, checked and typed once (`check_plan`). `config` stays the config
+  space its runs are built from (methods, seed_runs, order: `sized`, `seed_configs`) and
+  what results.json records; everything else is read from the fields."""
+  config: ml_collections.ConfigDict
+  unit: str  # the budget's unit ("auto" resolved)
+  budget: float
+  seeds: tuple[int, ...]  # the optimisation seeds
+  seed_run_seed: int
+  seed_updates: int
+  curve_points: int
+  bootstrap_draws: int
+  ops_tolerance: float
+  base_lr: float
+  data_dir: str
+  eval: EvalSpan
+  reference: str
+  start: dict  # {method: seed run it continues}
+  match_updates: dict  # {control: the method whose updates it runs to}
+
+
+def optimisation_seeds(first: int, count: int) -> list[int]:
+  """first, first + 1, ... (count of them)."""
+  if count < 1:
+    raise UserError(f"seeds={count} must be >= 1 (optimisation seeds per method)")
+  return list(range(first, first + count))
 
 
 def started(executor=None) -> dict:
@@ -96,9 +129,8 @@ def cost(out: str, begun: dict) -> dict:
                  "updates; compile, eval: core-seconds on a CPU, device-seconds elsewhere"}
 
 
-def budget_unit(config: ml_collections.ConfigDict) -> str:
-  """The study's budget unit; "auto": cpu_seconds on a CPU, device_seconds elsewhere."""
-  unit = config.budget_unit
+def budget_unit(unit: str) -> str:
+  """A study's budget unit; "auto": cpu_seconds on a CPU, device_seconds elsewhere."""
   if unit not in UNITS:
     raise UserError(f"budget_unit={unit!r} is not a unit; fix: --config.budget_unit= one of "
                     f"{', '.join(UNITS)}")
@@ -158,14 +190,14 @@ PLAN_FIELDS = {  # every study's own fields (a method's and a seed run's: `check
 }
 
 
-def check_plan(config: ml_collections.ConfigDict) -> str:
+def check_plan(config: ml_collections.ConfigDict) -> StudyPlan:
   """Every study field, the budget (finite, one the step cap does not cut off), the seeds,
   the evaluation span and each method's own config checked, before anything trains; the
-  budget unit."""
+  study's fields, typed."""
   check_fields(config, PLAN_FIELDS)
-  unit = budget_unit(config)
-  check_budget(config, unit)
-  seeds = optimisation_seeds(config)
+  unit = budget_unit(config.budget_unit)
+  check_budget(config.budget, unit, config.seed_updates)
+  seeds = optimisation_seeds(config.first_seed, config.seeds)
   if config.seed_run_seed in seeds:
     raise UserError(f"seed_run_seed={config.seed_run_seed} is one of the optimisation seeds "
                     f"{seeds}: that seed's rows would replay the seed run's batches and "
@@ -175,28 +207,40 @@ def check_plan(config: ml_collections.ConfigDict) -> str:
     raise UserError(f"reference={config.reference!r} is not a method; fix: --config.reference="
                     f"one of {', '.join(config.methods)}")
   for name, c in config.seed_runs.items():
-    as_field(f"seed_runs.{name}.", c, lambda c=c: spec_lib.resolve(c))
-  specs = {name: as_field(f"methods.{name}.", c, lambda c=c: spec_lib.resolve(c))
-           for name, c in config.methods.items()}
-  check_span(config, [s.seq_len for s in specs.values()])
-  return unit
+    resolved(c, f"seed_runs.{name}.")
+  specs = {name: resolved(c, f"methods.{name}.") for name, c in config.methods.items()}
+  e = config.eval
+  span = EvalSpan(e.route_bytes, e.score_bytes, e.val_windows, e.test_windows)
+  check_span(span, [s.seq_len for s in specs.values()])
+  return StudyPlan(
+      config=config, unit=unit, budget=float(config.budget), seeds=tuple(seeds),
+      seed_run_seed=config.seed_run_seed, seed_updates=config.seed_updates,
+      curve_points=config.curve_points, bootstrap_draws=config.bootstrap_draws,
+      ops_tolerance=config.ops_tolerance, base_lr=config.base_lr, data_dir=config.data_dir,
+      eval=span, reference=config.reference, start=dict(config.start.items()),
+      match_updates=dict(config.get("match_updates", {}).items()))
 
 
-def check_budget(config: ml_collections.ConfigDict, unit: str) -> None:
+def resolved(c: ml_collections.ConfigDict, prefix: str = "") -> spec_lib.RunSpec:
+  """The study's one door to `spec.resolve`: run config `c` resolved, a UserError about it
+  re-worded as the study's fields (`prefix`: "methods.NAME." or "seed_runs.NAME.")."""
+  return as_field(prefix, c, lambda: spec_lib.resolve(c))
+
+
+def check_budget(b: object, unit: str, seed_updates: int) -> None:
   """`budget` finite and > 0, whole in updates, and (in updates or seconds) one the step cap
   does not cut off: a run continues its seed's step counter to at most MAX_UPDATES, so it
   has MAX_UPDATES - seed_updates updates; a time budget is refused above that many updates
   at SLOW_UPDATE_SECONDS each (ops: `check_runs`, which knows each run's cost)."""
-  b = config.budget
   if not (isinstance(b, int | float) and not isinstance(b, bool) and math.isfinite(b) and b > 0):
     raise UserError(f"budget={b!r} must be a finite number > 0 ({unit} per run); fix: "
                     "--config.budget=AMOUNT, e.g. 1000 updates or 1.6e12 ops")
   if unit == "updates" and b != int(b):
     raise UserError(f"budget={b} updates must be a whole number; fix: --config.budget={int(b)}")
-  room = MAX_UPDATES - config.seed_updates
+  room = MAX_UPDATES - seed_updates
   if unit == "updates" and b > room:
     raise UserError(f"budget={b:g} updates per run: the step cap ends each run at step "
-                    f"{MAX_UPDATES:,}, {room:,} updates after its {config.seed_updates}-update "
+                    f"{MAX_UPDATES:,}, {room:,} updates after its {seed_updates}-update "
                     f"seed; fix: --config.budget={room} or less")
   slowest = room * SLOW_UPDATE_SECONDS
   if unit in budget_lib.TRAINING_TIMERS and b > slowest:
@@ -207,9 +251,9 @@ def check_budget(config: ml_collections.ConfigDict, unit: str) -> None:
                     f"fix: --config.budget={slowest:.0f} or less, or --config.budget_unit=ops")
 
 
-def check_span(config: ml_collections.ConfigDict, seq_lens: list[int]) -> None:
+def check_span(span: EvalSpan, seq_lens: list[int]) -> None:
   """The evaluation span (`eval_sets`' rules) against the trained contexts `seq_lens`."""
-  route, score, t = config.eval.route_bytes, config.eval.score_bytes, min(seq_lens)
+  route, score, t = span.route, span.score, min(seq_lens)
   if route + score > t or 1024 % (route + score):
     r = route if route < t else max(1, t // 4)  # keep the route where it fits
     fix = (f"--config.eval.route_bytes={r} " if r != route else "") + (
@@ -247,28 +291,27 @@ def as_field(prefix: str, c: ml_collections.ConfigDict, make: Callable):
     raise UserError(reworded(str(e), prefix, _leaves(c))) from None
 
 
-def check_runs(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collections.ConfigDict],
-               unit: str, by_updates: Iterable[str] | None = None
-               ) -> dict[str, spec_lib.RunSpec]:
+def check_runs(plan: StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
+               by_updates: Iterable[str] | None = None) -> dict[str, spec_lib.RunSpec]:
   """Every run the study trains resolved before any trains (each seed run, each method as
   `budgeted` at the first seed), its errors named as the study's fields; an ops budget the
   step cap cuts off, refused (the cheapest row needs the most updates). `by_updates`: the
-  methods that run to the reference's updates, not the budget (config.match_updates)."""
-  by_updates = config.match_updates if by_updates is None else by_updates
-  for name, s in seed_configs(config, cfgs).items():  # each seed run's own: `check_plan`
-    as_field(f"seed_runs.{name}.", s, lambda s=s: budgeted(
-        s, config.data_dir, config.seed_run_seed, None, "updates", config.seed_updates, 1))
+  methods that run to the reference's updates, not the budget (plan.match_updates)."""
+  by_updates, unit = plan.match_updates if by_updates is None else by_updates, plan.unit
+  for name, s in seed_configs(plan.config, cfgs).items():  # each seed run's own: `check_plan`
+    budgeted(s, plan.data_dir, plan.seed_run_seed, None, "updates", plan.seed_updates, 1,
+             f"seed_runs.{name}.")
   specs = {}
   for name, c in cfgs.items():
-    u, amount = ("updates", 1) if name in by_updates else (unit, config.budget)
-    specs[name] = as_field(f"methods.{name}.", c, lambda c=c, u=u, a=amount: budgeted(
-        c, config.data_dir, config.first_seed, None, u, a, config.curve_points))
+    u, amount = ("updates", 1) if name in by_updates else (unit, plan.budget)
+    specs[name] = budgeted(c, plan.data_dir, plan.seeds[0], None, u, amount,
+                           plan.curve_points, f"methods.{name}.")
   if unit != "ops":
     return specs
   rows = {n: s.total_ops_per_update for n, s in specs.items() if n not in by_updates}
-  room, cheapest = MAX_UPDATES - config.seed_updates, min(rows, key=rows.get)
-  if config.budget > room * rows[cheapest]:
-    raise UserError(f"budget={config.budget:g} ops per run: {cheapest} does "
+  room, cheapest = MAX_UPDATES - plan.seed_updates, min(rows, key=rows.get)
+  if plan.budget > room * rows[cheapest]:
+    raise UserError(f"budget={plan.budget:g} ops per run: {cheapest} does "
                     f"{rows[cheapest]:,} operations per update, so the step cap ({MAX_UPDATES:,} "
                     f"updates, {room:,} after its seed) ends it at {room * rows[cheapest]:.4g}; "
                     f"fix: --config.budget={room * rows[cheapest]} or less")
@@ -291,11 +334,12 @@ def check_equal_ops(specs: dict[str, spec_lib.RunSpec], tolerance: float,
   return ops
 
 
-def ensure_data(config: ml_collections.ConfigDict, out: str, n_experts: int) -> str:
-  """config.data_dir, or the built-in pystdlib corpus prepared under OUT/data."""
-  if config.data_dir:
-    pipeline.check_data_dir(config.data_dir, n_experts)
-    return config.data_dir
+def ensure_data(data_dir: str, out: str, n_experts: int) -> str:
+  """`data_dir` (a study's data_dir field), or the built-in pystdlib corpus prepared under
+  OUT/data when it is ""."""
+  if data_dir:
+    pipeline.check_data_dir(data_dir, n_experts)
+    return data_dir
   data_dir = os.path.join(out, "data")
   if not os.path.isfile(os.path.join(data_dir, "manifest.json")):
     from soma_jax.data import prepare
@@ -304,17 +348,17 @@ def ensure_data(config: ml_collections.ConfigDict, out: str, n_experts: int) -> 
   return data_dir
 
 
-def eval_sets(config: ml_collections.ConfigDict, data_dir: str, seq_lens: list[int]):
-  """(ensemble-validation set, test set) on the configured route / score span."""
-  route, score = config.eval.route_bytes, config.eval.score_bytes
+def eval_sets(span: EvalSpan, data_dir: str, seq_lens: list[int]):
+  """(ensemble-validation set, test set) on the study's route / score span."""
+  route, score = span.route, span.score
   if route + score > min(seq_lens):
     raise UserError(f"eval.route_bytes + eval.score_bytes = {route + score} exceeds the "
                     f"trained context T = {min(seq_lens)}: scored targets must lie inside it; "
                     f"fix: route + score <= {min(seq_lens)} (e.g. 64 + 192 at T = 256)")
   if 1024 % (route + score):
     raise UserError(f"eval.route_bytes + eval.score_bytes = {route + score} must divide 1024")
-  val = eval_lib.TestSet(data_dir, config.eval.val_windows, "ensemble_val", route, score)
-  test = eval_lib.TestSet(data_dir, config.eval.test_windows, "test", route, score)
+  val = eval_lib.TestSet(data_dir, span.val_windows, "ensemble_val", route, score)
+  test = eval_lib.TestSet(data_dir, span.test_windows, "test", route, score)
   return val, test
 
 
@@ -345,9 +389,11 @@ def layout_of(spec: spec_lib.RunSpec) -> dict:
 
 
 def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict | None,
-             unit: str, amount: float, checkpoints: int) -> spec_lib.RunSpec:
+             unit: str, amount: float, checkpoints: int, prefix: str = "") -> spec_lib.RunSpec:
   """Training config `c` at optimisation seed `seed`, continuing the seed run record `start`
-  (its whole train state; None: a fresh init) until `amount` of `unit`: resolved."""
+  (its whole train state; None: a fresh init) until `amount` of `unit`: resolved (its errors
+  named as the study's fields under `prefix`, `resolved`)."""
+  raw = c
   c = ml_collections.ConfigDict(c.to_dict())
   c.data.dir, c.seed = data_dir, seed
   c.init_from, c.init_state = (start["_path"], True) if start else ("", False)
@@ -356,7 +402,7 @@ def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict
   c.ckpt_every = MAX_UPDATES  # the budget's checkpoints are the curve
   c.ckpt.keep = checkpoints + 1
   c.ensemble_eval_every = -1  # the study scores checkpoints itself, on its own span
-  return spec_lib.resolve(c)
+  return as_field(prefix, raw, lambda: spec_lib.resolve(c))
 
 
 def train_all(runs: list[tuple[spec_lib.RunSpec, str, str]], executor=None) -> list[float]:
@@ -460,14 +506,14 @@ def seed_configs(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collectio
     if not users:
       continue
     models = {(cfgs[m].model.d_t, cfgs[m].model.d_e, cfgs[m].model.depth,
-               spec_lib.resolve(cfgs[m]).method.family) for m in users}
+               resolved(cfgs[m]).method.family) for m in users}
     if len(models) > 1:
       raise UserError(f"methods {', '.join(users)} start from seed {name!r} but differ in "
                       "model size; fix: give each size its own seed run in config.start")
     s = ml_collections.ConfigDict(seed_c.to_dict())
     ref = cfgs[users[0]]
     s.model.update(d_t=ref.model.d_t, d_e=ref.model.d_e, depth=ref.model.depth)
-    if spec_lib.resolve(s).method.family != spec_lib.resolve(ref).method.family:
+    if resolved(s).method.family != resolved(ref).method.family:
       raise UserError(f"seed {name!r} is method={s.method} but {users[0]} is method="
                       f"{ref.method}: a GRU seeds a GRU, an LSTM an LSTM")
     if s.n_experts != 1:
@@ -480,17 +526,17 @@ def seed_configs(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collectio
   return out
 
 
-def train_seeds(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collections.ConfigDict],
+def train_seeds(plan: StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
                 data_dir: str, out: str, val: eval_lib.TestSet, executor=None) -> dict[str, dict]:
   """Trains every seed run for `seed_updates` updates at `seed_run_seed` in OUT/seeds/NAME
   (one stage: `train_all` with `executor`); their cost, apart, and their final loss on the
   study's ensemble-validation set `val`."""
-  planned = {name: (budgeted(s, data_dir, config.seed_run_seed, None, "updates",
-                           config.seed_updates, 1), os.path.join(out, "seeds", name), s)
-           for name, s in seed_configs(config, cfgs).items()}
+  planned = {name: (budgeted(s, data_dir, plan.seed_run_seed, None, "updates",
+                           plan.seed_updates, 1), os.path.join(out, "seeds", name), s)
+           for name, s in seed_configs(plan.config, cfgs).items()}
   for name, (_, _, s) in planned.items():
-    print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t}, {config.seed_updates} "
-          f"updates at seed {config.seed_run_seed}", flush=True)
+    print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t}, {plan.seed_updates} "
+          f"updates at seed {plan.seed_run_seed}", flush=True)
   walls = train_all([(spec, workdir, f"seed run {name}") for name, (spec, workdir, _)
                      in planned.items()], executor)
   records = {}
@@ -498,7 +544,7 @@ def train_seeds(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collection
     records[name] = {"workdir": shown(workdir, out), "method": s.method, "d_t": s.model.d_t,
                      "depth": s.model.depth, "lr": s.opt.lr, "eps": s.spsa.eps,
                      "n_pert": s.spsa.n_pert, "batch": s.spsa.batch, "seq_len": s.data.seq_len,
-                     "seed": config.seed_run_seed, **summary(workdir, spec, 0),
+                     "seed": plan.seed_run_seed, **summary(workdir, spec, 0),
                      "ops_per_update": spec.total_ops_per_update,
                      "ensemble_val_nats_per_byte": float(final_losses(workdir, spec, val).mean()),
                      "wall_seconds_this_call": wall, "_path": workdir}
@@ -513,7 +559,7 @@ def start_of(seed_record: dict) -> str:
 # ----------------------------------------------------------------------------- results
 
 
-def results(study: str, spec: str, config: ml_collections.ConfigDict, command: str,
+def results(study: str, spec: str, plan: StudyPlan, command: str,
             begun: dict, budget: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet],
             data_dir: str, out: str, seeds: dict[str, dict], **rest) -> dict:
   """The results.json fields every study writes, then the study's own (`rest`).
@@ -528,12 +574,12 @@ def results(study: str, spec: str, config: ml_collections.ConfigDict, command: s
       "wall_seconds": time.perf_counter() - begun["t0"],
       "load_average": {"start": begun["load_average"], "end": list(os.getloadavg())},
       "platform": jax.default_backend(),
-      "budget": {"amount": float(config.budget), "counts": COUNTS[budget["unit"]] + "; "
+      "budget": {"amount": plan.budget, "counts": COUNTS[budget["unit"]] + "; "
                  "compilation, evaluation and checkpoints excluded", **budget},
       "eval": describe_span(val, test),
       "unigram_test_nats_per_byte": eval_lib.unigram_nats(data_dir, "test", test.route, test.score),
-      "data_dir": shown(data_dir, out), "seeds": optimisation_seeds(config),
-      "bootstrap_draws": config.bootstrap_draws, "reference": config.reference,
+      "data_dir": shown(data_dir, out), "seeds": list(plan.seeds),
+      "bootstrap_draws": plan.bootstrap_draws, "reference": plan.reference,
       "seed_runs": {k: {f: v for f, v in r.items() if f != "_path"} for k, r in seeds.items()},
       **rest, "cost": cost(out, begun),
   }
@@ -671,8 +717,8 @@ def sized(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigD
     raise UserError(f"reference={ref!r} is not a method; have {', '.join(names)}")
   cfgs = {n: ml_collections.ConfigDict(config.methods[n].to_dict())
           for n in [ref] + [n for n in names if n != ref]}
-  target = spec_lib.resolve(cfgs[ref]).method.ensemble_params
+  target = resolved(cfgs[ref]).method.ensemble_params
   for name, c in cfgs.items():
     if name != ref and config.match_params:
-      c.model.d_t = spec_lib.resolve(c).method.width_for_params(target)
+      c.model.d_t = resolved(c).method.width_for_params(target)
   return cfgs

@@ -33,15 +33,15 @@ from soma_jax.errors import UserError
 from soma_jax.studies import protocol
 
 
-def run_config(name: str, c: ml_collections.ConfigDict, config: ml_collections.ConfigDict,
-               data_dir: str, seed: int, start: dict, unit: str, ref_updates: int | None
+def run_config(name: str, c: ml_collections.ConfigDict, plan: protocol.StudyPlan,
+               data_dir: str, seed: int, start: dict, ref_updates: int | None
                ) -> spec_lib.RunSpec:
   """The run of row `name` at one seed: to the budget, or (a control) to the reference's
   updates in this seed."""
-  if name in config.match_updates:
+  if name in plan.match_updates:
     return protocol.budgeted(c, data_dir, seed, start, "updates", ref_updates,
-                             config.curve_points)
-  return protocol.budgeted(c, data_dir, seed, start, unit, config.budget, config.curve_points)
+                             plan.curve_points)
+  return protocol.budgeted(c, data_dir, seed, start, plan.unit, plan.budget, plan.curve_points)
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
@@ -49,66 +49,65 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   `protocol.train_all`); writes results.json and table.md."""
   begun = protocol.started(executor)
   os.makedirs(out, exist_ok=True)
-  unit = protocol.check_plan(config)  # every field, and every run resolved, before data
-  methods = protocol.sized(config)
-  ref = config.reference
-  for name, target in config.match_updates.items():
+  plan = protocol.check_plan(config)  # every field, and every run resolved, before data
+  methods, unit = protocol.sized(config), plan.unit
+  ref = plan.reference
+  for name, target in plan.match_updates.items():
     if name not in methods or target != ref:
       raise UserError(f"match_updates.{name}={target!r}: controls match the reference {ref!r}, "
                       f"and must be methods; fix: --config.match_updates.{name}={ref}")
-  specs = protocol.check_runs(config, methods, unit)
+  specs = protocol.check_runs(plan, methods)
   protocol.check_equal_ops(specs, 1.0, unit)  # printed; unequal costs are Table 4's point
-  data_dir = protocol.ensure_data(config, out, max(s.n_experts for s in specs.values()))
-  val, test = protocol.eval_sets(config, data_dir, [s.seq_len for s in specs.values()])
-  seeds = protocol.train_seeds(config, methods, data_dir, out, val, executor)
+  data_dir = protocol.ensure_data(plan.data_dir, out, max(s.n_experts for s in specs.values()))
+  val, test = protocol.eval_sets(plan.eval, data_dir, [s.seq_len for s in specs.values()])
+  seeds = protocol.train_seeds(plan, methods, data_dir, out, val, executor)
   starts, results = {}, {}
   for n, c in methods.items():
-    first = protocol.budgeted(c, data_dir, config.first_seed, seeds[config.start[n]], unit, 1, 1)
+    first = protocol.budgeted(c, data_dir, plan.seeds[0], seeds[plan.start[n]], unit, 1, 1)
     starts[n] = protocol.start_losses(first, {"validation": val, "test": test})
-    results[n] = describe(n, first, config, seeds[config.start[n]], unit,
-                          protocol.layout_of(first))
-  rows, ends = train_rows(config, methods, (data_dir, out, unit), seeds, starts, (val, test),
-                          executor)
-  for seed in protocol.optimisation_seeds(config):
+    results[n] = describe(n, first, plan, seeds[plan.start[n]], protocol.layout_of(first))
+  rows, ends = train_rows(plan, methods, (data_dir, out), seeds, starts, (val, test), executor)
+  for seed in plan.seeds:
     for name in methods:
       results[name]["per_seed"].append(rows[(seed, name)])
     for name in methods:
-      results[name]["per_seed"][-1].update(_paired(ends, ref, name, seed, test, config))
+      results[name]["per_seed"][-1].update(_paired(ends, ref, name, seed, test,
+                                                   plan.bootstrap_draws))
   for r in results.values():
     aggregate(r)
   payload = protocol.results(
-      "table4", "SPEC 9.1 (paper App. I.1, Table 4 / Figure 1), scaled down by SPEC 9.6", config,
+      "table4", "SPEC 9.1 (paper App. I.1, Table 4 / Figure 1), scaled down by SPEC 9.6", plan,
       command, begun,
-      {"unit": unit, "per": "row and seed", "seed_updates": config.seed_updates,
-       "controls": f"{', '.join(config.match_updates.keys())}: {ref}'s updates per seed, "
+      {"unit": unit, "per": "row and seed", "seed_updates": plan.seed_updates,
+       "controls": f"{', '.join(plan.match_updates)}: {ref}'s updates per seed, "
                    "not the budget"},
       (val, test), data_dir, out, seeds, layout={n: r["layout"] for n, r in results.items()},
       rows={n: config.rows.get(n, "") for n in methods}, methods=results,
-      gain_difference=gain_differences(results, ends, starts, ref, test, config))
-  payload["equal_ops"] = equal_ops(payload, [n for n in methods if n not in config.match_updates])
+      gain_difference=gain_differences(results, ends, starts, ref, test, plan.bootstrap_draws))
+  payload["equal_ops"] = equal_ops(payload, [n for n in methods if n not in plan.match_updates])
   return protocol.write(out, payload, table)
 
 
-def train_rows(config: ml_collections.ConfigDict, methods: dict, where: tuple[str, str, str],
+def train_rows(plan: protocol.StudyPlan, methods: dict, where: tuple[str, str],
                seeds: dict, starts: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet],
                executor=None) -> tuple[dict, dict]:
   """Every row at every optimisation seed in two stages, each trained by `executor`: the rows
   on the budget, then the controls at the reference's updates in their seed. Returns
   ({(seed, row): its per-seed record}, {(seed, row): its end per-window test losses})."""
-  data_dir, out, unit = where
+  data_dir, out = where
   records, ends = {}, {}
-  for stage in ([n for n in methods if n not in config.match_updates],
-                [n for n in methods if n in config.match_updates]):
+  for stage in ([n for n in methods if n not in plan.match_updates],
+                [n for n in methods if n in plan.match_updates]):
     planned = {(seed, name): run_config(
-        name, methods[name], config, data_dir, seed, seeds[config.start[name]], unit,
-        records[(seed, config.reference)]["updates"] if name in config.match_updates else None)
-        for seed in protocol.optimisation_seeds(config) for name in stage}
+        name, methods[name], plan, data_dir, seed, seeds[plan.start[name]],
+        records[(seed, plan.reference)]["updates"] if name in plan.match_updates else None)
+        for seed in plan.seeds for name in stage}
     walls = protocol.train_all([(row, os.path.join(out, "runs", f"seed{seed}", name),
                                  f"{name} (seed {seed})") for (seed, name), row in planned.items()],
                                executor)
     for ((seed, name), row), wall in zip(planned.items(), walls, strict=True):
       records[(seed, name)], ends[(seed, name)] = row_record(
-          row, out, seed, name, seeds[config.start[name]], starts[name], scored, wall)
+          row, out, seed, name, seeds[plan.start[name]], starts[name], scored, wall)
   return records, ends
 
 
@@ -133,14 +132,13 @@ def row_record(row: spec_lib.RunSpec, out: str, seed: int, name: str, start: dic
 
 
 def _paired(ends: dict, ref: str, name: str, seed: int, test: eval_lib.TestSet,
-            config: ml_collections.ConfigDict) -> dict:
-  d = protocol.paired(ends[(seed, ref)], ends[(seed, name)], test.doc_ids,
-                      config.bootstrap_draws, seed)
+            draws: int) -> dict:
+  d = protocol.paired(ends[(seed, ref)], ends[(seed, name)], test.doc_ids, draws, seed)
   return {"minus_ref": d["diff"], "minus_ref_ci95": d["ci95"]}
 
 
 def gain_differences(results: dict, ends: dict, starts: dict, ref: str,
-                     test: eval_lib.TestSet, config: ml_collections.ConfigDict) -> dict:
+                     test: eval_lib.TestSet, draws: int) -> dict:
   """{row: the reference's gain minus the row's} for every row but the reference."""
   out = {}
   for name, r in results.items():
@@ -150,12 +148,12 @@ def gain_differences(results: dict, ends: dict, starts: dict, ref: str,
     gains_w = [(starts[ref]["test"] - ends[(s, ref)], starts[name]["test"] - ends[(s, name)])
                for s in seeds]
     out[name] = protocol.gain_difference(results[ref]["per_seed"], r["per_seed"], gains_w,
-                                         test.doc_ids, config.bootstrap_draws)
+                                         test.doc_ids, draws)
   return out
 
 
-def describe(name: str, spec: spec_lib.RunSpec, config: ml_collections.ConfigDict,
-             seed: dict, unit: str, layout: dict) -> dict:
+def describe(name: str, spec: spec_lib.RunSpec, plan: protocol.StudyPlan, seed: dict,
+             layout: dict) -> dict:
   """What a row is (its Method's `describe`: model, directions per update) and its budget."""
   c = spec.config  # the row's settings as its config names them
   return {"method": spec.method.name, **spec.method.describe, "n_experts": spec.n_experts,
@@ -163,7 +161,8 @@ def describe(name: str, spec: spec_lib.RunSpec, config: ml_collections.ConfigDic
           "seq_len": spec.seq_len, "batch": c.spsa.batch, "accum": c.spsa.accum, "lr": spec.lr,
           "eps": spec.eps, "layout": layout,
           "ops_per_update": spec.total_ops_per_update, "start": protocol.start_of(seed),
-          "budget": "updates of " + config.reference if name in config.match_updates else unit,
+          "budget": ("updates of " + plan.reference if name in plan.match_updates
+                     else plan.unit),
           "per_seed": []}
 
 

@@ -170,7 +170,8 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "",
   os.makedirs(out, exist_ok=True)
   payload = compare_pair(config, out, scorers, executor)
   payload = protocol.results(
-      "table7", "SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6", config, command,
+      "table7", "SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6",
+      payload.pop("plan"), command,
       begun, payload.pop("budget"), payload.pop("scored"), payload.pop("data_dir"), out,
       payload.pop("seed_records"), **payload)
   return protocol.write(out, payload, table)
@@ -181,41 +182,42 @@ def compare_pair(config: ml_collections.ConfigDict, out: str,
                  executor=None) -> dict:
   """One Table 7 comparison into OUT (seeds/, runs/): the study's own results fields, with
   `budget`, `scored`, `data_dir` and `seed_records` for `protocol.results`."""
-  unit = protocol.check_plan(config)  # every field, and every run resolved, before data
+  plan = protocol.check_plan(config)  # every field, and every run resolved, before data
   check_grid(config)
   methods = protocol.sized(config)
   if len(methods) != 2:
     raise UserError(f"study=table7 compares two architectures; config.methods has {len(methods)}")
-  specs = protocol.check_runs(config, methods, unit)
-  ops = protocol.check_equal_ops(specs, config.ops_tolerance, unit)
+  specs = protocol.check_runs(plan, methods)
+  unit = plan.unit
+  ops = protocol.check_equal_ops(specs, plan.ops_tolerance, unit)
   ref, other = list(methods)
-  data_dir = protocol.ensure_data(config, out, max(s.n_experts for s in specs.values()))
-  val, test = scorers or protocol.eval_sets(config, data_dir, [s.seq_len for s in specs.values()])
-  seeds = protocol.train_seeds(config, methods, data_dir, out, val, executor)
+  data_dir = protocol.ensure_data(plan.data_dir, out, max(s.n_experts for s in specs.values()))
+  val, test = scorers or protocol.eval_sets(plan.eval, data_dir, [s.seq_len for s in specs.values()])
+  seeds = protocol.train_seeds(plan, methods, data_dir, out, val, executor)
   results, finals, starts = {}, {}, {}
   for name, c in methods.items():
-    s = seeds[config.start[name]]
-    first = protocol.budgeted(c, data_dir, config.first_seed, s, unit, config.budget, 1)
+    s = seeds[plan.start[name]]
+    first = protocol.budgeted(c, data_dir, plan.seeds[0], s, unit, plan.budget, 1)
     starts[name] = protocol.start_losses(first, {"validation": val, "test": test})  # test: once
     results[name] = describe(first, s, protocol.layout_of(first))
   searches = {(seed, name): Search(
-      protocol.budgeted(c, data_dir, seed, seeds[config.start[name]], unit, config.budget,
-                        config.curve_points), config, os.path.join(out, "runs", f"seed{seed}", name),
-      f"seed {seed} {name}", {"step": seeds[config.start[name]]["step"],
+      protocol.budgeted(c, data_dir, seed, seeds[plan.start[name]], unit, plan.budget,
+                        plan.curve_points), config, os.path.join(out, "runs", f"seed{seed}", name),
+      f"seed {seed} {name}", {"step": seeds[plan.start[name]]["step"],
                               "val": starts[name]["validation"].mean()})
-      for seed in protocol.optimisation_seeds(config) for name, c in methods.items()}
+      for seed in plan.seeds for name, c in methods.items()}
   run_searches(list(searches.values()), val, executor)
   for (seed, name), search in searches.items():
     chosen, tried, grids = search.result()
     finals[(seed, name)] = protocol.final_losses(chosen["workdir"], search.spec, test)  # once
     results[name]["per_seed"].append(per_seed_record(
-        seed, seeds[config.start[name]], chosen, tried, grids, out, starts[name],
+        seed, seeds[plan.start[name]], chosen, tried, grids, out, starts[name],
         finals[(seed, name)]))
-  gain_difference = differences(results, finals, starts, ref, other, test, config)
-  return {"budget": {"unit": unit, "per": "configuration", "seed_updates": config.seed_updates,
+  gain_difference = differences(results, finals, starts, ref, other, test, plan.bootstrap_draws)
+  return {"budget": {"unit": unit, "per": "configuration", "seed_updates": plan.seed_updates,
                      "ops_per_update": ops},
-          "scored": (val, test), "data_dir": data_dir, "seed_records": seeds,
-          "tuning": {"base_lr": config.base_lr, "lr_factors": list(config.lr_factors),
+          "scored": (val, test), "data_dir": data_dir, "seed_records": seeds, "plan": plan,
+          "tuning": {"base_lr": plan.base_lr, "lr_factors": list(config.lr_factors),
                      "lr_extend": config.lr_extend, "eps_factors": list(config.eps_factors),
                      "eps_extend": config.eps_extend,
                      "selection": "final ensemble-validation loss; test scored once, selected "
@@ -252,14 +254,14 @@ def per_seed_record(seed: int, start: dict, chosen: dict, tried: list[dict], sea
 
 
 def differences(results: dict, finals: dict, starts: dict, ref: str, other: str,
-                test: eval_lib.TestSet, config: ml_collections.ConfigDict) -> dict:
+                test: eval_lib.TestSet, draws: int) -> dict:
   """Per seed: other minus ref on the same test windows at the end, paired CI; then across
   seeds. Returns {other: the reference's gain minus the other's} (`gain_difference`)."""
   diffs, gains_w = [], []
   for i, rec in enumerate(results[other]["per_seed"]):
     seed = rec["seed"]
     end_ref, end_other = finals[(seed, ref)], finals[(seed, other)]
-    d = protocol.paired(end_ref, end_other, test.doc_ids, config.bootstrap_draws, seed)
+    d = protocol.paired(end_ref, end_other, test.doc_ids, draws, seed)
     rec.update({"minus_ref": d["diff"], "minus_ref_ci95": d["ci95"]})
     results[ref]["per_seed"][i].update({"minus_ref": 0.0})
     diffs.append(d["diff"])
@@ -276,8 +278,7 @@ def differences(results: dict, finals: dict, starts: dict, ref: str, other: str,
   results[other]["ref_wins_ci_excludes_zero"] = int(
       sum(r["minus_ref_ci95"][0] > 0 for r in results[other]["per_seed"]))
   return {other: protocol.gain_difference(
-      results[ref]["per_seed"], results[other]["per_seed"], gains_w, test.doc_ids,
-      config.bootstrap_draws)}
+      results[ref]["per_seed"], results[other]["per_seed"], gains_w, test.doc_ids, draws)}
 
 
 def _setting(q: dict) -> str:
