@@ -79,7 +79,7 @@ def ensemble_workdir(config: ml_collections.ConfigDict, out: str) -> str:
   s, e = (ml_collections.ConfigDict(config[k].to_dict()) for k in ("seed_run", "ensemble_run"))
   if s.n_experts != 1:
     raise UserError(f"seed_run.n_experts={s.n_experts}; the seed is one expert (SPEC 3.4)")
-  data_dir = protocol.ensure_data(config, out, e.n_experts)
+  data_dir = protocol.ensure_data(config.data_dir, out, e.n_experts)
   seed_dir, ens_dir = os.path.join(out, "seed"), os.path.join(out, "ensemble")
   s.data.dir = e.data.dir = data_dir
   e.init_from = seed_dir
