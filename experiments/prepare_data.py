@@ -42,6 +42,11 @@ _ON_BAD_RECORD = flags.DEFINE_enum(
   "on_bad_record", "fail", list(sources.ON_BAD_RECORD), "A JSON line that does not parse, a record without the field or "
   "not a string, an id neither a string nor an integer, a WARC response that is not HTTP: fail (one line, exit 2) "
   "or skip and count.")
+_ASSIGNMENT = flags.DEFINE_enum(
+  "assignment", "nearest", list(prepare.ASSIGNMENTS), "nearest: each training window in the shard of its nearest "
+  "centroid (SPEC 4); random: the semantic-vs-random control, those shard labels permuted with --assignment_seed "
+  "(same shard sizes, same held-out documents, router centroids of the random shards).")
+_ASSIGNMENT_SEED = flags.DEFINE_integer("assignment_seed", 0, "Seed of the --assignment=random permutation.")
 
 
 def main(argv):
@@ -63,6 +68,8 @@ def main(argv):
     tfds_data_dir=_TFDS_DATA_DIR.value,
     extract=_EXTRACT.value,
     on_bad_record=_ON_BAD_RECORD.value,
+    assignment=_ASSIGNMENT.value,
+    assignment_seed=_ASSIGNMENT_SEED.value,
   )
   print(prepare.summary(manifest, _OUT.value, time.time() - t0))
   for e, terms in enumerate(manifest["top_terms"]):

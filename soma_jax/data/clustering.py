@@ -260,13 +260,18 @@ def top_terms(
 ) -> list[list[str]]:
   """Most distinctive terms per cluster: mean tf-idf in the cluster minus the overall mean."""
   overall = np.asarray(x_tfidf.mean(axis=0)).ravel()
-  out = []
+  score = np.zeros((k, overall.size))
   for c in range(k):
     rows = np.flatnonzero(assign == c)
-    if rows.size == 0:
-      out.append([])
-      continue
-    score = np.asarray(x_tfidf[rows].mean(axis=0)).ravel() - overall
+    if rows.size:  # an empty cluster keeps a zero score, so no term
+      score[c] = np.asarray(x_tfidf[rows].mean(axis=0)).ravel() - overall
+  return distinctive_terms(feat, score, num_terms)
+
+
+def distinctive_terms(feat: Featurizer, score_KxF: np.ndarray, num_terms: int = 10) -> list[list[str]]:
+  """Per row of scores over the vocabulary, its `num_terms` best terms with a positive score."""
+  out = []
+  for score in score_KxF:
     best = np.argsort(-score, kind="stable")[:num_terms]
     out.append([feat.vocabulary[i] for i in best if score[i] > 0])
   return out

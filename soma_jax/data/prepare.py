@@ -4,6 +4,15 @@
 `out` and renames it into place only when everything succeeded, so a failed run
 never touches an existing `out`. The same arguments give the same bytes.
 
+`assignment="nearest"` (the default, SPEC 4) puts each training window in the shard of its
+nearest centroid. `assignment="random"` is the semantic-vs-random sharding control: the same
+clustering and nearest assignment are computed, then that label vector over the training
+windows is permuted with `assignment_seed`, so every shard keeps the size the semantic
+assignment gave it but holds windows drawn at random. Its router routes to the centroids of
+the random shards (each shard's normalised mean clustering feature), not to the semantic
+centroids, whose experts would not have been trained on the text routed to them. The
+held-out documents and their windows do not depend on `assignment`.
+
 Layout of `out`:
   manifest.json                  sizes, balance, top terms, SHA-256 of every file, settings
   router.npz                     the fitted router (soma_jax.data.router)
@@ -31,6 +40,7 @@ import unicodedata
 import zipfile
 
 import numpy as np
+import scipy.sparse as sp
 from absl import logging
 
 from soma_jax.data import clustering, sources, windows
@@ -42,6 +52,7 @@ HELDOUT_CAP = 0.1  # test and ensemble-val each take at most this fraction of th
 _TRANSFORM_BATCH = 8192
 _MAX_LISTED_EXCLUSIONS = 1000
 _WS = re.compile(r"\s+")
+ASSIGNMENTS = ("nearest", "random")  # prepare's `assignment` values (--assignment)
 
 
 def normalise_text(data: bytes) -> str:
@@ -227,6 +238,16 @@ def _check_settings(settings: dict) -> None:
     raise UserError(f"--max_bytes={max_bytes} must be positive; fix: omit it or pass a byte count")
 
 
+def _check_assignment(assignment: str, assignment_seed: int) -> None:
+  """UserError for an --assignment value that is not one of ASSIGNMENTS, or a negative seed."""
+  if assignment not in ASSIGNMENTS:
+    raise UserError(f"--assignment={assignment!r} is not one of {', '.join(ASSIGNMENTS)}; fix: pass "
+                    "--assignment=nearest (each window at its nearest centroid, the default) or "
+                    "--assignment=random (random shards of the same sizes)")
+  if not isinstance(assignment_seed, int) or assignment_seed < 0:
+    raise UserError(f"--assignment_seed={assignment_seed!r} must be an integer >= 0; fix: pass e.g. --assignment_seed=0")
+
+
 def prepare(
   source: str,
   num_clusters: int,
@@ -244,8 +265,15 @@ def prepare(
   tfds_data_dir: str | None = None,
   extract: str = "none",
   on_bad_record: str = "fail",
+  assignment: str = "nearest",
+  assignment_seed: int = 0,
 ) -> dict:
-  """Builds the data dir `out` from `source`; returns the manifest. Bad input raises UserError."""
+  """Builds the data dir `out` from `source`; returns the manifest. Bad input raises UserError.
+
+  `assignment`: "nearest" or "random" (module docstring); `assignment_seed` seeds the random
+  permutation and is ignored (and not recorded) for "nearest", whose output is unchanged.
+  """
+  _check_assignment(assignment, assignment_seed)
   settings = {
     "source": source,
     "num_clusters": num_clusters,
@@ -262,6 +290,8 @@ def prepare(
     "extract": extract,  # none | html | auto (sources.iter_documents)
     "on_bad_record": on_bad_record,  # fail | skip
   }
+  if assignment != "nearest":  # recorded only when used, so "nearest" writes the same bytes as before
+    settings.update(assignment=assignment, assignment_seed=assignment_seed)
   _check_settings(settings)
   sources.check_options(extract, on_bad_record)
   spec = sources.parse_source(source)
@@ -387,13 +417,14 @@ def summary(manifest: dict, out: str, seconds: float) -> str:
      if n] + [_named(why, v["names"], v["count"]) for why, v in d.get("skipped", {}).items()]
   )
   a = manifest["assignment"]
+  how = (f"random shards of the nearest-centroid sizes, assignment seed {a['seed']}" if a.get("kind") == "random"
+         else "each at its nearest centroid")
   pages = d.get("html_extracted", 0)  # those left empty are among the skipped, by name
   extracted = f", main text extracted from {pages} HTML pages" if pages else ""
   return (
     f"wrote {out} in {seconds:.1f}s: {d['nonempty']} documents read ({d['bytes']:,} bytes){extracted}"
     f"{f', skipped {skipped}' if skipped else ''}; {manifest['training_windows']} training windows in "
-    f"{manifest['num_clusters']} shards {a['windows_per_shard']} (each at its nearest "
-    f"centroid); {manifest['test_windows']} test windows, {manifest['ensemble_val_windows']} ensemble-val windows"
+    f"{manifest['num_clusters']} shards {a['windows_per_shard']} ({how}); {manifest['test_windows']} test windows, {manifest['ensemble_val_windows']} ensemble-val windows"
   )
 
 
@@ -430,6 +461,8 @@ def _prepare_into(tmp: str, spec: sources.SourceSpec, settings: dict, exclude: s
   feat, centroids, fit = _fit(all_w, settings, notes)
   logging.info("fitted %d clusters (%.1fs)", settings["num_clusters"], time.time() - t0)
   assign, assignment = _assign_nearest(all_w, feat, centroids)
+  if settings.get("assignment", "nearest") == "random":
+    assign, centroids, assignment, fit["top_terms"] = _assign_random(all_w, feat, assign, assignment, fit, settings)
   router_lib.Router(feat, centroids).save(os.path.join(tmp, "router.npz"))
   shards = _write_shards(tmp, all_w, assign, settings)
   eval_counts = _write_eval_sets(tmp, corpus, test_ids, ens_ids)
@@ -565,6 +598,56 @@ def _assign_nearest(all_w: np.ndarray, feat: clustering.Featurizer, centroids: n
     "mean_similarity": sim_sum / total,
   }
   return assign, info
+
+
+def _assign_random(all_w: np.ndarray, feat: clustering.Featurizer, nearest: np.ndarray, nearest_info: dict,
+                   fit: dict, settings: dict) -> tuple[np.ndarray, np.ndarray, dict, list[list[str]]]:
+  """The random-sharding control: the nearest-centroid labels of the training windows permuted
+  with `assignment_seed`, so each shard keeps its semantic size but not its text.
+
+  The router's centroids are recomputed from the windows each random shard holds (their mean
+  clustering feature, normalised), so a window is routed to the expert whose training shard
+  is nearest in feature space, as for "nearest"; features are centred, so these centroids lie
+  close to the corpus mean and routing carries little topic. Returns (labels, centroids
+  [k, D], the manifest's assignment entry, each random shard's distinctive terms).
+  """
+  k, seed = settings["num_clusters"], settings["assignment_seed"]
+  assign = nearest[np.random.default_rng([seed, 4]).permutation(len(nearest))].astype(np.int32)
+  centroids, mean_sim, terms = _shard_centroids(all_w, feat, assign, k)
+  info = {
+    "kind": "random",
+    "seed": seed,
+    "unit": "training window (the unit of the nearest assignment)",
+    "rule": "a seeded random permutation of the windows' nearest-centroid shard labels",
+    "sizes_match": "semantic",
+    "router": "centroids of the random shards: each shard's mean clustering feature, normalised",
+    "top_terms": "of the random shards, over all their windows",
+    "windows_per_shard": np.bincount(assign, minlength=k).tolist(),
+    "mean_similarity": mean_sim,  # each window's similarity to its own random shard's centroid
+    "moved_fraction": float(np.mean(assign != nearest)),  # windows not in their semantic shard
+    "semantic": {**nearest_info, "top_terms": fit["top_terms"]},
+  }
+  return assign, centroids, info, terms
+
+
+def _shard_centroids(all_w: np.ndarray, feat: clustering.Featurizer, assign: np.ndarray,
+                     k: int) -> tuple[np.ndarray, float, list[list[str]]]:
+  """One pass over the windows: each shard's normalised mean feature [k, D] float32, the mean
+  similarity of a window to its shard's centroid, and each shard's distinctive terms (mean
+  tf-idf in the shard minus the overall mean, as clustering.top_terms)."""
+  sums = np.zeros((k, feat.dims), np.float64)
+  tf_sums = np.zeros((k, len(feat.vocabulary)), np.float64)
+  for s in range(0, all_w.shape[0], _TRANSFORM_BATCH):
+    x = feat.tfidf(clustering.decode(all_w[s : s + _TRANSFORM_BATCH, : windows.CHUNK_BYTES]))
+    a = assign[s : s + x.shape[0]]
+    np.add.at(sums, a, feat.project(x))
+    onehot = sp.csr_matrix((np.ones(len(a), np.float64), (a, np.arange(len(a)))), shape=(k, len(a)))
+    tf_sums += (onehot @ x.astype(np.float64)).toarray()
+  centroids = (sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+  mean_sim = float(np.sum(centroids.astype(np.float64) * sums) / all_w.shape[0])  # sum of z . c_own, linear in z
+  sizes = np.bincount(assign, minlength=k).astype(np.float64)
+  score = tf_sums / sizes[:, None] - tf_sums.sum(axis=0) / sizes.sum()
+  return centroids, mean_sim, clustering.distinctive_terms(feat, score)
 
 
 def _write_shards(tmp: str, all_w: np.ndarray, assign: np.ndarray, settings: dict) -> list[dict]:
