@@ -126,6 +126,8 @@ def _plan(c: ml_collections.ConfigDict, cpu: bool) -> None:
 def get_config(arg: str | None = None):
   if _ladder_asked(arg):  # study=ladder takes its own arguments (seeds=, rungs=): _ladder
     return _ladder(arg)
+  if "study=decompose" in (arg or "").replace(" ", ""):
+    return _decompose(arg)
   a = parse_arg(arg, study="table4", size="cpu")
   if a["study"] not in STUDIES or a["size"] not in ("cpu", "tiny"):
     raise UserError(f"compare.py:study={a['study']},size={a['size']}: use study="
@@ -163,6 +165,10 @@ def get_config(arg: str | None = None):
   # Controls run the reference's number of updates in each seed, not the time budget.
   c.match_updates = ml_collections.ConfigDict(
       {"head_only": "soma_n2", "soma_n2_summed": "soma_n2"} if c.study == "table4" else {})
+  # Methods that take their seed's parameters only, with fresh Adam moments, plateau state and
+  # step counter: BPTT, whose gradients are about d / n times smaller per coordinate than
+  # SPSA's estimates, so the SPSA seed's second moments would damp its first updates ~100x.
+  c.fresh_optimizer = ("bptt",) if c.study == "table4" else ()
 
   c.seed_runs = _seed_runs(c, size, lr)
   return c
@@ -225,4 +231,69 @@ def _ladder(arg: str | None) -> ml_collections.ConfigDict:
   c.mechanism.repeats = 16 if cpu else 2  # SPSA estimates per batch (update steps 0..R-1)
   c.mechanism.hutchinson = 16 if cpu else 1  # Hutchinson vectors per batch for tr(H)
   c.mechanism.seed = 0  # the probes' base key of the measurement
+  return c
+
+
+# ------------------------------------------------------------------------- the decomposition
+
+
+def _decompose(arg: str | None) -> ml_collections.ConfigDict:
+  """study=decompose (SPEC 9.8, soma_jax/studies/decompose.py): where SOMA's lead comes from.
+  Table 7's seeds, scoring and statistics; every row at the operations of `budget` of SOMA's
+  updates, each with its own lr grid (no eps stage), selection on validation.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=decompose,size=cpu --out=runs/decompose
+    ...:study=decompose,size=cpu,seeds=5   (the headline's seed count)
+  """
+  a = parse_arg(arg, study="decompose", size="cpu", seeds=0)
+  if a["size"] not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study=decompose,size={a['size']}: use size=cpu or tiny")
+  size, cpu = a["size"], a["size"] == "cpu"
+  c = get_config(f"study=table7,size={size}")
+  c.study = "decompose"
+  c.seeds = a["seeds"] or (3 if cpu else 2)
+  # One lr grid per row around its own centre (row_base_lr, else base_lr), grown past an
+  # edge at most lr_extend times; eps stays at base_lr (Table 7's eps stage moved the selected
+  # validation loss by 0.0026 at most, its lr grid by 0.068 to 0.159).
+  c.lr_factors = (0.5, 1.0, 2.0)
+  c.lr_extend = 2 if cpu else 1
+  c.eps_factors, c.eps_extend = (1.0,), 0
+  lr = c.base_lr
+  soma = c.methods.soma_n2
+  rows = {"soma": (soma, "SOMA N = 2 by SPSA, semantic shards", "soma_expert"),
+          "mono": (c.methods.mono, "the monolith of the same total size by SPSA", "monolith")}
+  summed = ml_collections.ConfigDict(soma.to_dict())
+  summed.method = "soma_summed"
+  rows["soma_summed"] = (summed, "SOMA N = 2 with the N losses summed before each difference",
+                         "soma_expert")
+  random = ml_collections.ConfigDict(soma.to_dict())
+  # Its seed trained on the semantic dir: the same windows (only the shard labels differ,
+  # prepare --assignment=random), so its manifest's hash differs but the seed is the same start.
+  random.init_from_other_data = True
+  rows["soma_random"] = (random, "SOMA N = 2 on random shards of the semantic shards' sizes",
+                         "soma_expert")
+  rows["one_expert"] = (_scale(_method("soma.py", f"n=1,size={size}"), size, lr),
+                        "one expert of SOMA's width on all the data (N = 1)", "soma_expert")
+  for name, n, seed in (("soma_bptt", 2, "soma_expert"), ("mono_bptt", 1, "monolith")):
+    bptt = _scale(_method("bptt.py", f"n={n},size={size}"), size, lr)
+    bptt.method = "bptt"
+    what = "SOMA N = 2" if n == 2 else "the monolith"
+    rows[name] = (bptt, f"{what} by backprop, fresh Adam", seed)
+  c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
+  for name, (cfg, what, seed) in rows.items():
+    c.methods[name], c.rows[name], c.start[name] = cfg, what, seed
+  c.reference = "soma"
+  c.order = tuple(rows)
+  c.keep_width = ("one_expert",)  # at SOMA's expert width; the others match SOMA's params
+  c.fresh_optimizer = ("soma_bptt", "mono_bptt")  # the SPSA seed's parameters, fresh Adam
+  c.row_base_lr = ml_collections.ConfigDict({"soma_bptt": 3e-3, "mono_bptt": 3e-3})  # bptt.py's
+  c.row_data = ml_collections.ConfigDict({"soma_random": "random"})  # else the semantic shards
+  c.data_dir_random = ""  # prepared with --assignment=random; "" = the built-in one under OUT
+  c.effects = ml_collections.ConfigDict({  # name: (a, b), read as a against b
+      "sharding_spsa": ("soma", "mono"), "sharding_bptt": ("soma_bptt", "mono_bptt"),
+      "semantic_vs_random": ("soma", "soma_random"),
+      "independent_vs_summed": ("soma", "soma_summed"),
+      "sharding_at_width": ("soma", "one_expert"), "narrow_vs_wide": ("one_expert", "mono")})
+  # name: (effect 1, effect 2), effect 1 minus effect 2: the zero-order-specific part
+  c.interactions = ml_collections.ConfigDict({"interaction": ("sharding_spsa", "sharding_bptt")})
   return c

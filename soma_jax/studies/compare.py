@@ -7,6 +7,8 @@
           operations) and equal tuning (lr then eps grid, selection on validation, test once)
   ladder  SPEC 9.7: table7 at each width of config.rungs, the descent ratio rho and the
           effective rank r at each rung's start, and the summed-loss control
+  decompose SPEC 9.8: where SOMA's lead comes from: sharding under SPSA and backprop, random
+          shards, the summed loss, one expert alone, with matched-loss speed-ups
 
 Every row continues its architecture's own seed run, optimizer state included (`protocol`,
 SPEC 9.6); every study field and run config is checked before anything trains
@@ -23,11 +25,11 @@ import os
 import ml_collections
 
 from soma_jax.errors import UserError, writable_dir
-from soma_jax.studies import ladder, table4, table7
+from soma_jax.studies import decompose, ladder, table4, table7
 
 # The one list of compare.py's studies: config.study -> its module (`run`, `table`). The
 # config file, the entry point's --help and --list all read it.
-STUDIES = {"table4": table4, "table7": table7, "ladder": ladder}
+STUDIES = {"table4": table4, "table7": table7, "ladder": ladder, "decompose": decompose}
 
 
 def _module(study: object):

@@ -280,7 +280,7 @@ def run_rung(config: ml_collections.ConfigDict, width: int, out: str, data_dir: 
         f"{mech['predicted_ratio_se']:.3f}, measured gain ratio {protocol.ci(measured)}",
         flush=True)
   return {**sizes(config, width), "folder": os.path.basename(out), "mechanism": mech,
-          "seed_runs": {k: {f: v for f, v in r.items() if f != "_path"}
+          "seed_runs": {k: {f: v for f, v in r.items() if not f.startswith("_")}
                         for k, r in pair["seed_records"].items()},
           "methods": pair["methods"], "gain_difference": pair["gain_difference"],
           "control": control, "measured_ratio": measured,

@@ -91,6 +91,7 @@ class StudyPlan:
   reference: str
   start: dict  # {method: seed run it continues}
   match_updates: dict  # {control: the method whose updates it runs to}
+  fresh_optimizer: tuple[str, ...] = ()  # methods that take the seed's parameters only
 
 
 def optimisation_seeds(first: int, count: int) -> list[int]:
@@ -206,6 +207,11 @@ def check_plan(config: ml_collections.ConfigDict) -> StudyPlan:
   if config.reference not in config.methods:
     raise UserError(f"reference={config.reference!r} is not a method; fix: --config.reference="
                     f"one of {', '.join(config.methods)}")
+  for field in ("fresh_optimizer", "keep_width"):
+    for name in config.get(field, ()):
+      if name not in config.methods:
+        raise UserError(f"{field} names {name!r}, not a method; fix: --config.{field}= a tuple "
+                        f"of {', '.join(config.methods)}")
   for name, c in config.seed_runs.items():
     resolved(c, f"seed_runs.{name}.")
   specs = {name: resolved(c, f"methods.{name}.") for name, c in config.methods.items()}
@@ -218,7 +224,8 @@ def check_plan(config: ml_collections.ConfigDict) -> StudyPlan:
       curve_points=config.curve_points, bootstrap_draws=config.bootstrap_draws,
       ops_tolerance=config.ops_tolerance, base_lr=config.base_lr, data_dir=config.data_dir,
       eval=span, reference=config.reference, start=dict(config.start.items()),
-      match_updates=dict(config.get("match_updates", {}).items()))
+      match_updates=dict(config.get("match_updates", {}).items()),
+      fresh_optimizer=tuple(config.get("fresh_optimizer", ())))
 
 
 def resolved(c: ml_collections.ConfigDict, prefix: str = "") -> spec_lib.RunSpec:
@@ -389,14 +396,16 @@ def layout_of(spec: spec_lib.RunSpec) -> dict:
 
 
 def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict | None,
-             unit: str, amount: float, checkpoints: int, prefix: str = "") -> spec_lib.RunSpec:
+             unit: str, amount: float, checkpoints: int, prefix: str = "",
+             fresh: bool = False) -> spec_lib.RunSpec:
   """Training config `c` at optimisation seed `seed`, continuing the seed run record `start`
-  (its whole train state; None: a fresh init) until `amount` of `unit`: resolved (its errors
+  (its whole train state; None: a fresh init; `fresh`: its parameters only, with fresh Adam
+  moments, plateau state and step counter) until `amount` of `unit`: resolved (its errors
   named as the study's fields under `prefix`, `resolved`)."""
   raw = c
   c = ml_collections.ConfigDict(c.to_dict())
   c.data.dir, c.seed = data_dir, seed
-  c.init_from, c.init_state = (start["_path"], True) if start else ("", False)
+  c.init_from, c.init_state = (start["_path"], not fresh) if start else ("", False)
   c.budget_unit, c.budget, c.budget_checkpoints = unit, float(amount), checkpoints
   c.steps = MAX_UPDATES
   c.ckpt_every = MAX_UPDATES  # the budget's checkpoints are the curve
@@ -415,6 +424,12 @@ def train_all(runs: list[tuple[spec_lib.RunSpec, str, str]], executor=None) -> l
     executor_lib.check_existing(workdir, spec)
   return executor.run([executor_lib.Job(spec.config.to_dict(), workdir, what)
                        for spec, workdir, what in runs])
+
+
+def start_step(spec: spec_lib.RunSpec, start: dict) -> int:
+  """The step a run starts from: its seed run's (`start`, a `train_seeds` record) where it
+  continues the seed's state, else 0 (fresh optimizer state and step counter)."""
+  return int(start["step"]) if spec.init_state else 0
 
 
 def checkpoints(workdir: str) -> list[int]:
@@ -444,16 +459,20 @@ def _point(data_state: dict, step: int, start_step: int, ops_update: int, loss: 
 
 
 def curve(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet,
-          start_step: int, start_loss: float) -> tuple[list[dict], np.ndarray]:
+          start_step: int, start_loss: float, keep: list | None = None
+          ) -> tuple[list[dict], np.ndarray]:
   """The start (the seed's state, `start_loss` on `scorer`, at the seed's step) and each of
   the run's checkpoints scored by `scorer`: ([{step, update, ops, device_seconds,
   cpu_seconds, loss}], per-window losses of the last checkpoint). `update` and `ops` are
-  this run's, counted from its start."""
+  this run's, counted from its start. `keep`: a list each checkpoint's per-window losses are
+  appended to."""
   opu = spec.total_ops_per_update
   points, last = [_point({}, start_step, start_step, opu, float(start_loss))], None
   for s in (s for s in checkpoints(workdir) if s > start_step):
     _, state, data_state, _ = runs.restore_state(workdir, step=s)
     last = _score(scorer, spec, state.body, state.head)
+    if keep is not None:
+      keep.append(last)
     points.append(_point(data_state, s, start_step, opu, float(last.mean())))
   if last is None:
     raise UserError(f"{workdir!r} has no checkpoint after its start (step {start_step}); "
@@ -527,12 +546,14 @@ def seed_configs(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collectio
 
 
 def train_seeds(plan: StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
-                data_dir: str, out: str, val: eval_lib.TestSet, executor=None) -> dict[str, dict]:
+                data_dir: str, out: str, val: eval_lib.TestSet, executor=None,
+                checkpoints: int = 1) -> dict[str, dict]:
   """Trains every seed run for `seed_updates` updates at `seed_run_seed` in OUT/seeds/NAME
-  (one stage: `train_all` with `executor`); their cost, apart, and their final loss on the
-  study's ensemble-validation set `val`."""
+  (one stage: `train_all` with `executor`; a checkpoint after each 1/`checkpoints` of it);
+  their cost, apart, and their final loss on the study's ensemble-validation set `val`
+  (`_spec`: the seed run's RunSpec)."""
   planned = {name: (budgeted(s, data_dir, plan.seed_run_seed, None, "updates",
-                           plan.seed_updates, 1), os.path.join(out, "seeds", name), s)
+                           plan.seed_updates, checkpoints), os.path.join(out, "seeds", name), s)
            for name, s in seed_configs(plan.config, cfgs).items()}
   for name, (_, _, s) in planned.items():
     print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t}, {plan.seed_updates} "
@@ -547,7 +568,7 @@ def train_seeds(plan: StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
                      "seed": plan.seed_run_seed, **summary(workdir, spec, 0),
                      "ops_per_update": spec.total_ops_per_update,
                      "ensemble_val_nats_per_byte": float(final_losses(workdir, spec, val).mean()),
-                     "wall_seconds_this_call": wall, "_path": workdir}
+                     "wall_seconds_this_call": wall, "_path": workdir, "_spec": spec}
   return records
 
 
@@ -580,7 +601,8 @@ def results(study: str, spec: str, plan: StudyPlan, command: str,
       "unigram_test_nats_per_byte": eval_lib.unigram_nats(data_dir, "test", test.route, test.score),
       "data_dir": shown(data_dir, out), "seeds": list(plan.seeds),
       "bootstrap_draws": plan.bootstrap_draws, "reference": plan.reference,
-      "seed_runs": {k: {f: v for f, v in r.items() if f != "_path"} for k, r in seeds.items()},
+      "seed_runs": {k: {f: v for f, v in r.items() if not f.startswith("_")}
+                    for k, r in seeds.items()},
       **rest, "cost": cost(out, begun),
   }
 
@@ -718,7 +740,8 @@ def sized(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigD
   cfgs = {n: ml_collections.ConfigDict(config.methods[n].to_dict())
           for n in [ref] + [n for n in names if n != ref]}
   target = resolved(cfgs[ref]).method.ensemble_params
+  keep = tuple(config.get("keep_width", ()))  # rows at their own width (e.g. one expert)
   for name, c in cfgs.items():
-    if name != ref and config.match_params:
+    if name != ref and name not in keep and config.match_params:
       c.model.d_t = resolved(c).method.width_for_params(target)
   return cfgs

@@ -38,10 +38,12 @@ def run_config(name: str, c: ml_collections.ConfigDict, plan: protocol.StudyPlan
                ) -> spec_lib.RunSpec:
   """The run of row `name` at one seed: to the budget, or (a control) to the reference's
   updates in this seed."""
+  fresh = name in plan.fresh_optimizer  # its seed's parameters, fresh Adam moments
   if name in plan.match_updates:
     return protocol.budgeted(c, data_dir, seed, start, "updates", ref_updates,
-                             plan.curve_points)
-  return protocol.budgeted(c, data_dir, seed, start, plan.unit, plan.budget, plan.curve_points)
+                             plan.curve_points, fresh=fresh)
+  return protocol.budgeted(c, data_dir, seed, start, plan.unit, plan.budget, plan.curve_points,
+                           fresh=fresh)
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
@@ -118,9 +120,10 @@ def row_record(row: spec_lib.RunSpec, out: str, seed: int, name: str, start: dic
   losses)."""
   val, test = scored
   workdir = os.path.join(out, "runs", f"seed{seed}", name)
-  points, end_test = protocol.curve(workdir, row, test, start["step"], start_w["test"].mean())
+  first = protocol.start_step(row, start)
+  points, end_test = protocol.curve(workdir, row, test, first, start_w["test"].mean())
   end_val = protocol.final_losses(workdir, row, val)
-  done = protocol.summary(workdir, row, start["step"])
+  done = protocol.summary(workdir, row, first)
   print(f"[table4] seed {seed} {name}: {done['updates']} updates, "
         f"{protocol.budget_used(done):.4g} {done['budget_unit']}, test "
         f"{start_w['test'].mean():.4f} -> {end_test.mean():.4f}", flush=True)
@@ -157,6 +160,8 @@ def describe(name: str, spec: spec_lib.RunSpec, plan: protocol.StudyPlan, seed: 
   """What a row is (its Method's `describe`: model, directions per update) and its budget."""
   c = spec.config  # the row's settings as its config names them
   return {"method": spec.method.name, **spec.method.describe, "n_experts": spec.n_experts,
+          "optimizer_state": ("fresh (the seed's parameters only)"
+                              if name in plan.fresh_optimizer else "the seed's, continued"),
           "d_t": c.model.d_t, "depth": c.model.depth, "params": spec.method.ensemble_params,
           "seq_len": spec.seq_len, "batch": c.spsa.batch, "accum": c.spsa.accum, "lr": spec.lr,
           "eps": spec.eps, "layout": layout,

@@ -67,9 +67,12 @@ class Search:
   """
 
   def __init__(self, spec: spec_lib.RunSpec, config: ml_collections.ConfigDict, root: str,
-               what: str, start: dict):
+               what: str, start: dict, base: float | None = None,
+               scorer: eval_lib.TestSet | None = None):
     self.spec, self.root, self.what, self.start = spec, root, what, start
-    self.base, self.config = config.base_lr, config
+    self.base, self.config = config.base_lr if base is None else base, config
+    self.scorer = scorer  # its own validation set (None: the one `record` is given)
+    self.windows: dict[tuple[float, float], list] = {}  # each point's per-window curve
     self.tried: dict[tuple[float, float], dict] = {}  # in the order trained
     self.key, self.grid, self.extend = "lr", [f * self.base for f in config.lr_factors], config.lr_extend
     self.lr: dict | None = None  # stage 1's choice
@@ -92,7 +95,9 @@ class Search:
   def record(self, point: tuple[float, float], val: eval_lib.TestSet, wall: float) -> None:
     """A trained point scored on validation (its curve) and kept."""
     run_spec, workdir, _ = self.job(point)
-    points, last = protocol.curve(workdir, run_spec, val, self.start["step"], self.start["val"])
+    self.windows[point] = []
+    points, last = protocol.curve(workdir, run_spec, self.scorer or val, self.start["step"],
+                                  self.start["val"], keep=self.windows[point])
     self.tried[point] = {"lr": point[0], "eps": point[1], "workdir": workdir,
                          "val_curve": points, "val_nats_per_byte": float(last.mean()),
                          **protocol.summary(workdir, run_spec, self.start["step"]),

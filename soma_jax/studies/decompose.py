@@ -1,0 +1,506 @@
+"""Where SOMA's advantage comes from (SPEC 9.8): one study, every row from its own equal-update
+start, at equal operations, each with its own lr grid.
+
+Rows (config.methods; config.rows says what each stands for): SOMA N = 2 by SPSA (`soma`, the
+reference), the monolith of the same total size by SPSA (`mono`), the same two by backprop
+with fresh Adam moments (`soma_bptt`, `mono_bptt`: `fresh_optimizer`, since an SPSA seed's
+second moments would damp backprop's first updates about 100x), SOMA on random shards of the
+semantic shards' sizes (`soma_random`: `prepare_data.py --assignment=random`, routed by its
+own shards' centroids, scored on the same windows), the summed-loss control with its own lr
+grid (`soma_summed`), and one expert of SOMA's width on all the data (`one_expert`, N = 1,
+its seed continued: `keep_width`), which separates "a narrower model learns faster early
+under SPSA" from sharding.
+
+Protocol (`protocol`, SPEC 9.6): every row continues the seed run of its architecture (SPSA
+rows with the seed's whole state, `fresh_optimizer` rows with its parameters only); the
+budget is the reference's `budget` updates, every row running the operations those take
+(SPEC 7's count: one expert does half of SOMA's per update, backprop about 3/8 of it at
+n_pert = 4); each row and seed searches lr over base x lr_factors (its base: `row_base_lr`,
+else base_lr), selection on ensemble validation, test scored once for the selected run.
+
+Read out (results.json `effects`, each over the optimisation seeds with document noise:
+the seed t interval widened by the documents' bootstrap variance of the seed mean,
+`protocol.widened_t_interval`): for each pair of `effects` (a, b), a's gain minus b's
+(`protocol.gain_difference`), b's end loss minus a's, and the log matched-loss speed-up of a
+over b (`speedup`) read two ways: over the compared phase (the common loss range of the two
+validation curves, each from its own start) and along the whole trajectory from
+initialisation in operations, the seed runs included (what training from scratch pays);
+`interactions` (e1, e2): e1's values minus e2's per seed (the zero-order-specific part of
+sharding: sharding under SPSA minus sharding under backprop).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+import ml_collections
+import numpy as np
+
+from soma_jax import evaluate as eval_lib
+from soma_jax.data import pipeline
+from soma_jax.errors import UserError
+from soma_jax.studies import protocol, table7
+
+SPEEDUP_DRAWS = 2000  # document resamples of the speed-ups (each redoes every crossing)
+SPEC = "SPEC 9.8 (the decomposition: sharding under SPSA and backprop, random shards, summed loss)"
+DATA_KINDS = ("semantic", "random")  # row_data values: the data dir a row trains and is scored on
+
+
+# ------------------------------------------------------------------------- speed-ups
+
+
+def crossing(ops: np.ndarray, loss: np.ndarray, level: float) -> float | None:
+  """The operations at which the running minimum of `loss` (over `ops`, ascending) first
+  reaches `level`, linear between points; None if it never does."""
+  best = np.minimum.accumulate(np.asarray(loss, np.float64))
+  hit = np.nonzero(best <= level)[0]
+  if hit.size == 0:
+    return None
+  i = int(hit[0])
+  if i == 0:
+    return float(ops[0])
+  l0, l1 = best[i - 1], best[i]
+  t = 0.0 if l0 == l1 else (l0 - level) / (l0 - l1)
+  return float(ops[i - 1] + t * (ops[i] - ops[i - 1]))
+
+
+def log_speedup(a: tuple, b: tuple) -> float | None:
+  """log(cost_b / cost_a) over the two curves' common loss range: each curve (ops, loss) from
+  the lower of the two starts down to the higher of the two best losses; cost = the
+  operations a curve spends between them. > 0: a covers it in fewer operations. None when
+  the ranges do not overlap or a cost is 0."""
+  hi = min(float(a[1][0]), float(b[1][0]))
+  lo = max(float(np.min(a[1])), float(np.min(b[1])))
+  if not hi > lo:
+    return None
+  cost = [crossing(*c, lo) - crossing(*c, hi) for c in (a, b)]
+  if min(cost) <= 0:
+    return None
+  return math.log(cost[1] / cost[0])
+
+
+def _curve_means(windows_PxN: np.ndarray, doc_ids: np.ndarray, draws: int, seed: int):
+  """The curve's point means, and the same on `draws` document resamples [draws, P]."""
+  means = windows_PxN.mean(axis=1)
+  if draws < 2:
+    return means, None
+  return means, eval_lib.bootstrap_means(windows_PxN.T, doc_ids, draws, seed)
+
+
+def speedup_effect(pairs: list[tuple[dict, dict]], doc_ids: np.ndarray, draws: int,
+                   key: str) -> dict:
+  """The log speed-up of a over b on curve `key` ("compared" or "from_init") per seed, and
+  across seeds widened by the validation documents' bootstrap variance of the seed mean (every
+  seed's curves resampled with the same documents in a draw; a draw without a common range
+  is dropped). `pairs`: per seed (a's curves, b's curves), each {key: (ops_P, windows_PxN)}."""
+  per_seed, boot = [], []
+  for a, b in pairs:  # one bootstrap seed: draw k resamples the same documents everywhere
+    (oa, wa), (ob, wb) = a[key], b[key]
+    ma, ba = _curve_means(np.asarray(wa), doc_ids, draws, 0)
+    mb, bb = _curve_means(np.asarray(wb), doc_ids, draws, 0)
+    per_seed.append(log_speedup((oa, ma), (ob, mb)))
+    if ba is not None:
+      boot.append([log_speedup((oa, x), (ob, y)) for x, y in zip(ba, bb, strict=True)])
+  got = [v for v in per_seed if v is not None]
+  if len(got) < len(per_seed):
+    return {"per_seed": per_seed, "mean": None, "ci95": None,
+            "why": "no common loss range in some seed"}
+  doc_var, mean_B = 0.0, None
+  if boot:  # a draw where some seed has no common range is dropped (NaN)
+    mean_B = np.array([[np.nan if v is None else v for v in row] for row in boot]).mean(axis=0)
+    doc_var = float(np.var(mean_B[np.isfinite(mean_B)], ddof=1))
+  out = protocol.widened_t_interval(per_seed, doc_var)
+  return {**out, "per_seed": per_seed, "_boot": mean_B, "speedup": math.exp(out["mean"]),
+          "speedup_ci95": None if out["ci95"] is None else [math.exp(x) for x in out["ci95"]]}
+
+
+def difference_effect(values: list[float], windows_SxN: np.ndarray, doc_ids: np.ndarray,
+                      draws: int, seed: int) -> dict:
+  """Per-seed values (each the window mean of a row of `windows_SxN`) across seeds, widened
+  by the documents' bootstrap variance of their mean."""
+  return {**protocol.widened_t_interval(values, protocol.document_variance(
+      windows_SxN, doc_ids, draws, seed)), "per_seed": values}
+
+
+def interaction_effect(s1: dict, s2: dict, key: str) -> dict:
+  """Speed-up `key` of effect 1 minus effect 2 per seed, across seeds, widened by the
+  documents' variance of the difference (both drew the same validation documents)."""
+  a, b = s1[key], s2[key]
+  if a["mean"] is None or b["mean"] is None:
+    return {"mean": None, "ci95": None, "why": "a speed-up without a common loss range"}
+  values = [x - y for x, y in zip(a["per_seed"], b["per_seed"], strict=True)]
+  doc_var = 0.0
+  if a.get("_boot") is not None and b.get("_boot") is not None:
+    d = a["_boot"] - b["_boot"]
+    doc_var = float(np.var(d[np.isfinite(d)], ddof=1))
+  return {**protocol.widened_t_interval(values, doc_var), "per_seed": values}
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+FIELDS = {"data_dir_random": ("a string", lambda v: isinstance(v, str))}
+
+
+def check(config: ml_collections.ConfigDict):
+  """Every field and run before anything trains: Table 7's plan and lr grid, the rows' data
+  kinds and lr bases, the effects' rows and the interactions' effects; (plan, each row's
+  training config, its resolved run at the first seed)."""
+  plan = protocol.check_plan(config)
+  table7.check_grid(config)
+  protocol.check_fields(config, FIELDS)
+  methods = protocol.sized(config)
+  for name, kind in config.row_data.items():
+    if name not in methods or kind not in DATA_KINDS:
+      raise UserError(f"row_data.{name}={kind!r}: a method's data must be one of "
+                      f"{', '.join(DATA_KINDS)}; fix: --config.row_data.{name}=semantic")
+  for name, base in config.row_base_lr.items():
+    if name not in methods or not protocol.positive()[1](base):
+      raise UserError(f"row_base_lr.{name}={base!r}: a method's lr grid centre must be a "
+                      f"finite number > 0; fix: --config.row_base_lr.{name}=0.003")
+  for effect, pair in config.effects.items():
+    if len(pair) != 2 or any(n not in methods for n in pair):
+      raise UserError(f"effects.{effect}={tuple(pair)!r} must name two methods of "
+                      f"{', '.join(methods)}; fix: --config.effects.{effect}='(\"soma\", \"mono\")'")
+  for name, pair in config.interactions.items():
+    if len(pair) != 2 or any(e not in config.effects for e in pair):
+      raise UserError(f"interactions.{name}={tuple(pair)!r} must name two effects of "
+                      f"{', '.join(config.effects)}")
+  return plan, methods, protocol.check_runs(plan, methods)
+
+
+def random_data(config: ml_collections.ConfigDict, out: str, semantic: str) -> str:
+  """The random-shard data dir: config.data_dir_random (prepared with --assignment=random from
+  the same corpus as data_dir), or the built-in corpus's, prepared under OUT/data_random."""
+  path = config.data_dir_random
+  if not path:
+    if config.data_dir:
+      raise UserError("data_dir is given but data_dir_random is not: soma_random needs the "
+                      "same corpus on random shards; fix: python experiments/prepare_data.py "
+                      "--assignment=random (same source and settings) --out=DIR, then "
+                      "--config.data_dir_random=DIR")
+    path = os.path.join(out, "data_random")
+    if not os.path.isfile(os.path.join(path, "manifest.json")):
+      from soma_jax.data import prepare
+
+      prepare.prepare("pystdlib", 2, path, assignment="random")
+  pipeline.check_data_dir(path, 2)
+  kind = pipeline.load_manifest(path).get("assignment", {})
+  if not (isinstance(kind, dict) and kind.get("kind") == "random"):
+    raise UserError(f"data_dir_random={path!r} was not prepared with --assignment=random; fix: "
+                    "prepare it so, from the same corpus as data_dir")
+  return path
+
+
+def same_windows(a: eval_lib.TestSet, b: eval_lib.TestSet, what: str) -> None:
+  """The random-shard rows are scored on the semantic rows' windows, or not compared."""
+  if a.windows.shape != b.windows.shape or not np.array_equal(a.windows, b.windows):
+    raise UserError(f"the random-shard data's {what} windows differ from data_dir's: the "
+                    "rows would be scored on other text; fix: prepare data_dir_random from the "
+                    "same corpus and settings as data_dir (only --assignment differs)")
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def seed_curve(record: dict, val: eval_lib.TestSet) -> tuple[np.ndarray, np.ndarray]:
+  """A seed run's validation curve from its initialisation: (ops_P, per-window losses PxN)
+  at its fresh init and each of its checkpoints."""
+  spec = record["_spec"]
+  init = protocol.start_losses(spec, {"validation": val})["validation"]
+  keep = [init]
+  points, _ = protocol.curve(record["_path"], spec, val, 0, float(init.mean()), keep)
+  return np.array([p["ops"] for p in points], np.float64), np.stack(keep)
+
+
+def searches(plan, methods: dict, where: dict, seeds: dict, starts: dict, ops_budget: float,
+             config: ml_collections.ConfigDict, out: str) -> dict:
+  """{(seed, row): its lr search} (`table7.Search`): every row at every optimisation seed,
+  budgeted to `ops_budget` operations from its seed run (`fresh_optimizer` rows: its
+  parameters only), on its data (`where[row]` = (data dir, (validation, test)))."""
+  out_searches = {}
+  for seed in plan.seeds:
+    for name, c in methods.items():
+      s = seeds[plan.start[name]]
+      spec = protocol.budgeted(c, where[name][0], seed, s, "ops", ops_budget, plan.curve_points,
+                               fresh=name in plan.fresh_optimizer)
+      out_searches[(seed, name)] = table7.Search(
+          spec, config, os.path.join(out, "runs", f"seed{seed}", name), f"seed {seed} {name}",
+          {"step": protocol.start_step(spec, s), "val": starts[name]["validation"].mean()},
+          base=config.row_base_lr.get(name), scorer=where[name][1][0])
+  return out_searches
+
+
+def row_record(search: table7.Search, test: eval_lib.TestSet, start_w: dict,
+               seed_path: tuple[np.ndarray, np.ndarray], out: str) -> dict:
+  """One row at one seed, its selected configuration scored on test once: start, end and
+  gain per split, its validation curves (`_curves`: compared phase from its start; from
+  initialisation, the seed run first) and the grid."""
+  chosen, tried, grid = search.result()
+  point = (chosen["lr"], chosen["eps"])
+  windows = np.stack([start_w["validation"], *search.windows[point]])
+  ops = np.array([p["ops"] for p in chosen["val_curve"]], np.float64)
+  seed_ops, seed_w = seed_path
+  end_test = protocol.final_losses(chosen["workdir"], search.spec, test)
+  ends = {"validation": windows[-1], "test": end_test}
+  return {"seed": search.spec.config.seed, "lr": chosen["lr"], "eps": chosen["eps"], **grid,
+          "updates": chosen["updates"], "ops": chosen["ops"],
+          **protocol.row_losses(start_w, ends), "val_curve": chosen["val_curve"],
+          "configurations": [{"lr": r["lr"], "eps": r["eps"], "workdir": protocol.shown(
+              r["workdir"], out), "val_nats_per_byte": r["val_nats_per_byte"]} for r in tried],
+          "_curves": {"compared": (ops, windows),
+                      "from_init": (np.concatenate([seed_ops, seed_ops[-1] + ops[1:]]),
+                                    np.concatenate([seed_w, windows[1:]]))},
+          "_test_w": end_test}
+
+
+def describe(name: str, spec, plan, config: ml_collections.ConfigDict, seed: dict) -> dict:
+  c = spec.config
+  return {"method": spec.method.name, "what": config.rows.get(name, ""),
+          "n_experts": spec.n_experts, "d_t": c.model.d_t,
+          "params": spec.method.ensemble_params, "ops_per_update": spec.total_ops_per_update,
+          "data": config.row_data.get(name, "semantic"),
+          "optimizer_state": ("fresh (the seed's parameters only)"
+                              if name in plan.fresh_optimizer else "the seed's, continued"),
+          "start": protocol.start_of(seed), "lr_base": config.row_base_lr.get(name, plan.base_lr),
+          "per_seed": []}
+
+
+# ----------------------------------------------------------------------------- effects
+
+
+def effect(rows: dict, a: str, b: str, scored: tuple, draws: int) -> dict:
+  """a against b over the seeds both ran: a's gain minus b's (test, `gain_difference`), b's
+  end loss minus a's (test), and a's log matched-loss speed-up over b on validation, in the
+  compared phase and from initialisation (`speedup_effect`)."""
+  val, test = scored
+  ra, rb = rows[a]["per_seed"], rows[b]["per_seed"]
+  start = lambda r: r["_start_w"]["test"]
+  gains_w = [(start(rows[a]) - x["_test_w"], start(rows[b]) - y["_test_w"])
+             for x, y in zip(ra, rb, strict=True)]
+  end_w = np.stack([y["_test_w"] - x["_test_w"] for x, y in zip(ra, rb, strict=True)])
+  gain = protocol.gain_difference(ra, rb, gains_w, test.doc_ids, draws)
+  gain_w = np.stack([np.asarray(g, np.float64) - np.asarray(h, np.float64) for g, h in gains_w])
+  pairs = [(x["_curves"], y["_curves"]) for x, y in zip(ra, rb, strict=True)]
+  sp_draws = min(draws, SPEEDUP_DRAWS)
+  out = {"a": a, "b": b,
+         "gain_difference": {**gain, "_windows": gain_w},
+         "end_loss_difference": {**difference_effect(
+             [float(w.mean()) for w in end_w], end_w, test.doc_ids, draws, 0), "_windows": end_w},
+         "log_speedup": {k: speedup_effect(pairs, val.doc_ids, sp_draws, k)
+                         for k in ("compared", "from_init")},
+         "_doc_ids": test.doc_ids, "_draws": draws}
+  return out
+
+
+def interaction(e1: dict, e2: dict) -> dict:
+  """e1 minus e2 per seed on the gain difference, the end-loss difference and both log
+  speed-ups (the zero-order-specific part, for sharding under SPSA minus under backprop)."""
+  out = {"of": [f"{e1['a']} vs {e1['b']}", f"{e2['a']} vs {e2['b']}"]}
+  for key in ("gain_difference", "end_loss_difference"):
+    w = e1[key]["_windows"] - e2[key]["_windows"]
+    out[key] = difference_effect([float(x) for x in w.mean(axis=1)], w, e1["_doc_ids"],
+                                 e1["_draws"], 0)
+  out["log_speedup"] = {k: interaction_effect(e1["log_speedup"], e2["log_speedup"], k)
+                        for k in ("compared", "from_init")}
+  return out
+
+
+# ----------------------------------------------------------------------------- the study
+
+
+def _prepare(config, plan, specs, out: str) -> dict:
+  """{row: (data dir, (validation, test))}: semantic rows on data_dir, random-shard rows on
+  the random-shard dir, scored on the same windows (each routed by its own dir's router)."""
+  semantic = protocol.ensure_data(plan.data_dir, out, 2)
+  seq = [s.seq_len for s in specs.values()]
+  dirs = {"semantic": semantic}
+  if "random" in config.row_data.values():
+    dirs["random"] = random_data(config, out, semantic)
+  scored = {k: protocol.eval_sets(plan.eval, d, seq) for k, d in dirs.items()}
+  for k in dirs:
+    for what, a, b in zip(("validation", "test"), scored["semantic"], scored[k], strict=True):
+      same_windows(a, b, what)
+  return {name: (dirs[config.row_data.get(name, "semantic")],
+                 scored[config.row_data.get(name, "semantic")]) for name in specs}
+
+
+def _rows(plan, methods: dict, where: dict, seeds: dict, ops_budget: float, config) -> dict:
+  """Each row's description and start losses (`_start_w`, at its first optimisation seed's
+  budgeted run: every seed continues the same seed run, so they share the start)."""
+  rows = {}
+  for name, c in methods.items():
+    s = seeds[plan.start[name]]
+    first = protocol.budgeted(c, where[name][0], plan.seeds[0], s, "ops", ops_budget, 1,
+                              fresh=name in plan.fresh_optimizer)
+    v, t = where[name][1]
+    start_w = protocol.start_losses(first, {"validation": v, "test": t})
+    rows[name] = {**describe(name, first, plan, config, s), "_start_w": start_w}
+  return rows
+
+
+def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
+  """Seeds, then every row at every optimisation seed searched on its lr grid (each stage by
+  `executor`); the effects; OUT/results.json, table.md, effects.csv and curves.png."""
+  begun = protocol.started(executor)
+  os.makedirs(out, exist_ok=True)
+  plan, methods, specs = check(config)
+  ref = plan.reference
+  ops_budget = plan.budget * specs[ref].total_ops_per_update
+  where = _prepare(config, plan, specs, out)
+  val, test = where[ref][1]
+  seeds = protocol.train_seeds(plan, methods, where[ref][0], out, val, executor,
+                               checkpoints=plan.curve_points)
+  seed_paths = {name: seed_curve(r, val) for name, r in seeds.items()}
+  rows = _rows(plan, methods, where, seeds, ops_budget, config)
+  starts = {name: r["_start_w"] for name, r in rows.items()}
+  found = searches(plan, methods, where, seeds, starts, ops_budget, config, out)
+  table7.run_searches(list(found.values()), val, executor)
+  for (_, name), search in found.items():
+    rows[name]["per_seed"].append(row_record(search, where[name][1][1], starts[name],
+                                             seed_paths[plan.start[name]], out))
+  for r in rows.values():
+    _aggregate(r)
+  effects = {k: effect(rows, a, b, (val, test), plan.bootstrap_draws)
+             for k, (a, b) in config.effects.items()}
+  inter = {k: interaction(effects[e1], effects[e2]) for k, (e1, e2) in config.interactions.items()}
+  payload = protocol.results(
+      "decompose", SPEC, plan, command, begun,
+      {"unit": "ops", "amount": ops_budget, "per": "row and seed",
+       "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
+       "ops_per_update": {n: s.total_ops_per_update for n, s in specs.items()}},
+      (val, test), where[ref][0], out, seeds, rows=public(rows), effects=public(effects),
+      interactions=public(inter), how=HOW,
+      tuning={"base_lr": plan.base_lr, "row_base_lr": config.row_base_lr.to_dict(),
+              "lr_factors": list(config.lr_factors), "lr_extend": config.lr_extend,
+              "eps_factors": list(config.eps_factors)})
+  payload["data_dir_random"] = protocol.shown(where.get("soma_random", where[ref])[0], out)
+  write_effects_csv(payload, os.path.join(out, "effects.csv"))
+  plot(rows, os.path.join(out, "curves.png"))
+  return protocol.write(out, payload, table)
+
+
+HOW = ("effects: a against b per seed (a's gain minus b's, test; b's end loss minus a's, test; "
+       "log of b's operations over a's across the common validation loss range of their curves: "
+       "compared = each from its own start, from_init = from initialisation with the seed runs' "
+       "operations and checkpoints first), across seeds: mean +- t_{0.975, S-1} * sqrt(sd^2 / S "
+       "+ document_sd^2), document_sd the document-bootstrap sd of the seed mean (test documents "
+       "for gains and end losses, validation documents for speed-ups, the same draw for every "
+       "seed and both rows); interactions: effect 1 minus effect 2 per seed, the same way")
+
+
+def _aggregate(r: dict) -> None:
+  per = r["per_seed"]
+  r["start_loss"] = per[0]["start_loss"]
+  r["gain"] = {s: protocol.t_interval([p["gain"][s] for p in per]) for s in ("validation", "test")}
+  r["end_loss"] = {s: protocol.t_interval([p["end_loss"][s] for p in per])
+                   for s in ("validation", "test")}
+  r["updates"] = protocol.across_seeds([p["updates"] for p in per])
+
+
+def public(x):
+  """`x` without its private fields (keys starting with _) and with numpy made plain."""
+  if isinstance(x, dict):
+    return {k: public(v) for k, v in x.items() if not str(k).startswith("_")}
+  if isinstance(x, list | tuple):
+    return [public(v) for v in x]
+  if isinstance(x, np.generic):
+    return x.item()
+  return x
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _ci(stat: dict, digits: int = 4) -> str:
+  return "-" if stat.get("mean") is None else protocol.ci(stat, digits)
+
+
+def _both(stat: dict, digits: int = 4) -> str:
+  """Mean [seeds-and-documents interval] of a gain difference (its own `seeds_and_documents`)."""
+  ci95 = stat.get("seeds_and_documents", {}).get("ci95")
+  return protocol.ci({"mean": stat["mean"], "ci95": ci95}, digits)
+
+
+def _speed(stat: dict) -> str:
+  if stat.get("mean") is None:
+    return "- (no common range)"
+  lo, hi = stat["speedup_ci95"] or (None, None)
+  return f"{stat['speedup']:.2f}x" + ("" if lo is None else f" [{lo:.2f}, {hi:.2f}]")
+
+
+def table(p: dict) -> str:
+  """Markdown: the rows (start, end, gain), the effects with their intervals, the
+  interactions."""
+  b, ev = p["budget"], p["eval"]
+  lines = [
+      f"Decomposition ({p['spec']}): every row from its seed run, {b['amount']:.4g} operations "
+      f"per row and seed ({b['reference_updates']:g} of {p['reference']}'s updates), lr searched "
+      f"per row and seed on validation, test once. {len(p['seeds'])} seeds; evaluation: route "
+      f"{ev['route_bytes']} bytes, score {ev['score_bytes']}, {ev['val_windows']} validation "
+      f"pieces from {ev['val_documents']} documents, {ev['test_windows']} test pieces from "
+      f"{ev['test_documents']} documents. Load average {p['load_average']['start'][0]:.2f} at "
+      f"the start, {p['load_average']['end'][0]:.2f} at the end.", "",
+      "| row | what | N x d_t | optimizer state | updates | test start → end | test gain [95% t] |",
+      "|---|---|---|---|---|---|---|"]
+  for name, r in p["rows"].items():
+    lines.append(f"| {name} | {r['what']} | {r['n_experts']} x {r['d_t']} | "
+                 f"{r['optimizer_state']} | {r['updates']['mean']:.0f} | "
+                 f"{r['start_loss']['test']:.4f} → {r['end_loss']['test']['mean']:.4f} | "
+                 f"{_ci(r['gain']['test'])} |")
+  lines += ["", "| effect | a vs b | a's gain − b's (test) | b's end − a's (test) | speed-up of a, "
+            "compared phase | speed-up of a, from init |", "|---|---|---|---|---|---|"]
+  for name, e in p["effects"].items():
+    sp = e["log_speedup"]
+    lines.append(f"| {name} | {e['a']} vs {e['b']} | {_both(e['gain_difference'])} | "
+                 f"{_ci(e['end_loss_difference'])} | {_speed(sp['compared'])} | "
+                 f"{_speed(sp['from_init'])} |")
+  for name, x in p["interactions"].items():
+    sp = x["log_speedup"]
+    lines += ["", f"**{name}** ({x['of'][0]} minus {x['of'][1]}): gain difference "
+              f"{_ci(x['gain_difference'])}, end-loss difference "
+              f"{_ci(x['end_loss_difference'])}, log speed-up compared "
+              f"{_ci(sp['compared'], 3)}, from init {_ci(sp['from_init'], 3)}."]
+  lines += ["", "Intervals: seeds and documents (" + p["how"] + ")."]
+  return "\n".join(lines) + "\n"
+
+
+def write_effects_csv(p: dict, path: str) -> None:
+  """One line per effect and interaction: each readout's mean and interval."""
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["effect", "a", "b", "readout", "mean", "ci95_lo", "ci95_hi"])
+    for kind in ("effects", "interactions"):
+      for name, e in p[kind].items():
+        a, b = (e["a"], e["b"]) if kind == "effects" else e["of"]
+        stats = {"gain_difference": e["gain_difference"],
+                 "end_loss_difference": e["end_loss_difference"],
+                 **{f"log_speedup_{k}": v for k, v in e["log_speedup"].items()}}
+        for readout, s in stats.items():
+          ci95 = (s.get("seeds_and_documents", {}).get("ci95") if readout == "gain_difference"
+                  and kind == "effects" else s.get("ci95")) or (None, None)
+          w.writerow([name, a, b, readout, s.get("mean"), *ci95])
+
+
+def plot(rows: dict, path: str) -> None:
+  """Validation loss against operations from initialisation, every row (seed mean)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for name, r in rows.items():
+    curves = [x["_curves"]["from_init"] for x in r["per_seed"]]
+    ops = curves[0][0]
+    loss = np.mean([w.mean(axis=1) for _, w in curves], axis=0)
+    ax.plot(ops, loss, marker="o", ms=3, label=name)
+  ax.set_xscale("symlog", linthresh=1e9)
+  ax.set_xlabel("training operations from initialisation (seed run included)")
+  ax.set_ylabel("ensemble-validation loss (nats/byte)")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

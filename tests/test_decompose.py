@@ -1,0 +1,158 @@
+"""study=decompose (SPEC 9.8): the matched-loss speed-up against hand values, and the study at
+size=tiny (rows, effects with intervals, speed-ups, random shards, fresh Adam)."""
+
+import csv
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from soma_jax.data import prepare
+from soma_jax.errors import UserError
+from soma_jax.studies import decompose, protocol
+from tests.test_compare import load_config
+
+# --------------------------------------------------------------------- speed-up math
+
+
+def test_crossing_interpolates_the_running_minimum():
+  ops = np.array([0.0, 10.0, 20.0, 30.0])
+  loss = np.array([3.0, 2.0, 2.5, 1.0])  # the rise at 20 does not count: the running min is 2
+  assert decompose.crossing(ops, loss, 3.0) == 0.0
+  assert decompose.crossing(ops, loss, 2.5) == pytest.approx(5.0)
+  assert decompose.crossing(ops, loss, 1.5) == pytest.approx(20.0 + 10.0 * 0.5 / 1.0)
+  assert decompose.crossing(ops, loss, 0.9) is None
+
+
+def test_log_speedup_over_the_common_range():
+  """a falls 3 -> 1 linearly over 10 ops, b 2.5 -> 1.5 over 40: the common range is 2.5 down
+  to 1.5, which a covers in 5 ops and b in 40, so b needs 8x a's operations."""
+  a = (np.array([0.0, 10.0]), np.array([3.0, 1.0]))
+  b = (np.array([100.0, 140.0]), np.array([2.5, 1.5]))
+  assert decompose.log_speedup(a, b) == pytest.approx(math.log(8.0))
+  assert decompose.log_speedup(b, a) == pytest.approx(-math.log(8.0))
+  c = (np.array([0.0, 10.0]), np.array([1.4, 1.0]))  # entirely below b: no common range
+  assert decompose.log_speedup(b, c) is None
+
+
+def test_speedup_effect_without_documents_is_the_seed_t_interval():
+  """With one document per window and no resamples, the interval is the seeds' t interval."""
+  pairs = []
+  for k in (2.0, 4.0, 8.0):  # a reaches b's range k times faster
+    ops = np.array([0.0, 1.0, 2.0])
+    wa = np.array([[3.0], [2.0], [1.0]])
+    wb_ops = ops * k
+    pairs.append(({"compared": (ops, wa)}, {"compared": (wb_ops, wa)}))
+  got = decompose.speedup_effect(pairs, np.arange(1), 0, "compared")
+  logs = [math.log(k) for k in (2.0, 4.0, 8.0)]
+  assert got["per_seed"] == pytest.approx(logs)
+  assert got["mean"] == pytest.approx(np.mean(logs))
+  assert got["speedup"] == pytest.approx(4.0)
+  want = protocol.t_interval(logs)
+  assert got["ci95"] == pytest.approx(want["ci95"])
+
+
+# --------------------------------------------------------------------- the tiny study
+
+
+@pytest.fixture(scope="module")
+def decomposed(tmp_path_factory, data_textdir, data_two_shards):
+  rnd = str(tmp_path_factory.mktemp("dec_random") / "dir")
+  prepare.prepare(f"textdir:{data_textdir}", 2, rnd, test_docs=6, ensemble_val_docs=3, min_df=2,
+                  svd_dims=16, val_fraction=0.05, assignment="random")
+  config = load_config("compare", "study=decompose,size=tiny")
+  config.data_dir, config.data_dir_random = data_two_shards, rnd
+  config.bootstrap_draws = 100
+  out = str(tmp_path_factory.mktemp("decompose") / "out")
+  return config, out, decompose.run(config, out, "python experiments/compare.py --test")
+
+
+def test_rows_run_equal_operations_from_their_seeds(decomposed):
+  config, out, p = decomposed
+  assert list(p["rows"]) == list(config.order) and set(config.order) == set(config.methods)
+  budget = p["budget"]["amount"]
+  assert budget == config.budget * p["budget"]["ops_per_update"]["soma"]
+  for name, r in p["rows"].items():
+    assert len(r["per_seed"]) == config.seeds
+    per_update = p["budget"]["ops_per_update"][name]
+    for s in r["per_seed"]:  # stopped at the first update that reached the budget
+      assert s["ops"] >= budget > s["ops"] - per_update, (name, s["ops"], budget)
+      assert s["gain"]["test"] == pytest.approx(s["start_loss"]["test"] - s["end_loss"]["test"])
+  rows = p["rows"]
+  assert rows["soma_bptt"]["optimizer_state"].startswith("fresh")
+  assert rows["soma"]["optimizer_state"].startswith("the seed's")
+  assert rows["one_expert"]["n_experts"] == 1 and rows["one_expert"]["d_t"] == rows["soma"]["d_t"]
+  assert rows["mono"]["d_t"] > rows["soma"]["d_t"]
+  assert rows["soma_random"]["data"] == "random" and rows["soma"]["data"] == "semantic"
+  # equal-update seeds: soma and soma_random continue the same seed, so start equal on test
+  assert rows["soma_random"]["start_loss"]["test"] == rows["soma"]["start_loss"]["test"]
+  assert rows["soma_bptt"]["start_loss"] == rows["soma"]["start_loss"]
+  # every row's grid is its own: the bptt rows around their own base
+  assert rows["soma_bptt"]["lr_base"] == config.row_base_lr.soma_bptt != rows["soma"]["lr_base"]
+
+
+def test_effects_carry_intervals_and_both_speedups(decomposed):
+  config, out, p = decomposed
+  assert set(p["effects"]) == set(config.effects)
+  for name, e in p["effects"].items():
+    a, b = config.effects[name]
+    assert (e["a"], e["b"]) == (a, b)
+    gd = e["gain_difference"]
+    want = np.mean([x["gain"]["test"] - y["gain"]["test"]
+                    for x, y in zip(p["rows"][a]["per_seed"], p["rows"][b]["per_seed"], strict=True)])
+    assert gd["mean"] == pytest.approx(want, abs=1e-6)
+    end = e["end_loss_difference"]
+    want = np.mean([y["end_loss"]["test"] - x["end_loss"]["test"]
+                    for x, y in zip(p["rows"][a]["per_seed"], p["rows"][b]["per_seed"], strict=True)])
+    assert end["mean"] == pytest.approx(want, abs=1e-6)
+    lo, hi = end["ci95"]
+    assert lo <= end["mean"] <= hi
+    for key in ("compared", "from_init"):
+      sp = e["log_speedup"][key]
+      assert len(sp["per_seed"]) == config.seeds
+      if sp["mean"] is not None:
+        assert sp["speedup"] == pytest.approx(math.exp(sp["mean"]))
+        assert sp["ci95"][0] <= sp["mean"] <= sp["ci95"][1]
+  x = p["interactions"]["interaction"]
+  e1, e2 = (p["effects"][k] for k in config.interactions.interaction)
+  assert x["end_loss_difference"]["mean"] == pytest.approx(
+      e1["end_loss_difference"]["mean"] - e2["end_loss_difference"]["mean"], abs=1e-6)
+
+
+def test_outputs_written(decomposed):
+  config, out, p = decomposed
+  with open(os.path.join(out, "results.json")) as f:
+    assert json.load(f)["study"] == "decompose"
+  with open(os.path.join(out, "effects.csv")) as f:
+    lines = list(csv.DictReader(f))
+  assert {r["effect"] for r in lines} == set(config.effects) | set(config.interactions)
+  assert len(lines) == 4 * (len(config.effects) + len(config.interactions))
+  assert os.path.getsize(os.path.join(out, "curves.png")) > 1000
+  md = open(os.path.join(out, "table.md")).read()
+  for name in config.effects:
+    assert f"| {name} |" in md
+
+
+def test_random_rows_need_random_data(data_two_shards, tmp_path):
+  config = load_config("compare", "study=decompose,size=tiny")
+  config.data_dir, config.data_dir_random = data_two_shards, data_two_shards
+  with pytest.raises(UserError, match="was not prepared with --assignment=random"):
+    decompose.random_data(config, str(tmp_path), data_two_shards)
+  config.data_dir_random = ""
+  with pytest.raises(UserError, match="data_dir_random is not"):
+    decompose.random_data(config, str(tmp_path), data_two_shards)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("effects.sharding_spsa", ("soma", "nope"), "must name two methods"),
+    ("row_data.soma", "shuffled", "must be one of semantic, random"),
+    ("row_base_lr.soma_bptt", -1.0, "finite number > 0")])
+def test_bad_fields_are_user_errors(data_two_shards, key, value, match):
+  config = load_config("compare", "study=decompose,size=tiny")
+  config.data_dir = data_two_shards
+  section, field = key.split(".")
+  config[section][field] = value
+  with pytest.raises(UserError, match=match):
+    decompose.check(config)
