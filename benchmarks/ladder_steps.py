@@ -96,28 +96,30 @@ def mechanism_seconds(spec: spec_lib.RunSpec, m, count: int) -> float:
   return time.perf_counter() - t
 
 
-def projection(config, steps: dict, ref: str, mono: str) -> dict:
+def projection(ls: ladder.LadderSpec, steps: dict, ref: str, mono: str) -> dict:
   """Training minutes of one rung from its step times: the seeds, then per optimisation seed
   every configuration of both searches (the fewest and the most `table7.tune` runs), and the
   control once per seed."""
-  fewest = len(config.lr_factors) + len(config.eps_factors) - 1
-  most = fewest + config.lr_extend + config.eps_extend
-  seeds = config.seed_updates * (steps["seed_soma_expert"] + steps["seed_monolith"])
+  grid, plan = ls.grid, ls.plan
+  fewest = len(grid.lr_factors) + len(grid.eps_factors) - 1
+  most = fewest + grid.lr_extend + grid.eps_extend
+  seeds = plan.seed_updates * (steps["seed_soma_expert"] + steps["seed_monolith"])
   pair = steps[ref] + steps[mono]
 
   def minutes(runs_per_search: int) -> float:
-    per_seed = config.budget * (runs_per_search * pair + steps[config.control])
-    return (seeds + config.seeds * per_seed) / 60
+    per_seed = plan.budget * (runs_per_search * pair + steps[ls.control])
+    return (seeds + len(plan.seeds) * per_seed) / 60
 
   return {"fewest_runs": minutes(fewest), "most_runs": minutes(most),
-          "runs_per_search": [fewest, most], "seeds": config.seeds, "budget": config.budget,
-          "seed_updates": config.seed_updates}
+          "runs_per_search": [fewest, most], "seeds": len(plan.seeds), "budget": plan.budget,
+          "seed_updates": plan.seed_updates}
 
 
-def rung(config, width: int, reps: int, mechanism: bool, data_dir: str, scratch: str) -> dict:
-  cfgs = ladder.sized(config, width)
-  ref, mono = config.reference, ladder._other(config)
-  pair = ladder.rung_config(config, width, control=False)
+def rung(ls: ladder.LadderSpec, width: int, reps: int, mechanism: bool, data_dir: str,
+         scratch: str) -> dict:
+  cfgs = ladder.sized(ls, width)
+  ref, mono = ls.reference, ls.other
+  pair = ladder.rung_config(ls, width, control=False)
   seed_cfgs = protocol.seed_configs(pair, protocol.sized(pair))
   every = {**cfgs, **{f"seed_{name}": c for name, c in seed_cfgs.items()}}
   specs = {name: spec_lib.resolve(c) for name, c in every.items()}
@@ -128,11 +130,11 @@ def rung(config, width: int, reps: int, mechanism: bool, data_dir: str, scratch:
       run = protocol.budgeted(c, data_dir, 0, None, "updates", _TRAIN_UPDATES.value, 1)
       timed[name].update(update_seconds(run, scratch))
     key = "update_seconds"
-  out = {**ladder.sizes(config, width), "steps": timed, "projected_from": key}
+  out = {**ladder.sizes(ls, width), "steps": timed, "projected_from": key}
   out["projected_training_minutes"] = projection(
-      config, {k: v[key] for k, v in timed.items()}, ref, mono)
+      ls, {k: v[key] for k, v in timed.items()}, ref, mono)
   if mechanism:
-    m = config.mechanism
+    m = ls.mechanism
     out["mechanism_seconds"] = {ref: mechanism_seconds(specs[ref], m, m.batches),
                                 mono: mechanism_seconds(specs[mono], m, 2 * m.batches)}
   print(f"[ladder_steps] rung {width} ({key}): " + ", ".join(
@@ -143,6 +145,7 @@ def rung(config, width: int, reps: int, mechanism: bool, data_dir: str, scratch:
 def main(argv):
   del argv
   config = _CONFIG.value
+  ls = ladder.check(config)  # the ladder's fields and every rung, as the study checks them
   load = list(os.getloadavg())
   with tempfile.TemporaryDirectory() as scratch:
     data_dir = _DATA_DIR.value
@@ -150,14 +153,13 @@ def main(argv):
       pipeline.check_data_dir(data_dir, 2)
     elif _TRAIN_UPDATES.value > 0:
       data_dir = protocol.ensure_data(config.data_dir, scratch, 2)  # or the built-in corpus
-    rungs = [rung(config, w, _REPS.value, _MECHANISM.value, data_dir, scratch)
-             for w in ladder.widths(config)]
+    rungs = [rung(ls, w, _REPS.value, _MECHANISM.value, data_dir, scratch) for w in ls.widths]
   result = {"benchmark": "ladder_steps", "command": "python -m benchmarks.ladder_steps " +
             " ".join(sys.argv[1:]), "backend": jax.default_backend(),
             "devices": jax.device_count(), "reps": _REPS.value,
             "train_updates": _TRAIN_UPDATES.value,
             "load_average": {"start": load, "end": list(os.getloadavg())},
-            "mechanism": config.mechanism.to_dict(), "rungs": rungs}
+            "mechanism": ls.mechanism.record(), "rungs": rungs}
   cli.emit_json(result, _JSON.value)
 
 

@@ -35,21 +35,21 @@ _OUT = flags.DEFINE_string("out", None, "Output folder for STUDY.json, STUDY.csv
 flags.mark_flag_as_required("out")
 
 
-def load_params(workdir: str, c) -> tuple:
-  """(body_N, head) of the newest checkpoint; the model shape comes from the run's config,
-  and so do the windows (its data dir, expert e on shard e) unless data_dir is set."""
+def load_params(workdir: str, vs: variance.VarianceSpec) -> tuple[variance.VarianceSpec, tuple]:
+  """`vs` measuring the newest checkpoint, and its (body_N, head); the model shape comes from
+  the run's config, and so do the windows (its data dir, expert e on shard e) unless data_dir
+  is set."""
   from soma_jax import runs  # imported here: the studies need no checkpoint machinery
 
-  if "trained_dir" in c:
-    raise UserError(f"--workdir: the {c.study} study needs one trained run per N; fix: "
+  if vs.trained_dir is not None:
+    raise UserError(f"--workdir: the {vs.study} study needs one trained run per N; fix: "
                     "--config.trained_dir=DIR holding DIR/N{n} (python -m scripts.train_sizes)")
   step, state, _, spec = runs.restore_state(workdir)
-  with c.unlocked():
-    for key in ("d_t", "d_e", "depth"):
-      c.model[key] = int(spec.config.model[key])
-    c.data_dir = c.data_dir or spec.data_dir
-    c.weights = f"trained: {os.path.normpath(workdir)} at update {int(step)}"
-  return state.body, state.head
+  vs = variance.with_changes(
+      vs, model={key: int(spec.config.model[key]) for key in ("d_t", "d_e", "depth")},
+      data_dir=vs.data_dir or spec.data_dir,
+      weights=f"trained: {os.path.normpath(workdir)} at update {int(step)}")
+  return vs, (state.body, state.head)
 
 
 def _finite(weights, where: str):
@@ -65,20 +65,24 @@ def _finite(weights, where: str):
   return weights
 
 
-def _weights(c):
-  """What the study measures: a --workdir's checkpoint, one trained run per N
-  (`trained_dir`), or None for a fresh init; finite, or a UserError."""
-  if c.get("trained_dir", ""):
+def _weights(vs: variance.VarianceSpec) -> tuple:
+  """`vs` naming what the study measures, and those weights: a --workdir's checkpoint, one
+  trained run per N (`trained_dir`), or None for a fresh init; finite, or a UserError."""
+  if vs.trained_dir:
     if _WORKDIR.value:
       raise UserError("--workdir and --config.trained_dir both name weights; fix: keep one")
-    return _finite(trained_sizes.load_all(c), f"--config.trained_dir={c.trained_dir}")
+    vs, trained = trained_sizes.load_all(vs)
+    _finite({n: (t.body, t.head) for n, t in trained.items()},
+            f"--config.trained_dir={vs.trained_dir}")
+    return vs, trained
   if _WORKDIR.value:
-    return _finite(load_params(_WORKDIR.value, c), f"--workdir={_WORKDIR.value}")
-  if c.size == "trained":
+    vs, params = load_params(_WORKDIR.value, vs)
+    return vs, _finite(params, f"--workdir={_WORKDIR.value}")
+  if vs.size == "trained":
     raise UserError("size=trained measures trained weights; fix: --workdir=RUN (a trained "
                     "SOMA workdir), or for the experts and reference studies "
                     "--config.trained_dir=DIR (python -m scripts.train_sizes --out=DIR)")
-  return None
+  return vs, None
 
 
 def _experts_title(res: dict) -> str:
@@ -176,9 +180,10 @@ def main(argv):
   c = _CONFIG.value
   cli.absolute_paths(c)
   logging.info("devices %s, process %d, x64=%s", jax.devices(), jax.process_index(), _X64.value)
-  res = variance.run_study(c, _weights(c))
+  vs, params = _weights(variance.variance_spec(c))
+  res = variance.run_study(vs, params)
   paths = write_outputs(res, out)
-  logging.info("%s done in %.1fs: %s", c.study, res["seconds"], ", ".join(paths.values()))
+  logging.info("%s done in %.1fs: %s", vs.study, res["seconds"], ", ".join(paths.values()))
 
 
 if __name__ == "__main__":

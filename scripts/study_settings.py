@@ -44,8 +44,9 @@ def study(name: str) -> dict:
       else:
         row["updates_in_budget"] = math.ceil(config.budget / row["ops_per_update"])
   if name == "ladder":
-    out["rungs"] = [ladder.sizes(config, w) for w in ladder.widths(config)]
-    out["mechanism"] = config.mechanism.to_dict()
+    ls = ladder.check(config)
+    out["rungs"] = [ladder.sizes(ls, w) for w in ls.widths]
+    out["mechanism"] = ls.mechanism.record()
   return out
 
 

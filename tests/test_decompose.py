@@ -82,6 +82,9 @@ def test_rows_run_equal_operations_from_their_seeds(decomposed):
       assert s["gain"]["test"] == pytest.approx(s["start_loss"]["test"] - s["end_loss"]["test"])
   rows = p["rows"]
   assert rows["soma_bptt"]["optimizer_state"].startswith("fresh")
+  for name, first_step in (("soma_bptt", 0), ("mono_bptt", 0), ("soma", config.seed_updates)):
+    for s in rows[name]["per_seed"]:  # fresh Adam counts its updates from 0, not the seed's
+      assert s["val_curve"][0]["step"] == first_step, (name, s["val_curve"][0])
   assert rows["soma"]["optimizer_state"].startswith("the seed's")
   assert rows["one_expert"]["n_experts"] == 1 and rows["one_expert"]["d_t"] == rows["soma"]["d_t"]
   assert rows["mono"]["d_t"] > rows["soma"]["d_t"]
@@ -139,10 +142,10 @@ def test_random_rows_need_random_data(data_two_shards, tmp_path):
   config = load_config("compare", "study=decompose,size=tiny")
   config.data_dir, config.data_dir_random = data_two_shards, data_two_shards
   with pytest.raises(UserError, match="was not prepared with --assignment=random"):
-    decompose.random_data(config, str(tmp_path), data_two_shards)
+    decompose.random_data(decompose.check(config), str(tmp_path))
   config.data_dir_random = ""
   with pytest.raises(UserError, match="data_dir_random is not"):
-    decompose.random_data(config, str(tmp_path), data_two_shards)
+    decompose.random_data(decompose.check(config), str(tmp_path))
 
 
 @pytest.mark.parametrize("key, value, match", [

@@ -78,7 +78,7 @@ def data_four_shards(tmp_path_factory, data_textdir):
 def tiny_ensemble(tmp_path_factory, data_four_shards):
   """The tiny SOMA recipe trained by the experiment itself: OUT/seed, then N = 4 from it."""
   out = str(tmp_path_factory.mktemp("ivs_ensemble"))
-  workdir = independent.ensemble_workdir(ivs_tiny_config(data_four_shards), out)
+  workdir = independent.ensemble_workdir(independent.settings(ivs_tiny_config(data_four_shards)), out)
   assert workdir == os.path.join(out, "ensemble")
   c = ckpt_lib.read_config(workdir)
   assert c.n_experts == 4 and c.init_from == os.path.join(out, "seed") and c.model.shared_head

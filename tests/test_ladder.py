@@ -16,17 +16,17 @@ from tests.test_compare import load_config
 def test_every_rung_has_equal_params_and_ops_per_update():
   """SOMA N = 2 at widths 16, 32, 64, 128 and the monolith sized to it: total parameters and
   operations per update within 2% at every rung (SPEC 9.6's condition for equal updates)."""
-  config = load_config("compare", "study=ladder,size=cpu")
-  assert ladder.widths(config) == [16, 32, 64, 128]
-  for w in ladder.widths(config):
-    s = ladder.sizes(config, w)
+  ls = ladder.check(load_config("compare", "study=ladder,size=cpu"))
+  assert ladder.widths(ls.config.rungs) == [16, 32, 64, 128] and ls.widths == (16, 32, 64, 128)
+  for w in ls.widths:
+    s = ladder.sizes(ls, w)
     assert s["d_t"]["soma_n2"] == w and s["n_experts"] == {"soma_n2": 2, "mono": 1,
                                                            "soma_n2_summed": 2}
     assert s["d_t"]["mono"] > w
     assert abs(s["params_difference"]) <= 0.02, s
     assert abs(s["ops_difference"]) <= 0.02, s
     # recomputed from the configs themselves, not from `sizes`' own arithmetic
-    cfgs = ladder.sized(config, w)
+    cfgs = ladder.sized(ls, w)
     p = {n: spec_lib.resolve(c).method.ensemble_params for n, c in cfgs.items()}
     o = {n: spec_lib.resolve(c).total_ops_per_update for n, c in cfgs.items()}
     assert abs(p["mono"] - p["soma_n2"]) <= 0.02 * p["soma_n2"]
@@ -36,13 +36,13 @@ def test_every_rung_has_equal_params_and_ops_per_update():
 
 def test_arguments():
   config = load_config("compare", "study=ladder,size=tiny,rungs=4/8/16,seeds=3")
-  assert ladder.widths(config) == [4, 8, 16] and config.seeds == 3
+  assert ladder.widths(config.rungs) == [4, 8, 16] and config.seeds == 3
   assert load_config("compare", "study=ladder,size=cpu").seeds == 3
   assert compare._module("ladder") is ladder
   for bad in ("4/x", "8/8", "0/4", ""):
     config.rungs = bad
     with pytest.raises(UserError, match="rungs="):
-      ladder.widths(config)
+      ladder.widths(config.rungs)
   with pytest.raises(UserError, match="size=paper"):
     load_config("compare", "study=ladder,size=paper")
 

@@ -214,6 +214,7 @@ def table4_run(tmp_path_factory, data_two_shards):
   for name in ("mono_k16", "mono_k64", "bptt"):  # kept lean: one monolith, the GRU, controls
     del config.methods[name], config.rows[name], config.start[name]
   config.order = tuple(n for n in config.order if n in config.methods)
+  config.fresh_optimizer = tuple(n for n in config.fresh_optimizer if n in config.methods)
   config.eval.val_windows = 2  # not test_windows: the record must tell the two sets apart
   out = str(tmp_path_factory.mktemp("table4") / "out")
   return config, out, table4.run(config, out, "python experiments/compare.py --test")

@@ -58,9 +58,10 @@ def test_trained_preset():
   """size=trained: T = 1024, sparse probes, N = 1 and at least two more, no N at width d_E."""
   for study in ("experts", "reference"):
     c = CONFIGS.get_config(f"{study},size=trained")
+    vs = V.variance_spec(c)
     assert (c.seq_len, c.probe, c.n_list[0]) == (1024, "sparse", 1) and len(c.n_list) >= 3
     for n in c.n_list:
-      assert TS.run_config(c, n, "d").model.d_t == V.sized_model(c, n).d_t != c.model.d_e
+      assert TS.run_config(vs, n, "d").model.d_t == V.sized_model(vs, n).d_t != c.model.d_e
   assert CONFIGS.get_config("reference,size=trained").windows == "ensemble_val"
 
 
@@ -69,7 +70,7 @@ def test_every_n_trained_alike_and_reused(trained):
   c = _config("experts", trained)
   for n in c.n_list:
     run = ckpt_lib.read_config(TS.workdir(trained, n))
-    assert (run.n_experts, run.model.d_t) == (n, V.sized_model(c, n).d_t)
+    assert (run.n_experts, run.model.d_t) == (n, V.sized_model(V.variance_spec(c), n).d_t)
     assert (run.steps, run.spsa.n_pert, run.data.seq_len) == (
         c.train_run.steps, c.train_run.spsa.n_pert, c.train_run.data.seq_len)
     assert run.data.dir == os.path.join(trained, f"data_n{n}")
@@ -95,7 +96,7 @@ def test_experts_study_measures_each_runs_checkpoint(trained):
   """Each N's exact gradient is the one of that N's checkpoint on its recorded windows."""
   c = _config("experts", trained)
   with enable_x64():
-    r = V.study_experts(c, TS.load_all(c))
+    r = V.study_experts(*TS.load_all(V.variance_spec(c)))
     for row in r["variance_by_n"]:
       n = row["n"]
       rec = r["replay"][str(n)]["data"]
@@ -116,7 +117,7 @@ def test_reference_study_measures_each_runs_checkpoint(trained, monkeypatch):
   c = _config("reference", trained)
   c.update(windows="ensemble_val", pool=8, ref_batch=16, alloc_mult=(1,), reps=2)
   with enable_x64():
-    r = V.study_reference(c, TS.load_all(c))
+    r = V.study_reference(*TS.load_all(V.variance_spec(c)))
     for n in c.n_list:
       rec = r["replay"][str(n)]["data"]
       source = pipeline.subwindows(pipeline.eval_split(rec["data_dir"], "ensemble_val")[0],
@@ -142,21 +143,21 @@ def test_a_folder_that_does_not_match_is_refused(trained, tmp_path):
     bad = _config("experts", trained)
     bad.update(change)
     with pytest.raises(UserError, match=message) as e:
-      TS.load_all(bad)
+      TS.load_all(V.variance_spec(bad))
     assert "fix: python -m scripts.train_sizes" in str(e.value) and "\n" not in str(e.value)
   bad = _config("experts", trained)
   bad.train_run.spsa.n_pert = 2 * c.train_run.spsa.n_pert
   with pytest.raises(UserError, match="trained with spsa.n_pert="):
-    TS.load_all(bad)
+    TS.load_all(V.variance_spec(bad))
   for key, value in (("opt.weight_decay", 0.5), ("seed", 7)):  # any recipe field, not a list
     bad = _config("experts", trained)
     parent, _, leaf = key.rpartition(".")
     (bad.train_run[parent] if parent else bad.train_run)[leaf] = value
     with pytest.raises(UserError, match=f"trained with {key}="):
-      TS.load_all(bad)
+      TS.load_all(V.variance_spec(bad))
   fast = _config("experts", trained)  # cadence is no part of the recipe
   fast.train_run.log_every = 1
-  assert set(TS.load_all(fast)) == set(fast.n_list)
+  assert set(TS.load_all(V.variance_spec(fast))[1]) == set(fast.n_list)
 
 
 def test_entry_point_refuses_in_one_line(tmp_path):
@@ -169,3 +170,16 @@ def test_entry_point_refuses_in_one_line(tmp_path):
                        env=dict(os.environ, PYTHONPATH=ROOT))
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and "fix:" in lines[0], p.stderr
+
+
+def test_entry_point_measures_a_trained_folder(trained, tmp_path):
+  """experiments/variance.py --config.trained_dir=DIR runs the experts study on it (it once
+  crashed checking the folder's records, strings among them, for non-finite weights)."""
+  total = CONFIGS.get_config("experts,size=tiny").total_params
+  p = subprocess.run([sys.executable, "experiments/variance.py",
+                      "--config=experiments/configs/variance.py:experts,size=tiny",
+                      f"--config.trained_dir={trained}", f"--config.total_params={total}", "--x64",
+                      f"--out={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                     env=dict(os.environ, PYTHONPATH=ROOT))
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert os.path.isfile(tmp_path / "experts.json"), os.listdir(tmp_path)

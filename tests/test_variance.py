@@ -205,8 +205,9 @@ def test_reference_study_uses_a_disjoint_bptt_batch(monkeypatch):
   monkeypatch.setattr(V, "step_seconds", lambda *a, **k: 1.0)  # timing is not under test here
   c = CONFIGS.get_config("reference,size=tiny")
   c.update(alloc_mult=(1,), reps=2)  # the windows and g_ref are under test, not the errors
+  vs = V.variance_spec(c)
   with enable_x64():
-    r = V.study_reference(c)
+    r = V.study_reference(vs)
     corpus = V.stdlib_corpus(c.corpus_bytes)
     for n in c.n_list:
       rec = r["replay"][str(n)]["data"]
@@ -221,7 +222,7 @@ def test_reference_study_uses_a_disjoint_bptt_batch(monkeypatch):
                            for s in ref_slots])
       point = next(p for p in r["points"] if p["n"] == n)
       mcfg = M.ModelConfig(d_t=point["d_t"], d_e=c.model.d_e, depth=c.model.depth)
-      body_N, head, _, _ = V._experts(c, n, None, mcfg)
+      body_N, head, _, _ = V._experts(vs, n, None, mcfg)
       g_N = jax.vmap(jax.grad(M.loss), in_axes=(0, None, 0))(body_N, head,
                                                              jnp.asarray(np.array(ref_NxRxT1)))
       want = sum(float(jnp.sum(x**2)) for x in jax.tree.leaves(g_N))

@@ -168,7 +168,7 @@ def get_config(arg: str | None = None):
   # Methods that take their seed's parameters only, with fresh Adam moments, plateau state and
   # step counter: BPTT, whose gradients are about d / n times smaller per coordinate than
   # SPSA's estimates, so the SPSA seed's second moments would damp its first updates ~100x.
-  c.fresh_optimizer = ("bptt",) if c.study == "table4" else ()
+  c.fresh_optimizer = tuple(n for n in ("bptt",) if n in c.methods) if c.study == "table4" else ()
 
   c.seed_runs = _seed_runs(c, size, lr)
   return c

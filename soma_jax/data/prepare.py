@@ -269,10 +269,7 @@ def prepare(
   assignment_seed: int = 0,
 ) -> dict:
   """Builds the data dir `out` from `source`; returns the manifest. Bad input raises UserError.
-
-  `assignment`: "nearest" or "random" (module docstring); `assignment_seed` seeds the random
-  permutation and is ignored (and not recorded) for "nearest", whose output is unchanged.
-  """
+  `assignment`: "nearest" or "random" (module docstring; its seed is recorded for "random" only)."""
   _check_assignment(assignment, assignment_seed)
   settings = {
     "source": source,
@@ -290,7 +287,7 @@ def prepare(
     "extract": extract,  # none | html | auto (sources.iter_documents)
     "on_bad_record": on_bad_record,  # fail | skip
   }
-  if assignment != "nearest":  # recorded only when used, so "nearest" writes the same bytes as before
+  if assignment != "nearest":  # recorded only when used: "nearest" writes the same bytes as before
     settings.update(assignment=assignment, assignment_seed=assignment_seed)
   _check_settings(settings)
   sources.check_options(extract, on_bad_record)

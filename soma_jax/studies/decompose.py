@@ -32,6 +32,7 @@ sharding: sharding under SPSA minus sharding under backprop).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
 
@@ -144,12 +145,34 @@ def interaction_effect(s1: dict, s2: dict, key: str) -> dict:
 FIELDS = {"data_dir_random": ("a string", lambda v: isinstance(v, str))}
 
 
-def check(config: ml_collections.ConfigDict):
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """The decomposition's fields, checked once (`check`): Table 7's plan and grid, each row's
+  training config (`methods`, the study's config space) and resolved run at the first seed
+  (`specs`), and per row what it stands for, its data kind and its lr grid's centre."""
+  plan: protocol.StudyPlan
+  grid: table7.Grid
+  methods: dict
+  specs: dict
+  rows: dict  # {row: what it stands for}
+  row_data: dict  # {row: "semantic" | "random"}
+  row_base_lr: dict  # {row: its lr grid's centre}; else the grid's base
+  effects: dict  # {effect: (a, b)}
+  interactions: dict  # {name: (effect 1, effect 2)}
+  data_dir_random: str
+
+  def data(self, name: str) -> str:
+    return self.row_data.get(name, "semantic")
+
+  def base(self, name: str) -> float:
+    return self.row_base_lr.get(name, self.plan.base_lr)
+
+
+def check(config: ml_collections.ConfigDict) -> Study:
   """Every field and run before anything trains: Table 7's plan and lr grid, the rows' data
-  kinds and lr bases, the effects' rows and the interactions' effects; (plan, each row's
-  training config, its resolved run at the first seed)."""
+  kinds and lr bases, the effects' rows and the interactions' effects."""
   plan = protocol.check_plan(config)
-  table7.check_grid(config)
+  grid = table7.check_grid(config)
   protocol.check_fields(config, FIELDS)
   methods = protocol.sized(config)
   for name, kind in config.row_data.items():
@@ -168,15 +191,18 @@ def check(config: ml_collections.ConfigDict):
     if len(pair) != 2 or any(e not in config.effects for e in pair):
       raise UserError(f"interactions.{name}={tuple(pair)!r} must name two effects of "
                       f"{', '.join(config.effects)}")
-  return plan, methods, protocol.check_runs(plan, methods)
+  return Study(plan, grid, methods, protocol.check_runs(plan, methods),
+               {n: config.rows.get(n, "") for n in methods}, dict(config.row_data),
+               dict(config.row_base_lr), {k: tuple(v) for k, v in config.effects.items()},
+               {k: tuple(v) for k, v in config.interactions.items()}, config.data_dir_random)
 
 
-def random_data(config: ml_collections.ConfigDict, out: str, semantic: str) -> str:
-  """The random-shard data dir: config.data_dir_random (prepared with --assignment=random from
-  the same corpus as data_dir), or the built-in corpus's, prepared under OUT/data_random."""
-  path = config.data_dir_random
+def random_data(study: Study, out: str) -> str:
+  """The random-shard data dir: data_dir_random (prepared with --assignment=random from the
+  same corpus as data_dir), or the built-in corpus's, prepared under OUT/data_random."""
+  path = study.data_dir_random
   if not path:
-    if config.data_dir:
+    if study.plan.data_dir:
       raise UserError("data_dir is given but data_dir_random is not: soma_random needs the "
                       "same corpus on random shards; fix: python experiments/prepare_data.py "
                       "--assignment=random (same source and settings) --out=DIR, then "
@@ -215,21 +241,22 @@ def seed_curve(record: dict, val: eval_lib.TestSet) -> tuple[np.ndarray, np.ndar
   return np.array([p["ops"] for p in points], np.float64), np.stack(keep)
 
 
-def searches(plan, methods: dict, where: dict, seeds: dict, starts: dict, ops_budget: float,
-             config: ml_collections.ConfigDict, out: str) -> dict:
+def searches(study: Study, where: dict, seeds: dict, starts: dict, ops_budget: float,
+             out: str) -> dict:
   """{(seed, row): its lr search} (`table7.Search`): every row at every optimisation seed,
   budgeted to `ops_budget` operations from its seed run (`fresh_optimizer` rows: its
   parameters only), on its data (`where[row]` = (data dir, (validation, test)))."""
-  out_searches = {}
+  plan, out_searches = study.plan, {}
   for seed in plan.seeds:
-    for name, c in methods.items():
+    for name, c in study.methods.items():
       s = seeds[plan.start[name]]
       spec = protocol.budgeted(c, where[name][0], seed, s, "ops", ops_budget, plan.curve_points,
                                fresh=name in plan.fresh_optimizer)
       out_searches[(seed, name)] = table7.Search(
-          spec, config, os.path.join(out, "runs", f"seed{seed}", name), f"seed {seed} {name}",
+          spec, study.grid, os.path.join(out, "runs", f"seed{seed}", name),
+          f"seed {seed} {name}",
           {"step": protocol.start_step(spec, s), "val": starts[name]["validation"].mean()},
-          base=config.row_base_lr.get(name), scorer=where[name][1][0])
+          base=study.base(name), scorer=where[name][1][0])
   return out_searches
 
 
@@ -256,16 +283,14 @@ def row_record(search: table7.Search, test: eval_lib.TestSet, start_w: dict,
           "_test_w": end_test}
 
 
-def describe(name: str, spec, plan, config: ml_collections.ConfigDict, seed: dict) -> dict:
-  c = spec.config
-  return {"method": spec.method.name, "what": config.rows.get(name, ""),
-          "n_experts": spec.n_experts, "d_t": c.model.d_t,
+def describe(name: str, spec, study: Study, seed: dict) -> dict:
+  return {"method": spec.method.name, "what": study.rows[name],
+          "n_experts": spec.n_experts, "d_t": spec.config.model.d_t,
           "params": spec.method.ensemble_params, "ops_per_update": spec.total_ops_per_update,
-          "data": config.row_data.get(name, "semantic"),
+          "data": study.data(name),
           "optimizer_state": ("fresh (the seed's parameters only)"
-                              if name in plan.fresh_optimizer else "the seed's, continued"),
-          "start": protocol.start_of(seed), "lr_base": config.row_base_lr.get(name, plan.base_lr),
-          "per_seed": []}
+                              if name in study.plan.fresh_optimizer else "the seed's, continued"),
+          "start": protocol.start_of(seed), "lr_base": study.base(name), "per_seed": []}
 
 
 # ----------------------------------------------------------------------------- effects
@@ -311,33 +336,31 @@ def interaction(e1: dict, e2: dict) -> dict:
 # ----------------------------------------------------------------------------- the study
 
 
-def _prepare(config, plan, specs, out: str) -> dict:
+def _prepare(study: Study, out: str) -> dict:
   """{row: (data dir, (validation, test))}: semantic rows on data_dir, random-shard rows on
   the random-shard dir, scored on the same windows (each routed by its own dir's router)."""
-  semantic = protocol.ensure_data(plan.data_dir, out, 2)
-  seq = [s.seq_len for s in specs.values()]
-  dirs = {"semantic": semantic}
-  if "random" in config.row_data.values():
-    dirs["random"] = random_data(config, out, semantic)
-  scored = {k: protocol.eval_sets(plan.eval, d, seq) for k, d in dirs.items()}
+  dirs = {"semantic": protocol.ensure_data(study.plan.data_dir, out, 2)}
+  seq = [s.seq_len for s in study.specs.values()]
+  if "random" in study.row_data.values():
+    dirs["random"] = random_data(study, out)
+  scored = {k: protocol.eval_sets(study.plan.eval, d, seq) for k, d in dirs.items()}
   for k in dirs:
     for what, a, b in zip(("validation", "test"), scored["semantic"], scored[k], strict=True):
       same_windows(a, b, what)
-  return {name: (dirs[config.row_data.get(name, "semantic")],
-                 scored[config.row_data.get(name, "semantic")]) for name in specs}
+  return {name: (dirs[study.data(name)], scored[study.data(name)]) for name in study.specs}
 
 
-def _rows(plan, methods: dict, where: dict, seeds: dict, ops_budget: float, config) -> dict:
+def _rows(study: Study, where: dict, seeds: dict, ops_budget: float) -> dict:
   """Each row's description and start losses (`_start_w`, at its first optimisation seed's
   budgeted run: every seed continues the same seed run, so they share the start)."""
-  rows = {}
-  for name, c in methods.items():
+  plan, rows = study.plan, {}
+  for name, c in study.methods.items():
     s = seeds[plan.start[name]]
     first = protocol.budgeted(c, where[name][0], plan.seeds[0], s, "ops", ops_budget, 1,
                               fresh=name in plan.fresh_optimizer)
     v, t = where[name][1]
     start_w = protocol.start_losses(first, {"validation": v, "test": t})
-    rows[name] = {**describe(name, first, plan, config, s), "_start_w": start_w}
+    rows[name] = {**describe(name, first, study, s), "_start_w": start_w}
   return rows
 
 
@@ -346,17 +369,17 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   `executor`); the effects; OUT/results.json, table.md, effects.csv and curves.png."""
   begun = protocol.started(executor)
   os.makedirs(out, exist_ok=True)
-  plan, methods, specs = check(config)
-  ref = plan.reference
+  study = check(config)
+  plan, specs, ref = study.plan, study.specs, study.plan.reference
   ops_budget = plan.budget * specs[ref].total_ops_per_update
-  where = _prepare(config, plan, specs, out)
+  where = _prepare(study, out)
   val, test = where[ref][1]
-  seeds = protocol.train_seeds(plan, methods, where[ref][0], out, val, executor,
+  seeds = protocol.train_seeds(plan, study.methods, where[ref][0], out, val, executor,
                                checkpoints=plan.curve_points)
   seed_paths = {name: seed_curve(r, val) for name, r in seeds.items()}
-  rows = _rows(plan, methods, where, seeds, ops_budget, config)
+  rows = _rows(study, where, seeds, ops_budget)
   starts = {name: r["_start_w"] for name, r in rows.items()}
-  found = searches(plan, methods, where, seeds, starts, ops_budget, config, out)
+  found = searches(study, where, seeds, starts, ops_budget, out)
   table7.run_searches(list(found.values()), val, executor)
   for (_, name), search in found.items():
     rows[name]["per_seed"].append(row_record(search, where[name][1][1], starts[name],
@@ -364,8 +387,8 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   for r in rows.values():
     _aggregate(r)
   effects = {k: effect(rows, a, b, (val, test), plan.bootstrap_draws)
-             for k, (a, b) in config.effects.items()}
-  inter = {k: interaction(effects[e1], effects[e2]) for k, (e1, e2) in config.interactions.items()}
+             for k, (a, b) in study.effects.items()}
+  inter = {k: interaction(effects[e1], effects[e2]) for k, (e1, e2) in study.interactions.items()}
   payload = protocol.results(
       "decompose", SPEC, plan, command, begun,
       {"unit": "ops", "amount": ops_budget, "per": "row and seed",
@@ -373,9 +396,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
        "ops_per_update": {n: s.total_ops_per_update for n, s in specs.items()}},
       (val, test), where[ref][0], out, seeds, rows=public(rows), effects=public(effects),
       interactions=public(inter), how=HOW,
-      tuning={"base_lr": plan.base_lr, "row_base_lr": config.row_base_lr.to_dict(),
-              "lr_factors": list(config.lr_factors), "lr_extend": config.lr_extend,
-              "eps_factors": list(config.eps_factors)})
+      tuning={**study.grid.record(), "row_base_lr": study.row_base_lr})
   payload["data_dir_random"] = protocol.shown(where.get("soma_random", where[ref])[0], out)
   write_effects_csv(payload, os.path.join(out, "effects.csv"))
   plot(rows, os.path.join(out, "curves.png"))

@@ -20,6 +20,7 @@ which independent is lower, and the shared-vs-separate gradient variance
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import itertools
 import json
@@ -69,17 +70,58 @@ def parse_experts(spec: str) -> tuple[int, ...]:
   return ids
 
 
-def ensemble_workdir(config: ml_collections.ConfigDict, out: str) -> str:
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The study's fields, checked once (`settings`). `seed_run`, `ensemble_run` and
+  `variance` stay configs: the training runs and the variance study they are built into."""
+  experts: tuple[int, ...]
+  steps: int
+  lr: float
+  eps: float
+  seeds: tuple[int, ...]
+  n_pert: int
+  batch: int
+  probe: str
+  pert_chunk: object
+  seq_len: int
+  sample_windows: int
+  sample_seed: int
+  test_windows: int
+  bootstrap_draws: int
+  data_dir: str
+  init_from: str
+  seed_run: ml_collections.ConfigDict
+  ensemble_run: ml_collections.ConfigDict
+  variance: ml_collections.ConfigDict
+
+
+def settings(config: ml_collections.ConfigDict) -> Settings:
+  """The study config's fields, checked."""
+  if config.num_seeds < 1:
+    raise UserError(f"num_seeds={config.num_seeds} must be >= 1")
+  if config.steps < 1 or config.lr <= 0 or config.eps <= 0:
+    raise UserError("steps must be >= 1 and lr, eps > 0")
+  sp = config.spsa
+  return Settings(
+      parse_experts(config.experts), config.steps, config.lr, config.eps,
+      tuple(range(config.seed, config.seed + config.num_seeds)), sp.n_pert, sp.batch, sp.probe,
+      sp.pert_chunk, config.seq_len, config.sample_windows, config.sample_seed,
+      config.test_windows, config.bootstrap_draws, config.data_dir, config.init_from,
+      *(ml_collections.ConfigDict(config[k].to_dict())
+        for k in ("seed_run", "ensemble_run", "variance")))
+
+
+def ensemble_workdir(st: Settings, out: str) -> str:
   """`init_from`, or the SOMA recipe trained (or resumed) into OUT/seed then OUT/ensemble."""
-  if config.init_from:
-    if not os.path.isdir(config.init_from):
-      raise UserError(f"init_from={config.init_from!r} does not exist; fix: a trained SOMA "
+  if st.init_from:
+    if not os.path.isdir(st.init_from):
+      raise UserError(f"init_from={st.init_from!r} does not exist; fix: a trained SOMA "
                       "workdir with >= 4 experts, or '' to train one first")
-    return config.init_from
-  s, e = (ml_collections.ConfigDict(config[k].to_dict()) for k in ("seed_run", "ensemble_run"))
+    return st.init_from
+  s, e = (ml_collections.ConfigDict(x.to_dict()) for x in (st.seed_run, st.ensemble_run))
   if s.n_experts != 1:
     raise UserError(f"seed_run.n_experts={s.n_experts}; the seed is one expert (SPEC 3.4)")
-  data_dir = protocol.ensure_data(config.data_dir, out, e.n_experts)
+  data_dir = protocol.ensure_data(st.data_dir, out, e.n_experts)
   seed_dir, ens_dir = os.path.join(out, "seed"), os.path.join(out, "ensemble")
   s.data.dir = e.data.dir = data_dir
   e.init_from = seed_dir
@@ -124,16 +166,16 @@ def continuation_start(workdir: str, ids: tuple[int, ...], lr: float, eps: float
   return int(step), state, run
 
 
-def variant_spec(config: ml_collections.ConfigDict, run: spec_lib.RunSpec, seed: int,
+def variant_spec(st: Settings, run: spec_lib.RunSpec, seed: int,
                  variant: str = "independent") -> spec_lib.RunSpec:
-  """The continuation of `variant`: the run's model and weight decay, this config's
+  """The continuation of `variant`: the run's model and weight decay, the study's
   directions (the summed variant's losses grouped into one), resolved; its method's
   step config and train step are what the continuation runs."""
   d = run.config.to_dict()
   d.update(method=VARIANT_METHODS[variant], n_experts=NUM_EXPERTS, experts="", seed=seed)
-  d["spsa"].update(n_pert=config.spsa.n_pert, batch=config.spsa.batch, accum=1,
-                   probe=config.spsa.probe, pert_chunk=config.spsa.pert_chunk)
-  d["data"]["seq_len"] = config.seq_len
+  d["spsa"].update(n_pert=st.n_pert, batch=st.batch, accum=1, probe=st.probe,
+                   pert_chunk=st.pert_chunk)
+  d["data"]["seq_len"] = st.seq_len
   d["opt"]["train_head"] = False  # heads frozen
   return spec_lib.resolve(ml_collections.ConfigDict(d))
 
@@ -247,24 +289,20 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
   """Every seed, both variants, the variance at every state; writes results.json,
   curves.csv and figure4.png in `out`."""
   os.makedirs(out, exist_ok=True)
-  if config.num_seeds < 1:
-    raise UserError(f"num_seeds={config.num_seeds} must be >= 1")
-  if config.steps < 1 or config.lr <= 0 or config.eps <= 0:
-    raise UserError("steps must be >= 1 and lr, eps > 0")
-  ids = parse_experts(config.experts)
-  workdir = ensemble_workdir(config, out)
-  ckpt_step, start, run = continuation_start(workdir, ids, config.lr, config.eps)
-  data_dir = config.data_dir or run.data_dir
+  st = settings(config)
+  ids = st.experts
+  workdir = ensemble_workdir(st, out)
+  ckpt_step, start, run = continuation_start(workdir, ids, st.lr, st.eps)
+  data_dir = st.data_dir or run.data_dir
   pipeline.check_data_dir(data_dir, run.n_experts)
-  sample = FixedSample(data_dir, ids, config.sample_windows, config.seq_len, config.sample_seed)
+  sample = FixedSample(data_dir, ids, st.sample_windows, st.seq_len, st.sample_seed)
   windows, doc_ids = pipeline.eval_split(data_dir, "test")
-  if config.test_windows:
-    windows, doc_ids = windows[:config.test_windows], doc_ids[:config.test_windows]
+  if st.test_windows:
+    windows, doc_ids = windows[:st.test_windows], doc_ids[:st.test_windows]
   shared = bool(run.shared_head)
-  score = lambda st: test_losses(st.body, st.head, windows, shared)  # noqa: E731
-  vc = _variance_config(config, data_dir, ids)
-  checkpoints, seeds = _checkpoints(config.steps), list(range(config.seed,
-                                                               config.seed + config.num_seeds))
+  score = lambda s: test_losses(s.body, s.head, windows, shared)  # noqa: E731
+  vc = _variance_config(st.variance, data_dir, ids)
+  checkpoints, seeds = _checkpoints(st.steps), list(st.seeds)
   per_seed, variances = {}, {}
   expert_ids = jnp.asarray(ids, jnp.int32)
   with jax.enable_x64(True):
@@ -272,16 +310,16 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
     for seed in seeds:
       curves, final = {}, {}
       for variant in VARIANTS:
-        method = variant_spec(config, run, seed, variant).method
+        method = variant_spec(st, run, seed, variant).method
         curves[variant], final[variant], end, secs = train_variant(
-            start, method, expert_ids, sample.batches(seed, config.spsa.batch),
-            config.steps, checkpoints, score)
+            start, method, expert_ids, sample.batches(seed, st.batch),
+            st.steps, checkpoints, score)
         variances[f"seed{seed}/{variant}"] = variance_at(vc, end)
-        print(f"[independent_vs_summed] seed {seed} {variant}: {config.steps} updates in "
+        print(f"[independent_vs_summed] seed {seed} {variant}: {st.steps} updates in "
               f"{secs:.0f} s, test {curves[variant][-1]['test_nats_per_byte']:.4f} nats/byte",
               flush=True)
-      per_seed[seed] = _seed_result(curves, final, doc_ids, config.bootstrap_draws, seed)
-  payload = _payload(config, out, workdir, ckpt_step, run, data_dir, seeds, checkpoints,
+      per_seed[seed] = _seed_result(curves, final, doc_ids, st.bootstrap_draws, seed)
+  payload = _payload(st, out, workdir, ckpt_step, run, data_dir, seeds, checkpoints,
                      per_seed, variances, windows.shape[0], vc)
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(payload, f, indent=1, default=float)
@@ -290,8 +328,9 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
   return payload
 
 
-def _variance_config(config: ml_collections.ConfigDict, data_dir: str, ids) -> ml_collections.ConfigDict:
-  vc = ml_collections.ConfigDict(config.variance.to_dict())
+def _variance_config(study_variance, data_dir: str, ids) -> ml_collections.ConfigDict:
+  """The variance study's config: `variance` on this data, over the continued experts."""
+  vc = ml_collections.ConfigDict(study_variance.to_dict())
   vc.study = "shared_vs_separate"
   vc.data_dir = data_dir
   vc.expert_shards = ",".join(map(str, ids))
@@ -309,17 +348,17 @@ def _paired(per_seed: dict, seeds: list[int], checkpoints: list[int]) -> list[di
   return paired
 
 
-def _payload(config, out, workdir, ckpt_step, run, data_dir, seeds, checkpoints, per_seed,
+def _payload(st: Settings, out, workdir, ckpt_step, run, data_dir, seeds, checkpoints, per_seed,
              variances, num_windows, vc) -> dict:
   payload = {
       "init_from": _shown(workdir, out), "init_step": ckpt_step,
-      "ensemble_run": _run_summary(run.config), "experts": list(parse_experts(config.experts)),
+      "ensemble_run": _run_summary(run.config), "experts": list(st.experts),
       "seed_run": (_run_summary(ckpt_lib.read_config(run.init_from))
                    if run.init_from and os.path.isdir(run.init_from) else None),
       "n_experts": NUM_EXPERTS, "d_t": run.config.model.d_t, "shared_head": run.shared_head,
-      "n_pert": config.spsa.n_pert, "batch": config.spsa.batch, "probe": config.spsa.probe,
-      "seq_len": config.seq_len, "steps": config.steps, "lr": config.lr, "eps": config.eps,
-      "sample_windows_per_shard": config.sample_windows, "sample_seed": config.sample_seed,
+      "n_pert": st.n_pert, "batch": st.batch, "probe": st.probe,
+      "seq_len": st.seq_len, "steps": st.steps, "lr": st.lr, "eps": st.eps,
+      "sample_windows_per_shard": st.sample_windows, "sample_seed": st.sample_seed,
       "data_dir": _shown(data_dir, out), "summed_difference_dtype": "float64",
       "adam_moments": "restored from the checkpoint (mu, nu, count)", "heads": "frozen",
       "seeds": seeds, "num_test_windows": int(num_windows),

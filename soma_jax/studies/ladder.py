@@ -23,6 +23,7 @@ every rung.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -45,43 +46,73 @@ SPEC = "SPEC 9.7 (this project's width ladder: Table 7's protocol at each width)
 # ------------------------------------------------------------------------------ rungs
 
 
-def widths(config: ml_collections.ConfigDict) -> list[int]:
+@dataclasses.dataclass(frozen=True)
+class Mechanism:
+  """config.mechanism, checked (`MECHANISM_FIELDS`): how rho and r are measured at a rung's
+  start (`descent.measure`)."""
+  rho_by: str
+  batches: int  # expert-validation batches per expert
+  repeats: int  # SPSA estimates per batch
+  hutchinson: int  # Hutchinson vectors per batch
+  seed: int  # the probes' base key
+
+  def record(self) -> dict:
+    """results.json's `mechanism`, in config.mechanism.to_dict()'s (sorted) order."""
+    return dict(sorted(dataclasses.asdict(self).items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class LadderSpec:
+  """The ladder's own fields, checked and typed once (`check`), beside Table 7's plan and
+  grid. `config` stays the config space each rung's runs are built from (`rung_config`) and
+  what results.json records; everything else is read from the fields."""
+  config: ml_collections.ConfigDict
+  plan: protocol.StudyPlan
+  grid: table7.Grid
+  widths: tuple[int, ...]  # SOMA's expert widths, one rung each
+  reference: str  # SOMA
+  other: str  # the monolith
+  control: str  # the summed-loss control
+  seq_len: int  # the reference's (the scored windows')
+  mechanism: Mechanism
+
+
+def widths(rungs: object) -> list[int]:
   """config.rungs ("16/32/64"): SOMA's expert widths, one rung each."""
   try:
-    out = [int(w) for w in str(config.rungs).split("/")]
+    out = [int(w) for w in str(rungs).split("/")]
   except ValueError:
     out = []
   if not out or min(out) < 1 or len(set(out)) != len(out):
-    raise UserError(f"rungs={config.rungs!r} must be distinct positive widths split by '/', "
+    raise UserError(f"rungs={rungs!r} must be distinct positive widths split by '/', "
                     "e.g. rungs=16/32/64")
   return out
 
 
-def rung_config(config: ml_collections.ConfigDict, width: int, control: bool = True
-                ) -> ml_collections.ConfigDict:
+def rung_config(ls: LadderSpec, width: int, control: bool = True) -> ml_collections.ConfigDict:
   """The study's config at one rung: SOMA (and the control) at expert width `width`, the
   monolith matched by `protocol.sized`; without the control, Table 7's pair."""
-  c = ml_collections.ConfigDict(config.to_dict())
-  for name in (config.reference, config.control):
+  c = ml_collections.ConfigDict(ls.config.to_dict())
+  for name in (ls.reference, ls.control):
     c.methods[name].model.d_t = width
   if not control:
     for field in ("methods", "rows", "start"):
-      del c[field][config.control]
-    c.order = tuple(n for n in config.order if n != config.control)
+      del c[field][ls.control]
+    c.order = tuple(n for n in ls.config.order if n != ls.control)
   return c
 
 
-def sized(config: ml_collections.ConfigDict, width: int) -> dict[str, ml_collections.ConfigDict]:
+def sized(ls: LadderSpec, width: int) -> dict[str, ml_collections.ConfigDict]:
   """Every method's training config at the rung, the reference first."""
-  return protocol.sized(rung_config(config, width))
+  return protocol.sized(rung_config(ls, width))
 
 
-def sizes(config: ml_collections.ConfigDict, width: int) -> dict:
+def sizes(ls: LadderSpec, width: int) -> dict:
   """Widths, total parameters and operations per update of every method at a rung, and how
   far the monolith's are from SOMA's (relative to SOMA's)."""
-  cfgs = sized(config, width)
+  cfgs = sized(ls, width)
   specs = {n: spec_lib.resolve(c) for n, c in cfgs.items()}
-  ref, mono = config.reference, _other(config)
+  ref, mono = ls.reference, ls.other
   params = {n: s.method.ensemble_params for n, s in specs.items()}
   ops = {n: s.total_ops_per_update for n, s in specs.items()}
   return {"width": width, "d_t": {n: c.model.d_t for n, c in cfgs.items()},
@@ -96,37 +127,41 @@ MECHANISM_FIELDS = {"mechanism.rho_by": protocol.one_of(*descent.RHO_BY),
                     "mechanism.hutchinson": protocol.whole(1), "mechanism.seed": protocol.whole(0)}
 
 
-def check(config: ml_collections.ConfigDict) -> tuple[list[int], protocol.StudyPlan]:
+def check(config: ml_collections.ConfigDict) -> LadderSpec:
   """Every field of the ladder checked and every rung's runs resolved before any rung trains:
   Table 7's plan and grid, the control, the mechanism, and at each rung its seed runs and
   methods (`protocol.check_runs`) and the monolith's operations within ops_tolerance of
-  SOMA's; the rungs' widths and the study's plan."""
-  ws = widths(config)
+  SOMA's; the ladder's fields, typed."""
+  ws = widths(config.rungs)
   plan = protocol.check_plan(config)
-  table7.check_grid(config)
-  if config.control not in config.methods or config.control == config.reference:
-    raise UserError(f"control={config.control!r} must name a method other than the reference "
-                    f"{config.reference!r}; fix: --config.control= one of "
-                    f"{', '.join(n for n in config.methods if n != config.reference)}")
-  _other(config)
+  grid = table7.check_grid(config)
+  ref, control, methods = plan.reference, config.control, list(config.methods)
+  if control not in methods or control == ref:
+    raise UserError(f"control={control!r} must name a method other than the reference "
+                    f"{ref!r}; fix: --config.control= one of "
+                    f"{', '.join(n for n in methods if n != ref)}")
+  other = _other(methods, ref, control)
   protocol.check_fields(config, MECHANISM_FIELDS)
+  m = config.mechanism
+  ls = LadderSpec(config=config, plan=plan, grid=grid, widths=tuple(ws), reference=ref,
+                  other=other, control=control, seq_len=config.methods[ref].data.seq_len,
+                  mechanism=Mechanism(m.rho_by, m.batches, m.repeats, m.hutchinson, m.seed))
   for w in ws:
-    protocol.check_runs(protocol.check_plan(rung_config(config, w)), sized(config, w),
-                        (config.control,))
-    s = sizes(config, w)
-    if abs(s["ops_difference"]) > config.ops_tolerance:
+    protocol.check_runs(protocol.check_plan(rung_config(ls, w)), sized(ls, w), (control,))
+    s = sizes(ls, w)
+    if abs(s["ops_difference"]) > plan.ops_tolerance:
       raise UserError(f"rung {w}: the monolith's operations per update differ from SOMA's by "
-                      f"{s['ops_difference']:+.1%} (> {config.ops_tolerance:.0%}); fix: other "
+                      f"{s['ops_difference']:+.1%} (> {plan.ops_tolerance:.0%}); fix: other "
                       "--config.rungs")
-  return ws, plan
+  return ls
 
 
-def _other(config: ml_collections.ConfigDict) -> str:
+def _other(methods: list[str], reference: str, control: str) -> str:
   """The monolith: the method that is neither the reference nor the control."""
-  others = [n for n in config.methods if n not in (config.reference, config.control)]
+  others = [n for n in methods if n not in (reference, control)]
   if len(others) != 1:
-    raise UserError(f"study=ladder needs SOMA ({config.reference}), one monolith and the "
-                    f"control ({config.control}); config.methods has {', '.join(config.methods)}")
+    raise UserError(f"study=ladder needs SOMA ({reference}), one monolith and the "
+                    f"control ({control}); config.methods has {', '.join(methods)}")
   return others[0]
 
 
@@ -155,7 +190,7 @@ def batch_loss(body, head, batch_AxBxT1: jax.Array) -> jax.Array:
 
 
 def seed_descent(spec: spec_lib.RunSpec, workdir: str, batches: list[np.ndarray],
-                 expert: int, m: ml_collections.ConfigDict) -> dict:
+                 expert: int, m: Mechanism) -> dict:
   """rho and r of the seed run in `workdir` (a compared run's start: its expert 0) under
   the run's estimator, probes drawn as expert `expert`'s."""
   body_N, head, _ = runs.restore_params(workdir)
@@ -168,13 +203,12 @@ def seed_descent(spec: spec_lib.RunSpec, workdir: str, batches: list[np.ndarray]
                            hutchinson=m.hutchinson, rho_by=m.rho_by, expert=expert)
 
 
-def mechanism(config: ml_collections.ConfigDict, specs: dict, seeds: dict, data_dir: str) -> dict:
+def mechanism(ls: LadderSpec, specs: dict, seeds: dict, data_dir: str) -> dict:
   """rho and r of each SOMA expert and of the monolith at the rung's start, on identical
   windows: expert e on its shard's batches, the monolith on all of them."""
-  ref, mono, m = config.reference, _other(config), config.mechanism
-  protocol.check_fields(config, MECHANISM_FIELDS)
+  ref, mono, m = ls.reference, ls.other, ls.mechanism
   batches = measurement_batches(data_dir, specs[ref], m.batches)
-  start = lambda name: seeds[config.start[name]]["_path"]
+  start = lambda name: seeds[ls.plan.start[name]]["_path"]
   experts = [seed_descent(specs[ref], start(ref), b, e, m) for e, b in enumerate(batches)]
   monolith = seed_descent(specs[mono], start(mono), [x for b in batches for x in b], 0, m)
   return {"experts": experts, "monolith": monolith, **predicted(experts, monolith)}
@@ -219,14 +253,13 @@ def predicted(experts: list[dict], monolith: dict) -> dict:
 # ------------------------------------------------------------------------ the control
 
 
-def run_control(config: ml_collections.ConfigDict, cfgs: dict, pair: dict, data_dir: str,
-                out: str, scored: tuple[eval_lib.TestSet, eval_lib.TestSet],
-                executor=None) -> dict:
+def run_control(ls: LadderSpec, cfgs: dict, pair: dict, data_dir: str, out: str,
+                scored: tuple[eval_lib.TestSet, eval_lib.TestSet], executor=None) -> dict:
   """The control from SOMA's start at SOMA's selected lr / eps and updates, per seed (one
   stage, by `executor`); its start is SOMA's (the same seed run and state), so its gain is
   SOMA's start minus its end."""
-  ref, name = config.reference, config.control
-  start = pair["seed_records"][config.start[name]]
+  ref, name = ls.reference, ls.control
+  start = pair["seed_records"][ls.plan.start[name]]
   somas = pair["methods"][ref]["per_seed"]
   planned = [(table7.grid_point(protocol.budgeted(
       cfgs[name], data_dir, soma["seed"], start, "updates", soma["updates"], 1),
@@ -253,33 +286,33 @@ def run_control(config: ml_collections.ConfigDict, cfgs: dict, pair: dict, data_
 # ------------------------------------------------------------------------------ a rung
 
 
-def run_rung(config: ml_collections.ConfigDict, width: int, out: str, data_dir: str,
+def run_rung(ls: LadderSpec, width: int, out: str, data_dir: str,
              scored: tuple[eval_lib.TestSet, eval_lib.TestSet], executor=None) -> dict:
   """Seeds, the mechanism at the start, Table 7's pair, the control: one rung's record."""
   t0 = time.perf_counter()
-  pair_config = rung_config(config, width, control=False)
+  pair_config = rung_config(ls, width, control=False)
   pair_config.data_dir = data_dir
-  cfgs = sized(config, width)
-  ref, mono = config.reference, _other(config)
+  cfgs = sized(ls, width)
+  ref, mono = ls.reference, ls.other
   print(f"[ladder] rung {width}: {ref} d_t={cfgs[ref].model.d_t} x {cfgs[ref].n_experts}, "
         f"{mono} d_t={cfgs[mono].model.d_t}", flush=True)
   seeds = protocol.train_seeds(protocol.check_plan(pair_config), protocol.sized(pair_config),
                                data_dir, out, scored[0], executor)
   t_mech = time.perf_counter()
-  mech = mechanism(config, {n: spec_lib.resolve(c) for n, c in cfgs.items()}, seeds, data_dir)
+  mech = mechanism(ls, {n: spec_lib.resolve(c) for n, c in cfgs.items()}, seeds, data_dir)
   mech["wall_seconds"] = time.perf_counter() - t_mech
   print(f"[ladder] rung {width}: rho expert {mech['rho_expert']:.4g}, monolith "
         f"{mech['monolith']['rho']:.4g}, predicted ratio {mech['predicted_ratio']:.3f} "
         f"± {mech['predicted_ratio_se']:.3f}", flush=True)
   pair = table7.compare_pair(pair_config, out, scored, executor)
-  control = run_control(config, cfgs, pair, data_dir, out, scored, executor)
+  control = run_control(ls, cfgs, pair, data_dir, out, scored, executor)
   ratios = [a["gain"]["test"] / b["gain"]["test"] for a, b in zip(
       pair["methods"][ref]["per_seed"], pair["methods"][mono]["per_seed"], strict=True)]
   measured = protocol.t_interval(ratios)
   print(f"[ladder] rung {width}: predicted ratio {mech['predicted_ratio']:.3f} ± "
         f"{mech['predicted_ratio_se']:.3f}, measured gain ratio {protocol.ci(measured)}",
         flush=True)
-  return {**sizes(config, width), "folder": os.path.basename(out), "mechanism": mech,
+  return {**sizes(ls, width), "folder": os.path.basename(out), "mechanism": mech,
           "seed_runs": {k: {f: v for f, v in r.items() if not f.startswith("_")}
                         for k, r in pair["seed_records"].items()},
           "methods": pair["methods"], "gain_difference": pair["gain_difference"],
@@ -294,19 +327,19 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "",
   and ladder.png after each rung."""
   begun = protocol.started(executor)
   os.makedirs(out, exist_ok=True)
-  ws, plan = check(config)  # every field and every rung's runs, before anything trains
+  ls = check(config)  # every field and every rung's runs, before anything trains
+  plan = ls.plan
   data_dir = protocol.ensure_data(plan.data_dir, out, 2)
-  scored = scorers or protocol.eval_sets(plan.eval, data_dir,
-                                         [config.methods[plan.reference].data.seq_len])
+  scored = scorers or protocol.eval_sets(plan.eval, data_dir, [ls.seq_len])
   rungs = []
-  for w in ws:
-    rungs.append(run_rung(config, w, os.path.join(out, f"rung{w}"), data_dir, scored, executor))
+  for w in ls.widths:
+    rungs.append(run_rung(ls, w, os.path.join(out, f"rung{w}"), data_dir, scored, executor))
     payload = protocol.results(
         "ladder", SPEC, plan, command, begun,
         {"unit": plan.unit, "per": "configuration, at every rung",
          "seed_updates": plan.seed_updates},
-        scored, data_dir, out, {}, rungs_asked=ws, mechanism=config.mechanism.to_dict(),
-        other=_other(config), control=config.control, rungs=rungs)
+        scored, data_dir, out, {}, rungs_asked=list(ls.widths), mechanism=ls.mechanism.record(),
+        other=ls.other, control=ls.control, rungs=rungs)
     protocol.write(out, payload, table)
     plot(payload, os.path.join(out, "ladder.png"))
   return payload

@@ -26,6 +26,7 @@ minus the monolith's with its 95% t interval (`protocol.gain_difference`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import ml_collections
@@ -36,6 +37,23 @@ from soma_jax import evaluate as eval_lib
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 from soma_jax.studies import protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+  """The lr-then-eps search's settings (`check_grid`): factors of the base, and how many
+  times each stage may grow past an edge."""
+  base_lr: float
+  lr_factors: tuple[float, ...]
+  lr_extend: int
+  eps_factors: tuple[float, ...]
+  eps_extend: int
+
+  def record(self) -> dict:
+    """results.json's `tuning` fields."""
+    return {"base_lr": self.base_lr, "lr_factors": list(self.lr_factors),
+            "lr_extend": self.lr_extend, "eps_factors": list(self.eps_factors),
+            "eps_extend": self.eps_extend}
 
 
 def grid_point(spec: spec_lib.RunSpec, lr: float, eps: float) -> spec_lib.RunSpec:
@@ -66,15 +84,14 @@ class Search:
   validation loss, the first in grid order on a tie.
   """
 
-  def __init__(self, spec: spec_lib.RunSpec, config: ml_collections.ConfigDict, root: str,
-               what: str, start: dict, base: float | None = None,
-               scorer: eval_lib.TestSet | None = None):
+  def __init__(self, spec: spec_lib.RunSpec, grid: Grid, root: str, what: str, start: dict,
+               base: float | None = None, scorer: eval_lib.TestSet | None = None):
     self.spec, self.root, self.what, self.start = spec, root, what, start
-    self.base, self.config = config.base_lr if base is None else base, config
+    self.base, self.settings = grid.base_lr if base is None else base, grid
     self.scorer = scorer  # its own validation set (None: the one `record` is given)
     self.windows: dict[tuple[float, float], list] = {}  # each point's per-window curve
     self.tried: dict[tuple[float, float], dict] = {}  # in the order trained
-    self.key, self.grid, self.extend = "lr", [f * self.base for f in config.lr_factors], config.lr_extend
+    self.key, self.grid, self.extend = "lr", [f * self.base for f in grid.lr_factors], grid.lr_extend
     self.lr: dict | None = None  # stage 1's choice
     self.chosen: dict | None = None  # the selected configuration, once done
 
@@ -115,8 +132,8 @@ class Search:
         self.grid, self.extend = [*self.grid, more], self.extend - 1
       elif self.key == "lr":
         self.lrs, self.lr = self.grid, best
-        self.key, self.grid = "eps", [f * self.base for f in self.config.eps_factors]
-        self.extend = self.config.eps_extend
+        self.key, self.grid = "eps", [f * self.base for f in self.settings.eps_factors]
+        self.extend = self.settings.eps_extend
       else:
         self.chosen = best
 
@@ -147,7 +164,7 @@ GRID_FIELDS = {"lr_factors": protocol.factors(), "lr_extend": protocol.whole(0),
                "eps_factors": protocol.factors(), "eps_extend": protocol.whole(0)}
 
 
-def check_grid(config: ml_collections.ConfigDict) -> None:
+def check_grid(config: ml_collections.ConfigDict) -> Grid:
   """The lr and eps grids: positive factors, an lr edge that can be seen, eps = 1x in stage 2."""
   protocol.check_fields(config, GRID_FIELDS)
   if len(config.lr_factors) < 3:
@@ -160,6 +177,8 @@ def check_grid(config: ml_collections.ConfigDict) -> None:
     raise UserError(f"eps_extend={config.eps_extend}: growing the eps grid needs at least 3 "
                     f"eps_factors (have {tuple(config.eps_factors)}); fix: --config.eps_extend=0 "
                     "or --config.eps_factors='(0.5, 1.0, 2.0)'")
+  return Grid(float(config.base_lr), tuple(config.lr_factors), int(config.lr_extend),
+              tuple(config.eps_factors), int(config.eps_extend))
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "",
@@ -188,7 +207,7 @@ def compare_pair(config: ml_collections.ConfigDict, out: str,
   """One Table 7 comparison into OUT (seeds/, runs/): the study's own results fields, with
   `budget`, `scored`, `data_dir` and `seed_records` for `protocol.results`."""
   plan = protocol.check_plan(config)  # every field, and every run resolved, before data
-  check_grid(config)
+  grid = check_grid(config)
   methods = protocol.sized(config)
   if len(methods) != 2:
     raise UserError(f"study=table7 compares two architectures; config.methods has {len(methods)}")
@@ -207,7 +226,7 @@ def compare_pair(config: ml_collections.ConfigDict, out: str,
     results[name] = describe(first, s, protocol.layout_of(first))
   searches = {(seed, name): Search(
       protocol.budgeted(c, data_dir, seed, seeds[plan.start[name]], unit, plan.budget,
-                        plan.curve_points), config, os.path.join(out, "runs", f"seed{seed}", name),
+                        plan.curve_points), grid, os.path.join(out, "runs", f"seed{seed}", name),
       f"seed {seed} {name}", {"step": seeds[plan.start[name]]["step"],
                               "val": starts[name]["validation"].mean()})
       for seed in plan.seeds for name, c in methods.items()}
@@ -222,9 +241,7 @@ def compare_pair(config: ml_collections.ConfigDict, out: str,
   return {"budget": {"unit": unit, "per": "configuration", "seed_updates": plan.seed_updates,
                      "ops_per_update": ops},
           "scored": (val, test), "data_dir": data_dir, "seed_records": seeds, "plan": plan,
-          "tuning": {"base_lr": plan.base_lr, "lr_factors": list(config.lr_factors),
-                     "lr_extend": config.lr_extend, "eps_factors": list(config.eps_factors),
-                     "eps_extend": config.eps_extend,
+          "tuning": {**grid.record(),
                      "selection": "final ensemble-validation loss; test scored once, selected "
                                   "only (and the start once per architecture)"},
           "layout": {n: r["layout"] for n, r in results.items()}, "other": other,

@@ -31,19 +31,19 @@ def workdir(out: str, n: int) -> str:
   return os.path.join(out, f"N{n}")
 
 
-def _fix(c: ml_collections.ConfigDict, out: str) -> str:
+def _fix(vs: variance.VarianceSpec, out: str) -> str:
   return (f"fix: python -m scripts.train_sizes --config=experiments/configs/variance.py:"
-          f"{c.study},size={c.size} --out={out} (trains each missing N, reuses finished ones)")
+          f"{vs.study},size={vs.size} --out={out} (trains each missing N, reuses finished ones)")
 
 
-def run_config(c: ml_collections.ConfigDict, n: int, data_dir: str) -> ml_collections.ConfigDict:
+def run_config(vs: variance.VarianceSpec, n: int, data_dir: str) -> ml_collections.ConfigDict:
   """The training config of the N-expert run: `train_run` at the width of `sized_model`."""
-  m = variance.sized_model(c, n)
+  m = variance.sized_model(vs, n)
   if m.shared_head:
-    raise UserError(f"total_params={c.total_params:,} puts N = {n} at width d_E = {m.d_e}, "
+    raise UserError(f"total_params={vs.total_params:,} puts N = {n} at width d_E = {m.d_e}, "
                     "which shares one frozen E seeded first (SPEC 3.4); train_sizes trains "
                     "every N from scratch with its own head; fix: another total_params or n_list")
-  run = ml_collections.ConfigDict(c.train_run.to_dict())
+  run = ml_collections.ConfigDict(vs.train_run.to_dict())
   run.n_experts = n
   run.model.update(d_t=m.d_t, d_e=m.d_e, depth=m.depth, shared_head=False)
   run.opt.train_head = True
@@ -51,17 +51,19 @@ def run_config(c: ml_collections.ConfigDict, n: int, data_dir: str) -> ml_collec
   return run
 
 
-def train_all(c: ml_collections.ConfigDict, out: str) -> dict[int, str]:
-  """Prepares the data and trains (or resumes, or reuses) every N's run; {N: workdir}."""
+def train_all(spec: variance.VarianceSpec | ml_collections.ConfigDict, out: str) -> dict[int, str]:
+  """Prepares the data and trains (or resumes, or reuses) every N's run of `spec` (a
+  `variance.VarianceSpec`, or the config `variance.variance_spec` reads); {N: workdir}."""
   from soma_jax.data import prepare
 
+  vs = spec if isinstance(spec, variance.VarianceSpec) else variance.variance_spec(spec)
   done = {}
-  for n in c.n_list:
+  for n in vs.n_list:
     data_dir = os.path.join(out, f"data_n{n}")
     if not os.path.isfile(os.path.join(data_dir, "manifest.json")):
-      prepare.prepare(c.trained_source, n, data_dir)
+      prepare.prepare(vs.trained_source, n, data_dir)
     pipeline.check_data_dir(data_dir, n)
-    run = run_config(c, n, data_dir)
+    run = run_config(vs, n, data_dir)
     t0 = time.perf_counter()
     train_lib.train_to_end(spec_lib.resolve(run), workdir(out, n), f"the N = {n} run")
     print(f"[train_sizes] N = {n}: width {run.model.d_t}, {run.steps} updates, "
@@ -70,11 +72,11 @@ def train_all(c: ml_collections.ConfigDict, out: str) -> dict[int, str]:
   return done
 
 
-def _check_run(c: ml_collections.ConfigDict, n: int, run: spec_lib.RunSpec,
+def _check_run(vs: variance.VarianceSpec, n: int, run: spec_lib.RunSpec,
                where: str) -> model_lib.ModelConfig:
   """The run's model, once its N, width and recipe are the study's; else one UserError."""
-  want = variance.sized_model(c, n)
-  fix = _fix(c, os.path.dirname(where))
+  want = variance.sized_model(vs, n)
+  fix = _fix(vs, os.path.dirname(where))
   if run.method.family != "lstm" or len(run.experts) != run.n_experts:
     raise UserError(f"{where!r} is not a whole LSTM ensemble (method={run.method.name}, "
                     f"experts={run.config.get('experts', '')!r}); {fix}")
@@ -83,10 +85,10 @@ def _check_run(c: ml_collections.ConfigDict, n: int, run: spec_lib.RunSpec,
   if got != need:
     raise UserError(f"{where!r} holds N = {got[0]} experts of width {got[1]} (d_E {got[2]}, "
                     f"depth {got[3]}); the study needs N = {n} at width {want.d_t} (d_E "
-                    f"{want.d_e}, depth {want.depth}) for total_params={c.total_params:,}; {fix}")
+                    f"{want.d_e}, depth {want.depth}) for total_params={vs.total_params:,}; {fix}")
   # The run's whole config against the one train_all writes for this N (`run_config`):
   # what a resume may change (cadence, speed knobs) aside, but not the length.
-  changes = ckpt_lib.config_changes(run.config, run_config(c, n, run.data_dir))
+  changes = ckpt_lib.config_changes(run.config, run_config(vs, n, run.data_dir))
   for key, (a, b) in changes.items():
     if key == "steps" or not ckpt_lib.under(key, ckpt_lib.RESUMABLE_KEYS):
       raise UserError(f"{where!r} was trained with {key}={a}, the study's train_run has {b}; "
@@ -107,25 +109,26 @@ def _record(where: str, run: spec_lib.RunSpec, step: int) -> dict:
           "val_loss": summary.get("val_loss"), "device_seconds": summary.get("device_seconds")}
 
 
-def load_all(c: ml_collections.ConfigDict) -> dict[int, variance.Trained]:
-  """Every N's newest checkpoint in `c.trained_dir`, checked against the study's sizes."""
-  out = c.trained_dir
+def load_all(vs: variance.VarianceSpec
+             ) -> tuple[variance.VarianceSpec, dict[int, variance.Trained]]:
+  """Every N's newest checkpoint in `vs.trained_dir`, checked against the study's sizes, and
+  `vs` with its weights naming them."""
+  out = vs.trained_dir
   if not os.path.isdir(out):
-    raise UserError(f"trained_dir={out!r} does not exist; {_fix(c, out)}")
+    raise UserError(f"trained_dir={out!r} does not exist; {_fix(vs, out)}")
   loaded = {}
-  for n in c.n_list:
+  for n in vs.n_list:
     where = workdir(out, n)
     if not os.path.isfile(os.path.join(where, ckpt_lib.CONFIG_FILE)):
-      raise UserError(f"trained_dir={out!r} has no trained N = {n} (no {where}); {_fix(c, out)}")
-    mcfg = _check_run(c, n, runs.read_spec(where), where)
+      raise UserError(f"trained_dir={out!r} has no trained N = {n} (no {where}); {_fix(vs, out)}")
+    mcfg = _check_run(vs, n, runs.read_spec(where), where)
     step, state, _, run = runs.restore_state(where)
-    if int(step) != c.train_run.steps:
-      raise UserError(f"{where!r} is at update {int(step)} of {c.train_run.steps}; "
-                      f"{_fix(c, out)}")
+    if int(step) != vs.train_run.steps:
+      raise UserError(f"{where!r} is at update {int(step)} of {vs.train_run.steps}; "
+                      f"{_fix(vs, out)}")
     loaded[n] = variance.Trained(state.body, state.head, mcfg, run.data_dir,
                                  f"trained: {os.path.normpath(where)} at update {int(step)}",
                                  _record(where, run, int(step)))
-  with c.unlocked():
-    c.weights = (f"trained: one SOMA run per N in {os.path.normpath(out)}, "
-                 f"{c.train_run.steps} updates each")
-  return loaded
+  weights = (f"trained: one SOMA run per N in {os.path.normpath(out)}, "
+             f"{vs.train_run.steps} updates each")
+  return variance.with_changes(vs, weights=weights), loaded

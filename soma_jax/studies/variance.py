@@ -5,6 +5,8 @@ dict with the record that replays its probes and data.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import itertools
 import math
@@ -13,6 +15,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from soma_jax import config as config_lib
@@ -196,6 +199,82 @@ def disjoint_windows(n: int, count_zo: int, count_ref: int, seq_len: int, seed: 
   return np.stack(zo), np.stack(ref), record
 
 
+# ------------------------------------------------------------------------------ spec
+
+
+@dataclasses.dataclass(frozen=True)
+class VarianceSpec:
+  """A variance study's settings (experiments/configs/variance.py), read once from its config
+  by `variance_spec`; the studies read these, and `config` only goes into the results."""
+
+  study: str  # which study runs, a key of STUDIES
+  size: str  # the preset the defaults come from: tiny, cpu or trained
+  seed: int  # fresh-init key and window selection
+  probe_seed: int  # base key of every direction
+  eps: float  # central-difference scale
+  probe: str  # probe of the shared_vs_separate, experts and reference studies
+  reps: int  # independent repeats; error bars are over these
+  rep_chunk: int  # repeats evaluated at once
+  dir_chunk: int  # directions evaluated at once
+  n_experts: int  # experts of the n_pert and batch studies
+  n_pert: int  # the headline n_pert
+  n_pert_list: tuple[int, ...]  # n_pert values (shared_vs_separate, n_pert)
+  batch: int  # B: windows in the fixed batch; the reference study's base B
+  seq_len: int  # T: targets per window
+  data_dir: str  # a prepared data dir; "" = stdlib text
+  expert_shards: str  # the shard of each expert, "4,5,6,7"; "" = expert e on shard e
+  weights: str  # which trained weights are measured; "" = none named
+  corpus_bytes: int  # stdlib bytes read when data_dir is ""
+  pool: int  # windows per expert behind the batch draws
+  ref_batch: int  # reference: windows per expert of the BPTT reference
+  budget: int  # batch study: n_pert * B held fixed
+  accum_list: tuple[int, ...]  # batch study: A accumulated batches
+  accum_batch: int  # batch study: windows per accumulated batch
+  accum_n_pert: int  # batch study: directions per accumulated batch
+  n_list: tuple[int, ...]  # experts / reference studies: expert counts N
+  total_params: int  # each N's ensemble size; 0 = N bodies that hold one model.d_t body
+  alloc_mult: tuple[int, ...]  # reference: multiples of the base n_pert and B
+  time_steps: int  # reference: timed train steps per allocation
+  model: model_lib.ModelConfig  # model.d_t, d_e and depth, one shared head
+  windows: str  # reference windows with a data dir: expert_val or ensemble_val
+  trained_dir: str | None  # the folder of trained runs per N; None: the study has none
+  trained_source: str | None  # the corpus train_sizes prepares for each N
+  train_run: ml_collections.ConfigDict | None  # the recipe of every N's training run
+  config: ml_collections.ConfigDict  # the config all of this is read from, for the results
+
+
+def variance_spec(c: ml_collections.ConfigDict) -> VarianceSpec:
+  """The `VarianceSpec` of a variance config (experiments/configs/variance.py:STUDY); the
+  per-N fields (trained_dir, windows, trained_source, train_run) only where the study has
+  them."""
+  m = c.model
+  return VarianceSpec(
+      study=c.study, size=c.size, seed=c.seed, probe_seed=c.probe_seed, eps=c.eps,
+      probe=c.probe, reps=c.reps, rep_chunk=c.rep_chunk, dir_chunk=c.dir_chunk,
+      n_experts=c.n_experts, n_pert=c.n_pert, n_pert_list=tuple(c.n_pert_list), batch=c.batch,
+      seq_len=c.seq_len, data_dir=c.data_dir, expert_shards=c.get("expert_shards", ""),
+      weights=c.get("weights", ""), corpus_bytes=c.corpus_bytes, pool=c.pool,
+      ref_batch=c.ref_batch, budget=c.budget, accum_list=tuple(c.accum_list),
+      accum_batch=c.accum_batch, accum_n_pert=c.accum_n_pert, n_list=tuple(c.n_list),
+      total_params=c.total_params, alloc_mult=tuple(c.alloc_mult), time_steps=c.time_steps,
+      model=model_lib.ModelConfig(d_t=m.d_t, d_e=m.d_e, depth=m.depth, shared_head=True),
+      windows=c.get("windows", "expert_val"), trained_dir=c.get("trained_dir"),
+      trained_source=c.get("trained_source"), train_run=c.get("train_run"), config=c)
+
+
+def with_changes(vs: VarianceSpec, **changes: Any) -> VarianceSpec:
+  """`vs` read again from a copy of its config with `changes` made (a dict value updates the
+  sub-config of its key), e.g. the model and weights of a trained run it measures."""
+  changed = copy.deepcopy(vs.config)
+  with changed.unlocked():
+    for key, value in changes.items():
+      if isinstance(value, dict):
+        changed[key].update(value)
+      else:
+        changed[key] = value
+  return variance_spec(changed)
+
+
 # --------------------------------------------------------------------------- studies
 
 GROUPINGS = {"one_sum": (0, 0, 0, 0), "pairs": (0, 0, 1, 1), "separate": (0, 1, 2, 3)}
@@ -205,12 +284,11 @@ def _dtype():
   return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
 
 
-def _experts(c, n: int, params=None, mcfg: model_lib.ModelConfig | None = None):
+def _experts(vs: VarianceSpec, n: int, params=None, mcfg: model_lib.ModelConfig | None = None):
   """(body_N, head, shared_head, model config): experts 0..n-1 of `params` (cyclically) or fresh."""
   if params is None:
-    mcfg = mcfg or model_lib.ModelConfig(d_t=c.model.d_t, d_e=c.model.d_e, depth=c.model.depth,
-                                         shared_head=True)
-    body_N, head = model_lib.init_experts(jax.random.key(c.seed), mcfg, n)
+    mcfg = mcfg or vs.model
+    body_N, head = model_lib.init_experts(jax.random.key(vs.seed), mcfg, n)
     shared = mcfg.shared_head
   else:
     body_N, head = params
@@ -221,27 +299,28 @@ def _experts(c, n: int, params=None, mcfg: model_lib.ModelConfig | None = None):
   return jax.tree.map(lambda x: x.astype(dt), body_N), head.astype(dt), shared, mcfg
 
 
-def _weights(c, params) -> str:
-  """What the study measured: the trained weights `c.weights` names, or a fresh init."""
+def _weights(vs: VarianceSpec, params) -> str:
+  """What the study measured: the trained weights `vs.weights` names, or a fresh init."""
   if params is None:
-    return f"fresh init (seed {c.seed})"
-  return c.get("weights", "") or "trained (given parameters)"
+    return f"fresh init (seed {vs.seed})"
+  return vs.weights or "trained (given parameters)"
 
 
-def _probe_record(c, steps: int, n_dirs: int, kind: str, n: int) -> dict:
-  return {"base_key": f"jax.random.key({c.probe_seed})", "steps": [0, steps], "n_dirs": n_dirs,
-          "expert_ids": list(range(n)), "probe": kind, "eps": c.eps,
+def _probe_record(vs: VarianceSpec, steps: int, n_dirs: int, kind: str, n: int) -> dict:
+  return {"base_key": f"jax.random.key({vs.probe_seed})", "steps": [0, steps], "n_dirs": n_dirs,
+          "expert_ids": list(range(n)), "probe": kind, "eps": vs.eps,
           "direction_key": "spsa.probe_key(base_key, step, expert, 0, j)",
           "block": "block b of n_pert K uses directions j = b K .. (b + 1) K - 1"}
 
 
-def _stats(c, body_N, head, shared, windows, centres_NxCxD, n_dirs, kind, first_step=0):
+def _stats(vs: VarianceSpec, body_N, head, shared, windows, centres_NxCxD, n_dirs, kind,
+           first_step=0):
   """probe_stats for repeats at steps first_step .. first_step + reps - 1."""
   n = jax.tree.leaves(body_N)[0].shape[0]
-  return probe_stats(body_N, head, windows, centres_NxCxD, c.eps,
-                     jnp.arange(first_step, first_step + c.reps),
-                     jnp.arange(n), jax.random.key(c.probe_seed), n_dirs=n_dirs, kind=kind,
-                     shared_head=shared, dir_chunk=c.dir_chunk, rep_chunk=c.rep_chunk)
+  return probe_stats(body_N, head, windows, centres_NxCxD, vs.eps,
+                     jnp.arange(first_step, first_step + vs.reps),
+                     jnp.arange(n), jax.random.key(vs.probe_seed), n_dirs=n_dirs, kind=kind,
+                     shared_head=shared, dir_chunk=vs.dir_chunk, rep_chunk=vs.rep_chunk)
 
 
 def _ratio(err_a_RxN, err_b_RxN) -> tuple[float, float]:
@@ -251,60 +330,61 @@ def _ratio(err_a_RxN, err_b_RxN) -> tuple[float, float]:
   return float(ratio), float(np.std(x - ratio * y, ddof=1) / math.sqrt(len(x)) / y.mean())
 
 
-def _fixed_batch(c, n: int, params=None, mcfg: model_lib.ModelConfig | None = None,
+def _fixed_batch(vs: VarianceSpec, n: int, params=None, mcfg: model_lib.ModelConfig | None = None,
                  expert_shards: str | None = None, data_dir: str | None = None):
-  """The experts (`_experts`), each one's fixed batch of c.batch windows (`expert_windows`,
-  on `expert_shards`, default c.expert_shards, of `data_dir`, default c.data_dir) and exact
+  """The experts (`_experts`), each one's fixed batch of vs.batch windows (`expert_windows`,
+  on `expert_shards`, default vs.expert_shards, of `data_dir`, default vs.data_dir) and exact
   gradients on it:
   (body_N, head, shared, windows, data record, g_NxD, g_NxD as float64 numpy, ||g_e||^2)."""
-  body_N, head, shared, _ = _experts(c, n, params, mcfg)
-  shards = c.get("expert_shards", "") if expert_shards is None else expert_shards
-  data_dir = c.data_dir if data_dir is None else data_dir
-  win, data_rec = expert_windows(n, c.batch, c.seq_len, c.seed, data_dir, c.corpus_bytes, shards)
+  body_N, head, shared, _ = _experts(vs, n, params, mcfg)
+  shards = vs.expert_shards if expert_shards is None else expert_shards
+  data_dir = vs.data_dir if data_dir is None else data_dir
+  win, data_rec = expert_windows(n, vs.batch, vs.seq_len, vs.seed, data_dir, vs.corpus_bytes,
+                                 shards)
   g = flat_N(exact_grads(body_N, head, jnp.asarray(win), shared))
   g_np = np.asarray(g, np.float64)
   return body_N, head, shared, win, data_rec, g, g_np, np.sum(g_np**2, -1)
 
 
-def study_shared_vs_separate(c, params=None) -> dict:
+def study_shared_vs_separate(vs: VarianceSpec, params=None) -> dict:
   """N = 4: one summed loss, two pair losses, four own losses; same weights, data, directions.
 
-  Probes `c.probe` (the paper's sparse ones by default); error around the estimator's mean
+  Probes `vs.probe` (the paper's sparse ones by default); error around the estimator's mean
   q * g, predicted by `grouped_sparse_prediction` (dense: (M_G - 1) / n_pert per group).
   """
   n = 4
-  body_N, head, shared, win, data_rec, g, g_np, g2 = _fixed_batch(c, n, params)
-  q = second_moment_N(body_N, c.probe)
+  body_N, head, shared, win, data_rec, g, g_np, g2 = _fixed_batch(vs, n, params)
+  q = second_moment_N(body_N, vs.probe)
   q_np = np.asarray(q, np.float64)
   d = g.shape[1]
-  k_max = max(c.n_pert_list)
-  st = _stats(c, body_N, head, shared, win[:, None], (q * g)[:, None], k_max, c.probe)
+  k_max = max(vs.n_pert_list)
+  st = _stats(vs, body_N, head, shared, win[:, None], (q * g)[:, None], k_max, vs.probe)
   points, errs = [], {}
-  for k in c.n_pert_list:
+  for k in vs.n_pert_list:
     for name, groups in GROUPINGS.items():
       errs[name, k] = block_errors(st, k, loss_groups=groups)
       rel, se = relative(errs[name, k], g2)
       points.append({"grouping": name, "n_pert": k, "measured": rel, "se": se,
                      "predicted": grouped_sparse_prediction(g_np, q_np, groups, k),
-                     "reps": c.reps, "blocks_per_rep": k_max // k})
+                     "reps": vs.reps, "blocks_per_rep": k_max // k})
   ratios, predicted = {}, {}
   separate = grouped_sparse_prediction(g_np, q_np, GROUPINGS["separate"], 1)
   for name, groups in GROUPINGS.items():
-    r, se = _ratio(errs[name, c.n_pert], errs["separate", c.n_pert])
+    r, se = _ratio(errs[name, vs.n_pert], errs["separate", vs.n_pert])
     ratios[name] = {"measured": r, "se": se}
     predicted[name] = grouped_sparse_prediction(g_np, q_np, groups, 1) / separate
   size = d * n
   return {
       "points": points, "d_per_expert": d, "M": size, "grad_norm_sq": g2.tolist(),
-      "probe": c.probe, "seq_len": c.seq_len, "batch": c.batch,
-      "weights": _weights(c, params),
+      "probe": vs.probe, "seq_len": vs.seq_len, "batch": vs.batch,
+      "weights": _weights(vs, params),
       "ratio_separate_vs_shared": ratios["one_sum"]["measured"],
       "ratio_separate_vs_shared_se": ratios["one_sum"]["se"],
       "ratio_by_grouping": ratios, "predicted_ratio_by_grouping": predicted,
       # (M/N - 1)/(M - 1): separate over one summed loss, equal blocks, dense probes.
       "predicted_separate_over_shared": (size / n - 1) / (size - 1),
-      "ratio_at_n_pert": c.n_pert,
-      "replay": {"probes": _probe_record(c, c.reps, k_max, c.probe, n), "data": data_rec,
+      "ratio_at_n_pert": vs.n_pert,
+      "replay": {"probes": _probe_record(vs, vs.reps, k_max, vs.probe, n), "data": data_rec,
                  "batch": "expert e uses all its windows as one fixed batch"},
   }
 
@@ -313,24 +393,24 @@ def _loglog_slope(x, y) -> float:
   return float(np.polyfit(np.log(x), np.log(y), 1)[0])
 
 
-def study_n_pert(c, params=None) -> dict:
+def study_n_pert(vs: VarianceSpec, params=None) -> dict:
   """Relative centred variance against n_pert, dense and sparse probes, fixed batch.
 
   Every n_pert draws its own directions (repeats at steps i R .. (i + 1) R - 1 for the i-th
   n_pert), so the points are independent measurements and the slope is not forced by
   shared draws.
   """
-  n = c.n_experts
-  body_N, head, shared, win, data_rec, g, g_np, g2 = _fixed_batch(c, n, params)
-  k_max = max(c.n_pert_list)
-  out: dict[str, Any] = {"points": [], "d_per_expert": g.shape[1], "seq_len": c.seq_len,
-                         "batch": c.batch, "weights": _weights(c, params)}
+  n = vs.n_experts
+  body_N, head, shared, win, data_rec, g, g_np, g2 = _fixed_batch(vs, n, params)
+  k_max = max(vs.n_pert_list)
+  out: dict[str, Any] = {"points": [], "d_per_expert": g.shape[1], "seq_len": vs.seq_len,
+                         "batch": vs.batch, "weights": _weights(vs, params)}
   for kind in ("rademacher", "sparse"):
     q = second_moment_N(body_N, kind)
     meas, pred = [], []
-    for i, k in enumerate(c.n_pert_list):
-      st = _stats(c, body_N, head, shared, win[:, None], (q * g)[:, None], k_max, kind,
-                  first_step=i * c.reps)
+    for i, k in enumerate(vs.n_pert_list):
+      st = _stats(vs, body_N, head, shared, win[:, None], (q * g)[:, None], k_max, kind,
+                  first_step=i * vs.reps)
       rel, se = relative(block_errors(st, k), g2)
       p = (dense_prediction(g.shape[1], k) if kind == "rademacher"
            else sparse_prediction(g_np, np.asarray(q, np.float64), k))
@@ -339,15 +419,15 @@ def study_n_pert(c, params=None) -> dict:
       out["points"].append({"probe": kind, "n_pert": k, "measured": rel, "se": se,
                             "predicted": p, "measured_over_predicted": rel / p,
                             "measured_over_predicted_se": se / p,
-                            "reps": c.reps, "blocks_per_rep": k_max // k})
+                            "reps": vs.reps, "blocks_per_rep": k_max // k})
     key = "" if kind == "rademacher" else "_sparse"
-    out["slope_loglog" + key] = _loglog_slope(c.n_pert_list, meas)
+    out["slope_loglog" + key] = _loglog_slope(vs.n_pert_list, meas)
     out["measured_over_predicted" + key] = [m / p for m, p in zip(meas, pred, strict=True)]
-  out["n_pert_list"] = list(c.n_pert_list)
-  out["replay"] = {"probes": {kind: _probe_record(c, c.reps * len(c.n_pert_list), k_max, kind, n)
+  out["n_pert_list"] = list(vs.n_pert_list)
+  out["replay"] = {"probes": {kind: _probe_record(vs, vs.reps * len(vs.n_pert_list), k_max, kind, n)
                               for kind in ("rademacher", "sparse")},
-                   "steps_of_n_pert": {str(k): [i * c.reps, (i + 1) * c.reps]
-                                       for i, k in enumerate(c.n_pert_list)},
+                   "steps_of_n_pert": {str(k): [i * vs.reps, (i + 1) * vs.reps]
+                                       for i, k in enumerate(vs.n_pert_list)},
                    "data": data_rec, "batch": "expert e's windows, one fixed batch"}
   return out
 
@@ -363,49 +443,51 @@ class Trained(NamedTuple):
   run: dict  # the run's record for the results (its recipe, validation loss, seconds)
 
 
-def sized_model(c, n: int) -> model_lib.ModelConfig:
+def sized_model(vs: VarianceSpec, n: int) -> model_lib.ModelConfig:
   """N experts at the study's size: the width whose ensemble count (SPEC 2) is nearest
   `total_params`, or, when it is 0, N bodies that together hold one width-model.d_t body."""
-  d_e, depth = c.model.d_e, c.model.depth
-  if c.total_params:
-    return sizing.sized_config(c.total_params, n, d_e, depth)
-  m_total = sizing.body_count(c.model.d_t, d_e, depth)
+  d_e, depth = vs.model.d_e, vs.model.depth
+  if vs.total_params:
+    return sizing.sized_config(vs.total_params, n, d_e, depth)
+  m_total = sizing.body_count(vs.model.d_t, d_e, depth)
   d_t = min(range(1, 4097), key=lambda x: abs(n * sizing.body_count(x, d_e, depth) - m_total))
   return model_lib.ModelConfig(d_t=d_t, d_e=d_e, depth=depth, shared_head=True)
 
 
-def _per_n(c, n: int, trained: dict[int, Trained] | None):
+def _per_n(vs: VarianceSpec, n: int, trained: dict[int, Trained] | None):
   """(params or None, model config, data dir, what was measured, the trained run's record or
   None) of the N-expert ensemble."""
   if trained is None:
-    return None, sized_model(c, n), c.data_dir, _weights(c, None), None
+    return None, sized_model(vs, n), vs.data_dir, _weights(vs, None), None
   t = trained[n]
   return (t.body, t.head), t.model, t.data_dir, t.weights, t.run
 
 
-def study_experts(c, trained: dict[int, Trained] | None = None) -> dict:
+def study_experts(vs: VarianceSpec, trained: dict[int, Trained] | None = None) -> dict:
   """Relative centred variance at a fixed total size for N experts (paper Figure 10, left):
-  fresh experts sized for each N, or `trained`, one trained run per N of `c.n_list`."""
+  fresh experts sized for each N, or `trained`, one trained run per N of `vs.n_list`."""
   rows, records = [], {}
-  for n in c.n_list:
-    params, mcfg, data_dir, weights, run = _per_n(c, n, trained)
+  for n in vs.n_list:
+    params, mcfg, data_dir, weights, run = _per_n(vs, n, trained)
     # Each N has its own experts and data: `expert_shards` names four, not n, of them.
-    body_N, head, shared, win, data_rec, g, g_np, g2 = _fixed_batch(c, n, params, mcfg, "",
+    body_N, head, shared, win, data_rec, g, g_np, g2 = _fixed_batch(vs, n, params, mcfg, "",
                                                                     data_dir)
-    q = second_moment_N(body_N, c.probe)
-    st = _stats(c, body_N, head, shared, win[:, None], (q * g)[:, None], c.n_pert, c.probe)
-    rel, se = relative(block_errors(st, c.n_pert), g2)
-    pred = (dense_prediction(g.shape[1], c.n_pert) if c.probe == "rademacher"
-            else sparse_prediction(g_np, np.asarray(q, np.float64), c.n_pert))
+    q = second_moment_N(body_N, vs.probe)
+    st = _stats(vs, body_N, head, shared, win[:, None], (q * g)[:, None], vs.n_pert, vs.probe)
+    rel, se = relative(block_errors(st, vs.n_pert), g2)
+    pred = (dense_prediction(g.shape[1], vs.n_pert) if vs.probe == "rademacher"
+            else sparse_prediction(g_np, np.asarray(q, np.float64), vs.n_pert))
     rows.append({"n": n, "d_t": mcfg.d_t, "body_params_per_expert": int(g.shape[1]),
                  "ensemble_params": sizing.params_formula(mcfg.d_t, n, mcfg.d_e, mcfg.depth,
                                                           shared),
-                 "measured": rel, "se": se, "predicted": pred, "n_pert": c.n_pert,
+                 "measured": rel, "se": se, "predicted": pred, "n_pert": vs.n_pert,
                  "measured_over_predicted": rel / pred, "grad_norm_sq": g2.tolist(),
                  "weights": weights, "run": run})
-    records[str(n)] = {"probes": _probe_record(c, c.reps, c.n_pert, c.probe, n), "data": data_rec}
-  return {"points": rows, "variance_by_n": rows, "total_params": c.total_params, "probe": c.probe,
-          "seq_len": c.seq_len, "batch": c.batch, "weights": _weights(c, trained),
+    records[str(n)] = {"probes": _probe_record(vs, vs.reps, vs.n_pert, vs.probe, n),
+                       "data": data_rec}
+  return {"points": rows, "variance_by_n": rows, "total_params": vs.total_params,
+          "probe": vs.probe, "seq_len": vs.seq_len, "batch": vs.batch,
+          "weights": _weights(vs, trained),
           "first_over_last": rows[0]["measured"] / rows[-1]["measured"],
           "predicted_first_over_last": rows[0]["predicted"] / rows[-1]["predicted"],
           "replay": records}
@@ -419,24 +501,24 @@ def _random_windows(pool_NxPxT1: np.ndarray, reps: int, groups: int, seed: int):
   return win[:, :, :, None], idx
 
 
-def _pool_setup(c, n, params=None, mcfg=None):
-  body_N, head, shared, mcfg = _experts(c, n, params, mcfg)
-  pool, data_rec = expert_windows(n, c.pool, c.seq_len, c.seed, c.data_dir, c.corpus_bytes)
+def _pool_setup(vs: VarianceSpec, n, params=None, mcfg=None):
+  body_N, head, shared, mcfg = _experts(vs, n, params, mcfg)
+  pool, data_rec = expert_windows(n, vs.pool, vs.seq_len, vs.seed, vs.data_dir, vs.corpus_bytes)
   g, sigma2 = pool_grad_stats(body_N, head, jnp.asarray(pool), shared)
   g2 = np.asarray(jnp.sum(g**2, -1), np.float64)
   return body_N, head, shared, mcfg, pool, data_rec, g, g2, np.asarray(sigma2, np.float64)
 
 
-def study_batch(c, params=None) -> dict:
+def study_batch(vs: VarianceSpec, params=None) -> dict:
   """v against B at fixed n_pert * B, B* from measured nu; accumulation vs one large batch."""
-  n = c.n_experts
-  body_N, head, shared, _, pool, data_rec, g, g2, sigma2 = _pool_setup(c, n, params)
+  n = vs.n_experts
+  body_N, head, shared, _, pool, data_rec, g, g2, sigma2 = _pool_setup(vs, n, params)
   a, nu = g.shape[1] - 1, batch_noise(sigma2, g2)
-  w = c.budget
-  need_s = max(w, max(c.accum_list) * c.accum_batch)
-  need_j = max(w, max(c.accum_list) * c.accum_n_pert)
-  win, idx = _random_windows(pool, c.reps, need_s, c.seed)
-  st = _stats(c, body_N, head, shared, win, g[:, None], need_j, "rademacher")
+  w = vs.budget
+  need_s = max(w, max(vs.accum_list) * vs.accum_batch)
+  need_j = max(w, max(vs.accum_list) * vs.accum_n_pert)
+  win, idx = _random_windows(pool, vs.reps, need_s, vs.seed)
+  st = _stats(vs, body_N, head, shared, win, g[:, None], need_j, "rademacher")
   points = []
   b = 1
   while b <= w:
@@ -445,8 +527,8 @@ def study_batch(c, params=None) -> dict:
     points.append({"series": "tradeoff", "n_pert": k, "batch": b, "accum": 1, "measured": rel,
                    "se": se, "predicted": batch_prediction(a, nu, k, b)})
     b *= 2
-  for acc in c.accum_list:
-    k, b = c.accum_n_pert, c.accum_batch
+  for acc in vs.accum_list:
+    k, b = vs.accum_n_pert, vs.accum_batch
     for series, kw, pred in (
         ("accumulate", {"n_groups": b, "accum": acc}, batch_prediction(a, nu, k, b, acc)),
         ("large_batch", {"n_groups": b * acc}, batch_prediction(a, nu, k, b * acc))):
@@ -454,26 +536,27 @@ def study_batch(c, params=None) -> dict:
       points.append({"series": series, "n_pert": k, "batch": kw["n_groups"], "accum": acc,
                      "measured": rel, "se": se, "predicted": pred})
   return {"points": points, "nu": nu, "a": a, "budget": w, "b_star": best_batch(w, nu, a),
-          "sigma2": sigma2.tolist(), "grad_norm_sq": g2.tolist(), "pool": c.pool,
-          "weights": _weights(c, params),
-          "replay": {"probes": _probe_record(c, c.reps, need_j, "rademacher", n),
+          "sigma2": sigma2.tolist(), "grad_norm_sq": g2.tolist(), "pool": vs.pool,
+          "weights": _weights(vs, params),
+          "replay": {"probes": _probe_record(vs, vs.reps, need_j, "rademacher", n),
                      "data": data_rec, "pool_index_RxNxS": idx.tolist(),
                      "batch": "sequence groups of 1 window; a block of batch B uses S-slots "
                               "b B .. (b + 1) B - 1 of its repeat"}}
 
 
-def _reference_n(c, n: int, trained: dict[int, Trained] | None) -> tuple[list[dict], dict]:
+def _reference_n(vs: VarianceSpec, n: int, trained: dict[int, Trained] | None
+                 ) -> tuple[list[dict], dict]:
   """The reference study's points and replay record for the N-expert ensemble."""
-  mults, k0, b0 = list(c.alloc_mult), c.n_pert, c.batch
-  params, mcfg, data_dir, weights, run = _per_n(c, n, trained)
-  body_N, head, shared, _ = _experts(c, n, params, mcfg)
-  pool, ref, data_rec = disjoint_windows(n, c.pool, c.ref_batch, c.seq_len, c.seed, data_dir,
-                                         c.corpus_bytes, c.get("windows", "expert_val"))
+  mults, k0, b0 = list(vs.alloc_mult), vs.n_pert, vs.batch
+  params, mcfg, data_dir, weights, run = _per_n(vs, n, trained)
+  body_N, head, shared, _ = _experts(vs, n, params, mcfg)
+  pool, ref, data_rec = disjoint_windows(n, vs.pool, vs.ref_batch, vs.seq_len, vs.seed, data_dir,
+                                         vs.corpus_bytes, vs.windows)
   g, var = pool_grad_moments(body_N, head, jnp.asarray(pool), shared)
   # The mean of per-window gradients over the reference batch is jax.grad of its mean loss.
   g_ref = pool_grad_stats(body_N, head, jnp.asarray(ref), shared)[0]
   g_np, ref_np, var_np = (np.asarray(x, np.float64) for x in (g, g_ref, var))
-  q_np = np.asarray(second_moment_N(body_N, c.probe), np.float64)
+  q_np = np.asarray(second_moment_N(body_N, vs.probe), np.float64)
   g2, ref2 = np.sum(g_np**2, -1), np.sum(ref_np**2, -1)
   # ||q g - g_ref||^2: the estimator's mean (q g over the pool) against the reference.
   offset = float(np.sum((q_np * g_np - ref_np) ** 2))
@@ -481,12 +564,12 @@ def _reference_n(c, n: int, trained: dict[int, Trained] | None) -> tuple[list[di
   grid = ([("N", k0, b0)] if n != 1 else
           [("n_pert", k0 * m, b0) for m in mults] + [("B", k0, b0 * m) for m in mults[1:]])
   j = max(k for _, k, _ in grid)
-  win, idx = _random_windows(pool, c.reps, max(b for _, _, b in grid), c.seed)
-  st = _stats(c, body_N, head, shared, win, g_ref[:, None], j, c.probe)
+  win, idx = _random_windows(pool, vs.reps, max(b for _, _, b in grid), vs.seed)
+  st = _stats(vs, body_N, head, shared, win, g_ref[:, None], j, vs.probe)
   points = []
   for alloc, k, b in grid:
     rel, se = relative(block_errors(st, k, n_groups=b), ref2)
-    secs = step_seconds(mcfg, n, k, b, c.seq_len, c.dir_chunk, c.time_steps, c.seed)
+    secs = step_seconds(mcfg, n, k, b, vs.seq_len, vs.dir_chunk, vs.time_steps, vs.seed)
     pred = (batch_error(g_np, var_np, q_np, k, b) + offset) / ref2.sum()
     points.append({"allocation": alloc, "n": n, "d_t": mcfg.d_t, "n_pert": k, "batch": b,
                    "body_params": n * int(g.shape[1]), "measured": rel, "se": se,
@@ -496,34 +579,34 @@ def _reference_n(c, n: int, trained: dict[int, Trained] | None) -> tuple[list[di
                    "weights": weights, "run": run})
     if n == 1 and alloc == "n_pert" and k == k0:
       points.append({**points[-1], "allocation": "N"})  # N = 1 starts the N allocation
-  return points, {"probes": _probe_record(c, c.reps, j, c.probe, n), "data": data_rec,
+  return points, {"probes": _probe_record(vs, vs.reps, j, vs.probe, n), "data": data_rec,
                   "pool_index_RxNxS": idx.tolist(),
                   "pool_index": "indexes each expert's zero_order_slots"}
 
 
-def study_reference(c, trained: dict[int, Trained] | None = None) -> dict:
+def study_reference(vs: VarianceSpec, trained: dict[int, Trained] | None = None) -> dict:
   """Total error R against a backprop reference gradient, and seconds per step (Figure 5).
 
   g_ref is SPEC 5's backprop reference, `jax.grad` of the same loss, here over a large batch
   of `ref_batch` windows per expert that no zero-order batch contains (`disjoint_windows`);
   the zero-order batches are drawn from a pool of `pool` other windows. The N experts are
-  fresh ones sized by `sized_model`, or `trained`, one trained run per N. Probes `c.probe`
+  fresh ones sized by `sized_model`, or `trained`, one trained run per N. Probes `vs.probe`
   (the paper's sparse ones by default). With the pool's mean gradient g, its per-coordinate
   batch noise and the probe's q = E z^2, the prediction is
   R = (batch_error(g, var, q, n_pert, B) + ||q g - g_ref||^2) / ||g_ref||^2 (dense probes:
   v ||g||^2 + ||g - g_ref||^2 with v = batch_prediction(d - 1, nu, n_pert, B)).
   """
   points, records = [], {}
-  for n in c.n_list:
-    rows, records[str(n)] = _reference_n(c, n, trained)
+  for n in vs.n_list:
+    rows, records[str(n)] = _reference_n(vs, n, trained)
     points.extend(rows)
-  return {"points": points, "total_params": c.total_params,
+  return {"points": points, "total_params": vs.total_params,
           "body_params_by_n": {str(p["n"]): p["body_params"] for p in points},
-          "pool": c.pool, "ref_batch": c.ref_batch, "probe": c.probe, "seq_len": c.seq_len,
-          "batch": c.batch, "windows": c.get("windows", "expert_val"),
-          "weights": _weights(c, trained),
-          "reference": f"jax.grad of the loss over {c.ref_batch} windows per expert, disjoint "
-                       f"from the {c.pool}-window pool the zero-order batches come from",
+          "pool": vs.pool, "ref_batch": vs.ref_batch, "probe": vs.probe, "seq_len": vs.seq_len,
+          "batch": vs.batch, "windows": vs.windows,
+          "weights": _weights(vs, trained),
+          "reference": f"jax.grad of the loss over {vs.ref_batch} windows per expert, disjoint "
+                       f"from the {vs.pool}-window pool the zero-order batches come from",
           "replay": records}
 
 
@@ -531,10 +614,12 @@ STUDIES = {"shared_vs_separate": study_shared_vs_separate, "n_pert": study_n_per
            "experts": study_experts, "batch": study_batch, "reference": study_reference}
 
 
-def run_study(c, params=None) -> dict:
-  """Runs `c.study`; returns its JSON-ready result with the config and run time."""
+def run_study(spec: VarianceSpec | ml_collections.ConfigDict, params=None) -> dict:
+  """Runs the study of `spec` (a `VarianceSpec`, or the config `variance_spec` reads); returns
+  its JSON-ready result with the config and run time."""
+  vs = spec if isinstance(spec, VarianceSpec) else variance_spec(spec)
   t0 = time.perf_counter()
-  out = STUDIES[c.study](c, params)
-  out.update(study=c.study, seconds=time.perf_counter() - t0, x64=bool(jax.config.jax_enable_x64),
-             config=c.to_dict())
+  out = STUDIES[vs.study](vs, params)
+  out.update(study=vs.study, seconds=time.perf_counter() - t0, x64=bool(jax.config.jax_enable_x64),
+             config=vs.config.to_dict())
   return out
