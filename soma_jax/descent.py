@@ -249,6 +249,23 @@ def _body_last(loss: BatchLoss) -> Callable:
   return lambda head, batch, body: loss(body, head, batch)
 
 
+@functools.cache
+def summed(loss: BatchLoss, axis: int = 0) -> BatchLoss:
+  """The summed-loss estimator's loss from one model's `loss` (SPEC 9.7): over N bodies
+  stacked on a leading axis, heads [N, ...] and a batch with its expert axis at `axis`,
+  sum_e loss(body_e, head_e, batch_e). Measured over the stacked bodies (`measure`), its
+  Hessian is block diagonal (one block per expert) and one SPSA direction spans every
+  expert's parameters: the control that sums the N losses before each difference. axis=1
+  for `measure`'s batches [A, N, B, T + 1] (the loss g is taken of), axis=0 for the SPSA
+  loss_fn's accumulation batch [N, B, T + 1]. One function per (loss, axis), so jit caches
+  by it."""
+
+  def loss_n(body_N: PyTree, head_N: PyTree, batch: jax.Array) -> jax.Array:
+    return jnp.sum(jax.vmap(loss, in_axes=(0, 0, axis))(body_N, head_N, batch))
+
+  return loss_n
+
+
 def jackknife(full: float, loo_U: np.ndarray) -> float:
   """The delete-one jackknife standard error of a statistic from its leave-one-out values."""
   u = loo_U.shape[0]

@@ -1,16 +1,24 @@
 """The width ladder (SPEC 9.7, soma_jax/studies/ladder.py): rung sizing at size=cpu, and one
-rung end to end at size=tiny (seeds, the mechanism at the start, Table 7's pair, the control)."""
+rung end to end at size=tiny (seeds, the mechanism at the start, Table 7's pair, the control);
+the summed-loss estimator's rank on a block-diagonal quadratic; scripts/ladder_mechanism.py."""
 
 import json
+import math
 import os
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from scripts import ladder_mechanism
 from soma_jax import checkpoint as ckpt_lib
+from soma_jax import descent, spsa
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 from soma_jax.studies import compare, ladder
-from tests.test_compare import load_config
+from tests import test_descent as quad
+from tests.test_compare import ROOT, load_config
 
 
 def test_every_rung_has_equal_params_and_ops_per_update():
@@ -47,10 +55,13 @@ def test_arguments():
     load_config("compare", "study=ladder,size=paper")
 
 
+TINY = "study=ladder,size=tiny,rungs=8,seeds=1"
+
+
 @pytest.fixture(scope="module")
 def ladder_run(tmp_path_factory, data_two_shards):
   """One rung (width 8), one seed, the shortest grid Table 7 accepts."""
-  config = load_config("compare", "study=ladder,size=tiny,rungs=8,seeds=1")
+  config = load_config("compare", TINY)
   config.data_dir = data_two_shards
   config.bootstrap_draws = 50
   config.lr_factors, config.lr_extend, config.eps_factors = (0.5, 1.0, 2.0), 0, (1.0,)
@@ -140,6 +151,27 @@ def test_predicted_ratio_error_cancels_shared_batch_noise():
   assert indep["predicted_ratio_se"] > 0.1 and indep["predicted_ratio_se_by"].startswith("delta")
 
 
+def test_predicted_vs_summed_error_cancels_shared_batch_noise():
+  """Summed batch k holds every expert's batch k: a summed estimator whose decreases along g
+  are twice the experts' (identical experts) has exactly half their rho on every subset of
+  the batches, so the jackknife over the shared batches gives ratio 2 with error 0; one batch
+  each falls back to the delta method."""
+  batch = lambda g, h: {"decrease_g": g, "decrease_ghat": h}
+  e = [batch(1.0, 0.10), batch(2.0, 0.50), batch(0.5, 0.20)]
+  rho = ladder._rho
+  experts = [{"rho": rho(e), "rho_se": 0.05, "predicted_rho": 0.2, "per_batch": e}] * 2
+  s_b = [batch(2 * b["decrease_g"], b["decrease_ghat"]) for b in e]
+  summed = {"rho": rho(s_b), "rho_se": 0.05, "predicted_rho": 0.1, "per_batch": s_b}
+  out = ladder.predicted_vs_summed(experts, summed)
+  assert out["predicted_vs_summed"] == pytest.approx(2.0)
+  assert out["predicted_vs_summed_se"] == pytest.approx(0.0, abs=1e-12)
+  assert out["predicted_vs_summed_se_by"].startswith("jackknife")
+  assert out["predicted_vs_summed_from_r"] == pytest.approx(2.0)
+  one = ladder.predicted_vs_summed([dict(x, per_batch=e[:1]) for x in experts],
+                                   dict(summed, per_batch=s_b[:1]))
+  assert one["predicted_vs_summed_se_by"].startswith("delta") and one["predicted_vs_summed_se"] > 0
+
+
 def test_ladder_steps_sizes_rungs_from_training_updates(data_two_shards):
   """benchmarks/ladder_steps.py as a user runs it: every method and seed run of a rung timed
   isolated and inside training, and the projection read from training's per-update time."""
@@ -161,3 +193,110 @@ def test_ladder_steps_sizes_rungs_from_training_updates(data_two_shards):
   per_seed = config.budget * (fewest * (steps["soma_n2"] + steps["mono"]) + steps["soma_n2_summed"])
   assert rung["projected_training_minutes"]["fewest_runs"] == pytest.approx(
       (seeds + config.seeds * per_seed) / 60)
+
+
+def test_summed_estimator_is_measured_at_the_controls_start(ladder_run):
+  """mechanism.summed: the summed-loss estimator over both experts' bodies (2 x an expert's
+  parameters, the experts' n), on every expert's batch k at once; predicted_vs_summed is
+  mean_e rho_e / rho_summed (and from r, n / (r + n)); measured_vs_summed is SOMA's test gain
+  over the control's in each seed; table.md shows both."""
+  _, out, payload = ladder_run
+  r = payload["rungs"][0]
+  mech = r["mechanism"]
+  summed, experts = mech["summed"], mech["experts"]
+  for key in ("rho", "r", "rho_se"):
+    assert math.isfinite(summed[key]), (key, summed)
+  # r's error is over the Hutchinson vectors of the one batch: none from tiny's one vector
+  assert math.isfinite(summed["r_se"]) or summed["hutchinson"] == 1
+  assert summed["rho"] > 0
+  assert summed["params"] == sum(x["params"] for x in experts)
+  assert summed["n"] == experts[0]["n"] and summed["rho_by"] == experts[0]["rho_by"]
+  assert len(summed["per_batch"]) == min(len(x["per_batch"]) for x in experts)
+  rho_e = np.mean([x["rho"] for x in experts])
+  assert mech["predicted_vs_summed"] == pytest.approx(rho_e / summed["rho"])
+  assert mech["predicted_vs_summed_from_r"] == pytest.approx(
+      np.mean([x["predicted_rho"] for x in experts]) / summed["predicted_rho"])
+  assert mech["predicted_vs_summed_se"] >= 0
+  somas, ctls = r["methods"]["soma_n2"]["per_seed"], r["control"]["per_seed"]
+  want = [a["gain"]["test"] / b["gain"]["test"] for a, b in zip(somas, ctls, strict=True)]
+  assert r["measured_vs_summed_per_seed"] == pytest.approx(want)
+  assert r["measured_vs_summed"]["mean"] == pytest.approx(np.mean(want))
+  # the monolith's comparison as before
+  assert r["measured_ratio_per_seed"] == pytest.approx(
+      [a["gain"]["test"] / b["gain"]["test"] for a, b in zip(
+          somas, r["methods"]["mono"]["per_seed"], strict=True)])
+  table = open(os.path.join(out, "table.md")).read()
+  assert "predicted vs summed" in table and f"{mech['predicted_vs_summed']:.3f}" in table
+
+
+def _block_quadratic(body, head, batch):
+  """One expert's quadratic g_e.x + x.H_e.x / 2 at x = flat(body), (g_e, H_e) as its head."""
+  del batch
+  x = quad._flat(body)
+  return head["g"] @ x + 0.5 * x @ (head["h"] @ x)
+
+
+def _stacked_positions(body_N) -> list[np.ndarray]:
+  """Each expert's flat coordinates (in `_flat(body_e)` order) inside `_flat(body_N)`."""
+  sizes = [x.size for x in jax.tree.leaves(body_N)]
+  offsets = np.cumsum([0] + sizes)
+  index = jax.tree.unflatten(jax.tree.structure(body_N), [
+      np.arange(o, o + x.size).reshape(x.shape)
+      for o, x in zip(offsets, jax.tree.leaves(body_N))])
+  return [np.asarray(quad._flat(jax.tree.map(lambda x, e=e: x[e], index))) for e in range(2)]
+
+
+def test_summed_estimator_rank_is_the_block_diagonal_quadratics():
+  """Two experts with quadratic losses of Hessians H_1, H_2 (r_1, r_2 about 40): the summed
+  estimator over both bodies (`descent.summed`, one sparse direction over the stacked
+  vector) measures the r of the full quadratic, H = diag(H_1, H_2), tr H ||g||^2 / g.H.g
+  (about r_1 + r_2, twice an expert's), and its rho the exact finite-n value for that H,
+  each within 3 of its own standard errors."""
+  d, n = 200, 4
+  blocks = [quad._anisotropic(d, seed=0), quad._anisotropic(d, seed=3)]
+  with jax.enable_x64(True):
+    body_N = jax.tree.map(lambda x: jnp.stack([x, x]), quad._params(16, d - 16))
+    head_N = {"g": jnp.asarray(np.stack([g for g, _ in blocks])),
+              "h": jnp.asarray(np.stack([h for _, h in blocks]))}
+    cfg = spsa.SpsaConfig(n_pert=n, probe="sparse", pert_chunk=n)
+    batch = jnp.zeros((1, 2, 1, 2), jnp.uint8)  # [A, N, B, T + 1], unused by the quadratic
+    out = descent.measure(descent.summed(_block_quadratic, 1), body_N, head_N, [batch], 1e-3,
+                          cfg, jax.random.key(0), repeats=2000, hutchinson=256,
+                          loss_fn=descent.summed(_block_quadratic, 0))
+    q, m = quad._moments(body_N, "sparse")
+  g_full, h_full = np.zeros(2 * d), np.zeros((2 * d, 2 * d))
+  for pos, (g, h) in zip(_stacked_positions(body_N), blocks):
+    g_full[pos], h_full[np.ix_(pos, pos)] = g, h
+  r = quad.effective_rank(g_full, h_full)
+  r_each = [quad.effective_rank(g, h) for g, h in blocks]
+  assert r == pytest.approx(sum(r_each), rel=0.1), (r, r_each)
+  assert out["params"] == 2 * d and out["n"] == n
+  assert quad._within(out["r"], out["r_se"], r), (out["r"], out["r_se"], r, r_each)
+  assert out["r"] - 3 * out["r_se"] > max(r_each), "too few Hutchinson vectors to tell"
+  exact = quad.exact_rho(g_full, h_full, n, q, m)
+  assert quad._within(out["rho"], out["rho_se"], exact), (out["rho"], out["rho_se"], exact)
+  assert out["rho_se"] < 0.05 * out["rho"], "too few repeats for the test to mean anything"
+
+
+def test_ladder_mechanism_script_retrains_the_recorded_starts(ladder_run, data_two_shards,
+                                                               tmp_path):
+  """scripts/ladder_mechanism.py on the tiny ladder's results.json, its seeds trained afresh
+  in another folder: the same starts (the experts' and monolith's rho and r equal the
+  recorded, on the same batches), the summed estimator's too, and measured_vs_summed from the
+  recorded SOMA and control gains."""
+  _, out, payload = ladder_run
+  result = ladder_mechanism.main([
+      f"--config={os.path.join(ROOT, 'experiments', 'configs', 'compare.py')}:{TINY}",
+      f"--out={tmp_path / 'mech'}", f"--results={os.path.join(out, 'results.json')}",
+      f"--data_dir={data_two_shards}", f"--json={tmp_path / 'mech.json'}"])
+  assert json.loads((tmp_path / "mech.json").read_text())["rungs"][0]["width"] == 8
+  (r,), (rec,) = result["rungs"], payload["rungs"]
+  assert os.path.isdir(tmp_path / "mech" / "rung8" / "seeds" / "soma_expert")
+  check = r["recorded_check"]
+  assert check["equal_within_tolerance"] and check["same_batches"], check
+  assert check["rho"]["max_abs_difference"] == 0.0 and check["r"]["max_abs_difference"] == 0.0
+  assert r["mechanism"]["summed"]["rho"] == rec["mechanism"]["summed"]["rho"]
+  assert r["mechanism"]["predicted_vs_summed"] == rec["mechanism"]["predicted_vs_summed"]
+  assert r["measured_vs_summed_per_seed"] == pytest.approx(rec["measured_vs_summed_per_seed"])
+  assert r["recorded_measured_ratio"] == rec["measured_ratio"]
+  assert set(result["load_average"]) == {"start", "end"} and result["wall_seconds"] > 0

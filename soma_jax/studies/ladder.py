@@ -9,21 +9,25 @@ parameters, `protocol.sized`; SOMA and the monolith then do equal operations per
    same windows, both shards'), the descent ratio rho (`descent.measure`, by
    config.mechanism.rho_by: a forward-only line search along training's own SPSA estimates
    against `jax.grad`) and the effective rank r (Hessian-vector products). The predicted
-   progress ratio is mean_e rho_e / rho_mono;
+   progress ratio is mean_e rho_e / rho_mono. The same for the summed-loss estimator (the
+   control's, `summed_descent`): one SPSA direction over both experts' bodies, the N losses
+   summed (a block-diagonal Hessian, r_summed ~ r_1 + r_2), predicting SOMA against the
+   control by mean_e rho_e / rho_summed (SPEC 9.7: the pair the variance argument separates);
 2. Table 7's comparison at that width (`table7.compare_pair`: the lr-then-eps grid,
    selection on ensemble validation, test scored once, per optimisation seed);
 3. the summed-loss control (config.control) from SOMA's start, at SOMA's selected lr and eps
    and SOMA's number of updates in each seed (as Table 4's controls run).
 The measured ratio is SOMA's compared-phase test gain (start - end) over the monolith's, per
-seed, with its 95% t interval across seeds. Every field, the mechanism's settings and every
-rung's runs are checked before the first rung trains (`check`). OUT/rungW holds each rung's
-seeds and runs (they resume); OUT/results.json, table.md and ladder.png are written after
-every rung.
+seed, with its 95% t interval across seeds; `measured_vs_summed` the same over the control's.
+Every field, the mechanism's settings and every rung's runs are checked before the first rung
+trains (`check`). OUT/rungW holds each rung's seeds and runs (they resume); OUT/results.json,
+table.md and ladder.png are written after every rung.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 
@@ -203,15 +207,52 @@ def seed_descent(spec: spec_lib.RunSpec, workdir: str, batches: list[np.ndarray]
                            hutchinson=m.hutchinson, rho_by=m.rho_by, expert=expert)
 
 
+@functools.cache
+def _streamed(time_block: int, unroll: int):
+  """One expert's SPSA loss (`spsa`'s default, `model.streamed_loss`), one object per
+  setting so `descent.summed` and jit cache by it."""
+  return functools.partial(model_lib.streamed_loss, time_block=time_block, unroll=unroll)
+
+
+def summed_batches(batches: list[list[np.ndarray]]) -> list[np.ndarray]:
+  """[A, N, B, T + 1] per batch index k < every expert's count: expert e's batch k at e."""
+  count = min(len(b) for b in batches)
+  return [np.stack([b[k] for b in batches], axis=1) for k in range(count)]
+
+
+def summed_descent(spec: spec_lib.RunSpec, workdir: str, batches: list[list[np.ndarray]],
+                   m: Mechanism) -> dict:
+  """rho and r of the summed-loss estimator at the control's start (its seed run in
+  `workdir`, every expert as `spec`'s method starts it): the parameters are all N bodies
+  stacked, the loss sum_e of expert e's on its own batch k (`summed_batches`; heads held as
+  in the experts' measurement), one SPSA direction drawn over the whole stacked vector (as
+  expert 0's probes: the law of the control's, whose expert e's block is drawn from expert
+  e's key), with the experts' n, eps, repeats, Hutchinson vectors and key."""
+  body_N, head = spec.method.init_params(runs.restore_params(workdir))
+  n = spec.n_experts
+  head_N = jnp.broadcast_to(head, (n,) + head.shape) if spec.shared_head else head
+  # a custom loss_fn needs forward="direct" (`spsa`: speed only, the same losses)
+  cfg = dataclasses.replace(spec.method.step_config().spsa, forward="direct")
+  loss_fn = descent.summed(_streamed(cfg.time_block, cfg.unroll), 0)
+  with memory.full_precision():
+    return descent.measure(descent.summed(batch_loss, 1), body_N, head_N,
+                           [jnp.asarray(b) for b in summed_batches(batches)], spec.eps, cfg,
+                           jax.random.key(m.seed), repeats=m.repeats, hutchinson=m.hutchinson,
+                           rho_by=m.rho_by, expert=0, loss_fn=loss_fn)
+
+
 def mechanism(ls: LadderSpec, specs: dict, seeds: dict, data_dir: str) -> dict:
-  """rho and r of each SOMA expert and of the monolith at the rung's start, on identical
-  windows: expert e on its shard's batches, the monolith on all of them."""
-  ref, mono, m = ls.reference, ls.other, ls.mechanism
+  """rho and r of each SOMA expert, of the monolith and of the summed-loss estimator at the
+  rung's start, on identical windows: expert e on its shard's batches, the monolith on all
+  of them, the summed estimator on every expert's batch k at once."""
+  ref, mono, ctl, m = ls.reference, ls.other, ls.control, ls.mechanism
   batches = measurement_batches(data_dir, specs[ref], m.batches)
   start = lambda name: seeds[ls.plan.start[name]]["_path"]
   experts = [seed_descent(specs[ref], start(ref), b, e, m) for e, b in enumerate(batches)]
   monolith = seed_descent(specs[mono], start(mono), [x for b in batches for x in b], 0, m)
-  return {"experts": experts, "monolith": monolith, **predicted(experts, monolith)}
+  summed = summed_descent(specs[ctl], start(ctl), batches, m)
+  return {"experts": experts, "monolith": monolith, **predicted(experts, monolith),
+          "summed": summed, **predicted_vs_summed(experts, summed)}
 
 
 def _rho(per_batch: list[dict]) -> float:
@@ -250,6 +291,41 @@ def predicted(experts: list[dict], monolith: dict) -> dict:
           "predicted_ratio_from_r": float(from_r)}
 
 
+def predicted_vs_summed(experts: list[dict], summed: dict) -> dict:
+  """mean_e rho_e / rho_summed, and the same ratio from r alone (n / (r + n)).
+
+  Its standard error is a delete-one-batch jackknife over the shared windows: summed batch k
+  holds every expert's batch k, so dropping unit k drops batch k from each expert's sums and
+  from the summed estimator's, given at least 2 batches each; else the delta method with
+  the errors taken as independent (as `predicted`).
+  """
+  rho_e = float(np.mean([x["rho"] for x in experts]))
+  ratio = rho_e / summed["rho"]
+  counts = [len(x["per_batch"]) for x in experts] + [len(summed["per_batch"])]
+  if min(counts) >= 2:
+    drop = lambda b, i: b[:i] + b[i + 1:]  # noqa: E731 - unit i past b's end keeps b
+    loo = [np.mean([_rho(drop(x["per_batch"], i)) for x in experts])
+           / _rho(drop(summed["per_batch"], i)) for i in range(max(counts))]
+    se, how = descent.jackknife(ratio, np.array(loo)), "jackknife over the shared batches"
+  else:
+    se_e = np.sqrt(np.sum([x["rho_se"] ** 2 for x in experts])) / len(experts)
+    se = ratio * np.sqrt((se_e / rho_e) ** 2 + (summed["rho_se"] / summed["rho"]) ** 2)
+    how = "delta method, errors taken as independent"
+  from_r = np.mean([x["predicted_rho"] for x in experts]) / summed["predicted_rho"]
+  return {"predicted_vs_summed": float(ratio), "predicted_vs_summed_se": float(se),
+          "predicted_vs_summed_se_by": how, "predicted_vs_summed_from_r": float(from_r)}
+
+
+def gain_ratios(a_per_seed: list[dict], b_per_seed: list[dict]) -> list[float]:
+  """Per seed, a's compared-phase test gain over b's (records of the same seeds, in order)."""
+  out = []
+  for a, b in zip(a_per_seed, b_per_seed, strict=True):
+    if a["seed"] != b["seed"]:
+      raise ValueError(f"seed {a['seed']} against seed {b['seed']}: the records' seeds differ")
+    out.append(a["gain"]["test"] / b["gain"]["test"])
+  return out
+
+
 # ------------------------------------------------------------------------ the control
 
 
@@ -286,10 +362,11 @@ def run_control(ls: LadderSpec, cfgs: dict, pair: dict, data_dir: str, out: str,
 # ------------------------------------------------------------------------------ a rung
 
 
-def run_rung(ls: LadderSpec, width: int, out: str, data_dir: str,
-             scored: tuple[eval_lib.TestSet, eval_lib.TestSet], executor=None) -> dict:
-  """Seeds, the mechanism at the start, Table 7's pair, the control: one rung's record."""
-  t0 = time.perf_counter()
+def rung_seeds(ls: LadderSpec, width: int, out: str, data_dir: str, val: eval_lib.TestSet,
+               executor=None) -> tuple[ml_collections.ConfigDict, dict, dict]:
+  """A rung's equal-update seed runs in OUT/seeds (`protocol.train_seeds`; finished ones
+  resume as they are): (Table 7's pair config at the rung, every method's config, the seed
+  records)."""
   pair_config = rung_config(ls, width, control=False)
   pair_config.data_dir = data_dir
   cfgs = sized(ls, width)
@@ -297,27 +374,47 @@ def run_rung(ls: LadderSpec, width: int, out: str, data_dir: str,
   print(f"[ladder] rung {width}: {ref} d_t={cfgs[ref].model.d_t} x {cfgs[ref].n_experts}, "
         f"{mono} d_t={cfgs[mono].model.d_t}", flush=True)
   seeds = protocol.train_seeds(protocol.check_plan(pair_config), protocol.sized(pair_config),
-                               data_dir, out, scored[0], executor)
-  t_mech = time.perf_counter()
+                               data_dir, out, val, executor)
+  return pair_config, cfgs, seeds
+
+
+def rung_mechanism(ls: LadderSpec, cfgs: dict, seeds: dict, data_dir: str) -> dict:
+  """`mechanism` at a rung's start (cfgs and seeds from `rung_seeds`), with its wall seconds."""
+  t = time.perf_counter()
   mech = mechanism(ls, {n: spec_lib.resolve(c) for n, c in cfgs.items()}, seeds, data_dir)
-  mech["wall_seconds"] = time.perf_counter() - t_mech
+  mech["wall_seconds"] = time.perf_counter() - t
+  return mech
+
+
+def run_rung(ls: LadderSpec, width: int, out: str, data_dir: str,
+             scored: tuple[eval_lib.TestSet, eval_lib.TestSet], executor=None) -> dict:
+  """Seeds, the mechanism at the start, Table 7's pair, the control: one rung's record."""
+  t0 = time.perf_counter()
+  ref, mono = ls.reference, ls.other
+  pair_config, cfgs, seeds = rung_seeds(ls, width, out, data_dir, scored[0], executor)
+  mech = rung_mechanism(ls, cfgs, seeds, data_dir)
   print(f"[ladder] rung {width}: rho expert {mech['rho_expert']:.4g}, monolith "
-        f"{mech['monolith']['rho']:.4g}, predicted ratio {mech['predicted_ratio']:.3f} "
-        f"± {mech['predicted_ratio_se']:.3f}", flush=True)
+        f"{mech['monolith']['rho']:.4g}, summed {mech['summed']['rho']:.4g}, predicted ratio "
+        f"{mech['predicted_ratio']:.3f} ± {mech['predicted_ratio_se']:.3f}, vs summed "
+        f"{mech['predicted_vs_summed']:.3f} ± {mech['predicted_vs_summed_se']:.3f}", flush=True)
   pair = table7.compare_pair(pair_config, out, scored, executor)
   control = run_control(ls, cfgs, pair, data_dir, out, scored, executor)
-  ratios = [a["gain"]["test"] / b["gain"]["test"] for a, b in zip(
-      pair["methods"][ref]["per_seed"], pair["methods"][mono]["per_seed"], strict=True)]
+  somas = pair["methods"][ref]["per_seed"]
+  ratios = gain_ratios(somas, pair["methods"][mono]["per_seed"])
   measured = protocol.t_interval(ratios)
+  vs_summed = gain_ratios(somas, control["per_seed"])
   print(f"[ladder] rung {width}: predicted ratio {mech['predicted_ratio']:.3f} ± "
-        f"{mech['predicted_ratio_se']:.3f}, measured gain ratio {protocol.ci(measured)}",
-        flush=True)
+        f"{mech['predicted_ratio_se']:.3f}, measured gain ratio {protocol.ci(measured)}; vs "
+        f"summed predicted {mech['predicted_vs_summed']:.3f}, measured "
+        f"{protocol.ci(protocol.t_interval(vs_summed))}", flush=True)
   return {**sizes(ls, width), "folder": os.path.basename(out), "mechanism": mech,
           "seed_runs": {k: {f: v for f, v in r.items() if not f.startswith("_")}
                         for k, r in pair["seed_records"].items()},
           "methods": pair["methods"], "gain_difference": pair["gain_difference"],
           "control": control, "measured_ratio": measured,
-          "measured_ratio_per_seed": ratios, "wall_seconds": time.perf_counter() - t0}
+          "measured_ratio_per_seed": ratios,
+          "measured_vs_summed": protocol.t_interval(vs_summed),
+          "measured_vs_summed_per_seed": vs_summed, "wall_seconds": time.perf_counter() - t0}
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "",
@@ -362,8 +459,9 @@ def table(p: dict) -> str:
       "",
       "| expert width | monolith width | params (SOMA / mono) | ops/update diff | rho expert | "
       "rho mono | r expert | r mono | predicted ratio | measured gain ratio | SOMA gain | "
-      "mono gain | SOMA - control gain | wall s |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+      "mono gain | SOMA - control gain | rho summed | r summed | predicted vs summed | "
+      "measured vs summed | wall s |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in p["rungs"]:
     m = r["mechanism"]
@@ -375,10 +473,17 @@ def table(p: dict) -> str:
         f"{m['predicted_ratio_se']:.3f} | {protocol.ci(r['measured_ratio'])} | "
         f"{protocol.ci(r['methods'][ref]['gain']['test'], 4)} | "
         f"{protocol.ci(r['methods'][mono]['gain']['test'], 4)} | "
-        f"{protocol.ci(r['control']['soma_minus_control_gain'], 4)} | {r['wall_seconds']:.0f} |")
+        f"{protocol.ci(r['control']['soma_minus_control_gain'], 4)} | "
+        f"{m['summed']['rho']:.4g} | {m['summed']['r']:.3g} | {m['predicted_vs_summed']:.3f} ± "
+        f"{m['predicted_vs_summed_se']:.3f} | {protocol.ci(r['measured_vs_summed'])} | "
+        f"{r['wall_seconds']:.0f} |")
   se_by = sorted({r["mechanism"]["predicted_ratio_se_by"] for r in p["rungs"]})
+  se_summed = sorted({r["mechanism"]["predicted_vs_summed_se_by"] for r in p["rungs"]})
   lines += ["", f"Control: {ctl} at SOMA's selected lr / eps and updates per seed. Predicted "
             f"ratio: mean over experts of rho / the monolith's rho (± SE, {'; '.join(se_by)}). "
+            "Predicted vs summed: mean over experts of rho / the summed-loss estimator's rho "
+            f"(both experts' bodies, one direction over them; ± SE, {'; '.join(se_summed)}); "
+            "measured vs summed: SOMA's test gain / the control's (95% t across seeds). "
             f"Byte unigram {p['unigram_test_nats_per_byte']:.3f}."]
   return "\n".join(lines) + "\n"
 
