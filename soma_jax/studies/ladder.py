@@ -282,13 +282,19 @@ def predicted(experts: list[dict], monolith: dict) -> dict:
         loo.append(np.mean(rho_loo) / _rho(drop(monolith["per_batch"], offsets[e] + i)))
     se, how = descent.jackknife(ratio, np.array(loo)), "jackknife over the shared batches"
   else:
-    se_e = np.sqrt(np.sum([x["rho_se"] ** 2 for x in experts])) / len(experts)
-    se = ratio * np.sqrt((se_e / rho_e) ** 2 + (monolith["rho_se"] / monolith["rho"]) ** 2)
-    how = "delta method, errors taken as independent"
+    se, how = _delta_se(experts, monolith, ratio)
   from_r = np.mean([x["predicted_rho"] for x in experts]) / monolith["predicted_rho"]
   return {"rho_expert": rho_e, "predicted_ratio": float(ratio),
           "predicted_ratio_se": float(se), "predicted_ratio_se_by": how,
           "predicted_ratio_from_r": float(from_r)}
+
+
+def _delta_se(experts: list[dict], other: dict, ratio: float) -> tuple[float, str]:
+  """The SE of mean_e rho_e / rho_other by the delta method, the errors taken as independent."""
+  rho_e = float(np.mean([x["rho"] for x in experts]))
+  se_e = np.sqrt(np.sum([x["rho_se"] ** 2 for x in experts])) / len(experts)
+  se = ratio * np.sqrt((se_e / rho_e) ** 2 + (other["rho_se"] / other["rho"]) ** 2)
+  return se, "delta method, errors taken as independent"
 
 
 def predicted_vs_summed(experts: list[dict], summed: dict) -> dict:
@@ -308,9 +314,7 @@ def predicted_vs_summed(experts: list[dict], summed: dict) -> dict:
            / _rho(drop(summed["per_batch"], i)) for i in range(max(counts))]
     se, how = descent.jackknife(ratio, np.array(loo)), "jackknife over the shared batches"
   else:
-    se_e = np.sqrt(np.sum([x["rho_se"] ** 2 for x in experts])) / len(experts)
-    se = ratio * np.sqrt((se_e / rho_e) ** 2 + (summed["rho_se"] / summed["rho"]) ** 2)
-    how = "delta method, errors taken as independent"
+    se, how = _delta_se(experts, summed, ratio)
   from_r = np.mean([x["predicted_rho"] for x in experts]) / summed["predicted_rho"]
   return {"predicted_vs_summed": float(ratio), "predicted_vs_summed_se": float(se),
           "predicted_vs_summed_se_by": how, "predicted_vs_summed_from_r": float(from_r)}
