@@ -39,7 +39,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from benchmarks.step_timing import benchmark
+from benchmarks.step_timing import benchmark, check_reps
 from soma_jax import cli
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
@@ -81,6 +81,7 @@ def one_device_process(reps: int) -> dict:
 
 def main(argv):
   del argv
+  check_reps(_REPS.value)
   out = benchmark(spec_lib.resolve(_CONFIG.value), _REPS.value, _LOOP.value and not _STEP_ONLY.value,
                   ideals=not _STEP_ONLY.value)
   if _ONE_PROCESS.value and out["devices"] > 1:

@@ -18,7 +18,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from benchmarks.step_timing import signs_values, sweep
+from benchmarks.step_timing import check_reps, signs_values, sweep
 from soma_jax import cli
 from soma_jax import spec as spec_lib
 
@@ -36,6 +36,7 @@ def main(argv):
   chunks = cli.positive_ints("pert_chunk", _CHUNKS.value)
   blocks = cli.positive_ints("time_block", _BLOCKS.value)
   signs = signs_values(_SIGNS.value)
+  check_reps(_REPS.value)
   result = sweep(spec_lib.resolve(_CONFIG.value), chunks, blocks, _REPS.value, signs)
   for r in result["rows"]:
     print(f"pert_chunk {r['pert_chunk']:>4}  time_block {r['time_block']:>4}  "

@@ -38,14 +38,20 @@ def timeit(fn, reps: int) -> float:
   return interleaved({"fn": fn}, reps)["fn"]
 
 
+def check_reps(reps: int) -> int:
+  """--reps, refused below 1 before anything is built or compiled."""
+  if reps < 1:
+    raise UserError(f"--reps={reps} must be >= 1 (timed rounds; the median is reported)")
+  return reps
+
+
 def interleaved(fns: dict, reps: int, warm: bool = True) -> dict:
   """Median seconds of each function, timed in `reps` rounds that run every function once.
 
   Interleaving makes ratios between the functions robust to the machine's drift (another
   job, clock changes) in a way that timing one function's reps after another's is not.
   """
-  if reps < 1:
-    raise UserError(f"--reps={reps} must be >= 1 (timed rounds; the median is reported)")
+  check_reps(reps)
   for fn in fns.values() if warm else ():  # warm-up (and compile)
     jax.block_until_ready(fn())
   times = {name: [] for name in fns}

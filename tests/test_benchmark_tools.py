@@ -13,6 +13,7 @@ from soma_jax import spec as spec_lib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # make test-all; kept out of make test's 15 minutes
 def test_sweep_times_each_dividing_combination_and_ranks_them():
   c = config_lib.base_config(n=2, size="tiny")  # n_pert 4
   out = step_timing.sweep(spec_lib.resolve(c), chunks=[1, 3, 4], blocks=[8, 16], reps=2,
@@ -100,6 +101,7 @@ def test_ideal_forwards_cover_the_steps_tokens_with_plain_losses():
   assert not np.allclose(plain[1], want)  # later pieces see shifted bytes, not a hoisted copy
 
 
+@pytest.mark.slow  # make test-all; kept out of make test's 15 minutes
 def test_benchmark_reports_ratios_of_the_times_it_measured():
   spec = spec_lib.resolve(config_lib.base_config(n=2, size="tiny"))
   out = step_timing.benchmark(spec, reps=1, loop=False)
@@ -116,6 +118,7 @@ def test_benchmark_reports_ratios_of_the_times_it_measured():
   assert out["memory_ratio_2x_n_pert"] < 1.5  # memory ~ chunk, not n_pert (2 if it grew with K)
 
 
+@pytest.mark.slow  # make test-all; kept out of make test's 15 minutes
 def test_plan_memory_plans_each_dividing_chunk_and_signs():
   from soma_jax.errors import UserError
 
@@ -169,6 +172,7 @@ def _bench_child(script: str, *args: str, python: tuple[str, ...] = ()) -> dict:
   return proc.stdout
 
 
+@pytest.mark.slow  # make test-all; kept out of make test's 15 minutes
 def test_spsa_step_times_the_training_layout_beside_one_device():
   import json
 

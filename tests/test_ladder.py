@@ -172,6 +172,7 @@ def test_predicted_vs_summed_error_cancels_shared_batch_noise():
   assert one["predicted_vs_summed_se_by"].startswith("delta") and one["predicted_vs_summed_se"] > 0
 
 
+@pytest.mark.slow  # make test-all; kept out of make test's 15 minutes
 def test_ladder_steps_sizes_rungs_from_training_updates(data_two_shards):
   """benchmarks/ladder_steps.py as a user runs it: every method and seed run of a rung timed
   isolated and inside training, and the projection read from training's per-update time."""

@@ -81,6 +81,7 @@ def _plan(n, d_t, b, t, n_pert, chunk, time_block, signs_together=True) -> int:
   return memory.planned_bytes(step.lower(state, batch, ids, cfg=cfg).compile())
 
 
+@pytest.mark.slow  # make test-all; kept out of make test's 15 minutes
 def test_paper_shapes_plan_fits_16gb_and_does_not_grow_with_t():
   """SOMA N = 2 (d_t 361), B = 64, T = 1024, n_pert = pert_chunk = 64: compile only."""
   tb = config_lib.base_config(n=2, size="paper").spsa.time_block

@@ -52,6 +52,7 @@ def test_categories_of_kernel_names(name, kind):
   assert profiling.category(name) == kind
 
 
+@pytest.mark.slow  # make test-all; kept out of make test's 15 minutes
 def test_profiles_a_tiny_step(tmp_path):
   out = tmp_path / "p.json"
   proc = subprocess.run(

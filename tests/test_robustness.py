@@ -422,6 +422,7 @@ def test_parquet_text_of_integers_is_one_line(tmp_path):
     prepare.prepare(f"fineweb_edu:{tmp_path / 'src'}", 2, str(tmp_path / "out"), **SMALL_PREP)
 
 
+@pytest.mark.slow  # make test-all; kept out of make test's 15 minutes
 def test_closed_pipe_and_stray_arguments(straight, tmp_path):
   gen = [sys.executable, "experiments/generate.py", f"--workdir={straight}"]
   reader = subprocess.Popen(gen + ["--max_bytes=10000000"], stdout=subprocess.PIPE,

@@ -173,6 +173,7 @@ def test_expert_slices_merged_equal_one_job(data_prepared, tmp_path):
     merge.merge([parts[0], again], str(tmp_path / "bad-data"))
 
 
+@pytest.mark.slow  # make test-all; kept out of make test's 15 minutes
 def test_gru_eggroll_slices_merge_with_their_carried_states(data_prepared, tmp_path):
   """merge concatenates each job's carried member states (TrainState.carry) with its experts:
   the merged run is the whole job's, states and stream position included."""
