@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= demo_out
 # pytest-xdist workers for make test / test-all: one per core of the 2-core machines the
-# suite is sized for (422 tests: 10.8 min on a fresh clone, docs/results/make_test.json);
+# suite is sized for (687 tests: 10.3 min of pytest here, docs/results/make_test.json);
 # each test file stays on one worker.
 TEST_WORKERS ?= 2
 # make demo DEVICE=gpu: the CUDA 12 build of JAX, then the GPU-sized quickstart notebook
