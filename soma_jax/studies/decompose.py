@@ -394,10 +394,11 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
       {"unit": "ops", "amount": ops_budget, "per": "row and seed",
        "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
        "ops_per_update": {n: s.total_ops_per_update for n, s in specs.items()}},
-      (val, test), where[ref][0], out, seeds, rows=public(rows), effects=public(effects),
-      interactions=public(inter), how=HOW,
+      (val, test), where[ref][0], out, seeds, rows=protocol.public(rows),
+      effects=protocol.public(effects), interactions=protocol.public(inter), how=HOW,
       tuning={**study.grid.record(), "row_base_lr": study.row_base_lr})
-  payload["data_dir_random"] = protocol.shown(where.get("soma_random", where[ref])[0], out)
+  random = [where[n][0] for n in study.specs if study.data(n) == "random"]
+  payload["data_dir_random"] = protocol.shown(random[0], out) if random else None
   write_effects_csv(payload, os.path.join(out, "effects.csv"))
   plot(rows, os.path.join(out, "curves.png"))
   return protocol.write(out, payload, table)
@@ -419,17 +420,6 @@ def _aggregate(r: dict) -> None:
   r["end_loss"] = {s: protocol.t_interval([p["end_loss"][s] for p in per])
                    for s in ("validation", "test")}
   r["updates"] = protocol.across_seeds([p["updates"] for p in per])
-
-
-def public(x):
-  """`x` without its private fields (keys starting with _) and with numpy made plain."""
-  if isinstance(x, dict):
-    return {k: public(v) for k, v in x.items() if not str(k).startswith("_")}
-  if isinstance(x, list | tuple):
-    return [public(v) for v in x]
-  if isinstance(x, np.generic):
-    return x.item()
-  return x
 
 
 # ----------------------------------------------------------------------------- output

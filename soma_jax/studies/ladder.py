@@ -412,8 +412,7 @@ def run_rung(ls: LadderSpec, width: int, out: str, data_dir: str,
         f"summed predicted {mech['predicted_vs_summed']:.3f}, measured "
         f"{protocol.ci(protocol.t_interval(vs_summed))}", flush=True)
   return {**sizes(ls, width), "folder": os.path.basename(out), "mechanism": mech,
-          "seed_runs": {k: {f: v for f, v in r.items() if not f.startswith("_")}
-                        for k, r in pair["seed_records"].items()},
+          "seed_runs": protocol.public(pair["seed_records"]),
           "methods": pair["methods"], "gain_difference": pair["gain_difference"],
           "control": control, "measured_ratio": measured,
           "measured_ratio_per_seed": ratios,

@@ -601,10 +601,19 @@ def results(study: str, spec: str, plan: StudyPlan, command: str,
       "unigram_test_nats_per_byte": eval_lib.unigram_nats(data_dir, "test", test.route, test.score),
       "data_dir": shown(data_dir, out), "seeds": list(plan.seeds),
       "bootstrap_draws": plan.bootstrap_draws, "reference": plan.reference,
-      "seed_runs": {k: {f: v for f, v in r.items() if not f.startswith("_")}
-                    for k, r in seeds.items()},
-      **rest, "cost": cost(out, begun),
+      "seed_runs": public(seeds), **rest, "cost": cost(out, begun),
   }
+
+
+def public(x):
+  """`x` without its private fields (keys starting with _) and with numpy made plain."""
+  if isinstance(x, dict):
+    return {k: public(v) for k, v in x.items() if not str(k).startswith("_")}
+  if isinstance(x, list | tuple):
+    return [public(v) for v in x]
+  if isinstance(x, np.generic):
+    return x.item()
+  return x
 
 
 def write(out: str, payload: dict, table) -> dict:
