@@ -213,6 +213,48 @@ def test_the_raw_config_check_sees_one():
   assert raw_config_functions(tree) == ["soma_jax/plan.py:1 place", "soma_jax/plan.py:3 f"]
 
 
+# The studies build configs (their config space) and take a raw config only at these doors;
+# everything below a door holds its typed spec (protocol.StudyPlan, table7.Grid,
+# ladder.LadderSpec, decompose.Study, independent.Settings, variance.VarianceSpec). protocol's
+# are the builders of each run's config; independent's `vc` is the variance study's config.
+STUDY_DOORS = {
+    "compare.py": {"run"}, "decompose.py": {"check", "run"}, "ladder.py": {"check", "run"},
+    "independent.py": {"settings", "variance_at", "run", "_payload", "_run_summary"},
+    "protocol.py": {"_field", "check_fields", "check_plan", "resolved", "_leaves", "as_field",
+                    "check_runs", "budgeted", "seed_configs", "train_seeds", "sized"},
+    "table4.py": {"run_config", "run"}, "table7.py": {"check_grid", "run", "compare_pair"},
+    "trained_sizes.py": {"train_all"}, "variance.py": {"variance_spec", "run_study"},
+}
+
+
+def study_raw_config_functions(trees: dict[str, ast.Module]) -> list[str]:
+  """Functions of soma_jax/studies/ that take a raw config and are not a study's door."""
+  found = []
+  for path, tree in trees.items():
+    rel = path.replace(os.sep, "/")
+    if not rel.startswith("soma_jax/studies/"):
+      continue
+    doors = STUDY_DOORS.get(os.path.basename(rel), set())
+    nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    nodes += [m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body
+              if isinstance(m, ast.FunctionDef)]
+    found += [f"{rel}:{n.lineno} {n.name}" for n in nodes
+              if n.name not in doors and _takes_raw_config(n)]
+  return found
+
+
+def test_studies_take_a_raw_config_only_at_their_doors():
+  """Issue 38: in soma_jax/studies/ only the 29 doors of STUDY_DOORS take a raw config."""
+  assert study_raw_config_functions(_sources("soma_jax")) == []
+
+
+def test_the_study_door_check_sees_one():
+  tree = {"soma_jax/studies/ladder.py": ast.parse(
+      "def run(config):\n  pass\ndef rung_config(config, width):\n  pass\n"
+      "def sizes(ls, width):\n  pass\n")}
+  assert study_raw_config_functions(tree) == ["soma_jax/studies/ladder.py:3 rung_config"]
+
+
 METHOD_API = {"Method", "Seed", "MAKERS", "make"}  # what soma_jax.methods offers outside it
 
 
