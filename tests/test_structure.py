@@ -182,6 +182,13 @@ def _takes_raw_config(fn: ast.FunctionDef) -> bool:
   return False
 
 
+def _functions(tree: ast.Module) -> list[ast.FunctionDef]:
+  """A module's top-level functions and its classes' methods."""
+  return [n for n in tree.body if isinstance(n, ast.FunctionDef)] + [
+      m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body
+      if isinstance(m, ast.FunctionDef)]
+
+
 def raw_config_functions(trees: dict[str, ast.Module]) -> list[str]:
   """Top-level functions and methods below the resolver that take a raw config."""
   found = []
@@ -192,9 +199,7 @@ def raw_config_functions(trees: dict[str, ast.Module]) -> list[str]:
       continue
     if rel.startswith("soma_jax/methods/") and rel not in RAW_CONFIG_ALLOWED:
       allowed = {"make"}
-    nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    nodes += [m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body
-              if isinstance(m, ast.FunctionDef)]
+    nodes = _functions(tree)
     found += [f"{rel}:{n.lineno} {n.name}" for n in nodes
               if n.name not in allowed and _takes_raw_config(n)]
   return found
@@ -235,9 +240,7 @@ def study_raw_config_functions(trees: dict[str, ast.Module]) -> list[str]:
     if not rel.startswith("soma_jax/studies/"):
       continue
     doors = STUDY_DOORS.get(os.path.basename(rel), set())
-    nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    nodes += [m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body
-              if isinstance(m, ast.FunctionDef)]
+    nodes = _functions(tree)
     found += [f"{rel}:{n.lineno} {n.name}" for n in nodes
               if n.name not in doors and _takes_raw_config(n)]
   return found
