@@ -128,6 +128,8 @@ def get_config(arg: str | None = None):
     return _ladder(arg)
   if "study=decompose" in (arg or "").replace(" ", ""):
     return _decompose(arg)
+  if "study=table6" in (arg or "").replace(" ", ""):
+    return _table6(arg)
   a = parse_arg(arg, study="table4", size="cpu")
   if a["study"] not in STUDIES or a["size"] not in ("cpu", "tiny"):
     raise UserError(f"compare.py:study={a['study']},size={a['size']}: use study="
@@ -296,4 +298,29 @@ def _decompose(arg: str | None) -> ml_collections.ConfigDict:
       "sharding_at_width": ("soma", "one_expert"), "narrow_vs_wide": ("one_expert", "mono")})
   # name: (effect 1, effect 2), effect 1 minus effect 2: the zero-order-specific part
   c.interactions = ml_collections.ConfigDict({"interaction": ("sharding_spsa", "sharding_bptt")})
+  return c
+
+
+# ------------------------------------------------------------------------- Table 6
+
+
+def _table6(arg: str | None) -> ml_collections.ConfigDict:
+  """study=table6 (the paper's Table 6, soma_jax/studies/table6.py): Table 7's pair, seeds,
+  budget and scoring at the paper's five (lr, initial eps) cells, no search.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=table6,size=cpu --out=runs/table6
+  """
+  a = parse_arg(arg, study="table6", size="cpu", seeds=0)
+  if a["size"] not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study=table6,size={a['size']}: use size=cpu or tiny")
+  c = get_config(f"study=table7,size={a['size']}")
+  c.study = "table6"
+  c.seeds = a["seeds"] or (3 if a["size"] == "cpu" else 2)  # the paper's three
+  for unused in ("lr_factors", "lr_extend", "eps_factors", "eps_extend"):  # no search here
+    del c[unused]
+  c.curve_points = 1  # each cell's final checkpoint is all the table reads
+  # (lr factor, initial eps factor) of base_lr: the paper's cells over its base 0.0025, which
+  # is this project's CPU base_lr too (0.00125 / 0.0025, 0.0025 / 0.0025, 0.005 / 0.0025,
+  # 0.00125 / 0.00125, 0.00125 / 0.005)
+  c.cells = ((0.5, 1.0), (1.0, 1.0), (2.0, 1.0), (0.5, 0.5), (0.5, 2.0))
   return c

@@ -9,6 +9,8 @@
           effective rank r at each rung's start, and the summed-loss control
   decompose SPEC 9.8: where SOMA's lead comes from: sharding under SPSA and backprop, random
           shards, the summed loss, one expert alone, with matched-loss speed-ups
+  table6  the paper's Table 6: lr and initial eps sensitivity of the monolith and SOMA N = 2
+          at equal compute, the paper's five cells, mean +- sd over seeds
 
 Every row continues its architecture's own seed run, optimizer state included (`protocol`,
 SPEC 9.6); every study field and run config is checked before anything trains
@@ -25,11 +27,12 @@ import os
 import ml_collections
 
 from soma_jax.errors import UserError, writable_dir
-from soma_jax.studies import decompose, ladder, table4, table7
+from soma_jax.studies import decompose, ladder, table4, table6, table7
 
 # The one list of compare.py's studies: config.study -> its module (`run`, `table`). The
 # config file, the entry point's --help and --list all read it.
-STUDIES = {"table4": table4, "table7": table7, "ladder": ladder, "decompose": decompose}
+STUDIES = {"table4": table4, "table7": table7, "ladder": ladder, "decompose": decompose,
+           "table6": table6}
 
 
 def _module(study: object):
