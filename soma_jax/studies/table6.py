@@ -196,17 +196,17 @@ def table(p: dict) -> str:
       "an equal GPU budget, its own ensemble validation set. Load average "
       f"{p['load_average']['start'][0]:.2f} at the start, {p['load_average']['end'][0]:.2f} at "
       "the end.", "",
-      f"| lr | initial eps | N = 1 (ours) | N = 2 (ours) | N=1 − N=2 (ours, 95% t) | "
+      "| lr | initial eps | N = 1 (ours) | N = 2 (ours) | N=1 − N=2 (ours, 95% t) | "
       "N = 1 (paper) | N = 2 (paper) | paper lr / eps |",
       "|---|---|---|---|---|---|---|---|"]
   paper = {(c["lr"] / PAPER["base_lr"], c["eps"] / PAPER["base_lr"]): c for c in PAPER["cells"]}
   for r in m["cells"]:
     q = paper.get((r["lr_factor"], r["eps_factor"]))
-    ours = lambda n: protocol.pm(r["validation"][n], digits=4)
+    ours = {n: protocol.pm(r["validation"][n], digits=4) for n in (ref, other)}
     theirs = ("- | - | -" if q is None else
               f"{q['n1'][0]:.4f} ± {q['n1'][1]:.4f} | {q['n2'][0]:.4f} ± {q['n2'][1]:.4f} | "
               f"{q['lr']:g} / {q['eps']:g}")
-    lines.append(f"| {r['lr']:g} | {r['eps']:g} | {ours(other)} | {ours(ref)} | "
+    lines.append(f"| {r['lr']:g} | {r['eps']:g} | {ours[other]} | {ours[ref]} | "
                  f"{protocol.ci(r['other_minus_ref'], digits=4)} | {theirs} |")
   sel = m["selected"]
   lines += ["", "Selected per seed (lowest unrounded validation), test scored once:", "",
