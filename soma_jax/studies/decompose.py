@@ -496,22 +496,30 @@ def write_effects_csv(p: dict, path: str) -> None:
 
 
 def plot(rows: dict, path: str) -> None:
-  """Validation loss against operations from initialisation, every row (seed mean)."""
+  """Left: validation loss against operations from initialisation, every row (seed mean).
+  Right: the compared phase of the zero-order rows alone, each from its own start (the
+  backprop rows fall by ten times as much and would flatten them)."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for name, r in rows.items():
-    curves = [x["_curves"]["from_init"] for x in r["per_seed"]]
-    ops = curves[0][0]
-    loss = np.mean([w.mean(axis=1) for _, w in curves], axis=0)
-    ax.plot(ops, loss, marker="o", ms=3, label=name)
+  fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+  for i, (name, r) in enumerate(rows.items()):
+    color = f"C{i % 10}"
+    for axis, key in ((ax, "from_init"), (bx, "compared")):
+      if axis is bx and r["method"] == "bptt":
+        continue
+      curves = [x["_curves"][key] for x in r["per_seed"]]
+      loss = np.mean([w.mean(axis=1) for _, w in curves], axis=0)
+      axis.plot(curves[0][0], loss, marker="o", ms=3, label=name, color=color)
   ax.set_xscale("symlog", linthresh=1e9)
   ax.set_xlabel("training operations from initialisation (seed run included)")
-  ax.set_ylabel("ensemble-validation loss (nats/byte)")
-  ax.legend(fontsize=8)
+  bx.set_xlabel("training operations in the compared phase")
+  bx.set_title("zero-order rows, compared phase", fontsize=9)
+  for axis in (ax, bx):
+    axis.set_ylabel("ensemble-validation loss (nats/byte)")
+    axis.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
