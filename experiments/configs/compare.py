@@ -130,6 +130,8 @@ def get_config(arg: str | None = None):
     return _decompose(arg)
   if "study=table6" in (arg or "").replace(" ", ""):
     return _table6(arg)
+  if "study=fig7" in (arg or "").replace(" ", ""):
+    return _fig7(arg)
   a = parse_arg(arg, study="table4", size="cpu")
   if a["study"] not in STUDIES or a["size"] not in ("cpu", "tiny"):
     raise UserError(f"compare.py:study={a['study']},size={a['size']}: use study="
@@ -324,3 +326,80 @@ def _table6(arg: str | None) -> ml_collections.ConfigDict:
   # 0.00125 / 0.00125, 0.00125 / 0.005)
   c.cells = ((0.5, 1.0), (1.0, 1.0), (2.0, 1.0), (0.5, 0.5), (0.5, 2.0))
   return c
+
+
+# ------------------------------------------------------------------------- Figures 7 and 8
+
+
+def _fig7(arg: str | None) -> ml_collections.ConfigDict:
+  """study=fig7 (the paper's Figures 7 and 8, soma_jax/studies/fig7.py): SOMA with
+  fixed-width experts as N, n_pert and B grow, every setting continuing one seed run.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig7,size=cpu --out=runs/fig7
+  """
+  a = parse_arg(arg, study="fig7", size="cpu", seeds=0)
+  if a["size"] not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study=fig7,size={a['size']}: use size=cpu or tiny")
+  size, cpu = a["size"], a["size"] == "cpu"
+  c = get_config(f"study=table7,size={size}")
+  c.study = "fig7"
+  # The paper's figure shows one run per setting; two seeds here, at 300 updates per setting
+  # to fit about 45 min on 2 cores (its costliest settings, n_pert 64 and B 64 at N = 8, run
+  # 16x the base's operations per update).
+  c.seeds = a["seeds"] or 2
+  c.budget = 300.0 if cpu else 3.0  # updates per setting and seed
+  c.curve_points = 5 if cpu else 2  # checkpoints along each curve
+  for unused in ("lr_factors", "lr_extend", "eps_factors", "eps_extend", "ops_tolerance"):
+    del c[unused]
+  c.ops_tolerance = 1.0  # the settings differ in cost per update: that is the sweep
+  c.match_params = False  # fixed-width experts: more experts, more parameters
+  c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  lr = c.base_lr
+  base = lambda n: _scale(_method("soma.py", f"n={n},size={size}"), size, lr)
+  n_list = (1, 2, 8, 32) if cpu else (1, 2, 4)  # the paper's 1, 2, 8, 32, 256
+  panel_n = 8 if cpu else 2  # the n_pert and batch panels' N (the paper's 8)
+  c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
+  for n in n_list:
+    _add(c, f"n{n}", base(n), f"SOMA N = {n}, fixed-width experts")
+  mults = (0.25, 1, 4, 16) if cpu else (0.5, 1, 2)  # of the base: the paper's 16 ... 1,024 / 64
+  c.panels = ml_collections.ConfigDict({"experts": tuple(f"n{n}" for n in n_list),
+                                        **_fig7_allocations(c, lambda: base(panel_n), mults)})
+  c.reference = f"n{panel_n}"
+  c.order = tuple(c.methods.keys())
+  seed = c.seed_runs.soma_expert
+  del c["seed_runs"]
+  c.seed_runs = ml_collections.ConfigDict({"soma_expert": seed})
+  return c
+
+
+def _add(c: ml_collections.ConfigDict, name: str, cfg: ml_collections.ConfigDict, what: str) -> None:
+  c.methods[name], c.rows[name], c.start[name] = cfg, what, "soma_expert"
+
+
+def _fig7_allocations(c: ml_collections.ConfigDict, base, mults: tuple) -> dict:
+  """Figure 7's n_pert and batch panels at N = the base's: each multiple of the base n_pert
+  and B (the base itself is the experts panel's run at that N); B above the base by
+  accumulated batches of the base B, each with its own directions (`spsa.accum`)."""
+  ref = base()
+  n, k, b = ref.n_experts, ref.spsa.n_pert, ref.spsa.batch  # the paper's 8, 64 and 64
+  panels = {"n_pert": [], "batch": []}
+  for m in mults:
+    if m == 1:
+      panels["n_pert"].append(f"n{n}")
+      panels["batch"].append(f"n{n}")
+      continue
+    cfg = base()
+    cfg.spsa.n_pert = max(1, int(k * m))
+    _add(c, f"npert{cfg.spsa.n_pert}", cfg, f"SOMA N = {n}, n_pert {cfg.spsa.n_pert}")
+    panels["n_pert"].append(f"npert{cfg.spsa.n_pert}")
+    cfg = base()
+    if m < 1:
+      cfg.spsa.batch = max(1, int(b * m))
+    else:
+      cfg.spsa.accum = int(m)
+    eff = cfg.spsa.batch * cfg.spsa.accum
+    _add(c, f"b{eff}", cfg, f"SOMA N = {n}, B {eff}" + (
+        f" ({cfg.spsa.accum} accumulated batches of {b})" if m > 1 else ""))
+    panels["batch"].append(f"b{eff}")
+  return {k: tuple(v) for k, v in panels.items()}

@@ -9,6 +9,8 @@
           effective rank r at each rung's start, and the summed-loss control
   decompose SPEC 9.8: where SOMA's lead comes from: sharding under SPSA and backprop, random
           shards, the summed loss, one expert alone, with matched-loss speed-ups
+  fig7    the paper's Figures 7 and 8: SOMA's validation loss against time as N (fixed-width
+          experts), n_pert and the effective batch B grow
   table6  the paper's Table 6: lr and initial eps sensitivity of the monolith and SOMA N = 2
           at equal compute, the paper's five cells, mean +- sd over seeds
 
@@ -27,12 +29,12 @@ import os
 import ml_collections
 
 from soma_jax.errors import UserError, writable_dir
-from soma_jax.studies import decompose, ladder, table4, table6, table7
+from soma_jax.studies import decompose, fig7, ladder, table4, table6, table7
 
 # The one list of compare.py's studies: config.study -> its module (`run`, `table`). The
 # config file, the entry point's --help and --list all read it.
 STUDIES = {"table4": table4, "table7": table7, "ladder": ladder, "decompose": decompose,
-           "table6": table6}
+           "table6": table6, "fig7": fig7}
 
 
 def _module(study: object):

@@ -1,0 +1,317 @@
+"""The paper's Figures 7 and 8 (its App. M sweeps, scaled down by SPEC 9.6): SOMA's
+ensemble-validation loss against training time as N, n_pert and the effective batch B grow.
+
+Three panels, each a list of settings (`panels`, every setting a method of config.methods):
+- experts: fixed-width experts, N in config.n_list (the paper's 1, 2, 8, 32, 256: more
+  experts, more parameters; `match_params` is off);
+- n_pert: N = 8, n_pert at 1/4, 1, 4 and 16 times the base (the paper's 16 ... 1,024 over 64);
+- batch: N = 8, B likewise, the two largest by accumulating 4 and 16 batches of the base B
+  (`spsa.accum`), each accumulated batch with its own directions, as the paper's 256 and 1,024.
+Each N trains on the corpus (`source`) prepared into N shards under OUT/data_nN (the same
+held-out documents for every N, checked), and every setting continues one seed run (N = 1 at
+the experts' width, `seed_updates` updates on the one-shard data dir, its state continued)
+for `budget` updates at each optimisation seed, with `curve_points` checkpoints scored on its
+own data dir's ensemble-validation windows (its router). Time is each run's own: `update_seconds`
+(wall seconds of training updates, Figure 7's axis), `device_seconds` (SPEC 7: the charged
+devices' seconds, Figure 8's aggregate compute) and operations, all excluding the seed run.
+results.json `paper` carries the paper's captions and claims (the figures give no loss values
+in their text); `measured` each setting's curve and end, and per panel whether the end loss
+falls with the setting (the paper: it does, monotonically) and, for Figure 8, which N is lowest
+at each of the experts panel's common aggregate-compute points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import ml_collections
+import numpy as np
+
+from soma_jax.errors import UserError
+from soma_jax.studies import protocol
+
+PAPER = {
+    "item": "Figures 7 and 8",
+    "figure7": "SOMA sweeps on logarithmic wall-clock axes. Left, fixed-width experts N in "
+               "{1, 2, 8, 32, 256}, shown through a common cutoff of 183.6 estimated hours: "
+               "increasing the number of experts (and ensemble size) improves training "
+               "monotonically. Center, n_pert in {16, 64, 256, 1024}. Right, effective batch B "
+               "in {16, 64, 256, 1024}, the B = 256 and 1,024 runs accumulating four and "
+               "sixteen batches of 64, each with 64 independently sampled directions. SOMA "
+               "N = 8 improves loss with more n_pert and B.",
+    "figure8": "More experts do not lower loss at every training budget: the expert-count "
+               "measurements against aggregate GPU-hours estimated from the recorded mean "
+               "step times across all experts; expert width fixed, n_pert = B = 64.",
+    "claims": {"experts": "loss falls monotonically with N", "n_pert": "loss falls with n_pert",
+               "batch": "loss falls with B",
+               "figure8": "at a small aggregate budget fewer experts can be lower"},
+    "settings": {"experts": [1, 2, 8, 32, 256], "n_pert": [16, 64, 256, 1024],
+                 "batch": [16, 64, 256, 1024], "panel_n": 8, "base_n_pert": 64, "base_batch": 64},
+}
+PANEL_KEYS = {"experts": "n_experts", "n_pert": "n_pert", "batch": "batch"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """The study's own fields (`check`): the checked plan, the panels and the corpus."""
+  plan: protocol.StudyPlan
+  panels: dict  # {panel: (method, ...)} in the order of the setting
+  source: str
+  prepare: dict  # prepare.prepare's keyword settings
+
+
+def check(config: ml_collections.ConfigDict) -> Sweep:
+  """Every field checked before anything trains: the plan (every method resolved), the
+  panels (methods that exist, one setting each, in increasing order), the corpus."""
+  plan = protocol.check_plan(config)
+  if config.match_params:
+    raise UserError("match_params=True would resize the experts; Figure 7's experts keep one "
+                    "width; fix: --config.match_params=False")
+  if plan.unit != "updates":
+    raise UserError(f"budget_unit={plan.unit!r}: every setting of a sweep runs the same "
+                    "updates (time is what the figure reads); fix: --config.budget_unit=updates")
+  if not isinstance(config.get("source"), str) or not config.source:
+    raise UserError(f"source={config.get('source')!r}: a corpus prepare_data.py reads; fix: "
+                    "--config.source=pystdlib or textdir:FOLDER")
+  panels = {}
+  for panel in config.panels:
+    if panel not in PANEL_KEYS:
+      raise UserError(f"panels.{panel}: use {', '.join(PANEL_KEYS)}")
+  for panel in (p for p in PANEL_KEYS if p in config.panels):  # the paper's left to right
+    names = config.panels[panel]
+    missing = [n for n in names if n not in config.methods]
+    if missing or len(names) < 2:
+      raise UserError(f"panels.{panel}={tuple(names)} must name at least 2 methods of "
+                      f"{', '.join(config.methods)}; fix: --config.panels.{panel}=a tuple of them")
+    values = [setting(config.methods[n], panel) for n in names]
+    if values != sorted(set(values)):
+      raise UserError(f"panels.{panel}: its settings {values} must grow strictly along the panel")
+    panels[panel] = tuple(names)
+  return Sweep(plan, panels, config.source, dict(config.get("prepare", {}).items()))
+
+
+def setting(c: ml_collections.ConfigDict, panel: str) -> int:
+  """A method's value on a panel's axis: N, n_pert, or the effective batch B x accum."""
+  if panel == "experts":
+    return int(c.n_experts)
+  if panel == "n_pert":
+    return int(c.spsa.n_pert)
+  return int(c.spsa.batch * c.spsa.accum)
+
+
+def data_dirs(sweep: Sweep, ns: list[int], out: str) -> dict[int, str]:
+  """{N: OUT/data_nN}, each prepared from the study's source into N shards when missing."""
+  from soma_jax.data import prepare
+
+  dirs = {}
+  for n in sorted(set(ns)):
+    d = os.path.join(out, f"data_n{n}")
+    if not os.path.isfile(os.path.join(d, "manifest.json")):
+      prepare.prepare(sweep.source, n, d, **sweep.prepare)
+    dirs[n] = d
+  return dirs
+
+
+def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
+  """The seed, then every setting at every optimisation seed (one stage, by `executor`);
+  OUT/results.json, table.md, fig7.png and fig8.png."""
+  begun = protocol.started(executor)
+  os.makedirs(out, exist_ok=True)
+  sweep = check(config)
+  plan = sweep.plan
+  methods = protocol.sized(config)  # match_params off: every method as configured
+  specs = protocol.check_runs(plan, methods)
+  ns = [s.n_experts for s in specs.values()]
+  dirs = data_dirs(sweep, ns + [1], out)
+  scored = {n: protocol.eval_sets(plan.eval, d, [s.seq_len for s in specs.values()])
+            for n, d in dirs.items()}
+  same_windows(scored)
+  seeds = protocol.train_seeds(plan, methods, dirs[1], out, scored[1][0], executor)
+  planned, starts = {}, {}
+  for name, c in methods.items():
+    c = ml_collections.ConfigDict(c.to_dict())
+    c.init_from_other_data = specs[name].n_experts != 1  # the seed's windows, N shards
+    s = seeds[plan.start[name]]
+    for seed in plan.seeds:
+      planned[(seed, name)] = protocol.budgeted(c, dirs[specs[name].n_experts], seed, s,
+                                                "updates", plan.budget, plan.curve_points,
+                                                f"methods.{name}.")
+    first = planned[(plan.seeds[0], name)]
+    starts[name] = protocol.start_losses(first, {"validation": scored[first.n_experts][0]})
+  where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
+  walls = protocol.train_all([(spec, where(*key), f"{key[1]} (seed {key[0]})")
+                              for key, spec in planned.items()], executor)
+  settings = {}
+  for (key, spec), wall in zip(planned.items(), walls, strict=True):
+    seed, name = key
+    if name not in settings:
+      settings[name] = describe(spec, seeds[plan.start[name]], starts[name])
+    first = protocol.start_step(spec, seeds[plan.start[name]])
+    points, _ = protocol.curve(where(*key), spec, scored[spec.n_experts][0], first,
+                               starts[name]["validation"].mean())
+    settings[name]["per_seed"].append({"seed": seed, "curve": points,
+                                       "end_loss": points[-1]["loss"],
+                                       "wall_seconds_this_call": wall,
+                                       "workdir": protocol.shown(where(*key), out)})
+  for r in settings.values():
+    r["end_loss"] = protocol.across_seeds([q["end_loss"] for q in r["per_seed"]])
+  measured = {"settings": settings,
+              "panels": {p: panel_readout(p, names, settings) for p, names in sweep.panels.items()}}
+  if "experts" in sweep.panels:
+    measured["figure8"] = lowest_at_compute(sweep.panels["experts"], settings)
+  val, test = scored[1]
+  payload = protocol.results(
+      "fig7", "paper Figures 7 and 8 (App. M sweeps), scaled down by SPEC 9.6", plan, command,
+      begun, {"unit": "updates", "per": "setting and seed", "seed_updates": plan.seed_updates},
+      (val, test), dirs[1], out, seeds, paper=PAPER, measured=measured,
+      data_dirs={n: protocol.shown(d, out) for n, d in dirs.items()},
+      time="update_seconds: wall seconds of training updates (Figure 7); device_seconds: "
+           "SPEC 7's charged device-seconds (Figure 8's aggregate compute); both exclude the "
+           "seed run, compilation, evaluation and checkpoints")
+  plot(payload, os.path.join(out, "fig7.png"), os.path.join(out, "fig8.png"))
+  return protocol.write(out, payload, table)
+
+
+def same_windows(scored: dict) -> None:
+  """Every N's data dir holds the same ensemble-validation windows (else the curves of
+  different N would be scored on different text)."""
+  ref_n = min(scored)
+  ref = scored[ref_n][0].windows
+  for n, (val, _) in scored.items():
+    if val.windows.shape != ref.shape or not np.array_equal(val.windows, ref):
+      raise UserError(f"data_n{n} holds other ensemble-validation windows than data_n{ref_n}: "
+                      "the same corpus and prepare settings give the same held-out documents; "
+                      "fix: delete the study's data_n* folders and rerun")
+
+
+def describe(spec, seed: dict, start: dict) -> dict:
+  c = spec.config
+  return {"method": spec.method.name, "n_experts": spec.n_experts, "d_t": c.model.d_t,
+          "n_pert": c.spsa.n_pert, "batch": c.spsa.batch, "accum": c.spsa.accum,
+          "effective_batch": c.spsa.batch * c.spsa.accum,
+          "params": spec.method.ensemble_params, "ops_per_update": spec.total_ops_per_update,
+          "lr": spec.lr, "eps": spec.eps, "start": protocol.start_of(seed),
+          "start_loss": float(start["validation"].mean()), "per_seed": []}
+
+
+def panel_readout(panel: str, names: tuple, settings: dict) -> dict:
+  """A panel's settings in order with their end losses, and whether the end loss falls
+  strictly with the setting (in the seed mean, and in how many seeds)."""
+  ends = [settings[n]["end_loss"]["mean"] for n in names]
+  per_seed = np.array([[q["end_loss"] for q in settings[n]["per_seed"]] for n in names])
+  return {"axis": PANEL_KEYS[panel], "methods": list(names),
+          "values": [setting_of(settings[n], panel) for n in names], "end_loss": ends,
+          "falls_monotonically": bool(np.all(np.diff(ends) < 0)),
+          "seeds_falling_monotonically": int(np.sum(np.all(np.diff(per_seed, axis=0) < 0,
+                                                           axis=0)))}
+
+
+def setting_of(r: dict, panel: str) -> int:
+  return int({"experts": r["n_experts"], "n_pert": r["n_pert"],
+              "batch": r["effective_batch"]}[panel])
+
+
+def lowest_at_compute(names: tuple, settings: dict, points: int = 6) -> dict:
+  """Figure 8's reading: the seed-mean validation curve of each N interpolated (log-linear)
+  at `points` aggregate device-second budgets spaced logarithmically over the range every N
+  covers, and which N is lowest at each."""
+  curves = {}
+  for n in names:
+    per = settings[n]["per_seed"]
+    x = np.mean([[p["device_seconds"] for p in q["curve"]] for q in per], axis=0)
+    y = np.mean([[p["loss"] for p in q["curve"]] for q in per], axis=0)
+    curves[n] = (x, y)
+  lo = max(x[1] for x, _ in curves.values())  # every curve's first checkpoint
+  hi = min(x[-1] for x, _ in curves.values())
+  if not hi > lo:
+    return {"budgets": [], "lowest": [], "how": "no aggregate budget every N reaches"}
+  budgets = np.geomspace(lo, hi, points)
+  at = {n: [float(np.interp(np.log(b), np.log(np.maximum(x, 1e-12)), y)) for b in budgets]
+        for n, (x, y) in curves.items()}
+  lowest = [min(names, key=lambda n, i=i: at[n][i]) for i in range(points)]
+  return {"device_seconds": [float(b) for b in budgets], "loss": at, "lowest": lowest,
+          "how": "seed-mean validation curves against aggregate device-seconds, interpolated "
+                 "linearly in log device-seconds between checkpoints, at budgets spaced "
+                 "logarithmically from the latest first checkpoint to the earliest last"}
+
+
+def plot(p: dict, path7: str, path8: str) -> None:
+  """fig7.png: one panel per sweep, validation loss against training wall seconds (log-log);
+  fig8.png: the experts panel against aggregate device-seconds and against operations."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  m = p["measured"]
+  mean_curve = lambda n, key: (
+      np.mean([[q[key] for q in s["curve"][1:]] for s in m["settings"][n]["per_seed"]], axis=0),
+      np.mean([[q["loss"] for q in s["curve"][1:]] for s in m["settings"][n]["per_seed"]],
+              axis=0))
+  panels = m["panels"]
+  fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+  for ax, (panel, r) in zip(axes[0], panels.items(), strict=True):
+    for name, value in zip(r["methods"], r["values"], strict=True):
+      x, y = mean_curve(name, "update_seconds")
+      ax.plot(x, y, marker="o", ms=3, label=f"{r['axis']} = {value}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training wall seconds (updates only)")
+    ax.set_ylabel("ensemble-validation loss (nats/byte)")
+    ax.set_title(panel, fontsize=9)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path7, dpi=120)
+  plt.close(fig)
+  if "experts" not in panels:
+    return
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  r = panels["experts"]
+  for ax, key, label in ((axes[0], "device_seconds", "aggregate device-seconds (SPEC 7)"),
+                         (axes[1], "ops", "training operations (SPEC 7)")):
+    for name, value in zip(r["methods"], r["values"], strict=True):
+      x, y = mean_curve(name, key)
+      ax.plot(x, y, marker="o", ms=3, label=f"N = {value}")
+    ax.set_xscale("log")
+    ax.set_xlabel(label)
+    ax.set_ylabel("ensemble-validation loss (nats/byte)")
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path8, dpi=120)
+  plt.close(fig)
+
+
+def table(p: dict) -> str:
+  """Markdown: per panel, each setting's sizes, cost and end loss; Figure 8's reading."""
+  m, b = p["measured"], p["budget"]
+  lines = [f"Figures 7 and 8 at this scale: every setting {b['amount']:g} updates from one seed "
+           f"run ({b['seed_updates']} updates, state continued), {len(p['seeds'])} seed(s); "
+           f"ensemble validation ({p['eval']['val_windows_scored']} windows from "
+           f"{p['eval']['val_documents']} documents). Load average "
+           f"{p['load_average']['start'][0]:.2f} at the start, {p['load_average']['end'][0]:.2f} "
+           "at the end.", ""]
+  for panel, r in m["panels"].items():
+    lines += [f"**{panel}** ({r['axis']}): end loss falls monotonically: "
+              f"{'yes' if r['falls_monotonically'] else 'no'} (in "
+              f"{r['seeds_falling_monotonically']} of {len(p['seeds'])} seeds; the paper: "
+              f"{PAPER['claims'][panel]}).", "",
+              "| setting | N | n_pert | B (accum) | params | ops / update | update s | "
+              "device s | start | end |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, value in zip(r["methods"], r["values"], strict=True):
+      s = m["settings"][name]
+      last = [q["curve"][-1] for q in s["per_seed"]]
+      lines.append(
+          f"| {r['axis']} = {value} | {s['n_experts']} | {s['n_pert']} | {s['effective_batch']} "
+          f"({s['accum']}) | {s['params']:,} | {s['ops_per_update']:.3g} | "
+          f"{np.mean([q['update_seconds'] for q in last]):.3g} | "
+          f"{np.mean([q['device_seconds'] for q in last]):.3g} | {s['start_loss']:.4f} | "
+          f"{protocol.pm(s['end_loss'], digits=4)} |")
+    lines.append("")
+  f8 = m.get("figure8")
+  if f8 and f8["lowest"]:
+    lines.append("Figure 8 (experts against aggregate device-seconds): lowest N at "
+                 + ", ".join(f"{x:.3g} s: {n}" for x, n in zip(f8["device_seconds"],
+                                                               f8["lowest"], strict=True))
+                 + f" ({f8['how']}).")
+  return "\n".join(lines) + "\n"
