@@ -93,7 +93,27 @@ def test_figures_and_table_written(swept):
     assert os.path.getsize(os.path.join(out, name)) > 1000
   md = open(os.path.join(out, "table.md")).read()
   assert "**experts** (n_experts)" in md and "**batch**" in md
-  assert p["paper"]["item"] == "Figures 7 and 8"
+  assert p["paper"]["item"] == "Figures 7, 8 and 14"
+  assert os.path.getsize(os.path.join(out, "fig14.png")) > 1000
+
+
+def test_figure14_picks_the_lowest_checkpoint_that_fits_both_budgets(swept):
+  _, _, p = swept
+  f14 = p["measured"]["figure14"]
+  pts = f14["checkpoints"]
+  assert {q["n_experts"] for q in pts} == {1, 2, 4}
+  for q in pts:
+    assert q["per_expert"] == pytest.approx(q["total"] / q["n_experts"])
+  for i, share in enumerate(f14["per_expert_device_seconds"]):
+    for j, total in enumerate(f14["total_device_seconds"]):
+      fits = [q for q in pts if q["total"] <= total * (1 + 1e-9)
+              and q["per_expert"] <= share * (1 + 1e-9)]
+      if not fits:
+        assert f14["lowest_n"][i][j] is None
+        continue
+      best = min(fits, key=lambda q: q["loss"])
+      assert (f14["lowest_n"][i][j], f14["loss"][i][j]) == (best["n_experts"], best["loss"])
+  assert f14["lowest_n"][-1][-1] is not None  # the largest budgets fit every checkpoint
 
 
 def test_other_held_out_windows_are_refused():

@@ -9,8 +9,9 @@
           effective rank r at each rung's start, and the summed-loss control
   decompose SPEC 9.8: where SOMA's lead comes from: sharding under SPSA and backprop, random
           shards, the summed loss, one expert alone, with matched-loss speed-ups
-  fig7    the paper's Figures 7 and 8: SOMA's validation loss against time as N (fixed-width
-          experts), n_pert and the effective batch B grow
+  fig7    the paper's Figures 7, 8 and 14: SOMA's validation loss against time as N
+          (fixed-width experts), n_pert and the effective batch B grow; which N is lowest
+          under a total and a per-expert budget
   table6  the paper's Table 6: lr and initial eps sensitivity of the monolith and SOMA N = 2
           at equal compute, the paper's five cells, mean +- sd over seeds
 

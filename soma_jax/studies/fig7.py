@@ -1,4 +1,4 @@
-"""The paper's Figures 7 and 8 (its App. M sweeps, scaled down by SPEC 9.6): SOMA's
+"""The paper's Figures 7, 8 and 14 (its App. M sweeps, scaled down by SPEC 9.6): SOMA's
 ensemble-validation loss against training time as N, n_pert and the effective batch B grow.
 
 Three panels, each a list of settings (`panels`, every setting a method of config.methods):
@@ -17,7 +17,8 @@ devices' seconds, Figure 8's aggregate compute) and operations, all excluding th
 results.json `paper` carries the paper's captions and claims (the figures give no loss values
 in their text); `measured` each setting's curve and end, and per panel whether the end loss
 falls with the setting (the paper: it does, monotonically) and, for Figure 8, which N is lowest
-at each of the experts panel's common aggregate-compute points.
+at each of the experts panel's common aggregate-compute points; Figure 14's map (`budget_map`):
+the N of the lowest-loss checkpoint under each pair of total and per-expert budgets.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from soma_jax.errors import UserError
 from soma_jax.studies import protocol
 
 PAPER = {
-    "item": "Figures 7 and 8",
+    "item": "Figures 7, 8 and 14",
     "figure7": "SOMA sweeps on logarithmic wall-clock axes. Left, fixed-width experts N in "
                "{1, 2, 8, 32, 256}, shown through a common cutoff of 183.6 estimated hours: "
                "increasing the number of experts (and ensemble size) improves training "
@@ -43,9 +44,15 @@ PAPER = {
     "figure8": "More experts do not lower loss at every training budget: the expert-count "
                "measurements against aggregate GPU-hours estimated from the recorded mean "
                "step times across all experts; expert width fixed, n_pert = B = 64.",
+    "figure14": "More shards can lower loss under a tight per-expert budget: color gives the "
+                "expert count of the lowest-loss saved checkpoint that fits both budgets (44 "
+                "checkpoints from N = 1, 2, 8, 256); N = 1 is never selected; average work per "
+                "expert is total GPU-hours divided by N; work from recorded update rates, "
+                "initialisation excluded.",
     "claims": {"experts": "loss falls monotonically with N", "n_pert": "loss falls with n_pert",
                "batch": "loss falls with B",
-               "figure8": "at a small aggregate budget fewer experts can be lower"},
+               "figure8": "at a small aggregate budget fewer experts can be lower",
+               "figure14": "N = 1 is never selected"},
     "settings": {"experts": [1, 2, 8, 32, 256], "n_pert": [16, 64, 256, 1024],
                  "batch": [16, 64, 256, 1024], "panel_n": 8, "base_n_pert": 64, "base_batch": 64},
 }
@@ -156,13 +163,10 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
                                        "workdir": protocol.shown(where(*key), out)})
   for r in settings.values():
     r["end_loss"] = protocol.across_seeds([q["end_loss"] for q in r["per_seed"]])
-  measured = {"settings": settings,
-              "panels": {p: panel_readout(p, names, settings) for p, names in sweep.panels.items()}}
-  if "experts" in sweep.panels:
-    measured["figure8"] = lowest_at_compute(sweep.panels["experts"], settings)
+  measured = readouts(sweep, settings)
   val, test = scored[1]
   payload = protocol.results(
-      "fig7", "paper Figures 7 and 8 (App. M sweeps), scaled down by SPEC 9.6", plan, command,
+      "fig7", "paper Figures 7, 8 and 14 (App. M sweeps), scaled down by SPEC 9.6", plan, command,
       begun, {"unit": "updates", "per": "setting and seed", "seed_updates": plan.seed_updates},
       (val, test), dirs[1], out, seeds, paper=PAPER, measured=measured,
       data_dirs={n: protocol.shown(d, out) for n, d in dirs.items()},
@@ -170,7 +174,19 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
            "SPEC 7's charged device-seconds (Figure 8's aggregate compute); both exclude the "
            "seed run, compilation, evaluation and checkpoints")
   plot(payload, os.path.join(out, "fig7.png"), os.path.join(out, "fig8.png"))
+  if "figure14" in measured:
+    plot_map(measured["figure14"], os.path.join(out, "fig14.png"))
   return protocol.write(out, payload, table)
+
+
+def readouts(sweep: Sweep, settings: dict) -> dict:
+  """results.json `measured`: every setting, each panel's order, Figures 8 and 14."""
+  measured = {"settings": settings,
+              "panels": {p: panel_readout(p, names, settings) for p, names in sweep.panels.items()}}
+  if "experts" in sweep.panels:
+    measured["figure8"] = lowest_at_compute(sweep.panels["experts"], settings)
+    measured["figure14"] = budget_map(sweep.panels["experts"], settings)
+  return measured
 
 
 def same_windows(scored: dict) -> None:
@@ -234,6 +250,76 @@ def lowest_at_compute(names: tuple, settings: dict, points: int = 6) -> dict:
           "how": "seed-mean validation curves against aggregate device-seconds, interpolated "
                  "linearly in log device-seconds between checkpoints, at budgets spaced "
                  "logarithmically from the latest first checkpoint to the earliest last"}
+
+
+def budget_map(names: tuple, settings: dict, cells: int = 9) -> dict:
+  """Figure 14's map: for each total budget T (aggregate device-seconds) and per-expert budget
+  P, the expert count of the lowest-loss saved checkpoint whose total device-seconds are at
+  most T and whose per-expert share (total / N: experts train apart, one per device) is at
+  most P. Checkpoints are the experts panel's, seed means, after their start (the seed run's
+  cost, initialisation, is excluded as the paper's). T and P on log grids spanning the
+  checkpoints' totals and shares."""
+  points = []
+  for n in names:
+    r = settings[n]
+    per = r["per_seed"]
+    for i in range(1, len(per[0]["curve"])):
+      total = float(np.mean([q["curve"][i]["device_seconds"] for q in per]))
+      loss = float(np.mean([q["curve"][i]["loss"] for q in per]))
+      points.append({"n_experts": r["n_experts"], "update": per[0]["curve"][i]["update"],
+                     "total": total, "per_expert": total / r["n_experts"], "loss": loss})
+  totals = np.geomspace(min(p["total"] for p in points), max(p["total"] for p in points), cells)
+  shares = np.geomspace(min(p["per_expert"] for p in points),
+                        max(p["per_expert"] for p in points), cells)
+  grid, losses = [], []
+  for share in shares:
+    row_n, row_l = [], []
+    for total in totals:
+      fits = [p for p in points if p["total"] <= total * (1 + 1e-9)
+              and p["per_expert"] <= share * (1 + 1e-9)]
+      best = min(fits, key=lambda p: p["loss"]) if fits else None
+      row_n.append(best["n_experts"] if best else None)
+      row_l.append(best["loss"] if best else None)
+    grid.append(row_n)
+    losses.append(row_l)
+  return {"total_device_seconds": [float(x) for x in totals],
+          "per_expert_device_seconds": [float(x) for x in shares],
+          "lowest_n": grid, "loss": losses, "checkpoints": points,
+          "how": "rows: per-expert budgets P, columns: total budgets T (both aggregate "
+                 "device-seconds of training updates, log grids); each cell the N of the "
+                 "lowest seed-mean validation loss among the experts panel's checkpoints with "
+                 "total <= T and total / N <= P (None: no checkpoint fits)"}
+
+
+def plot_map(f14: dict, path: str) -> None:
+  """fig14.png: the lowest-loss N over (total, per-expert) budgets, its loss written in."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  ns = sorted({n for row in f14["lowest_n"] for n in row if n is not None})
+  index = {n: i for i, n in enumerate(ns)}
+  img = np.array([[np.nan if n is None else index[n] for n in row] for row in f14["lowest_n"]])
+  fig, ax = plt.subplots(figsize=(7, 5.5))
+  ax.imshow(img, origin="lower", cmap=plt.get_cmap("viridis", max(len(ns), 2)), aspect="auto",
+            vmin=-0.5, vmax=max(len(ns), 2) - 0.5)
+  for i, row in enumerate(f14["loss"]):
+    for j, loss in enumerate(row):
+      if loss is not None:
+        ax.text(j, i, f"N={f14['lowest_n'][i][j]}\n{loss:.3f}", ha="center", va="center",
+                fontsize=6, color="white")
+  fmt = lambda xs: [f"{x:.3g}" for x in xs]
+  ax.set_xticks(range(len(f14["total_device_seconds"])), fmt(f14["total_device_seconds"]),
+                rotation=45, fontsize=7)
+  ax.set_yticks(range(len(f14["per_expert_device_seconds"])),
+                fmt(f14["per_expert_device_seconds"]), fontsize=7)
+  ax.set_xlabel("total budget (aggregate device-seconds)")
+  ax.set_ylabel("per-expert budget (device-seconds)")
+  ax.set_title("N of the lowest-loss checkpoint that fits both budgets", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
 
 
 def plot(p: dict, path7: str, path8: str) -> None:
@@ -309,6 +395,17 @@ def table(p: dict) -> str:
           f"{protocol.pm(s['end_loss'], digits=4)} |")
     lines.append("")
   f8 = m.get("figure8")
+  f14 = m.get("figure14")
+  if f14:
+    lines += ["Figure 14 (lowest-loss N under a total and a per-expert budget; rows: per-expert "
+              "device-seconds, columns: total):", "",
+              "| per-expert \\ total | " + " | ".join(f"{x:.3g}" for x in
+                                                   f14["total_device_seconds"]) + " |",
+              "|---|" + "---|" * len(f14["total_device_seconds"])]
+    for share, row in zip(f14["per_expert_device_seconds"], f14["lowest_n"], strict=True):
+      lines.append(f"| {share:.3g} | " + " | ".join("-" if n is None else str(n) for n in row)
+                   + " |")
+    lines.append("")
   if f8 and f8["lowest"]:
     lines.append("Figure 8 (experts against aggregate device-seconds): lowest N at "
                  + ", ".join(f"{x:.3g} s: {n}" for x, n in zip(f8["device_seconds"],
