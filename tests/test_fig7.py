@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from soma_jax.errors import UserError
-from soma_jax.studies import fig7
+from soma_jax.studies import fig7, protocol
 from tests.test_compare import load_config
 
 PREPARE = {"test_docs": 6, "ensemble_val_docs": 3, "min_df": 2, "svd_dims": 16,
@@ -121,5 +121,5 @@ def test_other_held_out_windows_are_refused():
     def __init__(self, w):
       self.windows = np.asarray(w)
   with pytest.raises(UserError, match="other ensemble-validation windows"):
-    fig7.same_windows({1: (Set([[1, 2]]), None), 2: (Set([[1, 3]]), None)})
-  fig7.same_windows({1: (Set([[1, 2]]), None), 2: (Set([[1, 2]]), None)})
+    protocol.same_windows({1: (Set([[1, 2]]), None), 2: (Set([[1, 3]]), None)})
+  protocol.same_windows({1: (Set([[1, 2]]), None), 2: (Set([[1, 2]]), None)})

@@ -107,19 +107,6 @@ def setting(c: ml_collections.ConfigDict, panel: str) -> int:
   return int(c.spsa.batch * c.spsa.accum)
 
 
-def data_dirs(sweep: Sweep, ns: list[int], out: str) -> dict[int, str]:
-  """{N: OUT/data_nN}, each prepared from the study's source into N shards when missing."""
-  from soma_jax.data import prepare
-
-  dirs = {}
-  for n in sorted(set(ns)):
-    d = os.path.join(out, f"data_n{n}")
-    if not os.path.isfile(os.path.join(d, "manifest.json")):
-      prepare.prepare(sweep.source, n, d, **sweep.prepare)
-    dirs[n] = d
-  return dirs
-
-
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
   """The seed, then every setting at every optimisation seed (one stage, by `executor`);
   OUT/results.json, table.md, fig7.png and fig8.png."""
@@ -130,10 +117,10 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   methods = protocol.sized(config)  # match_params off: every method as configured
   specs = protocol.check_runs(plan, methods)
   ns = [s.n_experts for s in specs.values()]
-  dirs = data_dirs(sweep, ns + [1], out)
+  dirs = protocol.prepared_dirs(sweep.source, sweep.prepare, ns + [1], out)
   scored = {n: protocol.eval_sets(plan.eval, d, [s.seq_len for s in specs.values()])
             for n, d in dirs.items()}
-  same_windows(scored)
+  protocol.same_windows(scored)
   seeds = protocol.train_seeds(plan, methods, dirs[1], out, scored[1][0], executor)
   planned, starts = {}, {}
   for name, c in methods.items():
@@ -187,18 +174,6 @@ def readouts(sweep: Sweep, settings: dict) -> dict:
     measured["figure8"] = lowest_at_compute(sweep.panels["experts"], settings)
     measured["figure14"] = budget_map(sweep.panels["experts"], settings)
   return measured
-
-
-def same_windows(scored: dict) -> None:
-  """Every N's data dir holds the same ensemble-validation windows (else the curves of
-  different N would be scored on different text)."""
-  ref_n = min(scored)
-  ref = scored[ref_n][0].windows
-  for n, (val, _) in scored.items():
-    if val.windows.shape != ref.shape or not np.array_equal(val.windows, ref):
-      raise UserError(f"data_n{n} holds other ensemble-validation windows than data_n{ref_n}: "
-                      "the same corpus and prepare settings give the same held-out documents; "
-                      "fix: delete the study's data_n* folders and rerun")
 
 
 def describe(spec, seed: dict, start: dict) -> dict:

@@ -355,6 +355,32 @@ def ensure_data(data_dir: str, out: str, n_experts: int) -> str:
   return data_dir
 
 
+def prepared_dirs(source: str, settings: dict, ns: list[int], out: str) -> dict[int, str]:
+  """{N: OUT/data_nN}, each prepared from corpus `source` into N shards when missing
+  (`settings`: prepare.prepare's keyword settings), for studies whose rows differ in N."""
+  from soma_jax.data import prepare
+
+  dirs = {}
+  for n in sorted(set(ns)):
+    d = os.path.join(out, f"data_n{n}")
+    if not os.path.isfile(os.path.join(d, "manifest.json")):
+      prepare.prepare(source, n, d, **settings)
+    dirs[n] = d
+  return dirs
+
+
+def same_windows(scored: dict) -> None:
+  """Every N's data dir ({N: (validation, test)}) holds the same ensemble-validation windows,
+  else curves of different N would be scored on different text."""
+  ref_n = min(scored)
+  ref = scored[ref_n][0].windows
+  for n, (val, _) in scored.items():
+    if val.windows.shape != ref.shape or not np.array_equal(val.windows, ref):
+      raise UserError(f"data_n{n} holds other ensemble-validation windows than data_n{ref_n}: "
+                      "the same corpus and prepare settings give the same held-out documents; "
+                      "fix: delete the study's data_n* folders and rerun")
+
+
 def eval_sets(span: EvalSpan, data_dir: str, seq_lens: list[int]):
   """(ensemble-validation set, test set) on the study's route / score span."""
   route, score = span.route, span.score
