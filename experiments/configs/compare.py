@@ -132,6 +132,8 @@ def get_config(arg: str | None = None):
     return _table6(arg)
   if "study=fig7" in (arg or "").replace(" ", ""):
     return _fig7(arg)
+  if "study=table5" in (arg or "").replace(" ", ""):
+    return _table5(arg)
   a = parse_arg(arg, study="table4", size="cpu")
   if a["study"] not in STUDIES or a["size"] not in ("cpu", "tiny"):
     raise UserError(f"compare.py:study={a['study']},size={a['size']}: use study="
@@ -403,3 +405,48 @@ def _fig7_allocations(c: ml_collections.ConfigDict, base, mults: tuple) -> dict:
         f" ({cfg.spsa.accum} accumulated batches of {b})" if m > 1 else ""))
     panels["batch"].append(f"b{eff}")
   return {k: tuple(v) for k, v in panels.items()}
+
+
+# ------------------------------------------------------------------------- Table 5
+
+
+def _table5(arg: str | None) -> ml_collections.ConfigDict:
+  """study=table5 (the paper's Table 5, soma_jax/studies/table5.py): SOMA and BPTT at each N
+  of n_list, equal total size, each N's rows from one seed run of its width.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=table5,size=cpu --out=runs/table5
+  """
+  a = parse_arg(arg, study="table5", size="cpu", seeds=0)
+  if a["size"] not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study=table5,size={a['size']}: use size=cpu or tiny")
+  size, cpu = a["size"], a["size"] == "cpu"
+  c = get_config(f"study=table7,size={size}")
+  c.study = "table5"
+  c.seeds = a["seeds"] or (3 if cpu else 2)
+  for unused in ("lr_factors", "lr_extend", "eps_factors", "eps_extend"):
+    del c[unused]
+  # Every row's total size is the largest N's at the experts' width (SOMA N = 8 of width 32:
+  # 329,920 parameters at size=cpu; at the comparisons' 82k, N = 8 would be width 7 and its
+  # heads 80% of it), and every row runs the operations of `budget` updates of that SOMA row;
+  # the paper's three GPU-hour budgets are read as fractions of it.
+  c.budget = 500.0 if cpu else 3.0
+  c.budget_fractions = (0.5, 0.75, 1.0)  # the paper's 50 / 75 / 100 GPU-hours
+  c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  lr = c.base_lr
+  seed = c.seed_runs.soma_expert
+  c.methods, c.rows, c.start, c.seed_runs = (ml_collections.ConfigDict() for _ in range(4))
+  n_list = (1, 2, 8) if cpu else (1, 2, 3)  # the paper's 1, 2, 8
+  for n in n_list:
+    c.seed_runs[f"seed_n{n}"] = ml_collections.ConfigDict(seed.to_dict())  # at N's width
+    c.methods[f"soma_n{n}"] = _scale(_method("soma.py", f"n={n},size={size}"), size, lr)
+    bptt = _scale(_method("bptt.py", f"n={n},size={size}"), size, lr)
+    bptt.method, bptt.opt.lr = "bptt", 3e-3  # bptt.py's lr
+    c.methods[f"bptt_n{n}"] = bptt
+    for kind, what in (("soma", "SOMA (SPSA)"), ("bptt", "BPTT (backprop + Adam, fresh)")):
+      c.rows[f"{kind}_n{n}"] = f"{what}, N = {n}, each expert on its shard"
+      c.start[f"{kind}_n{n}"] = f"seed_n{n}"
+  c.reference = f"soma_n{n_list[-1]}"  # every row's params match it; the budget: its updates
+  c.order = tuple(c.methods.keys())
+  c.fresh_optimizer = tuple(n for n in c.methods if n.startswith("bptt"))
+  return c

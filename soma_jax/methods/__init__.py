@@ -17,7 +17,8 @@ the registry, and `spec.resolve` the one place a config's method is made.
   ops_per_update          training operations of one update of one expert (SPEC 7)
   body_params, ensemble_params   parameters of one body / of all N experts and heads
   width_for_params(total) -> d_t    the width whose N experts come nearest to `total`
-  describe                compare.py's columns: model, n_pert, directions_per_update
+  describe                compare.py's columns: model, n_pert, directions_per_update, and
+                          gradient ("zero-order", "exact (backprop)", "none (frozen bodies)")
   plan_chunk(n_local, mesh=None) -> memory.ChunkChoice   the pert_chunk planner, or None
                           where the step has no chunk to plan
   sharded_step(cfg, mesh, donate=True) -> step(state, batch, ids)   the step over a mesh, or

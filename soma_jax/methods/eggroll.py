@@ -109,7 +109,8 @@ stream_step = jax.jit(_stream_step, static_argnames="cfg", donate_argnames="stat
 
 
 def es_describe(es: eggroll_lib.EggrollConfig, model: str) -> dict:
-  return {"model": model, "n_pert": None, "directions_per_update": es.pop}
+  return {"model": model, "n_pert": None, "directions_per_update": es.pop,
+          "gradient": "zero-order"}
 
 
 def step_config(s: lstm.Settings, es: eggroll_lib.EggrollConfig, loss_fn: Callable,

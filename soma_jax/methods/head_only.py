@@ -52,4 +52,5 @@ def make(c: ml_collections.ConfigDict) -> Method:
        "opt.train_head=True")
   s = lstm.settings(c)
   # SPEC 7 with one forward pass per window (the features the delta rule holds fixed).
-  return lstm.lstm_method(s, train_step=train_step, ops_per_update=lstm.forward_ops(s))
+  return lstm.lstm_method(s, train_step=train_step, ops_per_update=lstm.forward_ops(s),
+                          describe={**lstm.describe(s), "gradient": "none (frozen bodies)"})

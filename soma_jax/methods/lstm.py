@@ -145,7 +145,8 @@ def forward_ops(s: Settings) -> int:
 def describe(s: Settings) -> dict:
   """compare.py's columns of a method without SPSA directions."""
   del s
-  return {"model": "lstm", "n_pert": None, "directions_per_update": None}
+  return {"model": "lstm", "n_pert": None, "directions_per_update": None,
+          "gradient": "exact (backprop)"}
 
 
 def lstm_method(s: Settings, **fields) -> Method:

@@ -57,7 +57,7 @@ def spsa_fields(s: lstm.Settings, step_config=lstm.step_config) -> dict:
       # SPEC 7: 2 A n_pert B T F per expert (two signs of every direction).
       ops_per_update=2 * s.n_pert * lstm.forward_ops(s),
       describe={"model": "lstm", "n_pert": s.n_pert,
-                "directions_per_update": s.n_pert * s.data.accum},
+                "directions_per_update": s.n_pert * s.data.accum, "gradient": "zero-order"},
       step_config=functools.partial(step_config, s),
       # planned on the method's own step config, the program training runs
       plan_chunk=functools.partial(plan_chunk, s, step_config=step_config),

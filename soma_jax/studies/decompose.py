@@ -284,7 +284,8 @@ def row_record(search: table7.Search, test: eval_lib.TestSet, start_w: dict,
 
 
 def describe(name: str, spec, study: Study, seed: dict) -> dict:
-  return {"method": spec.method.name, "what": study.rows[name],
+  return {"method": spec.method.name, "gradient": spec.method.describe["gradient"],
+          "what": study.rows[name],
           "n_experts": spec.n_experts, "d_t": spec.config.model.d_t,
           "params": spec.method.ensemble_params, "ops_per_update": spec.total_ops_per_update,
           "data": study.data(name),
@@ -508,7 +509,7 @@ def plot(rows: dict, path: str) -> None:
   for i, (name, r) in enumerate(rows.items()):
     color = f"C{i % 10}"
     for axis, key in ((ax, "from_init"), (bx, "compared")):
-      if axis is bx and r["method"] == "bptt":
+      if axis is bx and r["gradient"] != "zero-order":
         continue
       curves = [x["_curves"][key] for x in r["per_seed"]]
       loss = np.mean([w.mean(axis=1) for _, w in curves], axis=0)
