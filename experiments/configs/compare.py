@@ -134,6 +134,8 @@ def get_config(arg: str | None = None):
     return _fig7(arg)
   if "study=table5" in (arg or "").replace(" ", ""):
     return _table5(arg)
+  if "study=fig13" in (arg or "").replace(" ", ""):
+    return _fig13(arg)
   a = parse_arg(arg, study="table4", size="cpu")
   if a["study"] not in STUDIES or a["size"] not in ("cpu", "tiny"):
     raise UserError(f"compare.py:study={a['study']},size={a['size']}: use study="
@@ -449,4 +451,47 @@ def _table5(arg: str | None) -> ml_collections.ConfigDict:
   c.reference = f"soma_n{n_list[-1]}"  # every row's params match it; the budget: its updates
   c.order = tuple(c.methods.keys())
   c.fresh_optimizer = tuple(n for n in c.methods if n.startswith("bptt"))
+  return c
+
+
+# ------------------------------------------------------------------------- Figure 13
+
+
+def _fig13(arg: str | None) -> ml_collections.ConfigDict:
+  """study=fig13 (the paper's Figure 13 with Tables 10 and 11, soma_jax/studies/fig13.py):
+  SOMA N = 8 of width 32 at n_pert x B = 256 split three ways, from one seed run.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig13,size=cpu --out=runs/fig13
+  """
+  a = parse_arg(arg, study="fig13", size="cpu", seeds=0)
+  if a["size"] not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study=fig13,size={a['size']}: use size=cpu or tiny")
+  size, cpu = a["size"], a["size"] == "cpu"
+  c = get_config(f"study=table7,size={size}")
+  c.study = "fig13"
+  c.seeds = a["seeds"] or 2  # the paper's two paired seeds
+  # 256 updates per allocation (the paper: 512 further updates): each does 16x the N = 8
+  # base's operations per update, about 1 s here
+  c.budget = 256.0 if cpu else 3.0
+  c.curve_points = 4
+  for unused in ("lr_factors", "lr_extend", "eps_factors", "eps_extend"):
+    del c[unused]
+  c.match_params = False
+  c.table10_fractions = (0.25, 0.5, 1.0)  # of the final operations (the paper: 2, 4, 8e18)
+  c.source = "pystdlib"
+  c.prepare = ml_collections.ConfigDict()
+  n = 8 if cpu else 2
+  # (n_pert, windows per batch, accumulated batches): the paper's (64, 1024), (256, 256),
+  # (1024, 64) over 16, here n_pert x B = 256 (tiny: 8); B above the base by accumulation
+  splits = ((4, 4, 16), (16, 4, 4), (64, 4, 1)) if cpu else ((2, 2, 2), (4, 2, 1), (8, 1, 1))
+  c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
+  for k, b, acc in splits:
+    cfg = _scale(_method("soma.py", f"n={n},size={size}"), size, c.base_lr)
+    cfg.spsa.update(n_pert=k, batch=b, accum=acc)
+    _add(c, f"npert{k}_b{b * acc}", cfg, f"SOMA N = {n}, n_pert {k}, B {b * acc}"
+         + (f" ({acc} accumulated batches of {b})" if acc > 1 else ""))
+  c.allocations = tuple(f"npert{k}_b{b * acc}" for k, b, acc in splits)  # n_pert growing
+  c.order = c.allocations
+  c.reference = c.allocations[0]
+  del c.seed_runs["monolith"]
   return c

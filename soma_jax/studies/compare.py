@@ -12,6 +12,8 @@
   fig7    the paper's Figures 7, 8 and 14: SOMA's validation loss against time as N
           (fixed-width experts), n_pert and the effective batch B grow; which N is lowest
           under a total and a per-expert budget
+  fig13   the paper's Figure 13 with Tables 10 and 11: SOMA N = 8 with n_pert x B fixed,
+          split three ways, curves, estimated losses at three budgets, test after equal ops
   table5  the paper's Table 5: SOMA against BPTT at N = 1, 2, 8 of equal total size, ensemble
           validation at three fractions of one operations budget
   table6  the paper's Table 6: lr and initial eps sensitivity of the monolith and SOMA N = 2
@@ -32,12 +34,12 @@ import os
 import ml_collections
 
 from soma_jax.errors import UserError, writable_dir
-from soma_jax.studies import decompose, fig7, ladder, table4, table5, table6, table7
+from soma_jax.studies import decompose, fig7, fig13, ladder, table4, table5, table6, table7
 
 # The one list of compare.py's studies: config.study -> its module (`run`, `table`). The
 # config file, the entry point's --help and --list all read it.
 STUDIES = {"table4": table4, "table7": table7, "ladder": ladder, "decompose": decompose,
-           "table5": table5, "table6": table6, "fig7": fig7}
+           "table5": table5, "table6": table6, "fig7": fig7, "fig13": fig13}
 
 
 def _module(study: object):

@@ -1,0 +1,237 @@
+"""The paper's Figure 13 with Tables 10 and 11 (its App. M allocations, scaled down by
+SPEC 9.6): SOMA N = 8 with the directions-times-windows product n_pert x B held fixed, split
+three ways.
+
+Each allocation (`allocations`: methods of config.methods, all at one N and one n_pert x B,
+checked, so every update does the same operations) continues one seed run (N = 1 at the
+experts' width on the one-shard data dir, its state continued: the shared checkpoint) on the
+corpus prepared into N shards, for `budget` updates at each optimisation seed; B above the base
+is accumulated (`spsa.accum`), each accumulated batch with its own directions, as the paper's.
+- Figure 13: ensemble-validation loss against operations (and device-seconds) per allocation;
+- Table 10: each allocation's seed-mean validation loss at `table10_fractions` of the final
+  operations, as the range between linear and log-operations interpolation of its curve;
+- Table 11: every allocation's test loss after the same updates (equal operations) from the
+  shared start, averaged over the paired seeds (the same seeds for every allocation), with each
+  allocation minus the first per seed and its paired document bootstrap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import ml_collections
+import numpy as np
+
+from soma_jax.errors import UserError
+from soma_jax.studies import protocol
+
+PAPER = {
+    "item": "Figure 13, Tables 10 and 11",
+    "figure13": "Larger batches reach 1.90 with fewer GPU-hours in these runs: N = 8, a 0.272M "
+                "model; n_pert = 64, B = 1024 first at or below 1.90 at 28.7 GPU-hours against "
+                "44.5 for n_pert = 1024, B = 64 (1.55x fewer); B = 256 and 1,024 accumulate four "
+                "and sixteen batches of 64 with independently sampled directions.",
+    "table10": {"allocation": [8, 64, 1024], "budgets_ops": [2e18, 4e18, 8e18],
+                "estimated_ensemble_val": [[1.8046, 1.8057], [1.7947, 1.8000],
+                                           [1.7848, 1.7887]],
+                "note": "the saved curves favour (N, n_pert, B) = (8, 64, 1024); ranges span "
+                        "linear- and log-compute interpolation"},
+    "table11": {"rows": [{"n_pert": 64, "batch": 1024, "test": 2.376587},
+                         {"n_pert": 256, "batch": 256, "test": 2.376575},
+                         {"n_pert": 1024, "batch": 64, "test": 2.376625}],
+                "note": "nearly equal test loss after 512 further updates at equal arithmetic "
+                        "operations from the same N = 8 checkpoint; two paired seeds, all "
+                        "4,096 test documents"},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocations:
+  plan: protocol.StudyPlan
+  names: tuple[str, ...]
+  n_experts: int
+  fractions: tuple[float, ...]
+  source: str
+  prepare: dict
+
+
+def check(config: ml_collections.ConfigDict) -> Allocations:
+  """The plan; allocations at one N and one n_pert x B (equal operations per update)."""
+  plan = protocol.check_plan(config)
+  if plan.unit != "updates" or config.match_params:
+    raise UserError("fig13 runs every allocation for the same updates at its own width; fix: "
+                    "--config.budget_unit=updates --config.match_params=False")
+  names = tuple(config.allocations)
+  missing = [n for n in names if n not in config.methods]
+  if missing or len(names) < 2:
+    raise UserError(f"allocations={names} must name at least 2 methods of "
+                    f"{', '.join(config.methods)}")
+  cfgs = [config.methods[n] for n in names]
+  ns = {c.n_experts for c in cfgs}
+  products = {c.spsa.n_pert * c.spsa.batch * c.spsa.accum for c in cfgs}
+  if len(ns) != 1 or len(products) != 1:
+    raise UserError(f"allocations {names} must share N and n_pert x B (have N {sorted(ns)}, "
+                    f"n_pert x B {sorted(products)}): the figure holds the product fixed")
+  fractions = tuple(float(f) for f in config.table10_fractions)
+  if not fractions or list(fractions) != sorted(set(fractions)) or not (
+      0 < fractions[0] and fractions[-1] <= 1):
+    raise UserError(f"table10_fractions={config.table10_fractions!r} must grow strictly within "
+                    "(0, 1]; fix: --config.table10_fractions='(0.25, 0.5, 1.0)'")
+  if not isinstance(config.get("source"), str) or not config.source:
+    raise UserError(f"source={config.get('source')!r}: a corpus prepare_data.py reads; fix: "
+                    "--config.source=pystdlib or textdir:FOLDER")
+  return Allocations(plan, names, ns.pop(), fractions, config.source,
+                     dict(config.get("prepare", {}).items()))
+
+
+def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
+  """The seed, every allocation at every seed (one stage, by `executor`); OUT/results.json,
+  table.md and fig13.png."""
+  begun = protocol.started(executor)
+  os.makedirs(out, exist_ok=True)
+  alloc = check(config)
+  plan = alloc.plan
+  methods = {n: config.methods[n] for n in alloc.names}
+  specs = protocol.check_runs(plan, methods)
+  protocol.check_equal_ops(specs, plan.ops_tolerance, plan.unit)
+  dirs = protocol.prepared_dirs(alloc.source, alloc.prepare, [alloc.n_experts, 1], out)
+  scored = {n: protocol.eval_sets(plan.eval, d, [s.seq_len for s in specs.values()])
+            for n, d in dirs.items()}
+  protocol.same_windows(scored)
+  val, test = scored[alloc.n_experts]
+  seeds = protocol.train_seeds(plan, methods, dirs[1], out, scored[1][0], executor)
+  planned, starts = {}, {}
+  for name, c in methods.items():
+    c = ml_collections.ConfigDict(c.to_dict())
+    c.init_from_other_data = alloc.n_experts != 1
+    for seed in plan.seeds:
+      planned[(seed, name)] = protocol.budgeted(
+          c, dirs[alloc.n_experts], seed, seeds[plan.start[name]], "updates", plan.budget,
+          plan.curve_points, f"methods.{name}.")
+    starts[name] = protocol.start_losses(planned[(plan.seeds[0], name)],
+                                         {"validation": val, "test": test})
+  where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
+  walls = protocol.train_all([(spec, where(*key), f"{key[1]} (seed {key[0]})")
+                              for key, spec in planned.items()], executor)
+  rows, ends = {}, {}
+  for (key, spec), wall in zip(planned.items(), walls, strict=True):
+    seed, name = key
+    c = spec.config
+    rows.setdefault(name, {"n_experts": spec.n_experts, "n_pert": c.spsa.n_pert,
+                           "batch": c.spsa.batch * c.spsa.accum, "accum": c.spsa.accum,
+                           "ops_per_update": spec.total_ops_per_update,
+                           "params": spec.method.ensemble_params,
+                           "start_loss": {k: float(v.mean()) for k, v in starts[name].items()},
+                           "per_seed": []})
+    first = protocol.start_step(spec, seeds[plan.start[name]])
+    points, _ = protocol.curve(where(*key), spec, val, first,
+                               starts[name]["validation"].mean())
+    ends[key] = protocol.final_losses(where(*key), spec, test)
+    rows[name]["per_seed"].append({"seed": seed, "curve": points,
+                                   "test_nats_per_byte": float(ends[key].mean()),
+                                   "wall_seconds_this_call": wall,
+                                   "workdir": protocol.shown(where(*key), out)})
+  measured = {"allocations": rows, "table10": table10(rows, alloc.fractions),
+              "table11": table11(rows, ends, alloc.names, plan.seeds, test,
+                                 plan.bootstrap_draws)}
+  payload = protocol.results(
+      "fig13", "paper Figure 13 with Tables 10 and 11 (App. M allocations), scaled down by "
+      "SPEC 9.6", plan, command, begun,
+      {"unit": "updates", "per": "allocation and seed", "seed_updates": plan.seed_updates},
+      (val, test), dirs[alloc.n_experts], out, seeds, paper=PAPER, measured=measured,
+      data_dirs={n: protocol.shown(d, out) for n, d in dirs.items()})
+  plot(payload, os.path.join(out, "fig13.png"))
+  return protocol.write(out, payload, table)
+
+
+def _mean_curve(r: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
+  x = np.mean([[p[key] for p in q["curve"]] for q in r["per_seed"]], axis=0)
+  y = np.mean([[p["loss"] for p in q["curve"]] for q in r["per_seed"]], axis=0)
+  return x, y
+
+
+def table10(rows: dict, fractions: tuple[float, ...]) -> dict:
+  """Each allocation's seed-mean validation loss at each fraction of the final operations:
+  [lo, hi] over linear and log-operations interpolation between its checkpoints."""
+  final = min(_mean_curve(r, "ops")[0][-1] for r in rows.values())
+  out = {"ops": [f * final for f in fractions], "estimated": {}}
+  for name, r in rows.items():
+    x, y = _mean_curve(r, "ops")
+    lin = [float(np.interp(f * final, x, y)) for f in fractions]
+    pos = x > 0  # the log reading starts at the first checkpoint (the start is at 0 ops)
+    lx, ly = np.log(x[pos]), y[pos]
+    log = [float(np.interp(np.log(f * final), lx, ly)) if f * final >= x[pos][0] else lin[i]
+           for i, f in enumerate(fractions)]
+    out["estimated"][name] = [[min(a, b), max(a, b)] for a, b in zip(lin, log, strict=True)]
+  out["lowest"] = [min(rows, key=lambda n, i=i: sum(out["estimated"][n][i]))
+                   for i in range(len(fractions))]
+  out["how"] = ("seed-mean validation curves against operations; each cell the range of "
+                "linear interpolation in operations and in log operations (before the first "
+                "checkpoint, linear only)")
+  return out
+
+
+def table11(rows: dict, ends: dict, names: tuple, seeds: tuple, test, draws: int) -> dict:
+  """Test loss after the same updates from the shared start, over the paired seeds; each
+  allocation minus the first, per seed with its paired document bootstrap, then across."""
+  ref = names[0]
+  out = {"reference": ref, "rows": {}}
+  for name in names:
+    per = [q["test_nats_per_byte"] for q in rows[name]["per_seed"]]
+    diffs = [protocol.paired(ends[(s, ref)], ends[(s, name)], test.doc_ids, draws, s)
+             for s in seeds]
+    out["rows"][name] = {"test": protocol.across_seeds(per), "per_seed": per,
+                         "minus_ref": protocol.t_interval([d["diff"] for d in diffs]),
+                         "minus_ref_per_seed": diffs}
+  return out
+
+
+def plot(p: dict, path: str) -> None:
+  """fig13.png: validation loss against operations (left) and device-seconds (right)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  for ax, key, label in ((axes[0], "ops", "training operations (SPEC 7)"),
+                         (axes[1], "device_seconds", "device-seconds of training updates")):
+    for r in p["measured"]["allocations"].values():
+      x, y = _mean_curve(r, key)
+      ax.plot(x[1:], y[1:], marker="o", ms=3,
+              label=f"n_pert {r['n_pert']}, B {r['batch']} ({r['accum']} x {r['batch'] // r['accum']})")
+    ax.set_xscale("log")
+    ax.set_xlabel(label)
+    ax.set_ylabel("ensemble-validation loss (nats/byte)")
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def table(p: dict) -> str:
+  m, b = p["measured"], p["budget"]
+  rows, t10, t11 = m["allocations"], m["table10"], m["table11"]
+  first = next(iter(rows.values()))
+  lines = [f"Figure 13 / Tables 10-11 at this scale: N = {first['n_experts']}, n_pert x B = "
+           f"{first['n_pert'] * first['batch']}, every allocation {b['amount']:g} updates "
+           f"({first['ops_per_update']:.3g} ops each) from one seed run ({b['seed_updates']} "
+           f"updates, state continued), seeds {p['seeds']}. Load average "
+           f"{p['load_average']['start'][0]:.2f} at the start, {p['load_average']['end'][0]:.2f} "
+           "at the end.", "",
+           "Table 10 (estimated ensemble-validation loss, linear to log interpolation):", "",
+           "| allocation | " + " | ".join(f"{x:.3g} ops" for x in t10["ops"]) + " |",
+           "|---|" + "---|" * len(t10["ops"])]
+  for name, cells in t10["estimated"].items():
+    r = rows[name]
+    lines.append(f"| n_pert {r['n_pert']}, B {r['batch']} | "
+                 + " | ".join(f"{lo:.4f}–{hi:.4f}" for lo, hi in cells) + " |")
+  lines += ["", f"Table 11 (test after {b['amount']:g} updates at equal operations, mean over "
+            f"{len(p['seeds'])} paired seeds; minus {t11['reference']}, 95% t):", "",
+            "| allocation | test | minus first |", "|---|---|---|"]
+  for name, r in t11["rows"].items():
+    a = rows[name]
+    lines.append(f"| n_pert {a['n_pert']}, B {a['batch']} | {protocol.pm(r['test'], digits=6)} | "
+                 f"{protocol.ci(r['minus_ref'], digits=4)} |")
+  return "\n".join(lines) + "\n"
