@@ -191,8 +191,10 @@ def table(p: dict) -> str:
       f"{arch[other]['d_t']}) and {ref} (N = {arch[ref]['n_experts']}, width "
       f"{arch[ref]['d_t']}), each cell {p['budget']['amount']:g} {p['budget']['unit']} from its "
       f"seed ({p['budget']['seed_updates']} updates, state continued); final ensemble-"
-      f"validation loss, mean ± sample sd over {n_seeds} seeds ({p['eval']['val_windows']} "
-      f"windows from {p['eval']['val_documents']} documents). Paper: 8.44M-parameter models, "
+      f"validation loss, mean ± sample sd over {n_seeds} seeds ({p['eval']['val_windows_scored']} "
+      f"windows, {p['eval']['val_windows']} pieces, from {p['eval']['val_documents']} documents; "
+      f"starts: {other} {arch[other]['start_loss']['validation']:.4f}, {ref} "
+      f"{arch[ref]['start_loss']['validation']:.4f}). Paper: 8.44M-parameter models, "
       "an equal GPU budget, its own ensemble validation set. Load average "
       f"{p['load_average']['start'][0]:.2f} at the start, {p['load_average']['end'][0]:.2f} at "
       "the end.", "",
