@@ -130,9 +130,14 @@ def _figure7() -> str:
 
 
 def _figure8() -> str:
-  f8 = load("fig7_cpu")["measured"]["figure8"]
-  return "lowest N at growing aggregate device-seconds: " + ", ".join(
-      f"{x:.3g} s N = {n[1:]}" for x, n in zip(f8["device_seconds"], f8["lowest"], strict=True))
+  p = load("fig7_cpu")["measured"]
+  f8, r = p["figure8"], p["panels"]["experts"]
+  ends = ", ".join(
+      f"N = {v}: {e:.3f} at {p['settings'][n]['per_seed'][0]['curve'][-1]['device_seconds']:.3g} s"
+      for n, v, e in zip(r["methods"], r["values"], r["end_loss"], strict=True))
+  if not f8["lowest"]:
+    return f"end validation at aggregate device-seconds (seed 0): {ends}; the curves share no budget"
+  return f"{ends}; lowest N at shared budgets: {', '.join(f8['lowest'])}"
 
 
 def _figure14() -> str:
@@ -193,7 +198,7 @@ ROWS = [
         ("fig7_cpu",)),
     Row("Figure 8", "the N sweep against aggregate compute", COMPARE + "fig7,size=cpu",
         _figure8, "more experts do not lower loss at every budget", "device-seconds on 2 CPU "
-        "cores, not GPU-hours", ("fig7_cpu",)),
+        "cores; here no budget is shared by every N, so the paper's crossing cannot be read", ("fig7_cpu",)),
     Row("Figure 9", "ablations: semantic vs random shards, warm vs cold start, the head",
         COMPARE + "decompose,size=cpu", _figure9, "semantic shards and warm starts lower "
         "loss; the tied head through the decoder +0.029", "warm start and head ablations not "
@@ -217,7 +222,7 @@ ROWS = [
     Row("Figure 14", "which N wins under a total and a per-expert budget", COMPARE +
         "fig7,size=cpu", _figure14, "N = 1 is never selected; more shards win under a tight "
         "per-expert budget", "the fig7 experts panel's checkpoints (paper: 44 of N = 1, 2, 8, "
-        "256)", ("fig7_cpu",)),
+        "256); here N = 1 is selected at the smallest total budgets", ("fig7_cpu",)),
     Row("Figure 15", "inference cost against loss at equal total size", "python -m "
         "benchmarks.inference", _inference, "more shards reduce inference cost", "losses "
         "not yet (issue 42: study=fig15)", ("inference_cpu",)),
@@ -239,7 +244,7 @@ ROWS = [
     Row("Table 5", "SOMA against BPTT at N = 1, 2, 8", COMPARE + "table5,size=cpu",
         _table5, "BPTT lower at every N; at 100 GPU-hours SOMA 2.0343 / 1.8257 / 2.0179, BPTT "
         "1.0091 / 1.0535 / 1.1776", "330k params (N = 8 at width 32), one operations budget, "
-        "3 seeds", ("table5_cpu",)),
+        "3 seeds; BPTT lowest at N = 2, highest at N = 8 (paper: N = 1 lowest)", ("table5_cpu",)),
     Row("Table 6", "lr and initial eps sensitivity, N = 1 and 2", COMPARE + "table6,size=cpu",
         _table6, "N = 1 2.2768, N = 2 2.2370 at lr 0.00125 / eps 0.0025; N = 2 lower in "
         "every cell", "82k params; 1,000 updates per cell", ("table6_cpu",)),
