@@ -260,7 +260,7 @@ ROWS = [
     Row("Table 10", "estimated loss of the allocations at three budgets", COMPARE +
         "fig13,size=cpu", _table10, "(8, 64, 1,024) lowest at 2e18 / 4e18 / 8e18 operations: "
         "1.8046-1.8057, 1.7947-1.8000, 1.7848-1.7887", "budgets at 1/4, 1/2, 1 of our final "
-        "operations", ("fig13_cpu",)),
+        "operations, which fall on checkpoints, so the two interpolations agree", ("fig13_cpu",)),
     Row("Table 11", "the allocations continued at equal operations", COMPARE + "fig13,size=cpu",
         _table11, "2.376587 / 2.376575 / 2.376625 for (64, 1,024) / (256, 256) / (1,024, 64)",
         "256 updates from the seed (paper: 512 from an N = 8 checkpoint), 2 seeds",
