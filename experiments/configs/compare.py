@@ -310,20 +310,27 @@ def _decompose(arg: str | None) -> ml_collections.ConfigDict:
 # ------------------------------------------------------------------------- Table 6
 
 
+def _paper_study(arg: str | None, study: str):
+  """The shared start of the paper-item studies: Table 7's config at `size` (its seeds,
+  scoring and statistics) without its lr / eps search; (config, size, cpu, seeds= or 0)."""
+  a = parse_arg(arg, study=study, size="cpu", seeds=0)
+  if a["size"] not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study={study},size={a['size']}: use size=cpu or tiny")
+  c = get_config(f"study=table7,size={a['size']}")
+  c.study = study
+  for unused in ("lr_factors", "lr_extend", "eps_factors", "eps_extend"):  # no search here
+    del c[unused]
+  return c, a["size"], a["size"] == "cpu", a["seeds"]
+
+
 def _table6(arg: str | None) -> ml_collections.ConfigDict:
   """study=table6 (the paper's Table 6, soma_jax/studies/table6.py): Table 7's pair, seeds,
   budget and scoring at the paper's five (lr, initial eps) cells, no search.
 
     python experiments/compare.py --config=experiments/configs/compare.py:study=table6,size=cpu --out=runs/table6
   """
-  a = parse_arg(arg, study="table6", size="cpu", seeds=0)
-  if a["size"] not in ("cpu", "tiny"):
-    raise UserError(f"compare.py:study=table6,size={a['size']}: use size=cpu or tiny")
-  c = get_config(f"study=table7,size={a['size']}")
-  c.study = "table6"
-  c.seeds = a["seeds"] or (3 if a["size"] == "cpu" else 2)  # the paper's three
-  for unused in ("lr_factors", "lr_extend", "eps_factors", "eps_extend"):  # no search here
-    del c[unused]
+  c, _, cpu, seeds = _paper_study(arg, "table6")
+  c.seeds = seeds or (3 if cpu else 2)  # the paper's three
   c.curve_points = 1  # each cell's final checkpoint is all the table reads
   # (lr factor, initial eps factor) of base_lr: the paper's cells over its base 0.0025, which
   # is this project's CPU base_lr too (0.00125 / 0.0025, 0.0025 / 0.0025, 0.005 / 0.0025,
@@ -341,20 +348,13 @@ def _fig7(arg: str | None) -> ml_collections.ConfigDict:
 
     python experiments/compare.py --config=experiments/configs/compare.py:study=fig7,size=cpu --out=runs/fig7
   """
-  a = parse_arg(arg, study="fig7", size="cpu", seeds=0)
-  if a["size"] not in ("cpu", "tiny"):
-    raise UserError(f"compare.py:study=fig7,size={a['size']}: use size=cpu or tiny")
-  size, cpu = a["size"], a["size"] == "cpu"
-  c = get_config(f"study=table7,size={size}")
-  c.study = "fig7"
+  c, size, cpu, seeds = _paper_study(arg, "fig7")
   # The paper's figure shows one run per setting; two seeds here, at 300 updates per setting
   # to fit about 45 min on 2 cores (its costliest settings, n_pert 64 and B 64 at N = 8, run
   # 16x the base's operations per update).
-  c.seeds = a["seeds"] or 2
+  c.seeds = seeds or 2
   c.budget = 300.0 if cpu else 3.0  # updates per setting and seed
   c.curve_points = 5 if cpu else 2  # checkpoints along each curve
-  for unused in ("lr_factors", "lr_extend", "eps_factors", "eps_extend", "ops_tolerance"):
-    del c[unused]
   c.ops_tolerance = 1.0  # the settings differ in cost per update: that is the sweep
   c.match_params = False  # fixed-width experts: more experts, more parameters
   c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
@@ -418,15 +418,8 @@ def _table5(arg: str | None) -> ml_collections.ConfigDict:
 
     python experiments/compare.py --config=experiments/configs/compare.py:study=table5,size=cpu --out=runs/table5
   """
-  a = parse_arg(arg, study="table5", size="cpu", seeds=0)
-  if a["size"] not in ("cpu", "tiny"):
-    raise UserError(f"compare.py:study=table5,size={a['size']}: use size=cpu or tiny")
-  size, cpu = a["size"], a["size"] == "cpu"
-  c = get_config(f"study=table7,size={size}")
-  c.study = "table5"
-  c.seeds = a["seeds"] or (3 if cpu else 2)
-  for unused in ("lr_factors", "lr_extend", "eps_factors", "eps_extend"):
-    del c[unused]
+  c, size, cpu, seeds = _paper_study(arg, "table5")
+  c.seeds = seeds or (3 if cpu else 2)
   # Every row's total size is the largest N's at the experts' width (SOMA N = 8 of width 32:
   # 329,920 parameters at size=cpu; at the comparisons' 82k, N = 8 would be width 7 and its
   # heads 80% of it), and every row runs the operations of `budget` updates of that SOMA row;
@@ -463,19 +456,12 @@ def _fig13(arg: str | None) -> ml_collections.ConfigDict:
 
     python experiments/compare.py --config=experiments/configs/compare.py:study=fig13,size=cpu --out=runs/fig13
   """
-  a = parse_arg(arg, study="fig13", size="cpu", seeds=0)
-  if a["size"] not in ("cpu", "tiny"):
-    raise UserError(f"compare.py:study=fig13,size={a['size']}: use size=cpu or tiny")
-  size, cpu = a["size"], a["size"] == "cpu"
-  c = get_config(f"study=table7,size={size}")
-  c.study = "fig13"
-  c.seeds = a["seeds"] or 2  # the paper's two paired seeds
+  c, size, cpu, seeds = _paper_study(arg, "fig13")
+  c.seeds = seeds or 2  # the paper's two paired seeds
   # 256 updates per allocation (the paper: 512 further updates): each does 16x the N = 8
   # base's operations per update, about 1 s here
   c.budget = 256.0 if cpu else 3.0
   c.curve_points = 4
-  for unused in ("lr_factors", "lr_extend", "eps_factors", "eps_extend"):
-    del c[unused]
   c.match_params = False
   c.table10_fractions = (0.25, 0.5, 1.0)  # of the final operations (the paper: 2, 4, 8e18)
   c.source = "pystdlib"

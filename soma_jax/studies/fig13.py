@@ -78,9 +78,7 @@ def check(config: ml_collections.ConfigDict) -> Allocations:
       0 < fractions[0] and fractions[-1] <= 1):
     raise UserError(f"table10_fractions={config.table10_fractions!r} must grow strictly within "
                     "(0, 1]; fix: --config.table10_fractions='(0.25, 0.5, 1.0)'")
-  if not isinstance(config.get("source"), str) or not config.source:
-    raise UserError(f"source={config.get('source')!r}: a corpus prepare_data.py reads; fix: "
-                    "--config.source=pystdlib or textdir:FOLDER")
+  protocol.check_source(config)
   return Allocations(plan, names, ns.pop(), fractions, config.source,
                      dict(config.get("prepare", {}).items()))
 
@@ -95,10 +93,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   methods = {n: config.methods[n] for n in alloc.names}
   specs = protocol.check_runs(plan, methods)
   protocol.check_equal_ops(specs, plan.ops_tolerance, plan.unit)
-  dirs = protocol.prepared_dirs(alloc.source, alloc.prepare, [alloc.n_experts, 1], out)
-  scored = {n: protocol.eval_sets(plan.eval, d, [s.seq_len for s in specs.values()])
-            for n, d in dirs.items()}
-  protocol.same_windows(scored)
+  dirs, scored = protocol.per_n_sets(plan.eval, specs, alloc.source, alloc.prepare, out)
   val, test = scored[alloc.n_experts]
   seeds = protocol.train_seeds(plan, methods, dirs[1], out, scored[1][0], executor)
   planned, starts = {}, {}

@@ -78,9 +78,7 @@ def check(config: ml_collections.ConfigDict) -> Sweep:
   if plan.unit != "updates":
     raise UserError(f"budget_unit={plan.unit!r}: every setting of a sweep runs the same "
                     "updates (time is what the figure reads); fix: --config.budget_unit=updates")
-  if not isinstance(config.get("source"), str) or not config.source:
-    raise UserError(f"source={config.get('source')!r}: a corpus prepare_data.py reads; fix: "
-                    "--config.source=pystdlib or textdir:FOLDER")
+  protocol.check_source(config)
   panels = {}
   for panel in config.panels:
     if panel not in PANEL_KEYS:
@@ -116,11 +114,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   plan = sweep.plan
   methods = protocol.sized(config)  # match_params off: every method as configured
   specs = protocol.check_runs(plan, methods)
-  ns = [s.n_experts for s in specs.values()]
-  dirs = protocol.prepared_dirs(sweep.source, sweep.prepare, ns + [1], out)
-  scored = {n: protocol.eval_sets(plan.eval, d, [s.seq_len for s in specs.values()])
-            for n, d in dirs.items()}
-  protocol.same_windows(scored)
+  dirs, scored = protocol.per_n_sets(plan.eval, specs, sweep.source, sweep.prepare, out)
   seeds = protocol.train_seeds(plan, methods, dirs[1], out, scored[1][0], executor)
   planned, starts = {}, {}
   for name, c in methods.items():

@@ -369,6 +369,25 @@ def prepared_dirs(source: str, settings: dict, ns: list[int], out: str) -> dict[
   return dirs
 
 
+def check_source(config: ml_collections.ConfigDict) -> str:
+  """config.source: the corpus the per-N studies prepare (`prepared_dirs`)."""
+  if not isinstance(config.get("source"), str) or not config.source:
+    raise UserError(f"source={config.get('source')!r}: a corpus prepare_data.py reads; fix: "
+                    "--config.source=pystdlib or textdir:FOLDER")
+  return config.source
+
+
+def per_n_sets(span: EvalSpan, specs: dict[str, spec_lib.RunSpec], source: str,
+               settings: dict, out: str) -> tuple[dict[int, str], dict]:
+  """For the studies whose rows differ in N: ({N: data dir}, {N: (validation, test)}) for
+  every N of `specs` and N = 1 (the seed runs' data), prepared from `source` under OUT, each
+  scored on `span`, all holding the same held-out windows (`same_windows`)."""
+  dirs = prepared_dirs(source, settings, [s.n_experts for s in specs.values()] + [1], out)
+  scored = {n: eval_sets(span, d, [s.seq_len for s in specs.values()]) for n, d in dirs.items()}
+  same_windows(scored)
+  return dirs, scored
+
+
 def same_windows(scored: dict) -> None:
   """Every N's data dir ({N: (validation, test)}) holds the same ensemble-validation windows,
   else curves of different N would be scored on different text."""

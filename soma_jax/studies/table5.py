@@ -62,9 +62,7 @@ def check(config: ml_collections.ConfigDict) -> Grid:
       0 < fractions[0] and fractions[-1] <= 1):
     raise UserError(f"budget_fractions={config.budget_fractions!r} must grow strictly within "
                     "(0, 1]; fix: --config.budget_fractions='(0.5, 0.75, 1.0)'")
-  if not isinstance(config.get("source"), str) or not config.source:
-    raise UserError(f"source={config.get('source')!r}: a corpus prepare_data.py reads; fix: "
-                    "--config.source=pystdlib or textdir:FOLDER")
+  protocol.check_source(config)
   rows = {}
   for name, c in config.methods.items():
     gradient = protocol.resolved(c, f"methods.{name}.").method.describe["gradient"]
@@ -93,11 +91,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   methods = protocol.sized(config)
   specs = protocol.check_runs(plan, methods)
   ops_budget = plan.budget * specs[plan.reference].total_ops_per_update
-  dirs = protocol.prepared_dirs(grid.source, grid.prepare, [n for n, _ in grid.rows.values()]
-                                + [1], out)
-  scored = {n: protocol.eval_sets(plan.eval, d, [s.seq_len for s in specs.values()])
-            for n, d in dirs.items()}
-  protocol.same_windows(scored)
+  dirs, scored = protocol.per_n_sets(plan.eval, specs, grid.source, grid.prepare, out)
   seeds = protocol.train_seeds(plan, methods, dirs[1], out, scored[1][0], executor)
   planned, starts = {}, {}
   for name, c in methods.items():
