@@ -51,6 +51,12 @@ def data_prepared(tmp_path_factory, data_textdir) -> str:
   return out
 
 
+# prepare.prepare's settings for the tiny per-N studies (fig7, fig13, table5): the held-out
+# sets of data_two_shards, on data_textdir prepared into each N shards
+STUDY_PREPARE = {"test_docs": 6, "ensemble_val_docs": 3, "min_df": 2, "svd_dims": 16,
+                 "val_fraction": 0.05}
+
+
 @pytest.fixture(scope="session")
 def data_two_shards(tmp_path_factory, data_textdir) -> str:
   """A data dir prepared from data_textdir with 2 clusters (the comparisons' SOMA N = 2)."""

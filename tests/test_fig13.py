@@ -9,10 +9,8 @@ import pytest
 
 from soma_jax.errors import UserError
 from soma_jax.studies import fig13
+from tests.conftest import STUDY_PREPARE as PREPARE
 from tests.test_compare import load_config
-
-PREPARE = {"test_docs": 6, "ensemble_val_docs": 3, "min_df": 2, "svd_dims": 16,
-           "val_fraction": 0.05}
 
 
 @pytest.fixture(scope="module")

@@ -73,11 +73,7 @@ def check(config: ml_collections.ConfigDict) -> Allocations:
   if len(ns) != 1 or len(products) != 1:
     raise UserError(f"allocations {names} must share N and n_pert x B (have N {sorted(ns)}, "
                     f"n_pert x B {sorted(products)}): the figure holds the product fixed")
-  fractions = tuple(float(f) for f in config.table10_fractions)
-  if not fractions or list(fractions) != sorted(set(fractions)) or not (
-      0 < fractions[0] and fractions[-1] <= 1):
-    raise UserError(f"table10_fractions={config.table10_fractions!r} must grow strictly within "
-                    "(0, 1]; fix: --config.table10_fractions='(0.25, 0.5, 1.0)'")
+  fractions = protocol.check_fractions(config, "table10_fractions", "(0.25, 0.5, 1.0)")
   protocol.check_source(config)
   return Allocations(plan, names, ns.pop(), fractions, config.source,
                      dict(config.get("prepare", {}).items()))

@@ -369,6 +369,17 @@ def prepared_dirs(source: str, settings: dict, ns: list[int], out: str) -> dict[
   return dirs
 
 
+def check_fractions(config: ml_collections.ConfigDict, field: str, example: str
+                    ) -> tuple[float, ...]:
+  """config.`field`: fractions of a budget, growing strictly within (0, 1]."""
+  fractions = tuple(float(f) for f in config[field])
+  if not fractions or list(fractions) != sorted(set(fractions)) or not (
+      0 < fractions[0] and fractions[-1] <= 1):
+    raise UserError(f"{field}={config[field]!r} must grow strictly within (0, 1]; fix: "
+                    f"--config.{field}='{example}'")
+  return fractions
+
+
 def check_source(config: ml_collections.ConfigDict) -> str:
   """config.source: the corpus the per-N studies prepare (`prepared_dirs`)."""
   if not isinstance(config.get("source"), str) or not config.source:

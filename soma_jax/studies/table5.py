@@ -57,11 +57,7 @@ def check(config: ml_collections.ConfigDict) -> Grid:
     raise UserError(f"budget_unit={plan.unit!r}: table5's budget is `budget` updates of the "
                     "reference, run as their operations by every row; fix: "
                     "--config.budget_unit=updates")
-  fractions = tuple(float(f) for f in config.budget_fractions)
-  if not fractions or list(fractions) != sorted(set(fractions)) or not (
-      0 < fractions[0] and fractions[-1] <= 1):
-    raise UserError(f"budget_fractions={config.budget_fractions!r} must grow strictly within "
-                    "(0, 1]; fix: --config.budget_fractions='(0.5, 0.75, 1.0)'")
+  fractions = protocol.check_fractions(config, "budget_fractions", "(0.5, 0.75, 1.0)")
   protocol.check_source(config)
   rows = {}
   for name, c in config.methods.items():
