@@ -249,13 +249,14 @@ class Scores(NamedTuple):
 def score(body_N: PyTree, head: jax.Array, windows: np.ndarray, routes_nxK: np.ndarray,
           shared_head: bool, ks: Sequence[int] | None = None, pairs: bool = False,
           batch: int = 64, block_bytes: int = 1 << 28,
-          logits_fn: LogitsFn = model_lib.logits) -> Scores:
+          logits_fn: LogitsFn = model_lib.logits, first: int = ROUTE_BYTES + 1) -> Scores:
   """Scores every window once with its K routed experts; the mixtures of all k in ks follow.
 
   Routes are best-first, so the top-k ensemble is the first k columns. Windows go in
   blocks sized so the [block, K, 768] float32 log-probabilities stay under block_bytes.
   With `pairs`, every expert scores every window ([block, N, 768]): the pair analysis's
-  shared difficulty is the mean loss of all N experts at each target.
+  shared difficulty is the mean loss of all N experts at each target. `first`: the first
+  scored target (route + 1; 257 on the paper's windows, less on `cut_windows`' pieces).
   """
   n, kk = routes_nxK.shape
   ks = tuple(ks) if ks else (kk,)
@@ -271,11 +272,11 @@ def score(body_N: PyTree, head: jax.Array, windows: np.ndarray, routes_nxK: np.n
     routes = routes_nxK[i:i + block]
     if stats is None:
       lp = routed_logprobs(body_N, head, windows[i:i + block], routes, shared_head, batch,
-                           logits_fn=logits_fn)
+                           first, logits_fn=logits_fn)
     else:
       everyone = np.broadcast_to(np.arange(n_experts, dtype=np.int32), (len(routes), n_experts))
       lp_all = routed_logprobs(body_N, head, windows[i:i + block], everyone, shared_head, batch,
-                               logits_fn=logits_fn)
+                               first, logits_fn=logits_fn)
       lp = np.take_along_axis(lp_all, routes[:, :, None], axis=1)
       stats.update(lp, routes, -lp_all.mean(axis=1, dtype=np.float64))
     own[i:i + block] = -lp.mean(axis=2, dtype=np.float64)

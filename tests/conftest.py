@@ -51,8 +51,8 @@ def data_prepared(tmp_path_factory, data_textdir) -> str:
   return out
 
 
-# prepare.prepare's settings for the tiny per-N studies (fig7, fig13, table5): the held-out
-# sets of data_two_shards, on data_textdir prepared into each N shards
+# prepare.prepare's settings for the tiny per-N studies (fig7, fig9, fig13, fig16, fig17,
+# table5): the held-out sets of data_two_shards, on data_textdir prepared into each N shards
 STUDY_PREPARE = {"test_docs": 6, "ensemble_val_docs": 3, "min_df": 2, "svd_dims": 16,
                  "val_fraction": 0.05}
 

@@ -230,8 +230,12 @@ STUDY_DOORS = {
                     "check_runs", "budgeted", "seed_configs", "train_seeds", "sized"},
     "table4.py": {"run_config", "run"}, "table6.py": {"check_cells", "run"},
     "fig7.py": {"check", "run", "setting"}, "table5.py": {"check", "run"},
-    "fig13.py": {"check", "run"}, "table7.py": {"check_grid", "run", "compare_pair"},
+    "fig13.py": {"check", "run"}, "fig16.py": {"check", "run"}, "fig17.py": {"check", "run"},
+    "fig9.py": {"check", "run"}, "table7.py": {"check_grid", "run", "compare_pair"},
     "trained_sizes.py": {"train_all"}, "variance.py": {"variance_spec", "run_study"},
+    "fig15.py": {"check", "run"},
+    "table8.py": {"check", "run"},
+    "table9.py": {"check", "run"},
 }
 
 

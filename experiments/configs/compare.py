@@ -22,6 +22,7 @@ is width 47. T = 256 < 1024, so the evaluation routes on the first 64 bytes of e
 """
 
 import os
+import re
 
 import ml_collections
 
@@ -126,16 +127,9 @@ def _plan(c: ml_collections.ConfigDict, cpu: bool) -> None:
 def get_config(arg: str | None = None):
   if _ladder_asked(arg):  # study=ladder takes its own arguments (seeds=, rungs=): _ladder
     return _ladder(arg)
-  if "study=decompose" in (arg or "").replace(" ", ""):
-    return _decompose(arg)
-  if "study=table6" in (arg or "").replace(" ", ""):
-    return _table6(arg)
-  if "study=fig7" in (arg or "").replace(" ", ""):
-    return _fig7(arg)
-  if "study=table5" in (arg or "").replace(" ", ""):
-    return _table5(arg)
-  if "study=fig13" in (arg or "").replace(" ", ""):
-    return _fig13(arg)
+  asked = re.search(r"study=(\w+)", (arg or "").replace(" ", ""))
+  if asked and asked[1] in _OWN_CONFIG:  # a study with a config function of its own
+    return _OWN_CONFIG[asked[1]](arg)
   a = parse_arg(arg, study="table4", size="cpu")
   if a["study"] not in STUDIES or a["size"] not in ("cpu", "tiny"):
     raise UserError(f"compare.py:study={a['study']},size={a['size']}: use study="
@@ -177,7 +171,6 @@ def get_config(arg: str | None = None):
   # step counter: BPTT, whose gradients are about d / n times smaller per coordinate than
   # SPSA's estimates, so the SPSA seed's second moments would damp its first updates ~100x.
   c.fresh_optimizer = tuple(n for n in ("bptt",) if n in c.methods) if c.study == "table4" else ()
-
   c.seed_runs = _seed_runs(c, size, lr)
   return c
 
@@ -481,3 +474,232 @@ def _fig13(arg: str | None) -> ml_collections.ConfigDict:
   c.reference = c.allocations[0]
   del c.seed_runs["monolith"]
   return c
+
+
+# ------------------------------------------------------------------------- Figure 9
+
+
+def _fig9(arg: str | None) -> ml_collections.ConfigDict:
+  """study=fig9 (the paper's Figure 9, soma_jax/studies/fig9.py): ablations of SOMA N = 2 at
+  width 32 (Table 7's soma_n2): semantic vs random shards, warm vs cold start, and the head
+  (own delta-rule heads, the seed's head frozen and shared, a frozen random head).
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig9,size=cpu --out=runs/fig9
+  """
+  c, size, cpu, seeds = _paper_study(arg, "fig9")
+  c.seeds = seeds or (3 if cpu else 2)  # the paper's three
+  # 5 conditions x 3 seeds x 1,000 updates of N = 2 (about 40-60 updates/s on 2 cores) and two
+  # 1,000-update seed runs: about 9 minutes with the data preparation
+  c.budget = 1000.0 if cpu else 4.0  # updates per condition and seed
+  c.curve_points = 4 if cpu else 2  # checkpoints scored: the figure's shown steps
+  c.match_params = False  # one width: an ablation changes one factor, not the size
+  c.source = "pystdlib"  # the semantic, random and N = 1 data dirs: this corpus under OUT
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  c.data_dir_random = ""  # prepared with --assignment=random; "" = source's under OUT
+  soma = c.methods.soma_n2  # own delta-rule heads (SPEC 3.2), this project's CPU default
+  copy = lambda: ml_collections.ConfigDict(soma.to_dict())
+  shared = copy()
+  shared.model.shared_head, shared.opt.train_head = True, False  # SPEC 3.4's width-32 recipe
+  rows = {"soma": (soma, "semantic shards, warm, own delta-rule heads (the default)",
+                   "soma_expert"),
+          "random_shards": (copy(), "random shards of the semantic sizes", "soma_expert"),
+          "cold": (copy(), "a fresh init (cold start), the same updates", None),
+          "shared_head": (shared, "the seed's head frozen and shared", "soma_expert"),
+          "random_head": (ml_collections.ConfigDict(shared.to_dict()),
+                          "a random head, never trained, frozen and shared", "random_head")}
+  c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
+  for name, (cfg, what, seed) in rows.items():
+    c.methods[name], c.rows[name] = cfg, what
+    if seed:
+      c.start[name] = seed
+  c.reference = "soma"
+  c.order = tuple(rows)
+  c.cold = ("cold",)  # conditions from a fresh init (protocol.budgeted(start=None))
+  c.row_data = ml_collections.ConfigDict({"random_shards": "random"})  # else semantic
+  c.panels = ml_collections.ConfigDict({"shards": ("soma", "random_shards"),
+                                        "start": ("soma", "cold"),
+                                        "head": ("soma", "shared_head", "random_head")})
+  # name: (a, b, ...): a's final loss minus the better of b, ... (the paper's +0.029 is
+  # delta_minus_shared)
+  c.contrasts = ml_collections.ConfigDict({
+      "random_minus_semantic": ("random_shards", "soma"), "cold_minus_warm": ("cold", "soma"),
+      "delta_minus_shared": ("soma", "shared_head"),
+      "random_head_minus_best": ("random_head", "soma", "shared_head")})
+  seed = c.seed_runs.soma_expert  # N = 1 at the experts' width, its own delta-rule head
+  never = ml_collections.ConfigDict(seed.to_dict())
+  never.model.shared_head, never.opt.train_head = True, False  # its head stays the random init
+  c.seed_runs = ml_collections.ConfigDict({"soma_expert": seed, "random_head": never})
+  return c
+
+
+# ------------------------------------------------------------------------- Figure 15
+
+
+def _fig15(arg: str | None) -> ml_collections.ConfigDict:
+  """study=fig15 (the paper's Figure 15 with Tables 12 and 13, soma_jax/studies/fig15.py): the
+  monolith and SOMA at growing N of about equal total size, each continuing its width's seed
+  run for one operations budget; test loss, complete warm inference and its cost per token.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig15,size=cpu --out=runs/fig15
+  """
+  c, size, cpu, seeds = _paper_study(arg, "fig15")
+  c.seeds = seeds or 1  # the paper: one trained model per setting, bars over test documents
+  # Every row's total size is the largest N's: SOMA N = 32 of width 32 sharing one frozen head
+  # (the paper's N = 256 recipe), 1,061,888 parameters at size=cpu (the monolith is width 180,
+  # N = 2 width 127, N = 8 width 61, each with its own delta-rule heads); every row runs the
+  # operations of `budget` updates of the N = 32 row (150-188 updates each). At ~100 GFLOP/s,
+  # the recorded table5 seeds trained at on 2 idle cores (60 under load): seeds 2.9e13 ops,
+  # about 5 min (width 180's 1,000 updates 3 of them), rows 1.3e13, about 2 min, data,
+  # compilation, scoring and timing about 3 min: about 10 min (15 at 60 GFLOP/s).
+  c.budget = 150.0 if cpu else 3.0
+  c.curve_points = 1  # each row's end is what the figure reads (start and end on validation)
+  c.params_tolerance = 0.02 if cpu else 0.1  # |params - reference's| / reference's (tiny: 5.2%)
+  c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  c.inference = ml_collections.ConfigDict()  # complete warm inference (soma_jax/inference.py)
+  c.inference.batches = (8, 32, 128) if cpu else (2, 8)  # requests per batch; the fastest wins
+  c.inference.repeats = 7  # timed batches after the warm-up; medians (the paper's seven)
+  lr = c.base_lr
+  seed = c.seed_runs.soma_expert
+  c.methods, c.rows, c.start, c.seed_runs = (ml_collections.ConfigDict() for _ in range(4))
+  n_list = (1, 2, 8, 32) if cpu else (1, 2, 6)  # the paper's 1, 2, 8, 256 (tiny: 6 > 4)
+  for n in n_list:
+    name = "mono" if n == 1 else f"soma_n{n}"
+    c.seed_runs[f"seed_{name}"] = ml_collections.ConfigDict(seed.to_dict())  # at its width
+    c.methods[name] = _scale(_method("soma.py", f"n={n},size={size}"), size, lr)
+    c.rows[name] = ("monolithic SPSA" if n == 1 else f"SOMA N = {n}") + ", equal total size"
+    c.start[name] = f"seed_{name}"
+  widest = c.methods[f"soma_n{n_list[-1]}"]  # width d_E: one head, the seed's, frozen, shared
+  widest.model.shared_head, widest.opt.train_head = True, False
+  widest.opt.weight_decay = 0.0  # the paper's width-32 recipe (wide controls: 1e-4)
+  c.reference = f"soma_n{n_list[-1]}"  # every row's params match it; the budget: its updates
+  c.order = tuple("mono" if n == 1 else f"soma_n{n}" for n in n_list)  # rows, growing N
+  return c
+
+
+# ------------------------------------------------------------------------- Figures 16 and 17
+
+
+def _ensembles(arg: str | None, study: str) -> tuple[ml_collections.ConfigDict, bool]:
+  """study=fig16 (the paper's Figure 16, soma_jax/studies/fig16.py): top-k routing, k = 1..N,
+  on saved SOMA ensembles of fixed-width experts (Figure 7's experts panel), each continuing
+  one seed run; also fig17's ensembles. (config, cpu)
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig16,size=cpu --out=runs/fig16
+  """
+  c, size, cpu, seeds = _paper_study(arg, study)
+  c.seeds = seeds or 2  # the paper's figure shows one ensemble per N
+  # 500 updates per ensemble and seed (the paper: 4M; 1,000 would not fit 12 min): N = 8 ran
+  # 5.9 updates/s and N = 32 2.9 on 2 cores (docs/results/fig7_cpu.json), so 2 seeds x
+  # (85 + 175) s of training: about 11-12 min with the seed run, the three data dirs' preparation
+  # and the k sweeps
+  c.budget = 500.0 if cpu else 3.0
+  c.curve_points = 1  # the final checkpoint is the saved ensemble the figure scores
+  c.ops_tolerance = 1.0  # the ensembles differ in cost per update (N)
+  c.match_params = False  # fixed-width experts: more experts, more parameters
+  c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  c.mark_k = 4  # the figure's dashed line (the paper's top-4 routing)
+  n_list = (8, 32) if cpu else (2, 6)  # the paper's 8 and 256
+  c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
+  for n in n_list:
+    _add(c, f"n{n}", _scale(_method("soma.py", f"n={n},size={size}"), size, c.base_lr),
+         f"SOMA N = {n}, fixed-width experts")
+  c.ensembles = tuple(f"n{n}" for n in n_list)  # N growing
+  c.reference = c.ensembles[0]
+  c.order = c.ensembles
+  seed = c.seed_runs.soma_expert
+  del c["seed_runs"]
+  c.seed_runs = ml_collections.ConfigDict({"soma_expert": seed})
+  return c, cpu
+
+
+def _fig17(arg: str | None) -> ml_collections.ConfigDict:
+  """study=fig17 (the paper's Figure 17, soma_jax/studies/fig17.py): every pair of experts of
+  Figure 16's ensembles averaged, loss reduction against error similarity.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig17,size=cpu --out=runs/fig17 \
+        --config.ensembles_from=runs/fig16
+  """
+  c, cpu = _ensembles(arg, "fig17")
+  c.ensembles_from = ""  # a finished study=fig16 --out with these settings; "" = train here
+  c.bins = 10 if cpu else 2  # equal-count bins of each ensemble's pairs (the paper: ~25)
+  return c
+
+
+# ------------------------------------------------------------------------- Table 8
+
+
+def _table8(arg: str | None) -> ml_collections.ConfigDict:
+  """study=table8 (the paper's Table 8, soma_jax/studies/table8.py): the experts variance
+  study's jax.grad references (Figure 10, left) against an independent batch of the same
+  size, per N, at init and after training; what each variance value changes by.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=table8,size=cpu --out=runs/table8
+  """
+  a = parse_arg(arg, study="table8", size="cpu")
+  if a["size"] not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study=table8,size={a['size']}: use size=cpu or tiny")
+  c = ml_collections.ConfigDict()
+  c.study = "table8"
+  c.size = a["size"]  # the variance config's preset below
+  # The experts study as experiments/configs/variance.py:experts has it at this size (cpu:
+  # N = 1, 2, 8, 32 at about 2M parameters, fixed batch B = 4 windows of T = 64, sparse
+  # probes, n_pert 16, 8 repeats; its trained_dir names trained runs, "" = train them here).
+  c.variance = _method("variance.py", f"experts,size={a['size']}")
+  # Updates of each N's run by the study's train_run recipe (n_pert 4, B 4, T = 256 at cpu)
+  # where variance.trained_dir is "": the paper measured at 10,000; about 1 s per update per
+  # N here at 2M parameters (the recipe's own 1,000 would take over an hour)
+  c.train_updates = 40 if a["size"] == "cpu" else 3
+  c.x64 = False  # measure in float64 (about 2x the measurement's time)
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  return c
+
+
+# ------------------------------------------------------------------------- Table 9
+
+
+def _table9(arg: str | None) -> ml_collections.ConfigDict:
+  """study=table9 (the paper's Table 9, soma_jax/studies/table9.py): Table 4's SOMA and
+  monolith rows (its config, seed runs, budget and scoring), each row's final checkpoint
+  chosen first, then scored frozen on a corpus nobody trained on.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=table9,size=cpu --out=runs/table9
+    ... --config.wikitext=FOLDER   (WikiText-103 raw: wiki.valid.raw, wiki.test.raw)
+  """
+  a = parse_arg(arg, study="table9", size="cpu", seeds=0)
+  if a["size"] not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study=table9,size={a['size']}: use size=cpu or tiny")
+  cpu = a["size"] == "cpu"
+  c = get_config(f"study=table4,size={a['size']}")
+  c.study = "table9"
+  c.seeds = a["seeds"] or 2  # table4 runs 5; two fit about 15 minutes here with the scoring
+  for name in ("eggroll", "bptt", "head_only", "soma_n2_summed"):  # the paper's four rows only
+    del c.methods[name], c.rows[name], c.start[name]
+  del c.seed_runs["gru"]
+  for unused in ("lr_factors", "lr_extend", "eps_factors", "eps_extend"):  # no search here
+    del c[unused]
+  c.order = tuple(n for n in c.order if n in c.methods)
+  c.match_updates = ml_collections.ConfigDict()  # no controls
+  c.fresh_optimizer = ()
+  # The external corpus: a WikiText-103 raw folder (SPEC 4's protocol) when set, else any
+  # SOURCE prepare_data.py reads, its documents alternating validation / test. The default:
+  # this machine's Linux man pages of section 7 (9.5 MB of overviews and SQL references in
+  # troff), which no study trains on.
+  c.wikitext = ""
+  c.external = "textdir:/usr/share/man/man7"
+  c.external_eval = ml_collections.ConfigDict()
+  # The first this many 1,025-byte windows of each external split (0 = all), spread over its
+  # documents, each cut into the study's pieces (eval.route_bytes + eval.score_bytes + 1)
+  c.external_eval.val_windows = 512 if cpu else 0
+  c.external_eval.test_windows = 512 if cpu else 0
+  return c
+
+
+# study -> its config function, for every study but table4, table7 (get_config's own) and
+# the ladder (its own arguments)
+_OWN_CONFIG = {
+    "decompose": _decompose, "table6": _table6, "fig7": _fig7, "table5": _table5,
+    "fig13": _fig13, "fig16": lambda arg: _ensembles(arg, "fig16")[0], "fig17": _fig17,
+    "fig15": _fig15, "table8": _table8, "fig9": _fig9, "table9": _table9,
+}

@@ -14,8 +14,24 @@
           under a total and a per-expert budget
   fig13   the paper's Figure 13 with Tables 10 and 11: SOMA N = 8 with n_pert x B fixed,
           split three ways, curves, estimated losses at three budgets, test after equal ops
+  fig15   the paper's Figure 15 with Tables 12 and 13: the monolith and SOMA N = 2, 8, 32 of
+          equal total size, test loss against inference cost (complete warm inference
+          including routing, its fastest batch; operations of the selected experts)
+  fig9    the paper's Figure 9 (ablations): semantic vs random shards, warm vs cold start,
+          and the head (own delta-rule heads, the seed's frozen shared head, a frozen random
+          head), SOMA N = 2 of width 32, means and standard errors over seeds per checkpoint
+  fig16   the paper's Figure 16: top-k routing, k = 1 .. N, on saved SOMA ensembles (N = 8
+          and 32 at size=cpu), the gain captured at k = 4
+  fig17   the paper's Figure 17: every pair of experts of Figure 16's ensembles averaged,
+          loss reduction against error similarity (shared token difficulty removed)
   table5  the paper's Table 5: SOMA against BPTT at N = 1, 2, 8 of equal total size, ensemble
           validation at three fractions of one operations budget
+  table8  the paper's Table 8: the experts variance study's jax.grad references against an
+          independent batch of the same size per N, at init and trained: cosine distance
+          and what each variance value changes by
+  table9  the paper's Table 9: Table 4's SOMA and monolith rows, each final checkpoint
+          chosen first, scored frozen on a corpus nobody trained on (WikiText-103 raw, or
+          any SOURCE: the man pages by default), with the in-domain test beside it
   table6  the paper's Table 6: lr and initial eps sensitivity of the monolith and SOMA N = 2
           at equal compute, the paper's five cells, mean +- sd over seeds
 
@@ -34,12 +50,29 @@ import os
 import ml_collections
 
 from soma_jax.errors import UserError, writable_dir
-from soma_jax.studies import decompose, fig7, fig13, ladder, table4, table5, table6, table7
+from soma_jax.studies import (
+  decompose,
+  fig7,
+  fig9,
+  fig13,
+  fig15,
+  fig16,
+  fig17,
+  ladder,
+  table4,
+  table5,
+  table6,
+  table7,
+  table8,
+  table9,
+)
 
 # The one list of compare.py's studies: config.study -> its module (`run`, `table`). The
 # config file, the entry point's --help and --list all read it.
 STUDIES = {"table4": table4, "table7": table7, "ladder": ladder, "decompose": decompose,
-           "table5": table5, "table6": table6, "fig7": fig7, "fig13": fig13}
+           "table5": table5, "table6": table6, "fig7": fig7, "fig13": fig13, "fig9": fig9,
+           "fig15": fig15, "fig16": fig16, "fig17": fig17,
+           "table8": table8, "table9": table9}
 
 
 def _module(study: object):

@@ -1,0 +1,365 @@
+"""The paper's Figure 15 with Tables 12 and 13 (scaled down by SPEC 9.6): test loss against
+inference cost for models of about equal total size, the monolith and SOMA at growing N.
+
+Rows (`methods`, one per N, all zero-order): the monolith (N = 1) and SOMA N = 2, 8, ... whose
+total parameters match the reference's (`match_params`; the reference is the largest N, width-32
+experts sharing one frozen head as the paper's N = 256), each within `params_tolerance` of it,
+checked before anything trains. Each row continues its width's equal-update seed run with its
+state (N = 1 at the row's width on the one-shard data dir), trains on the corpus (`source`)
+prepared into N shards under OUT/data_nN, and runs the operations of `budget` reference updates
+(SPEC 7's count: one operations budget for every row, as table5). Then per row:
+- Table 13: parameters, updates, training wall seconds and device-seconds (the seeds' apart),
+  and the test loss of the routed top-min(4, N) mixture with its 95% document-bootstrap
+  interval (per-window losses averaged over the optimisation seeds: one by default, as the
+  paper's one run per setting);
+- Table 12: complete warm inference of the first seed's model at each batch of
+  `inference.batches` (`soma_jax.inference`: routing included where N > 1, compilation and
+  warm-up excluded, the median of `inference.repeats`), at its fastest batch (the argmax of
+  measured throughput): throughput in scored tokens/s, batch latency and peak memory;
+- Figure 15 (fig15.png): test loss against inference operations per token (min(4, N) F_N,
+  routing excluded) and against measured throughput, bars the 95% intervals.
+Requests are the test split's evaluation pieces of route + score + 1 bytes, each counting its
+`score` targets (the paper: 1,024-byte requests, 768 scored). Timings are this machine's: its
+platform and the load average before and after the timing stage are recorded beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+
+import jax
+import ml_collections
+import numpy as np
+
+from soma_jax import evaluate as eval_lib
+from soma_jax import inference, runs
+from soma_jax.errors import UserError
+from soma_jax.studies import protocol
+
+PAPER = {
+    "item": "Figure 15, Tables 12 and 13",
+    "figure15": "More shards reduce inference cost, but training progress changes their "
+                "ranking. Left, the four settings from Figure 1 at 100 estimated training "
+                "GPU-hours, with losses interpolated between checkpoints. Right, recorded N=1,2,256 "
+                "checkpoints at 152, 150, and 41.9k estimated training GPU-hours, using the "
+                "recorded-update accounting in Table 3. Their training budgets differ. Both "
+                "panels use the same test set. Bars show 95% document-bootstrap intervals and "
+                "exclude interpolation uncertainty on the left. Arithmetic operations count the "
+                "selected experts and exclude routing. Parameter counts and arithmetic "
+                "operations follow Sections 3 and 7.",
+    "table12": {
+        "caption": "Complete warm inference at the fastest validated settings, including "
+                   "routing when needed. Each token is one byte, with 768 evaluated tokens per "
+                   "1,024-byte request. Values are medians of seven repetitions on the same GPU. "
+                   "Peak allocated memory includes intermediates. Compilation and warmup are "
+                   "excluded.",
+        "rows": [
+            {"model": "Monolithic SPSA", "n_experts": 1, "batch": 768,
+             "throughput_m_tokens_per_s": 0.555, "batch_latency_ms": 1060, "peak_gpu_gib": 16.5},
+            {"model": "SOMA N=2", "n_experts": 2, "batch": 768,
+             "throughput_m_tokens_per_s": 0.468, "batch_latency_ms": 1260, "peak_gpu_gib": 12.3},
+            {"model": "SOMA N=8", "n_experts": 8, "batch": 1024,
+             "throughput_m_tokens_per_s": 0.257, "batch_latency_ms": 3060, "peak_gpu_gib": 15.0},
+            {"model": "SOMA N=256", "n_experts": 256, "batch": 4096,
+             "throughput_m_tokens_per_s": 2.36, "batch_latency_ms": 1330, "peak_gpu_gib": 8.30},
+        ]},
+    "table13": {
+        "caption": "Test loss and training budgets for the approximately equal-total-size "
+                   "inference comparison. All rows use top-k routing with k=4. The SOMA N=8 and "
+                   "later SOMA N=256 checkpoints are timed in Table 12. The middle row supplies "
+                   "the nearest measured SOMA N=256 checkpoint to the training duration of SOMA "
+                   "N=8. Wall-clock and aggregate time retain the accounting used in Figure 1, "
+                   "excluding initialization, evaluation and checkpointing.",
+        "rows": [
+            {"model": "SOMA N=8", "n_experts": 8, "params": "8.55M", "updates": "53.5k–70.0k",
+             "wall_clock_hours": 104, "gpu_hours": "700", "test": 1.71},
+            {"model": "SOMA N=256", "n_experts": 256, "params": "8.44M", "updates": "2.18M",
+             "wall_clock_hours": 100, "gpu_hours": "22.0k", "test": 1.75},
+            {"model": "SOMA N=256", "n_experts": 256, "params": "8.44M", "updates": "4.16M",
+             "wall_clock_hours": 191, "gpu_hours": "41.9k", "test": 1.68},
+        ]},
+}
+PAPER_NS = (1, 2, 8, 256)  # the paper's rows; our largest N stands for its N = 256
+
+FIELDS = {"params_tolerance": protocol.positive(strict=False),
+          "inference.repeats": protocol.whole(1)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+  """The study's own fields (`check`): the plan, each row's sized config and N, the timed
+  batches and repetitions, the corpus."""
+  plan: protocol.StudyPlan
+  methods: dict  # {name: training config at its matched width}, by growing N
+  n_experts: dict  # {name: N}
+  batches: tuple[int, ...]
+  repeats: int
+  source: str
+  prepare: dict
+
+
+def check_batches(batches: object) -> tuple[int, ...]:
+  """inference.batches: whole numbers >= 1, growing strictly."""
+  ok = (isinstance(batches, tuple | list) and len(batches) > 0
+        and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batches)
+        and list(batches) == sorted(set(batches)))
+  if not ok:
+    raise UserError(f"inference.batches={batches!r} must be requests per batch, whole numbers "
+                    ">= 1 growing strictly; fix: --config.inference.batches='(8, 32, 128)'")
+  return tuple(batches)
+
+
+def check(config: ml_collections.ConfigDict) -> Rows:
+  """The plan, the fields, one zero-order row per N, every row's total parameters within
+  `params_tolerance` of the reference's after sizing."""
+  plan = protocol.check_plan(config)
+  protocol.check_fields(config, FIELDS)
+  if plan.unit != "updates" or not config.match_params:
+    raise UserError("fig15's rows are of equal total size and run the operations of `budget` "
+                    "reference updates; fix: --config.budget_unit=updates "
+                    "--config.match_params=True")
+  batches = check_batches(config.inference.batches)
+  protocol.check_source(config)
+  methods = protocol.sized(config)
+  specs = {name: protocol.resolved(c, f"methods.{name}.") for name, c in methods.items()}
+  for name, spec in specs.items():
+    gradient = spec.method.describe["gradient"]
+    if gradient != "zero-order":
+      raise UserError(f"methods.{name}: its gradient is {gradient!r}; fig15 compares the "
+                      "zero-order rows (the monolith and SOMA)")
+  by_n = sorted(specs.items(), key=lambda item: item[1].n_experts)
+  ns = {name: spec.n_experts for name, spec in by_n}
+  if len(set(ns.values())) != len(ns):
+    raise UserError(f"methods must hold one row per N; have {ns}")
+  check_sizes({n: s.method.ensemble_params for n, s in specs.items()}, plan.reference,
+              config.params_tolerance)
+  return Rows(plan, {name: methods[name] for name in ns}, ns, batches,  # rows by growing N
+              config.inference.repeats, config.source, dict(config.get("prepare", {}).items()))
+
+
+def check_sizes(params: dict, reference: str, tolerance: float) -> None:
+  """Every row's total parameters within `tolerance` (a fraction) of the reference's."""
+  target = params[reference]
+  far = {n: p for n, p in params.items() if abs(p - target) > tolerance * target}
+  if far:
+    raise UserError(f"rows {', '.join(f'{n} ({p:,})' for n, p in far.items())} differ from "
+                    f"{reference}'s {target:,} parameters by more than params_tolerance="
+                    f"{tolerance:g}; fix: --config.params_tolerance= a larger fraction, or "
+                    "widths whose sizes match")
+
+
+def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
+  """Seeds, every row at every seed (one stage, by `executor`), test losses, then the timed
+  inference; OUT/results.json, table.md and fig15.png."""
+  begun = protocol.started(executor)
+  os.makedirs(out, exist_ok=True)
+  rows = check(config)
+  plan = rows.plan
+  specs = protocol.check_runs(plan, rows.methods)
+  ops_budget = plan.budget * specs[plan.reference].total_ops_per_update
+  dirs, scored = protocol.per_n_sets(plan.eval, specs, rows.source, rows.prepare, out)
+  seeds = protocol.train_seeds(plan, rows.methods, dirs[1], out, scored[1][0], executor)
+  planned = {}
+  for name, c in rows.methods.items():
+    c = ml_collections.ConfigDict(c.to_dict())
+    c.init_from_other_data = rows.n_experts[name] != 1  # the seed's windows, cut into N shards
+    for seed in plan.seeds:
+      planned[(seed, name)] = protocol.budgeted(
+          c, dirs[rows.n_experts[name]], seed, seeds[plan.start[name]], "ops", ops_budget,
+          plan.curve_points, f"methods.{name}.")
+  where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
+  walls = protocol.train_all([(spec, where(*key), f"{key[1]} (seed {key[0]})")
+                              for key, spec in planned.items()], executor)
+  wall = dict(zip(planned, walls, strict=True))
+  measured = {"rows": {}}
+  for name in rows.methods:
+    val, test = scored[rows.n_experts[name]]
+    measured["rows"][name] = trained_row(
+        plan, [(s, planned[(s, name)], where(s, name), wall[(s, name)]) for s in plan.seeds],
+        seeds[plan.start[name]], val, test, out)
+  measured["inference"] = timed_rows(rows, {n: where(plan.seeds[0], n) for n in rows.methods},
+                                     scored)
+  measured["paper_rows"] = paper_rows(rows.n_experts)
+  val, test = scored[1]
+  payload = protocol.results(
+      "fig15", "paper Figure 15 with Tables 12 and 13 (equal-size inference), scaled down by "
+      "SPEC 9.6", plan, command, begun,
+      {"unit": "ops", "amount": ops_budget, "per": "row and seed",
+       "reference_updates": plan.budget, "seed_updates": plan.seed_updates},
+      (val, test), dirs[1], out, seeds, paper=PAPER, measured=measured,
+      data_dirs={n: protocol.shown(d, out) for n, d in dirs.items()},
+      how="test: each row's routed top-min(4, N) mixture on its own data dir's router (the same "
+          "held-out documents for every N), per-window losses averaged over seeds, 95% document "
+          "bootstrap; inference: soma_jax.inference on the first seed's model")
+  plot(payload, os.path.join(out, "fig15.png"))
+  return protocol.write(out, payload, table)
+
+
+def trained_row(plan: protocol.StudyPlan, ran: list[tuple], start: dict,
+                val: eval_lib.TestSet, test: eval_lib.TestSet, out: str) -> dict:
+  """One row after training (`ran`: per seed (seed, spec, workdir, wall)): its size and
+  costs, each seed's validation curve, updates and seconds, and the test loss of the
+  seed-mean per-window losses with its 95% document-bootstrap interval (and at the start)."""
+  spec = ran[0][1]
+  first = protocol.start_step(spec, start)
+  begin = protocol.start_losses(spec, {"validation": val, "test": test})
+  per_seed, ends = [], []
+  for seed, spec_s, workdir, wall in ran:
+    points, _ = protocol.curve(workdir, spec_s, val, first, begin["validation"].mean())
+    ends.append(protocol.final_losses(workdir, spec_s, test))
+    per_seed.append({"seed": seed, "curve": points, **protocol.summary(workdir, spec_s, first),
+                     "test_nats_per_byte": float(ends[-1].mean()),
+                     "wall_seconds_this_call": wall, "workdir": protocol.shown(workdir, out)})
+  draws, boot_seed = plan.bootstrap_draws, plan.seeds[0]
+  c = spec.config
+  return {"n_experts": spec.n_experts, "d_t": c.model.d_t, "shared_head": spec.shared_head,
+          "train_head": c.opt.train_head, "method": spec.method.name,
+          "params": spec.method.ensemble_params, "flops_per_token": spec.method.flops_per_token,
+          "ops_per_update": spec.total_ops_per_update, "lr": spec.lr, "eps": spec.eps,
+          "start": protocol.start_of(start), "per_seed": per_seed,
+          "updates": protocol.across_seeds([q["updates"] for q in per_seed]),
+          **{k: protocol.across_seeds([q[k] for q in per_seed])
+             for k in ("update_seconds", "device_seconds", "cpu_seconds")},
+          "start_test": eval_lib.summary(begin["test"], test.doc_ids, draws, boot_seed),
+          "test": eval_lib.summary(np.mean(ends, axis=0), test.doc_ids, draws, boot_seed),
+          "test_sd_across_seeds": protocol.across_seeds(
+              [q["test_nats_per_byte"] for q in per_seed])["sd"]}
+
+
+def timed_rows(rows: Rows, workdirs: dict, scored: dict) -> dict:
+  """Each row's complete warm inference (`inference.time_batches`) on its test requests, one
+  row after another in this process, with the machine and its load around the stage."""
+  load = list(os.getloadavg())
+  timed = {}
+  for name, workdir in workdirs.items():
+    test = scored[rows.n_experts[name]][1]
+    body, head, method = runs.restore_params(workdir)
+    model = inference.Ensemble(body, head, rows.n_experts[name], method.model.shared_head,
+                               method.logits, test.router, method.flops_per_token)
+    print(f"[fig15] timing {name}: batches {rows.batches}, {rows.repeats} repeats", flush=True)
+    timed[name] = inference.time_batches(model, test.windows, test.route, rows.batches,
+                                         rows.repeats)
+  return {"rows": timed, "load_average": {"start": load, "end": list(os.getloadavg())},
+          "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                      "cpu_count": os.cpu_count(), "backend": jax.default_backend(),
+                      "devices": [str(d) for d in jax.devices()]},
+          "tokens": "scored targets per request (route + score + 1 bytes, `score` counted)",
+          "peak": "planned_peak_bytes: XLA's plan of the largest scoring program plus the "
+                  "host mixture arrays; rss_peak_rise_bytes and device_peak_bytes_in_use as "
+                  "measured (soma_jax.inference)"}
+
+
+def paper_rows(n_experts: dict) -> dict:
+  """{row: the paper's N it stands for}: the same N, else the largest N for the paper's
+  N = 256; rows with neither are absent."""
+  largest = max(n_experts, key=n_experts.get)
+  out = {}
+  for name, n in n_experts.items():
+    if n in PAPER_NS:
+      out[name] = n
+    elif name == largest and PAPER_NS[-1] not in n_experts.values():
+      out[name] = PAPER_NS[-1]
+  return out
+
+
+def _label(n: int) -> str:
+  return "Monolithic SPSA" if n == 1 else f"SOMA N={n}"
+
+
+def plot(p: dict, path: str) -> None:
+  """fig15.png: test loss against inference operations per token (left) and against measured
+  throughput at the fastest batch (right), bars the 95% document-bootstrap intervals."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from matplotlib.ticker import NullFormatter
+
+  m = p["measured"]
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  spans = [[], []]
+  for name, r in m["rows"].items():
+    t = m["inference"]["rows"][name]
+    y, (lo, hi) = r["test"]["nats_per_byte"], r["test"]["ci95"]
+    for i, x in enumerate((t["ops_per_token"] / 1e6, t["fastest"]["tokens_per_second"] / 1e6)):
+      axes[i].errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="o", capsize=3,
+                       label=f"{_label(r['n_experts'])} ({r['params']:,} params)")
+      spans[i].append(x)
+  axes[0].set_xlabel("inference operations per token, millions (selected experts, no routing)")
+  axes[1].set_xlabel("measured throughput at the fastest batch (M scored tokens/s)")
+  for ax, xs in zip(axes, spans, strict=True):
+    if max(xs) > 10 * min(xs):  # a log axis where the costs span a decade (a labelled one)
+      ax.set_xscale("log")
+      ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylabel("test loss (nats/byte)")
+    ax.legend(fontsize=7)
+  fig.suptitle("equal total size: test loss against inference cost (bars: 95% document "
+               "bootstrap)", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def _paper12(n: int | None) -> str:
+  r = next((r for r in PAPER["table12"]["rows"] if r["n_experts"] == n), None)
+  if r is None:
+    return "- | - | - | -"
+  return (f"{r['model']}: {r['batch']:,} | {r['throughput_m_tokens_per_s']:g} | "
+          f"{r['batch_latency_ms']:,} | {r['peak_gpu_gib']:.3g} GiB")
+
+
+def _paper13(n: int | None) -> str:
+  found = [r for r in PAPER["table13"]["rows"] if r["n_experts"] == n]
+  if not found:
+    return "-"
+  return " ; ".join(f"{r['model']}: {r['params']}, {r['updates']} updates, "
+                    f"{r['wall_clock_hours']} h, {r['gpu_hours']} GPU-h, {r['test']}"
+                    for r in found)
+
+
+def table(p: dict) -> str:
+  """Markdown: Table 12 and Table 13 in the paper's layout, ours beside the paper's."""
+  m, b, e = p["measured"], p["budget"], p["eval"]
+  inf, paper_n = m["inference"], m["paper_rows"]
+  load = inf["load_average"]
+  lines = [f"Figure 15 / Tables 12-13 at this scale: rows of about equal total size, each "
+           f"continuing its width's seed run ({b['seed_updates']} updates), "
+           f"{b['amount']:.4g} training operations per row and seed ({b['reference_updates']:g} "
+           f"updates of {p['reference']}), seeds {p['seeds']}; test on "
+           f"{e['test_windows']} pieces of {e['window_bytes']} bytes from "
+           f"{e['test_documents']} documents (route {e['route_bytes']}, score "
+           f"{e['score_bytes']}).", "",
+           f"Table 12: complete warm inference at the fastest batch of each row, routing "
+           f"included where N > 1, median of {next(iter(inf['rows'].values()))['repeats']} "
+           f"repetitions, compilation and warm-up excluded; a request is one "
+           f"{e['window_bytes']}-byte piece ({e['route_bytes'] + e['score_bytes']} input bytes) "
+           f"with {e['score_bytes']} scored tokens counted (the paper: 1,024-byte requests, "
+           f"768). Machine: {inf['machine']['platform']}, "
+           f"{inf['machine']['cpu_count']} CPUs, backend {inf['machine']['backend']}; load "
+           f"average {load['start'][0]:.2f} before timing, {load['end'][0]:.2f} after. Peak: "
+           "XLA's plan of the largest scoring program plus the host mixture arrays.", "",
+           "| model | batch | throughput (M tokens/s) | batch latency (ms) | peak (MiB) | "
+           "ops / token | paper: batch | throughput | latency (ms) | peak GPU memory |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for name, r in m["rows"].items():
+    t = inf["rows"][name]
+    f = t["fastest"]
+    peak = "-" if f["planned_peak_bytes"] is None else f"{f['planned_peak_bytes'] / 2**20:.3g}"
+    lines.append(f"| {_label(r['n_experts'])} | {f['batch']:,} | "
+                 f"{f['tokens_per_second'] / 1e6:.3g} | {f['batch_latency_ms']:,.1f} | {peak} | "
+                 f"{t['ops_per_token']:,} | {_paper12(paper_n.get(name))} |")
+  lines += ["", "Table 13: test loss (top-min(4, N), 95% document bootstrap) and training "
+            "budgets; training seconds exclude the seed run, initialisation, evaluation and "
+            "checkpoints.", "",
+            "| model | parameters | updates | training wall seconds | training device-seconds "
+            "| test loss | paper |", "|---|---|---|---|---|---|---|"]
+  for name, r in m["rows"].items():
+    lo, hi = r["test"]["ci95"]
+    lines.append(f"| {_label(r['n_experts'])} (width {r['d_t']}) | {r['params']:,} | "
+                 f"{r['updates']['mean']:g} | {r['update_seconds']['mean']:.1f} | "
+                 f"{r['device_seconds']['mean']:.1f} | {r['test']['nats_per_byte']:.4f} "
+                 f"[{lo:.4f}, {hi:.4f}] (start {r['start_test']['nats_per_byte']:.4f}) | "
+                 f"{_paper13(paper_n.get(name))} |")
+  return "\n".join(lines) + "\n"

@@ -1,0 +1,387 @@
+"""The paper's Figure 9 (its ablations, scaled down by SPEC 9.6): semantic against random
+shards, a warm start against a cold one, and three ways of handling the tied head.
+
+Every condition (a method of config.methods) is SOMA at one N and one width (the CPU scale:
+Table 7's `soma_n2`, N = 2 experts of width 32), trained for `budget` updates at each
+optimisation seed, with `curve_points` checkpoints scored on the ensemble-validation windows:
+- panel (a) `shards`: the corpus (`source`) prepared into N semantic shards under OUT/data_nN
+  against the same corpus on random shards of the same sizes (`prepare_data.py
+  --assignment=random`: the nearest-centroid labels permuted; OUT/data_nN_random, or
+  `data_dir_random`), scored on the same windows (`row_data` names the random-shard rows);
+- panel (b) `start`: continuing the N = 1 seed run (its whole state, SPEC 9.6) against a cold
+  start from a fresh init at the optimisation seed (`cold`: `protocol.budgeted(start=None)`),
+  the same updates, the seed's cost excluded (as the paper's);
+- panel (c) `head`: each expert's own tied head updated by the delta rule (SPEC 3.2: the
+  decoder-side gradient with h held fixed; `opt.train_head`, this project's CPU default),
+  the seed's head frozen and shared (`model.shared_head`, SPEC 3.4's width-32 recipe), and a
+  frozen random head (its own seed run trained the body against a head never trained; the
+  experts keep that head frozen and shared).
+The default condition (`reference`: semantic shards, warm, delta-rule heads) is one run set
+shared by the three panels. Reported per condition and checkpoint: the mean over seeds and
+its standard error (sd / sqrt(seeds), ddof 1); per `contrasts` entry (a, b, ...), a's final
+loss minus the lowest-mean of the others per seed with its 95% t interval across seeds; and
+whether each run's head moved (bit-identical to its start or not). results.json `paper`
+holds the caption's claims and its 0.029; `interpretation` maps its conditions onto ours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import ml_collections
+import numpy as np
+
+from soma_jax import runs
+from soma_jax.data import pipeline
+from soma_jax.errors import UserError
+from soma_jax.studies import decompose, protocol
+
+PAPER = {
+    "item": "Figure 9",
+    "caption": "Semantic shards and warm initialization lower loss. Means and standard errors "
+               "over three seeds for each condition at the shown training steps. The seed "
+               "model's training cost is excluded. Updating the tied head only through the "
+               "decoder raises loss by 0.029 nats/byte, while freezing a random head performs "
+               "much worse.",
+    "claims": {"shards": "semantic shards lower loss than random shards",
+               "start": "warm initialization lowers loss against a cold start",
+               "head": "updating the tied head only through the decoder raises loss by 0.029 "
+                       "nats/byte; freezing a random head performs much worse"},
+    "decoder_only_minus_default_nats_per_byte": 0.029,
+    "seeds": 3,
+}
+PANELS = {"shards": "(a) semantic vs random shards", "start": "(b) warm vs cold start",
+          "head": "(c) the tied head"}
+DATA_KINDS = ("semantic", "random")  # row_data values
+INTERPRETATION = (
+    "The paper's head conditions on ours: its default (SPEC 3.4's width-32 recipe: the seed's "
+    "E frozen and shared by every expert) is our `shared_head`; 'updating the tied head only "
+    "through the decoder' is the delta rule of SPEC 3.2 (the decoder-side gradient of E with "
+    "the hidden states held fixed, no gradient through the embedding lookup), our `soma` "
+    "(each expert's own E, this project's CPU default); 'freezing a random head' is our "
+    "`random_head` (a seed run whose E was never trained, the body warm against it, E kept "
+    "frozen and shared by the experts; both seed runs start from the same init at "
+    "seed_run_seed). The paper's +0.029 nats/byte is compared with our "
+    "delta_minus_shared (soma minus shared_head, final ensemble-validation loss, per seed, "
+    "95% t across seeds); random_head_minus_best is random_head minus the better of the two. "
+    "Panels (a) and (b) hold our CPU default (semantic shards, warm, delta-rule heads: `soma`) "
+    "as the common baseline, where the paper's baseline is its width-32 recipe: random_shards "
+    "and cold differ from soma in that one factor. Random shards permute the semantic shards' "
+    "labels (same sizes, same held-out windows); at N = 2 the top-min(4, N) router picks both "
+    "experts, so routing plays no part and the difference is the training data. The cold start "
+    "is a fresh init at each optimisation seed with fresh Adam and step counter, the same "
+    "updates as the warm runs, which continue the seed's whole state; the seed's cost is "
+    "excluded, as the paper's. The paper's 'shown training steps' are our checkpoints after "
+    "each 1/curve_points of the budget; its standard errors ours, sd / sqrt(seeds) with ddof 1.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ablation:
+  """The study's fields, checked once (`check`): the plan, each condition's training config
+  (the config space) and resolved run at the first seed, the panels and the data."""
+  plan: protocol.StudyPlan
+  methods: dict  # {condition: training config}, the reference first
+  specs: dict  # {condition: RunSpec at the first seed}
+  rows: dict  # {condition: what it stands for}
+  panels: dict  # {panel: (condition, ...)}
+  cold: tuple[str, ...]  # conditions from a fresh init
+  row_data: dict  # {condition: "semantic" | "random"}
+  contrasts: dict  # {name: (a, b, ...)}: a minus the best of b, ...
+  source: str
+  prepare: dict
+  data_dir_random: str
+  n_experts: int
+
+  def data(self, name: str) -> str:
+    return self.row_data.get(name, "semantic")
+
+
+FIELDS = {"data_dir_random": ("a string", lambda v: isinstance(v, str))}
+
+
+def check(config: ml_collections.ConfigDict) -> Ablation:
+  """Every field and run before anything trains: the plan (in updates, no resizing), the
+  panels, the cold conditions, the rows' data kinds, the contrasts, one N and one width."""
+  plan = protocol.check_plan(config)
+  if plan.unit != "updates" or config.match_params:
+    raise UserError("fig9 runs every condition for the same updates at one width; fix: "
+                    "--config.budget_unit=updates --config.match_params=False")
+  if plan.data_dir:
+    raise UserError(f"data_dir={plan.data_dir!r}: fig9 prepares its semantic and random shards "
+                    "from config.source under OUT (one corpus, one set of settings); fix: "
+                    "--config.data_dir='' --config.source=textdir:FOLDER")
+  protocol.check_fields(config, FIELDS)
+  source = protocol.check_source(config)
+  methods = protocol.sized(config)  # match_params off: every condition as configured
+  names = ", ".join(methods)
+  cold = tuple(config.cold)
+  if any(n not in methods for n in cold) or plan.reference in cold:
+    raise UserError(f"cold={cold!r} must name conditions of {names} other than the reference "
+                    f"{plan.reference!r}; fix: --config.cold='(\"cold\",)'")
+  panels = {p: tuple(config.panels[p]) for p in config.panels}
+  for p, v in panels.items():
+    if p not in PANELS or len(v) < 2 or any(n not in methods for n in v):
+      raise UserError(f"panels.{p}={v!r}: a panel is one of {', '.join(PANELS)} naming at "
+                      f"least 2 conditions of {names}; fix: --config.panels.{p}=a tuple of them")
+  for name, kind in config.row_data.items():
+    if name not in methods or kind not in DATA_KINDS:
+      raise UserError(f"row_data.{name}={kind!r}: a condition's data is one of "
+                      f"{', '.join(DATA_KINDS)}; fix: --config.row_data.{name}=semantic")
+  contrasts = {k: tuple(v) for k, v in config.contrasts.items()}
+  for k, v in contrasts.items():
+    if len(v) < 2 or any(n not in methods for n in v) or v[0] in v[1:]:
+      raise UserError(f"contrasts.{k}={v!r} must name a condition and at least one other of "
+                      f"{names}; fix: --config.contrasts.{k}='(\"cold\", \"soma\")'")
+  specs = protocol.check_runs(plan, {n: c for n, c in methods.items() if n not in cold})
+  for n in cold:  # a fresh init: no seed run
+    specs[n] = protocol.budgeted(methods[n], plan.data_dir, plan.seeds[0], None, "updates",
+                                 plan.budget, plan.curve_points, f"methods.{n}.")
+  n_experts = one_architecture(specs)
+  panels = {p: panels[p] for p in PANELS if p in panels}  # the paper's left to right
+  return Ablation(plan, methods, {n: specs[n] for n in methods},
+                  {n: config.rows.get(n, "") for n in methods}, panels, cold,
+                  dict(config.row_data), contrasts, source, dict(config.get("prepare", {}).items()),
+                  config.data_dir_random, n_experts)
+
+
+def one_architecture(specs: dict) -> int:
+  """The conditions' common N; they must share N, width, d_E and depth (only the factor of
+  each ablation differs)."""
+  shapes = {n: (s.n_experts, s.config.model.d_t, s.config.model.d_e, s.config.model.depth)
+            for n, s in specs.items()}
+  if len(set(shapes.values())) != 1:
+    raise UserError("every fig9 condition must share N, d_t, d_e and depth (an ablation changes "
+                    "one factor); have " + ", ".join(f"{n} {v}" for n, v in shapes.items())
+                    + "; fix: --config.methods.NAME.n_experts / model.d_t as the reference's")
+  return next(iter(shapes.values()))[0]
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def random_dir(study: Ablation, out: str) -> str:
+  """The random-shard data dir: data_dir_random, or `source` prepared with
+  --assignment=random (the semantic dir's settings) under OUT/data_nN_random; checked to be a
+  random assignment of N shards."""
+  from soma_jax.data import prepare
+
+  n = study.n_experts
+  path = study.data_dir_random or os.path.join(out, f"data_n{n}_random")
+  if not study.data_dir_random and not os.path.isfile(os.path.join(path, "manifest.json")):
+    prepare.prepare(study.source, n, path, **study.prepare, assignment="random")
+  pipeline.check_data_dir(path, n)
+  kind = pipeline.load_manifest(path).get("assignment", {})
+  if not (isinstance(kind, dict) and kind.get("kind") == "random"):
+    raise UserError(f"data_dir_random={path!r} was not prepared with --assignment=random; fix: "
+                    "prepare it so, from config.source with the same settings")
+  return path
+
+
+def data_sets(study: Ablation, out: str) -> tuple[dict, tuple]:
+  """({condition: (data dir, (validation, test))}, (seed data dir, seed validation)): the
+  semantic shards and N = 1 (the seed runs') from `source` under OUT, the random shards
+  where a condition asks; every dir scored on the same windows."""
+  plan = study.plan
+  dirs, scored = protocol.per_n_sets(plan.eval, study.specs, study.source, study.prepare, out)
+  n = study.n_experts
+  where = {"semantic": (dirs[n], scored[n])}
+  if "random" in study.row_data.values():
+    path = random_dir(study, out)
+    sets = protocol.eval_sets(plan.eval, path, [s.seq_len for s in study.specs.values()])
+    for what, a, b in zip(("validation", "test"), scored[n], sets, strict=True):
+      decompose.same_windows(a, b, what)
+    where["random"] = (path, sets)
+  return {name: where[study.data(name)] for name in study.methods}, (dirs[1], scored[1][0])
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def planned_runs(study: Ablation, where: dict, seeds: dict) -> dict:
+  """{(seed, condition): RunSpec}: each warm condition continuing its seed run's state (from
+  the N = 1 data: init_from_other_data), each cold one from a fresh init."""
+  plan, out = study.plan, {}
+  for name, cfg in study.methods.items():
+    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    start = None if name in study.cold else seeds[plan.start[name]]
+    cfg.init_from_other_data = start is not None
+    for seed in plan.seeds:
+      out[(seed, name)] = protocol.budgeted(cfg, where[name][0], seed, start, "updates",
+                                            plan.budget, plan.curve_points, f"methods.{name}.")
+  return out
+
+
+def head_change(start_head, workdir: str) -> dict:
+  """Whether a run's head (E) after training is bit-identical to the one it started from,
+  and the largest absolute change."""
+  end = np.asarray(runs.restore_params(workdir)[1])
+  start = np.asarray(start_head)
+  return {"head_bit_identical": bool(start.shape == end.shape and np.array_equal(start, end)),
+          "head_max_abs_change": float(np.max(np.abs(end - start)))}
+
+
+def run_record(study: Ablation, key: tuple, spec, seeds: dict, where: dict, workdir: str,
+               wall: float) -> dict:
+  """One condition and seed: its start (losses and head), the curve of its checkpoints on the
+  ensemble-validation windows, and whether its head moved."""
+  seed, name = key
+  val = where[name][1][0]
+  start_loss = protocol.start_losses(spec, {"validation": val})["validation"].mean()
+  start_head = runs.initial_params(spec)[1]
+  first = protocol.start_step(spec, seeds[study.plan.start[name]]) if spec.init_from else 0
+  points, _ = protocol.curve(workdir, spec, val, first, float(start_loss))
+  return {"seed": seed, "start_step": first, "start_loss": float(start_loss), "curve": points,
+          "end_loss": points[-1]["loss"], **head_change(start_head, workdir),
+          "wall_seconds_this_call": wall}
+
+
+def describe(study: Ablation, name: str, spec, seeds: dict) -> dict:
+  c = spec.config
+  seed = None if name in study.cold else seeds[study.plan.start[name]]
+  return {"what": study.rows[name], "data": study.data(name), "n_experts": spec.n_experts,
+          "d_t": c.model.d_t, "shared_head": spec.shared_head, "train_head": spec.train_head,
+          "params": spec.method.ensemble_params, "ops_per_update": spec.total_ops_per_update,
+          "start": "fresh init at the optimisation seed" if seed is None
+          else protocol.start_of(seed), "per_seed": []}
+
+
+def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
+  """The seed runs, then every condition at every optimisation seed (one stage, by
+  `executor`); OUT/results.json, table.md and fig9.png."""
+  begun = protocol.started(executor)
+  os.makedirs(out, exist_ok=True)
+  study = check(config)
+  plan = study.plan
+  where, (seed_dir, seed_val) = data_sets(study, out)
+  warm = {n: c for n, c in study.methods.items() if n not in study.cold}
+  seeds = protocol.train_seeds(plan, warm, seed_dir, out, seed_val, executor)
+  planned = planned_runs(study, where, seeds)
+  folder = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
+  walls = protocol.train_all([(spec, folder(*key), f"{key[1]} (seed {key[0]})")
+                              for key, spec in planned.items()], executor)
+  conditions = {}
+  for (key, spec), wall in zip(planned.items(), walls, strict=True):
+    r = conditions.setdefault(key[1], describe(study, key[1], spec, seeds))
+    r["per_seed"].append({**run_record(study, key, spec, seeds, where, folder(*key), wall),
+                          "workdir": protocol.shown(folder(*key), out)})
+  for r in conditions.values():
+    r["steps"] = step_stats(r["per_seed"])
+  measured = {"conditions": conditions,
+              "panels": {p: {"title": PANELS[p], "conditions": list(v)}
+                         for p, v in study.panels.items()},
+              "contrasts": {k: contrast(conditions, v) for k, v in study.contrasts.items()}}
+  val, test = where[plan.reference][1]
+  payload = protocol.results(
+      "fig9", "paper Figure 9 (ablations: shards, start, head), scaled down by SPEC 9.6", plan,
+      command, begun, {"unit": "updates", "per": "condition and seed",
+                       "seed_updates": plan.seed_updates},
+      (val, test), where[plan.reference][0], out, seeds, paper=PAPER, measured=measured,
+      interpretation=INTERPRETATION, cold=list(study.cold),
+      data_dirs={study.data(n): protocol.shown(where[n][0], out) for n in study.methods},
+      how="per condition and checkpoint: mean over seeds and standard error sd / sqrt(S) "
+          "(sample sd, ddof 1); contrasts: a's final ensemble-validation loss minus the "
+          "lowest-mean other condition's, per seed, 95% Student-t interval across seeds")
+  plot(payload, os.path.join(out, "fig9.png"))
+  return protocol.write(out, payload, table)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def step_stats(per_seed: list[dict]) -> list[dict]:
+  """Per checkpoint (the start included): update, mean loss over seeds, sample sd and
+  standard error sd / sqrt(S) (None for one seed)."""
+  updates = [p["update"] for p in per_seed[0]["curve"]]
+  if any([p["update"] for p in q["curve"]] != updates for q in per_seed):
+    raise UserError("the seeds of a condition saved checkpoints at different updates; fix: "
+                    "delete that condition's run folders and rerun")
+  out = []
+  for i, u in enumerate(updates):
+    s = protocol.across_seeds([q["curve"][i]["loss"] for q in per_seed])
+    se = None if s["sd"] is None else s["sd"] / np.sqrt(len(per_seed))
+    out.append({"update": u, **s, "se": se, "n": len(per_seed)})
+  return out
+
+
+def contrast(conditions: dict, names: tuple) -> dict:
+  """names[0]'s final loss minus the lowest-mean final loss of names[1:], per seed (the
+  seeds each ran), with its 95% t interval across seeds."""
+  a, others = names[0], names[1:]
+  best = min(others, key=lambda n: conditions[n]["steps"][-1]["mean"])
+  ends = {n: {q["seed"]: q["end_loss"] for q in conditions[n]["per_seed"]} for n in (a, best)}
+  seeds = [s for s in ends[a] if s in ends[best]]
+  diffs = [ends[a][s] - ends[best][s] for s in seeds]
+  return {"a": a, "b": best, "among": list(others), "update": conditions[a]["steps"][-1]["update"],
+          **protocol.t_interval(diffs), "per_seed": [{"seed": s, "diff": d}
+                                                     for s, d in zip(seeds, diffs, strict=True)]}
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def plot(p: dict, path: str) -> None:
+  """fig9.png: one panel per ablation, each condition's mean ensemble-validation loss at each
+  checkpoint after the start, with standard-error bars (offset a little along the axis)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  m = p["measured"]
+  panels = m["panels"]
+  fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+  for ax, r in zip(axes[0], panels.values(), strict=True):
+    k = len(r["conditions"])
+    for j, name in enumerate(r["conditions"]):
+      steps = m["conditions"][name]["steps"][1:]
+      gap = (steps[-1]["update"] / max(len(steps), 1)) * 0.06
+      x = np.array([s["update"] for s in steps]) + (j - (k - 1) / 2) * gap
+      ax.errorbar(x, [s["mean"] for s in steps], yerr=[s["se"] or 0.0 for s in steps],
+                  marker="o", ms=4, capsize=3, label=name)
+    ax.set_xlabel("updates after the start (seed cost excluded)")
+    ax.set_ylabel("ensemble-validation loss (nats/byte)")
+    ax.set_title(r["title"], fontsize=9)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def _cell(s: dict) -> str:
+  return f"{s['mean']:.4f}" + ("" if s["se"] is None else f" ± {s['se']:.4f}")
+
+
+def table(p: dict) -> str:
+  """Markdown: per panel each condition's loss at each checkpoint (mean ± SE), then the
+  contrasts beside the paper's claims."""
+  m, b = p["measured"], p["budget"]
+  lines = [f"Figure 9 at this scale: every condition {b['amount']:g} updates, {len(p['seeds'])} "
+           f"seeds, from its seed run ({b['seed_updates']} updates, state continued, cost "
+           f"excluded) or a fresh init (cold: {', '.join(p['cold']) or 'none'}); ensemble "
+           f"validation ({p['eval']['val_windows_scored']} windows from "
+           f"{p['eval']['val_documents']} documents), mean ± standard error over seeds. Load "
+           f"average {p['load_average']['start'][0]:.2f} at the start, "
+           f"{p['load_average']['end'][0]:.2f} at the end.", ""]
+  for r in m["panels"].values():
+    updates = [s["update"] for s in m["conditions"][r["conditions"][0]]["steps"]]
+    lines += [f"**{r['title']}**", "", "| condition | heads | data | " + " | ".join(
+        f"update {u}" for u in updates) + " |", "|---|---|---|" + "---|" * len(updates)]
+    for name in r["conditions"]:
+      c = m["conditions"][name]
+      heads = ("shared, frozen" if c["shared_head"] else "own, delta rule" if c["train_head"]
+               else "own, frozen")
+      lines.append(f"| {name} | {heads} | {c['data']} | "
+                   + " | ".join(_cell(s) for s in c["steps"]) + " |")
+    lines.append("")
+  paper = {"random_minus_semantic": PAPER["claims"]["shards"],
+           "cold_minus_warm": PAPER["claims"]["start"],
+           "delta_minus_shared": "+0.029 (updating the head only through the decoder)",
+           "random_head_minus_best": "much worse (freezing a random head)"}
+  lines += ["Final-step contrasts (a minus the better of the others, per seed; 95% t across "
+            "seeds) beside the paper:", "", "| contrast | a − b | ours | paper |",
+            "|---|---|---|---|"]
+  for k, d in m["contrasts"].items():
+    lines.append(f"| {k} | {d['a']} − {d['b']} | {protocol.ci(d, digits=4)} | "
+                 f"{paper.get(k, '-')} |")
+  return "\n".join(lines) + "\n\n" + p["interpretation"] + "\n"
