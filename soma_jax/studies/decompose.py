@@ -42,7 +42,7 @@ import numpy as np
 from soma_jax import evaluate as eval_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol, table7
+from soma_jax.studies import protocol, report, table7
 
 SPEEDUP_DRAWS = 2000  # document resamples of the speed-ups (each redoes every crossing)
 SPEC = "SPEC 9.8 (the decomposition: sharding under SPSA and backprop, random shards, summed loss)"
@@ -453,8 +453,7 @@ def table(p: dict) -> str:
       f"per row and seed on validation, test once. {len(p['seeds'])} seeds; evaluation: route "
       f"{ev['route_bytes']} bytes, score {ev['score_bytes']}, {ev['val_windows']} validation "
       f"pieces from {ev['val_documents']} documents, {ev['test_windows']} test pieces from "
-      f"{ev['test_documents']} documents. Load average {p['load_average']['start'][0]:.2f} at "
-      f"the start, {p['load_average']['end'][0]:.2f} at the end.", "",
+      f"{ev['test_documents']} documents. " + protocol.load_line(p), "",
       "| row | what | N x d_t | optimizer state | updates | test start → end | test gain [95% t] |",
       "|---|---|---|---|---|---|---|"]
   for name, r in p["rows"].items():
@@ -521,6 +520,4 @@ def plot(rows: dict, path: str) -> None:
   for axis in (ax, bx):
     axis.set_ylabel("ensemble-validation loss (nats/byte)")
     axis.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)

@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol
+from soma_jax.studies import protocol, report
 
 PAPER = {
     "item": "Figure 13, Tables 10 and 11",
@@ -196,9 +196,7 @@ def plot(p: dict, path: str) -> None:
     ax.set_xlabel(label)
     ax.set_ylabel("ensemble-validation loss (nats/byte)")
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)
 
 
 def table(p: dict) -> str:
@@ -208,9 +206,7 @@ def table(p: dict) -> str:
   lines = [f"Figure 13 / Tables 10-11 at this scale: N = {first['n_experts']}, n_pert x B = "
            f"{first['n_pert'] * first['batch']}, every allocation {b['amount']:g} updates "
            f"({first['ops_per_update']:.3g} ops each) from one seed run ({b['seed_updates']} "
-           f"updates, state continued), seeds {p['seeds']}. Load average "
-           f"{p['load_average']['start'][0]:.2f} at the start, {p['load_average']['end'][0]:.2f} "
-           "at the end.", "",
+           f"updates, state continued), seeds {p['seeds']}. " + protocol.load_line(p), "",
            "Table 10 (estimated ensemble-validation loss, linear to log interpolation):", "",
            "| allocation | " + " | ".join(f"{x:.3g} ops" for x in t10["ops"]) + " |",
            "|---|" + "---|" * len(t10["ops"])]

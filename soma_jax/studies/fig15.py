@@ -36,7 +36,7 @@ import numpy as np
 from soma_jax import evaluate as eval_lib
 from soma_jax import inference, runs
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol
+from soma_jax.studies import protocol, report
 
 PAPER = {
     "item": "Figure 15, Tables 12 and 13",
@@ -297,9 +297,7 @@ def plot(p: dict, path: str) -> None:
     ax.legend(fontsize=7)
   fig.suptitle("equal total size: test loss against inference cost (bars: 95% document "
                "bootstrap)", fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)
 
 
 def _paper12(n: int | None) -> str:

@@ -29,7 +29,7 @@ import numpy as np
 from soma_jax import evaluate as eval_lib
 from soma_jax import runs as runs_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol
+from soma_jax.studies import protocol, report
 
 PAPER = {
     "item": "Figure 16",
@@ -290,9 +290,7 @@ def plot(p: dict, path: str) -> None:
   ax.set_xlabel("experts averaged k (top-k routing)")
   ax.set_ylabel("ensemble-validation loss (nats/byte)")
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)
 
 
 def table(p: dict) -> str:
@@ -301,9 +299,7 @@ def table(p: dict) -> str:
   lines = [f"Figure 16 at this scale: every ensemble {b['amount']:g} updates from one seed run "
            f"({b['seed_updates']} updates, state continued), seeds {p['seeds']}; ensemble "
            f"validation ({p['eval']['val_windows']} windows of {p['eval']['score_bytes']} scored "
-           f"targets from {p['eval']['val_documents']} documents). Load average "
-           f"{p['load_average']['start'][0]:.2f} at the start, {p['load_average']['end'][0]:.2f} "
-           "at the end.", ""]
+           f"targets from {p['eval']['val_documents']} documents). " + protocol.load_line(p), ""]
   for r in m["ensembles"].values():
     f = r["fraction_captured_at_mark"]
     lines += [f"**SOMA N = {r['n_experts']}**: k = {r['mark_k']} captures "

@@ -28,7 +28,7 @@ import numpy as np
 
 from soma_jax import evaluate as eval_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import fig16, protocol
+from soma_jax.studies import fig16, protocol, report
 
 PAPER = {
     "item": "Figure 17",
@@ -172,9 +172,7 @@ def plot(p: dict, path: str) -> None:
     ax.set_title(f"SOMA N = {r['n_experts']}: {r['tokens_per_pair']:,} tokens per pair",
                  fontsize=9)
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)
 
 
 def table(p: dict) -> str:

@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol
+from soma_jax.studies import protocol, report
 
 PAPER = {
     "item": "Figures 7, 8 and 14",
@@ -286,9 +286,7 @@ def plot_map(f14: dict, path: str) -> None:
   ax.set_xlabel("total budget (aggregate device-seconds)")
   ax.set_ylabel("per-expert budget (device-seconds)")
   ax.set_title("N of the lowest-loss checkpoint that fits both budgets", fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)
 
 
 def plot(p: dict, path7: str, path8: str) -> None:
@@ -316,9 +314,7 @@ def plot(p: dict, path7: str, path8: str) -> None:
     ax.set_ylabel("ensemble-validation loss (nats/byte)")
     ax.set_title(panel, fontsize=9)
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path7, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path7)
   if "experts" not in panels:
     return
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -332,9 +328,7 @@ def plot(p: dict, path7: str, path8: str) -> None:
     ax.set_xlabel(label)
     ax.set_ylabel("ensemble-validation loss (nats/byte)")
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path8, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path8)
 
 
 def table(p: dict) -> str:
@@ -343,9 +337,7 @@ def table(p: dict) -> str:
   lines = [f"Figures 7 and 8 at this scale: every setting {b['amount']:g} updates from one seed "
            f"run ({b['seed_updates']} updates, state continued), {len(p['seeds'])} seed(s); "
            f"ensemble validation ({p['eval']['val_windows_scored']} windows from "
-           f"{p['eval']['val_documents']} documents). Load average "
-           f"{p['load_average']['start'][0]:.2f} at the start, {p['load_average']['end'][0]:.2f} "
-           "at the end.", ""]
+           f"{p['eval']['val_documents']} documents). " + protocol.load_line(p), ""]
   for panel, r in m["panels"].items():
     lines += [f"**{panel}** ({r['axis']}): end loss falls monotonically: "
               f"{'yes' if r['falls_monotonically'] else 'no'} (in "

@@ -35,7 +35,7 @@ import numpy as np
 from soma_jax import runs
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.studies import decompose, protocol
+from soma_jax.studies import decompose, protocol, report
 
 PAPER = {
     "item": "Figure 9",
@@ -343,9 +343,7 @@ def plot(p: dict, path: str) -> None:
     ax.set_ylabel("ensemble-validation loss (nats/byte)")
     ax.set_title(r["title"], fontsize=9)
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)
 
 
 def _cell(s: dict) -> str:

@@ -438,6 +438,4 @@ def _plot(payload: dict, path: str) -> None:
   ax1.legend()
   for ax in (ax0, ax1):
     ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)

@@ -515,6 +515,4 @@ def plot(p: dict, path: str) -> None:
   ax.set_title(f"width ladder, {len(p['seeds'])} seeds", fontsize=10)
   ax.legend(fontsize=7)
   ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)

@@ -778,6 +778,12 @@ def gain_difference(ref: list[dict], other: list[dict], gains_w: list[tuple], do
                  "bootstrap sd of the seed-mean difference"}
 
 
+def load_line(p: dict) -> str:
+  """The sentence every table.md carries: the machine's 1-minute load at the start and end."""
+  la = p["load_average"]
+  return f"Load average {la['start'][0]:.2f} at the start, {la['end'][0]:.2f} at the end."
+
+
 def pm(stat: dict, signed: bool = False, digits: int = 3) -> str:
   f = f"+.{digits}f" if signed else f".{digits}f"
   return f"{stat['mean']:{f}}" + ("" if stat["sd"] is None else f" ± {stat['sd']:.{digits}f}")

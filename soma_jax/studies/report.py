@@ -19,6 +19,13 @@ from soma_jax.data import pipeline  # noqa: E402
 from soma_jax.data.router import Router  # noqa: E402
 
 
+def save_figure(fig, path: str) -> None:
+  """Lays `fig` out, writes it to `path` as a 120-dpi PNG and frees it."""
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
 def plot_offset(workdir: str) -> int:
   """Where step 0 of this run lies on its seed's curve: a warm-started run (its steps counted
   from 0) continues after its seed's updates; a continued one (init_state) already counts
@@ -55,9 +62,7 @@ def plot_curves(runs: dict[str, str], path: str, baseline: float | None = None) 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  save_figure(fig, path)
 
 
 def run_summary(workdir: str, data_dir: str, split: str = "test") -> dict:

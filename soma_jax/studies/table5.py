@@ -173,8 +173,7 @@ def table(p: dict) -> str:
            f"operations per row and seed ({b['reference_updates']:g} updates of "
            f"{p['reference']}), {len(p['seeds'])} seeds; ensemble validation "
            f"({p['eval']['val_windows_scored']} windows from {p['eval']['val_documents']} "
-           f"documents), mean ± sample sd. Load average {p['load_average']['start'][0]:.2f} at "
-           f"the start, {p['load_average']['end'][0]:.2f} at the end.", "",
+           f"documents), mean ± sample sd. " + protocol.load_line(p), "",
            "| N | " + " | ".join(f"SOMA {f:g} | BPTT {f:g}" for f in fr)
            + " | paper SOMA / BPTT at 50 / 75 / 100 GPU-hours |",
            "|---|" + "---|---|" * len(fr) + "---|"]

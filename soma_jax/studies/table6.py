@@ -195,9 +195,7 @@ def table(p: dict) -> str:
       f"windows, {p['eval']['val_windows']} pieces, from {p['eval']['val_documents']} documents; "
       f"starts: {other} {arch[other]['start_loss']['validation']:.4f}, {ref} "
       f"{arch[ref]['start_loss']['validation']:.4f}). Paper: 8.44M-parameter models, "
-      "an equal GPU budget, its own ensemble validation set. Load average "
-      f"{p['load_average']['start'][0]:.2f} at the start, {p['load_average']['end'][0]:.2f} at "
-      "the end.", "",
+      "an equal GPU budget, its own ensemble validation set. " + protocol.load_line(p), "",
       "| lr | initial eps | N = 1 (ours) | N = 2 (ours) | N=1 − N=2 (ours, 95% t) | "
       "N = 1 (paper) | N = 2 (paper) | paper lr / eps |",
       "|---|---|---|---|---|---|---|---|"]
