@@ -250,8 +250,8 @@ ROWS = [
         "every cell", "82k params; 1,000 updates per cell", ("table6_cpu",)),
     Row("Table 7", "SOMA N = 2 against the monolith at equal tuning", COMPARE +
         "table7,size=cpu", _table7, "monolith − SOMA test +0.0396 ± 0.0057 (3 of 3 seeds)",
-        "ours a gain difference from equal-update seeds; validation on the first 128 windows "
-        "(5 documents) when recorded", ("table7_cpu",)),
+        "ours a gain difference from equal-update seeds, 82k params; validation 128 windows "
+        "from 79 documents", ("table7_cpu",)),
     Row("Table 8", "BPTT reference gradients against an independent batch", "", NOT_YET +
         " (issue 42: study=table8)", "cosine distance 0.00002 to 0.0105", ""),
     Row("Table 9", "frozen evaluation on WikiText-103", "python experiments/evaluate.py "
