@@ -43,12 +43,15 @@ SHAPE_KEYS = ("method", "n_experts", "experts", "model", "spsa.accum", "data.seq
 # Device layout and speed / memory knobs: they leave the math alone up to float rounding.
 SPEED_KEYS = ("mesh", "spsa.pert_chunk", "spsa.time_block", "spsa.unroll", "spsa.signs",
               "spsa.forward")  # and each method's own (Method.speed_keys)
+# What is scored at each checkpoint (`checkpoint_scores`): never the run's own numbers, so a
+# study's run continues whichever set its study scores now (saved scores name their set).
+SCORING_KEYS = ("checkpoint_eval",)
 # Fields a resume may change freely: run length (steps, time budget), logging and checkpoint
-# cadence, precision and the speed knobs.
+# cadence, precision, the speed knobs and the checkpoints' scoring.
 # init_from_other_data too: a resume reads no seed.
 RESUMABLE_KEYS = ("steps", "budget", "budget_checkpoints", "log_every", "eval_every",
                   "ckpt_every", "ensemble_eval_every", "ckpt.keep", "precision",
-                  "resume_overrides", "init_from_other_data") + SPEED_KEYS
+                  "resume_overrides", "init_from_other_data") + SPEED_KEYS + SCORING_KEYS
 MANIFEST_KEY = "data.manifest_sha256"  # the data dir's manifest.json, compared on resume
 
 

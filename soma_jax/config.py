@@ -150,6 +150,19 @@ def _io_fields(c: ml_collections.ConfigDict) -> None:
   c.ckpt = ml_collections.ConfigDict()
   c.ckpt.keep = 3  # newest checkpoints kept
 
+  # An evaluation set scored from the state in memory right after every checkpoint saved
+  # (the routed top-min(4, N) mixture of `evaluate.TestSet`, its per-window losses written
+  # to WORKDIR/checkpoint_scores/; timed apart as eval_seconds), so a study reads them
+  # instead of restoring each checkpoint (`checkpoint_scores`). split "" = none (off); else
+  # ensemble_val or test of `data_dir` ("" = data.dir): its first `max_windows` 1,025-byte
+  # windows spread over documents (0 = all), routed on `route` bytes, `score` targets scored.
+  c.checkpoint_eval = ml_collections.ConfigDict()
+  c.checkpoint_eval.split = ""
+  c.checkpoint_eval.data_dir = ""
+  c.checkpoint_eval.max_windows = 0
+  c.checkpoint_eval.route = 256
+  c.checkpoint_eval.score = 768
+
   c.eggroll = ml_collections.ConfigDict()
   c.eggroll.pop = 256  # population (antithetic pairs count twice)
   c.eggroll.rank = 1
@@ -253,6 +266,9 @@ FIELD_RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "data.val_windows": _int(1),
     "mesh.expert": _auto_or_int(1), "mesh.pert": _auto_or_int(1),
     "ckpt.keep": _int(1),
+    "checkpoint_eval.split": _one_of("", "ensemble_val", "test"),
+    "checkpoint_eval.data_dir": _STR, "checkpoint_eval.max_windows": _int(0),
+    "checkpoint_eval.route": _int(1), "checkpoint_eval.score": _int(1),
     "eggroll.pop": _int(2), "eggroll.rank": _int(1), "eggroll.sigma": _real(0, strict=True),
     "eggroll.pop_chunk": _int(1), "eggroll.segment": _int(1, 1024),
 }
@@ -287,6 +303,22 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(not (c.model.shared_head and c.opt.train_head),
        "opt.train_head=True needs model.shared_head=False (a shared head stays frozen)")
   expert_range(c)
+  _check_checkpoint_eval(c)
+
+
+def _check_checkpoint_eval(c: ml_collections.ConfigDict) -> None:
+  """checkpoint_eval (when on): pieces inside the trained context that tile a 1,025-byte
+  window, scored by a job holding every expert (the mixture routes over all N)."""
+  e = c.get("checkpoint_eval")
+  if e is None or not e.split:
+    return
+  span, t = e.route + e.score, c.data.seq_len
+  need(span <= t and 1024 % span == 0,
+       f"checkpoint_eval.route + checkpoint_eval.score = {e.route} + {e.score} must divide 1024 "
+       f"and be <= data.seq_len = {t}; fix: --config.checkpoint_eval.score={t - min(e.route, t // 4)}"
+       f" --config.checkpoint_eval.route={min(e.route, t // 4)}")
+  need(not c.experts, f"checkpoint_eval needs the whole run, not experts={c.experts!r} (the "
+       "mixture routes over all N experts); fix: --config.checkpoint_eval.split=''")
 
 
 def pert_chunk(c: ml_collections.ConfigDict) -> int | str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import hashlib
 import itertools
 import math
 import os
@@ -479,8 +480,28 @@ class TestSet:
       raise UserError(f"{data_dir!r} has no {split} windows; fix: prepare it with more held-out "
                       "documents (--test_docs, --ensemble_val_docs)")
     self.split, self.route, self.score = split, route, score
+    self.data_dir, self.max_windows = os.path.abspath(data_dir), max_windows
     self.router = Router.load(os.path.join(data_dir, "router.npz"))
     self._routes = {}
+    self._settings = None
+
+  def settings(self) -> dict | None:
+    """What makes this set: its constructor's arguments (data_dir absolute) and digests of
+    its cut windows and router.npz, so scores saved for it are never read for another set
+    (`checkpoint_scores`); None for a set not read by this constructor (a subclass's own
+    windows), which nothing saved may stand for."""
+    if not hasattr(self, "data_dir"):
+      return None
+    if getattr(self, "_settings", None) is None:
+      with open(os.path.join(self.data_dir, "router.npz"), "rb") as f:
+        router = hashlib.sha256(f.read()).hexdigest()
+      self._settings = {
+          "data_dir": self.data_dir, "split": self.split, "max_windows": int(self.max_windows),
+          "route": int(self.route), "score": int(self.score),
+          "windows": int(self.windows.shape[0]), "router_sha256": router,
+          "windows_sha256": hashlib.sha256(np.ascontiguousarray(self.windows).tobytes()
+                                           ).hexdigest()}
+    return dict(self._settings)
 
   def losses(self, body_N, head, n_experts: int, shared_head: bool,
              logits_fn: LogitsFn = model_lib.logits) -> np.ndarray:

@@ -40,6 +40,18 @@ class BudgetSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckpointEval:
+  """The evaluation set scored at every checkpoint (config.checkpoint_eval, when on): the
+  arguments of `evaluate.TestSet`, data_dir absolute."""
+
+  data_dir: str
+  split: str
+  max_windows: int
+  route: int
+  score: int
+
+
+@dataclasses.dataclass(frozen=True)
 class MeshRequest:
   """mesh.expert / mesh.pert as the config gives them ("auto" or a count), with what the
   layout depends on: the directions per update and a fixed pert_chunk (None: "auto")."""
@@ -76,6 +88,7 @@ class RunSpec:
   init_from: str  # the seed workdir of a warm start ("" for none)
   init_state: bool  # continue the seed run's whole state, not only its parameters
   mesh: MeshRequest
+  checkpoint_eval: CheckpointEval | None = None  # None: no scoring at checkpoints
 
   @property
   def ops_step(self) -> int:
@@ -105,6 +118,9 @@ def resolve(c: ml_collections.ConfigDict) -> RunSpec:
   method = methods.make(c)
   a, b = config_lib.expert_range(c)
   chunk = c.spsa.pert_chunk
+  scored = c.get("checkpoint_eval")  # off ("" split) or absent in a config that predates it
+  scored = scored if scored is not None and scored.split else None
+  where = (scored.data_dir or c.data.dir) if scored is not None else ""
   return RunSpec(
       config=c, method=method, n_experts=c.n_experts, experts=range(a, b), seed=c.seed,
       cadence=Cadence(c.steps, c.log_every, c.eval_every, c.ensemble_eval_every, c.ckpt_every,
@@ -118,4 +134,7 @@ def resolve(c: ml_collections.ConfigDict) -> RunSpec:
       val_windows=c.data.val_windows,
       init_from=c.init_from, init_state=bool(c.get("init_state", False)),
       mesh=MeshRequest(str(c.mesh.expert), str(c.mesh.pert), c.spsa.n_pert,
-                       None if chunk == "auto" or method.plan_chunk is None else int(chunk)))
+                       None if chunk == "auto" or method.plan_chunk is None else int(chunk)),
+      checkpoint_eval=None if scored is None else CheckpointEval(
+          os.path.abspath(where) if where else "", scored.split, scored.max_windows,
+          scored.route, scored.score))

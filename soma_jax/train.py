@@ -22,6 +22,7 @@ from absl import logging
 
 from soma_jax import budget as budget_lib
 from soma_jax import checkpoint as ckpt_lib
+from soma_jax import checkpoint_scores as scores_lib
 from soma_jax import evaluate as eval_lib
 from soma_jax import memory, records, train_state
 from soma_jax import metrics as metrics_lib
@@ -178,6 +179,7 @@ def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, work
     if budget.amount > 0:  # the budget ends the run, not its steps: progress and ETA by it
       progress.track_budget(lambda: (budget.used, budget.amount), budget.unit)
     log = _Log(plan, clock, progress)
+    scorer = _checkpoint_scorer(spec, clock)  # built once per run
     loop = Loop(now.state, plan.step_fn, plan.batches, plan.expert_ids, plan.to_global, clock)
     status = "done"
     end = cad.steps
@@ -192,9 +194,7 @@ def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, work
         if "loss" in record:
           progress.update(done, record["loss"])
       if done % cad.ckpt_every == 0 or done == cad.steps or stop.signum or mark or spent:
-        with clock.aside("ckpt_seconds", sync=m):
-          ckpt.save(done, loop.state, {"iterator": plan.batches.get_state(),
-                                       **clock.at(done)})
+        _checkpoint(plan, loop, ckpt, scorer, workdir, done, m)
       if spent:
         progress.message(f"budget reached: {budget.describe()} at step {done}")
         break
@@ -207,6 +207,37 @@ def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, work
   return {"status": status, "step": done, "signal": stop.signum, "val_loss": log.last_val,
           "budget_unit": budget.unit, "budget_before_last_update": budget.before,
           "skipped": _skipped(loop.state), **clock.at(done)}
+
+
+def _checkpoint_scorer(spec: spec_lib.RunSpec, clock: budget_lib.Clock
+                       ) -> eval_lib.TestSet | None:
+  """The set config.checkpoint_eval names (read apart, as eval_seconds), or None: off, or a
+  run over several processes (whose state no one process holds; the study restores)."""
+  e = spec.checkpoint_eval
+  if e is None or jax.process_count() > 1:
+    return None
+  with clock.aside("eval_seconds"):
+    return eval_lib.TestSet(e.data_dir, e.max_windows, e.split, e.route, e.score)
+
+
+def _checkpoint(plan: plan_lib.Plan, loop: Loop, ckpt: ckpt_lib.Checkpointer,
+                scorer: eval_lib.TestSet | None, workdir: str, done: int, m) -> None:
+  """Saves the checkpoint of step `done` (ckpt_seconds); with a scorer, then scores it from
+  the state in memory (eval_seconds) and writes its per-window losses beside it
+  (`checkpoint_scores`), copied first onto the one device a restore puts it on, so they
+  are bit for bit what restoring and scoring it gives."""
+  spec, clock = plan.spec, loop.clock
+  with clock.aside("ckpt_seconds", sync=m):
+    counters = clock.at(done)
+    scores_lib.forget(workdir, done)  # never beside an older attempt's scores, scored or not
+    ckpt.save(done, loop.state, {"iterator": plan.batches.get_state(), **counters})
+  if scorer is None:
+    return
+  with clock.aside("eval_seconds"):
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    body, head = jax.device_put((loop.state.body, loop.state.head), one)
+    losses = scorer.losses(body, head, spec.n_experts, spec.shared_head, spec.method.logits)
+    scores_lib.write(workdir, done, losses, scorer.settings(), counters)
 
 
 class _Log:

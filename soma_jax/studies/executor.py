@@ -93,13 +93,13 @@ class Job:
 
 def check_existing(workdir: str, spec: spec_lib.RunSpec) -> None:
   """A study run found in `workdir` continues only under the same experiment: speed knobs
-  may differ, anything else (budget, size, data) is a UserError."""
+  and the checkpoints' scoring may differ, anything else (budget, size, data) is a UserError."""
   if not os.path.isfile(os.path.join(workdir, ckpt_lib.CONFIG_FILE)):
     return
   # against the config as training saves it (data.dir absolute): an --out given relative
   # must resume its own runs
   changes = ckpt_lib.config_changes(ckpt_lib.read_config(workdir), spec.config)
-  if any(not ckpt_lib.under(k, ckpt_lib.SPEED_KEYS) for k in changes):
+  if any(not ckpt_lib.under(k, ckpt_lib.SPEED_KEYS + ckpt_lib.SCORING_KEYS) for k in changes):
     raise UserError(f"{workdir!r} holds a run with a different config (budget, size or data: "
                     f"{', '.join(changes)}); fix: choose a new --out or delete that folder")
 

@@ -99,7 +99,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
     for seed in plan.seeds:
       planned[(seed, name)] = protocol.budgeted(
           c, dirs[alloc.n_experts], seed, seeds[plan.start[name]], "updates", plan.budget,
-          plan.curve_points, f"methods.{name}.")
+          plan.curve_points, f"methods.{name}.", score=val)
     starts[name] = protocol.start_losses(planned[(plan.seeds[0], name)],
                                          {"validation": val, "test": test})
   where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)

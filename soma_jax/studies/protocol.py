@@ -18,6 +18,10 @@
 - Scoring: the routed top-min(4, N) mixture on an evaluation split cut into pieces of
   route + score + 1 bytes (`evaluate.cut_windows`), so every scored target lies inside
   the trained context; the paper scores whole 1,025-byte windows (route 256, score 768).
+  Where a study passes its validation set to `budgeted` (`score`), training scores it at
+  every checkpoint from the state in memory (config.checkpoint_eval, `checkpoint_scores`)
+  and `curve` / `final_losses` read those losses, the same bit for bit, instead of
+  restoring each checkpoint; any other set (test) is restored and scored once, as before.
 - What is reported (SPEC 9.6): each row's start, end and gain (start - end) on validation
   and test, and the reference's gain minus each other row's gain with a 95% t interval
   across optimisation seeds (`gain_difference`) and, per seed, a paired document bootstrap
@@ -44,6 +48,7 @@ from scipy import stats as scipy_stats
 
 from soma_jax import budget as budget_lib
 from soma_jax import checkpoint as ckpt_lib
+from soma_jax import checkpoint_scores as scores_lib
 from soma_jax import evaluate as eval_lib
 from soma_jax import plan as plan_lib
 from soma_jax import records, runs
@@ -453,11 +458,14 @@ def layout_of(spec: spec_lib.RunSpec) -> dict:
 
 def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict | None,
              unit: str, amount: float, checkpoints: int, prefix: str = "",
-             fresh: bool = False) -> spec_lib.RunSpec:
+             fresh: bool = False, score: eval_lib.TestSet | None = None) -> spec_lib.RunSpec:
   """Training config `c` at optimisation seed `seed`, continuing the seed run record `start`
   (its whole train state; None: a fresh init; `fresh`: its parameters only, with fresh Adam
   moments, plateau state and step counter) until `amount` of `unit`: resolved (its errors
-  named as the study's fields under `prefix`, `resolved`)."""
+  named as the study's fields under `prefix`, `resolved`). `score`: the study's set its
+  checkpoints are scored on (validation), scored by training itself at each checkpoint
+  from the state in memory (config.checkpoint_eval), which `curve` and `final_losses` read
+  instead of restoring; None: scored by restoring, as before."""
   raw = c
   c = ml_collections.ConfigDict(c.to_dict())
   c.data.dir, c.seed = data_dir, seed
@@ -467,6 +475,11 @@ def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict
   c.ckpt_every = MAX_UPDATES  # the budget's checkpoints are the curve
   c.ckpt.keep = checkpoints + 1
   c.ensemble_eval_every = -1  # the study scores checkpoints itself, on its own span
+  if (score is not None and score.settings() is not None and not c.experts
+      and score.route + score.score <= c.data.seq_len):  # else restored, as before
+    c.checkpoint_eval = ml_collections.ConfigDict(dict(
+        split=score.split, data_dir=score.data_dir, max_windows=int(score.max_windows),
+        route=int(score.route), score=int(score.score)))
   return as_field(prefix, raw, lambda: spec_lib.resolve(c))
 
 
@@ -525,8 +538,7 @@ def curve(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet,
   opu = spec.total_ops_per_update
   points, last = [_point({}, start_step, start_step, opu, float(start_loss))], None
   for s in (s for s in checkpoints(workdir) if s > start_step):
-    _, state, data_state, _ = runs.restore_state(workdir, step=s)
-    last = _score(scorer, spec, state.body, state.head)
+    last, data_state = scored_at(workdir, s, spec, scorer)
     if keep is not None:
       keep.append(last)
     points.append(_point(data_state, s, start_step, opu, float(last.mean())))
@@ -536,9 +548,25 @@ def curve(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet,
   return points, last
 
 
+def scored_at(workdir: str, step: int, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet
+              ) -> tuple[np.ndarray, dict]:
+  """(per-window losses on `scorer`, data state) of the run's checkpoint at `step`: those
+  training saved for exactly this set (`checkpoint_scores.read`), else restored and scored."""
+  saved = scores_lib.read(workdir, step, scorer.settings())
+  if saved is not None:
+    return saved
+  _, state, data_state, _ = runs.restore_state(workdir, step=step)
+  return _score(scorer, spec, state.body, state.head), data_state
+
+
 def final_losses(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet
                  ) -> np.ndarray:
-  """Per-window losses of a run's newest checkpoint (scored once)."""
+  """Per-window losses of a run's newest checkpoint (scored once, or read where training
+  scored it on this set: `scored_at`)."""
+  steps = checkpoints(workdir)
+  saved = scores_lib.read(workdir, steps[-1], scorer.settings()) if steps else None
+  if saved is not None:
+    return saved[0]
   body, head, _ = runs.restore_params(workdir)
   return _score(scorer, spec, body, head)
 
@@ -609,7 +637,8 @@ def train_seeds(plan: StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
   their cost, apart, and their final loss on the study's ensemble-validation set `val`
   (`_spec`: the seed run's RunSpec)."""
   planned = {name: (budgeted(s, data_dir, plan.seed_run_seed, None, "updates",
-                           plan.seed_updates, checkpoints), os.path.join(out, "seeds", name), s)
+                           plan.seed_updates, checkpoints, score=val),
+                    os.path.join(out, "seeds", name), s)
            for name, s in seed_configs(plan.config, cfgs).items()}
   for name, (_, _, s) in planned.items():
     print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t}, {plan.seed_updates} "

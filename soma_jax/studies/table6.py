@@ -115,7 +115,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
         cell.opt.lr, cell.spsa.eps = lr, eps
         planned[(seed, name, factors)] = protocol.budgeted(
             cell, data_dir, seed, seeds[plan.start[name]], plan.unit, plan.budget, 1,
-            f"methods.{name}.")
+            f"methods.{name}.", score=val)
   where = lambda seed, name, factors: os.path.join(out, "runs", f"seed{seed}", name,
                                                    cell_name(factors))
   walls = protocol.train_all([(spec, where(*key), f"{key[1]} {cell_name(key[2])} (seed {key[0]})")
