@@ -475,7 +475,7 @@ def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict
   c.ckpt_every = MAX_UPDATES  # the budget's checkpoints are the curve
   c.ckpt.keep = checkpoints + 1
   c.ensemble_eval_every = -1  # the study scores checkpoints itself, on its own span
-  if (score is not None and score.settings() is not None and not c.experts
+  if (score is not None and _settings(score) is not None and not c.experts
       and score.route + score.score <= c.data.seq_len):  # else restored, as before
     c.checkpoint_eval = ml_collections.ConfigDict(dict(
         split=score.split, data_dir=score.data_dir, max_windows=int(score.max_windows),
@@ -552,11 +552,18 @@ def scored_at(workdir: str, step: int, spec: spec_lib.RunSpec, scorer: eval_lib.
               ) -> tuple[np.ndarray, dict]:
   """(per-window losses on `scorer`, data state) of the run's checkpoint at `step`: those
   training saved for exactly this set (`checkpoint_scores.read`), else restored and scored."""
-  saved = scores_lib.read(workdir, step, scorer.settings())
+  saved = scores_lib.read(workdir, step, _settings(scorer))
   if saved is not None:
     return saved
   _, state, data_state, _ = runs.restore_state(workdir, step=step)
   return _score(scorer, spec, state.body, state.head), data_state
+
+
+def _settings(scorer) -> dict | None:
+  """The set's identity for saved checkpoint scores; None (never read saved scores) for a
+  scorer that has none, e.g. a wrapper that scores other numbers from a TestSet's windows."""
+  settings = getattr(scorer, "settings", None)
+  return settings() if callable(settings) else None
 
 
 def final_losses(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet
@@ -564,7 +571,7 @@ def final_losses(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet
   """Per-window losses of a run's newest checkpoint (scored once, or read where training
   scored it on this set: `scored_at`)."""
   steps = checkpoints(workdir)
-  saved = scores_lib.read(workdir, steps[-1], scorer.settings()) if steps else None
+  saved = scores_lib.read(workdir, steps[-1], _settings(scorer)) if steps else None
   if saved is not None:
     return saved[0]
   body, head, _ = runs.restore_params(workdir)
