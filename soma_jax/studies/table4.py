@@ -34,16 +34,17 @@ from soma_jax.studies import protocol
 
 
 def run_config(name: str, c: ml_collections.ConfigDict, plan: protocol.StudyPlan,
-               data_dir: str, seed: int, start: dict, ref_updates: int | None
-               ) -> spec_lib.RunSpec:
+               data_dir: str, seed: int, start: dict, ref_updates: int | None,
+               score: eval_lib.TestSet | None = None) -> spec_lib.RunSpec:
   """The run of row `name` at one seed: to the budget, or (a control) to the reference's
-  updates in this seed."""
+  updates in this seed. `score`: the set its curve is read on (the test set), scored by
+  training at each checkpoint (`protocol.budgeted`)."""
   fresh = name in plan.fresh_optimizer  # its seed's parameters, fresh Adam moments
   if name in plan.match_updates:
     return protocol.budgeted(c, data_dir, seed, start, "updates", ref_updates,
-                             plan.curve_points, fresh=fresh)
+                             plan.curve_points, fresh=fresh, score=score)
   return protocol.budgeted(c, data_dir, seed, start, plan.unit, plan.budget, plan.curve_points,
-                           fresh=fresh)
+                           fresh=fresh, score=score)
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
@@ -102,7 +103,8 @@ def train_rows(plan: protocol.StudyPlan, methods: dict, where: tuple[str, str],
                 [n for n in methods if n in plan.match_updates]):
     planned = {(seed, name): run_config(
         name, methods[name], plan, data_dir, seed, seeds[plan.start[name]],
-        records[(seed, plan.reference)]["updates"] if name in plan.match_updates else None)
+        records[(seed, plan.reference)]["updates"] if name in plan.match_updates else None,
+        score=scored[1])
         for seed in plan.seeds for name in stage}
     walls = protocol.train_all([(row, os.path.join(out, "runs", f"seed{seed}", name),
                                  f"{name} (seed {seed})") for (seed, name), row in planned.items()],
