@@ -236,6 +236,7 @@ STUDY_DOORS = {
     "fig15.py": {"check", "run"},
     "table8.py": {"check", "run"},
     "table9.py": {"check", "run"},
+    "table3.py": {"check", "run"},
 }
 
 

@@ -402,6 +402,31 @@ def _fig7_allocations(c: ml_collections.ConfigDict, base, mults: tuple) -> dict:
   return {k: tuple(v) for k, v in panels.items()}
 
 
+# ------------------------------------------------------------------------- Table 3
+
+
+def _table3(arg: str | None) -> ml_collections.ConfigDict:
+  """study=table3 (the paper's Table 3, soma_jax/studies/table3.py): Figure 7's largest N
+  and one expert alone, each seed's checkpoint accounted by the paper's conventions.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=table3,size=cpu --out=runs/table3
+    ... --config.runs_from=runs/fig7   (a finished study=fig7: read its runs, train nothing)
+  """
+  c = _fig7(arg)
+  n_max = max(m.n_experts for m in c.methods.values())
+  keep = ("n1", f"n{n_max}")  # the solo and the checkpoint accounted (the paper's N = 256)
+  for name in [n for n in c.methods if n not in keep]:
+    for field in ("methods", "rows", "start"):
+      del c[field][name]
+  c.study = "table3"
+  c.panels = ml_collections.ConfigDict({"experts": keep})
+  c.reference = keep[0]
+  c.order = keep
+  c.solo, c.ensemble = keep  # one expert alone (its step gives the fixed rate), the checkpoint
+  c.runs_from = ""  # a finished study=fig7 --out with these settings; "" = train them here
+  return c
+
+
 # ------------------------------------------------------------------------- Table 5
 
 
@@ -701,5 +726,5 @@ def _table9(arg: str | None) -> ml_collections.ConfigDict:
 _OWN_CONFIG = {
     "decompose": _decompose, "table6": _table6, "fig7": _fig7, "table5": _table5,
     "fig13": _fig13, "fig16": lambda arg: _ensembles(arg, "fig16")[0], "fig17": _fig17,
-    "fig15": _fig15, "table8": _table8, "fig9": _fig9, "table9": _table9,
+    "fig15": _fig15, "table8": _table8, "fig9": _fig9, "table9": _table9, "table3": _table3,
 }

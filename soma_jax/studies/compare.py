@@ -32,6 +32,9 @@
   table9  the paper's Table 9: Table 4's SOMA and monolith rows, each final checkpoint
           chosen first, scored frozen on a corpus nobody trained on (WikiText-103 raw, or
           any SOURCE: the man pages by default), with the in-domain test beside it
+  table3  the paper's Table 3: Figure 7's largest N (its checkpoint after the sweep's
+          updates) and one expert alone, each seed's training compute by the paper's
+          conventions (recorded step times, the physical total, a fixed per-expert rate)
   table6  the paper's Table 6: lr and initial eps sensitivity of the monolith and SOMA N = 2
           at equal compute, the paper's five cells, mean +- sd over seeds
 
@@ -59,6 +62,7 @@ from soma_jax.studies import (
   fig16,
   fig17,
   ladder,
+  table3,
   table4,
   table5,
   table6,
@@ -72,7 +76,7 @@ from soma_jax.studies import (
 STUDIES = {"table4": table4, "table7": table7, "ladder": ladder, "decompose": decompose,
            "table5": table5, "table6": table6, "fig7": fig7, "fig13": fig13, "fig9": fig9,
            "fig15": fig15, "fig16": fig16, "fig17": fig17,
-           "table8": table8, "table9": table9}
+           "table8": table8, "table9": table9, "table3": table3}
 
 
 def _module(study: object):

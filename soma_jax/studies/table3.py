@@ -1,0 +1,245 @@
+"""The paper's Table 3 (scaled down by SPEC 9.6): one checkpoint's training compute, counted
+by each accounting convention.
+
+The checkpoint is Figure 7's largest N (fig7.py's experts panel: fixed-width experts, every
+setting continuing one seed run; `ensemble`), read from a finished fig7 folder
+(`runs_from`, checked to hold the same settings) or trained here into OUT/fig7 with one
+expert alone (`solo`, N = 1 at the experts' width, the same directions and batch) beside it.
+For each optimisation seed, in device-seconds (SPEC 7: seconds times the devices, or on a CPU
+the cores, charged):
+- recorded: U x the mean step seconds the run recorded (summary.json `device_seconds`; the
+  paper's U sum_e t_e / 3600, its Figures 1 and 15 endpoint). Here every expert is in one
+  vmapped step, so the sum over experts is that step's time;
+- physical: the wall seconds of the whole training call times the devices charged (start-up,
+  the seed state's restore, compilation, checkpoints: the paper's W&B physical total);
+- fixed solo rate: N x U x one expert's mean step seconds when it trains alone (the solo run,
+  same seed), as the paper's 256 U x 0.168 s charges every expert a fixed per-expert rate.
+The paper's fourth row (a fixed 0.140-s normalization) names a constant without saying how it
+was measured, so it has no counterpart here. Each row's ratio to the recorded one is reported
+per seed and as the mean over seeds beside the paper's (49.6k / 41.9k, 49.7k / 41.9k).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import ml_collections
+
+from soma_jax import records
+from soma_jax.errors import UserError
+from soma_jax.studies import fig7, protocol
+
+PAPER = {
+    "item": "Table 3",
+    "caption": "Compute accounting for the same N = 256 checkpoint. The first row is used for "
+               "the endpoint in Figures 1 and 15. The other rows preserve the separate logged "
+               "total and fixed-rate conventions. They do not identify different training "
+               "endpoints.",
+    "gpu_hours": {"recorded": 41_900, "physical": 49_600, "fixed_solo_rate": 49_700,
+                  "fixed_normalization": 41_400},
+    "calculation": {"recorded": "U sum_e mean step seconds of expert e / 3600",
+                    "physical": "W&B physical_gpu_hr",
+                    "fixed_solo_rate": "256 U (0.168) / 3600",
+                    "fixed_normalization": "256 U (0.140) / 3600"},
+}
+ROWS = ("recorded", "physical", "fixed_solo_rate")
+SAME = ("n_experts", "d_t", "n_pert", "batch", "accum")  # what runs_from must share with us
+OWN_FIELDS = ("solo", "ensemble", "runs_from")  # table3's; the rest is fig7's config
+
+
+@dataclasses.dataclass(frozen=True)
+class Accounting:
+  """The study's own fields (`check`): the fig7 sweep it reads, its two settings and where
+  a finished sweep is read from ("" = train it here)."""
+  sweep_config: ml_collections.ConfigDict  # fig7's config of the two settings
+  sweep: fig7.Sweep
+  solo: str
+  ensemble: str
+  runs_from: str
+
+
+def check(config: ml_collections.ConfigDict) -> Accounting:
+  """Every field before anything trains: fig7's (`fig7.check` on the config without this
+  study's fields), the two settings (an N = 1 solo and a larger N of the same expert shape)
+  and `runs_from`."""
+  protocol.check_fields(config, {
+      "runs_from": ("a string (a fig7 --out folder, or empty)", lambda v: isinstance(v, str)),
+      "solo": ("a method of config.methods", lambda v: v in config.methods),
+      "ensemble": ("another method of config.methods",
+                   lambda v: v in config.methods and v != config.solo)})
+  sub = ml_collections.ConfigDict(config.to_dict())
+  for key in OWN_FIELDS:
+    del sub[key]
+  sub.study = "fig7"
+  sweep = fig7.check(sub)
+  specs = protocol.check_runs(sweep.plan, protocol.sized(sub))
+  solo, ens = specs[config.solo], specs[config.ensemble]
+  if solo.n_experts != 1 or ens.n_experts < 2:
+    raise UserError(f"solo={config.solo!r} has N = {solo.n_experts} and ensemble="
+                    f"{config.ensemble!r} N = {ens.n_experts}: the solo is one expert (N = 1), "
+                    "the ensemble more; fix: --config.solo=n1 --config.ensemble=the largest N")
+  differ = [k for k in SAME[1:] if _shape(solo)[k] != _shape(ens)[k]]
+  if differ:
+    raise UserError(f"solo and ensemble differ in {', '.join(differ)}: the fixed solo rate "
+                    "charges each expert the solo's step, which must be one expert of the same "
+                    f"shape; fix: --config.methods.{config.solo}.<field>= the ensemble's")
+  where = config.runs_from.strip()
+  if where and not os.path.isdir(where):
+    raise UserError(f"runs_from={where!r} is not a folder; fix: the --out of a finished "
+                    "study=fig7 run, or --config.runs_from= (train here)")
+  return Accounting(sub, sweep, config.solo, config.ensemble, where)
+
+
+def _shape(spec) -> dict:
+  c = spec.config
+  return {"n_experts": spec.n_experts, "d_t": c.model.d_t, "n_pert": c.spsa.n_pert,
+          "batch": c.spsa.batch, "accum": c.spsa.accum}
+
+
+def sweep_in(study: Accounting, folder: str) -> dict:
+  """A finished fig7 folder's results.json, read without training: fig7's, with both settings
+  of the same shape, budget and seeds, and every run's summary.json; else a UserError."""
+  fix = ("fix: run study=fig7 with these settings there first, or --config.runs_from= "
+         "(train here)")
+  try:
+    with open(os.path.join(folder, "results.json")) as f:
+      theirs = json.load(f)
+  except (OSError, ValueError):
+    raise UserError(f"runs_from={folder!r} holds no finished fig7 (no readable results.json); "
+                    f"{fix}") from None
+  if not isinstance(theirs, dict) or theirs.get("study") != "fig7":
+    raise UserError(f"runs_from={folder!r} holds study "
+                    f"{theirs.get('study') if isinstance(theirs, dict) else None!r}, not fig7; {fix}")
+  plan = study.sweep.plan
+  specs = protocol.check_runs(plan, protocol.sized(study.sweep_config))
+  settings = theirs.get("measured", {}).get("settings", {})
+  for name in (study.solo, study.ensemble):
+    got = settings.get(name) or {}
+    differ = [k for k in SAME if got.get(k) != _shape(specs[name])[k]]
+    if differ or theirs.get("budget", {}).get("amount") != plan.budget:
+      raise UserError(f"runs_from={folder!r}: its {name} differs ({', '.join(differ) or 'budget'})"
+                      f"; {fix}")
+    seeds = [q["seed"] for q in got["per_seed"]]
+    if seeds != list(plan.seeds):
+      raise UserError(f"runs_from={folder!r}: {name} ran seeds {seeds}, not {list(plan.seeds)}; "
+                      f"{fix}")
+    for q in got["per_seed"]:
+      if not os.path.isfile(os.path.join(folder, q["workdir"], records.SUMMARY_FILE)):
+        raise UserError(f"runs_from={folder!r} lacks {q['workdir']}/summary.json; {fix}")
+  return theirs
+
+
+def _summary(folder: str, workdir: str) -> dict:
+  with open(os.path.join(folder, workdir, records.SUMMARY_FILE)) as f:
+    return json.load(f)
+
+
+def account(ens_run: dict, solo_run: dict, wall: float, n_experts: int) -> dict:
+  """One seed's rows from the ensemble's and the solo's summary.json and the ensemble's
+  training-call wall seconds: device-seconds per convention, each one's ratio to the
+  recorded, and the per-expert step seconds (in the vmapped step, and alone)."""
+  updates = int(ens_run["updates"])
+  units = ens_run["device_seconds"] / ens_run["update_seconds"]  # devices or cores charged
+  solo_step = solo_run["update_seconds"] / solo_run["updates"]
+  rows = {"recorded": float(ens_run["device_seconds"]), "physical": wall * units,
+          "fixed_solo_rate": n_experts * updates * solo_step * units}
+  apart = {k: float(ens_run.get(k) or 0.0) for k in ("compile_seconds", "ckpt_seconds",
+                                                     "eval_seconds")}
+  return {"updates": updates, "devices_charged": units, "device_seconds": rows,
+          "ratio_to_recorded": {k: v / rows["recorded"] for k, v in rows.items()},
+          "per_expert_step_seconds": {"in_the_ensemble_step": ens_run["update_seconds"]
+                                      / (updates * n_experts), "alone": solo_step},
+          "physical_minus_recorded": rows["physical"] - rows["recorded"],
+          "recorded_apart_device_seconds": apart, "ops": int(ens_run["ops"]),
+          "training_call_wall_seconds": wall}
+
+
+def readout(sweep: dict, folder: str, solo: str, ensemble: str) -> dict:
+  """results.json `measured`: per seed the rows (`account`), and over seeds each row's mean
+  device-seconds and ratio to the recorded."""
+  settings = sweep["measured"]["settings"]
+  n = int(settings[ensemble]["n_experts"])
+  per_seed = []
+  for q_ens, q_solo in zip(settings[ensemble]["per_seed"], settings[solo]["per_seed"],
+                           strict=True):
+    rows = account(_summary(folder, q_ens["workdir"]), _summary(folder, q_solo["workdir"]),
+                   q_ens["wall_seconds_this_call"], n)
+    per_seed.append({"seed": q_ens["seed"], "workdirs": [q_ens["workdir"], q_solo["workdir"]],
+                     **rows})
+  over = lambda key, row: protocol.across_seeds([s[key][row] for s in per_seed])
+  paper = PAPER["gpu_hours"]
+  return {
+      "n_experts": n, "ensemble": ensemble, "solo": solo,
+      "params": settings[ensemble]["params"], "per_seed": per_seed,
+      "rows": {r: {"device_seconds": over("device_seconds", r),
+                   "device_hours_mean": over("device_seconds", r)["mean"] / 3600,
+                   "ratio_to_recorded": over("ratio_to_recorded", r),
+                   "paper_gpu_hours": paper[r],
+                   "paper_ratio_to_recorded": paper[r] / paper["recorded"],
+                   "calculation": PAPER["calculation"][r]} for r in ROWS},
+      "not_reproduced": {"fixed_normalization": "the paper's fixed 0.140-second "
+                         "normalization names a constant without its measurement"},
+      "per_expert_step_seconds": {k: protocol.across_seeds(
+          [s["per_expert_step_seconds"][k] for s in per_seed])
+          for k in ("in_the_ensemble_step", "alone")}}
+
+
+def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
+  """fig7's two settings (read from `runs_from`, else trained into OUT/fig7 by `executor`),
+  then each seed's checkpoint accounted; OUT/results.json and table.md."""
+  begun = protocol.started(executor)
+  os.makedirs(out, exist_ok=True)
+  study = check(config)
+  if study.runs_from:
+    folder = os.path.abspath(study.runs_from)
+    sweep = sweep_in(study, folder)
+  else:
+    folder = os.path.join(out, "fig7")
+    sweep = fig7.run(study.sweep_config, folder, command, executor)
+  measured = readout(sweep, folder, study.solo, study.ensemble)
+  payload = {
+      "study": "table3", "spec": "paper Table 3 (compute accounting), scaled down by SPEC 9.6",
+      "command": command, "runs_from": study.runs_from,
+      "fig7_folder": study.runs_from or protocol.shown(folder, out), "load_average": {
+          "start": begun["load_average"], "end": list(os.getloadavg())},
+      "sweep_load_average": sweep["load_average"], "platform": sweep["platform"],
+      "budget": sweep["budget"], "seeds": sweep["seeds"], "seed_runs": sweep["seed_runs"],
+      "paper": PAPER, "measured": measured, "cost": protocol.cost(out, begun)}
+  payload["wall_seconds"] = payload["cost"]["wall_seconds"]
+  return protocol.write(out, payload, table)
+
+
+def table(p: dict) -> str:
+  """Markdown: each convention's device-seconds, its ratio to the recorded, the paper's."""
+  m, b = p["measured"], p["budget"]
+  lines = [f"Table 3 at this scale: SOMA N = {m['n_experts']} ({m['params']:,} parameters, "
+           f"fixed-width experts, Figure 7's {m['ensemble']}) after {b['amount']:g} updates "
+           f"from its seed run, seeds {p['seeds']}; one expert alone ({m['solo']}) gives the "
+           f"fixed solo rate. Sweep from {p['fig7_folder']}; load average "
+           f"{p['sweep_load_average']['start'][0]:.2f} at its start, "
+           f"{p['sweep_load_average']['end'][0]:.2f} at its end.", "",
+           "| accounting | ours: device-seconds (mean over seeds) | ours / recorded | paper "
+           "GPU-hours | paper / recorded | calculation |", "|---|---|---|---|---|---|"]
+  for name, r in m["rows"].items():
+    sd = r["ratio_to_recorded"]["sd"]
+    lines.append(f"| {name} | {r['device_seconds']['mean']:.2f} | "
+                 f"{r['ratio_to_recorded']['mean']:.3f}"
+                 f"{'' if sd is None else f' (sd {sd:.3f})'} | {r['paper_gpu_hours']:,} | "
+                 f"{r['paper_ratio_to_recorded']:.3f} | {r['calculation']} |")
+  lines.append(f"| fixed_normalization | - | - | {PAPER['gpu_hours']['fixed_normalization']:,} "
+               f"| {PAPER['gpu_hours']['fixed_normalization'] / PAPER['gpu_hours']['recorded']:.3f}"
+               f" | not reproduced: {m['not_reproduced']['fixed_normalization']} |")
+  step = m["per_expert_step_seconds"]
+  lines += ["", f"Per-expert step: {step['in_the_ensemble_step']['mean'] * 1e3:.3f} ms inside "
+            f"the N = {m['n_experts']} step, {step['alone']['mean'] * 1e3:.3f} ms alone "
+            f"(ratio {step['in_the_ensemble_step']['mean'] / step['alone']['mean']:.3f}).",
+            "", "Per seed (device-seconds: recorded / physical / fixed solo rate; the physical "
+            "total's excess over the recorded):"]
+  for s in p["measured"]["per_seed"]:
+    d = s["device_seconds"]
+    lines.append(f"- seed {s['seed']}: {d['recorded']:.2f} / {d['physical']:.2f} / "
+                 f"{d['fixed_solo_rate']:.2f}; excess {s['physical_minus_recorded']:.2f}")
+  return "\n".join(lines) + "\n"
+
