@@ -124,7 +124,8 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
     for seed in plan.seeds:
       planned[(seed, name)] = protocol.budgeted(c, dirs[specs[name].n_experts], seed, s,
                                                 "updates", plan.budget, plan.curve_points,
-                                                f"methods.{name}.")
+                                                f"methods.{name}.",
+                                                score=scored[specs[name].n_experts][0])
     first = planned[(plan.seeds[0], name)]
     starts[name] = protocol.start_losses(first, {"validation": scored[first.n_experts][0]})
   where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)

@@ -226,7 +226,7 @@ def compare_pair(config: ml_collections.ConfigDict, out: str,
     results[name] = describe(first, s, protocol.layout_of(first))
   searches = {(seed, name): Search(
       protocol.budgeted(c, data_dir, seed, seeds[plan.start[name]], unit, plan.budget,
-                        plan.curve_points), grid, os.path.join(out, "runs", f"seed{seed}", name),
+                        plan.curve_points, score=val), grid, os.path.join(out, "runs", f"seed{seed}", name),
       f"seed {seed} {name}", {"step": seeds[plan.start[name]]["step"],
                               "val": starts[name]["validation"].mean()})
       for seed in plan.seeds for name, c in methods.items()}
