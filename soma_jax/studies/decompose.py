@@ -251,7 +251,7 @@ def searches(study: Study, where: dict, seeds: dict, starts: dict, ops_budget: f
     for name, c in study.methods.items():
       s = seeds[plan.start[name]]
       spec = protocol.budgeted(c, where[name][0], seed, s, "ops", ops_budget, plan.curve_points,
-                               fresh=name in plan.fresh_optimizer)
+                               fresh=name in plan.fresh_optimizer, score=where[name][1][0])
       out_searches[(seed, name)] = table7.Search(
           spec, study.grid, os.path.join(out, "runs", f"seed{seed}", name),
           f"seed {seed} {name}",

@@ -168,7 +168,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
     for seed in plan.seeds:
       planned[(seed, name)] = protocol.budgeted(
           c, dirs[rows.n_experts[name]], seed, seeds[plan.start[name]], "ops", ops_budget,
-          plan.curve_points, f"methods.{name}.")
+          plan.curve_points, f"methods.{name}.", score=scored[rows.n_experts[name]][0])
   where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
   walls = protocol.train_all([(spec, where(*key), f"{key[1]} (seed {key[0]})")
                               for key, spec in planned.items()], executor)

@@ -208,7 +208,8 @@ def planned_runs(study: Ablation, where: dict, seeds: dict) -> dict:
     cfg.init_from_other_data = start is not None
     for seed in plan.seeds:
       out[(seed, name)] = protocol.budgeted(cfg, where[name][0], seed, start, "updates",
-                                            plan.budget, plan.curve_points, f"methods.{name}.")
+                                            plan.budget, plan.curve_points, f"methods.{name}.",
+                                            score=where[name][1][0])
   return out
 
 

@@ -97,7 +97,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
     for seed in plan.seeds:
       planned[(seed, name)] = protocol.budgeted(
           c, dirs[n], seed, seeds[plan.start[name]], "ops", ops_budget, plan.curve_points,
-          f"methods.{name}.", fresh=name in plan.fresh_optimizer)
+          f"methods.{name}.", fresh=name in plan.fresh_optimizer, score=scored[n][0])
     starts[name] = protocol.start_losses(planned[(plan.seeds[0], name)],
                                          {"validation": scored[n][0]})["validation"].mean()
   where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
