@@ -148,16 +148,7 @@ def trained_in(ens: Ensembles, folder: str) -> Trained:
   folder = os.path.abspath(folder)
   fix = ("fix: run study=fig16 with the same settings there first, or "
          "--config.ensembles_from= (train here)")
-  try:
-    with open(os.path.join(folder, "results.json")) as f:
-      theirs = json.load(f)
-  except (OSError, ValueError):
-    raise UserError(f"ensembles_from={folder!r} holds no finished fig16 (no readable "
-                    f"results.json); {fix}") from None
-  if not isinstance(theirs, dict) or theirs.get("study") != "fig16":
-    raise UserError(f"ensembles_from={folder!r} holds study "
-                    f"{theirs.get('study') if isinstance(theirs, dict) else None!r}, not fig16; "
-                    f"{fix}")
+  theirs = protocol.finished_study(folder, "fig16", "ensembles_from", fix)
   got = theirs.get("ensemble_settings") or {}
   differ = [k for k in SETTINGS if got.get(k) != ens.settings[k]]
   if differ:

@@ -597,6 +597,22 @@ def budget_used(record: dict) -> float:
   return float(record[record["budget_unit"]])
 
 
+def finished_study(folder: str, study: str, field: str, fix: str) -> dict:
+  """The results.json of a finished `study` in `folder` (read by a study that reuses its
+  runs, named by its config field `field`), else a UserError ending in `fix`."""
+  try:
+    with open(os.path.join(folder, "results.json")) as f:
+      theirs = json.load(f)
+  except (OSError, ValueError):
+    raise UserError(f"{field}={folder!r} holds no finished {study} (no readable "
+                    f"results.json); {fix}") from None
+  if not isinstance(theirs, dict) or theirs.get("study") != study:
+    raise UserError(f"{field}={folder!r} holds study "
+                    f"{theirs.get('study') if isinstance(theirs, dict) else None!r}, not {study}; "
+                    f"{fix}")
+  return theirs
+
+
 def shown(path: str, out: str) -> str:
   """A path as results.json shows it: relative to the output folder when inside it."""
   rel = os.path.relpath(path, out)

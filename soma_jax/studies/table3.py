@@ -103,15 +103,7 @@ def sweep_in(study: Accounting, folder: str) -> dict:
   of the same shape, budget and seeds, and every run's summary.json; else a UserError."""
   fix = ("fix: run study=fig7 with these settings there first, or --config.runs_from= "
          "(train here)")
-  try:
-    with open(os.path.join(folder, "results.json")) as f:
-      theirs = json.load(f)
-  except (OSError, ValueError):
-    raise UserError(f"runs_from={folder!r} holds no finished fig7 (no readable results.json); "
-                    f"{fix}") from None
-  if not isinstance(theirs, dict) or theirs.get("study") != "fig7":
-    raise UserError(f"runs_from={folder!r} holds study "
-                    f"{theirs.get('study') if isinstance(theirs, dict) else None!r}, not fig7; {fix}")
+  theirs = protocol.finished_study(folder, "fig7", "runs_from", fix)
   plan = study.sweep.plan
   specs = protocol.check_runs(plan, protocol.sized(study.sweep_config))
   settings = theirs.get("measured", {}).get("settings", {})
