@@ -88,6 +88,8 @@ def test_account_arithmetic():
 
 def test_bad_fields_and_folders_are_refused(accounted, tmp_path, data_textdir):
   trained, *_ = accounted
+  with pytest.raises(UserError, match="study=table3,size=huge"):
+    load_config("compare", "study=table3,size=huge")
   config = tiny(data_textdir)
   config.solo, config.ensemble = "n4", "n1"
   with pytest.raises(UserError, match="one expert"):

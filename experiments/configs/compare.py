@@ -412,6 +412,9 @@ def _table3(arg: str | None) -> ml_collections.ConfigDict:
     python experiments/compare.py --config=experiments/configs/compare.py:study=table3,size=cpu --out=runs/table3
     ... --config.runs_from=runs/fig7   (a finished study=fig7: read its runs, train nothing)
   """
+  size = parse_arg(arg, study="table3", size="cpu", seeds=0)["size"]
+  if size not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study=table3,size={size}: use size=cpu or tiny")
   c = _fig7(arg)
   n_max = max(m.n_experts for m in c.methods.values())
   keep = ("n1", f"n{n_max}")  # the solo and the checkpoint accounted (the paper's N = 256)

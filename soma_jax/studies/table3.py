@@ -67,7 +67,7 @@ def check(config: ml_collections.ConfigDict) -> Accounting:
   protocol.check_fields(config, {
       "runs_from": ("a string (a fig7 --out folder, or empty)", lambda v: isinstance(v, str)),
       "solo": ("a method of config.methods", lambda v: v in config.methods),
-      "ensemble": ("another method of config.methods",
+      "ensemble": (f"a method of config.methods other than solo ({config.solo!r})",
                    lambda v: v in config.methods and v != config.solo)})
   sub = ml_collections.ConfigDict(config.to_dict())
   for key in OWN_FIELDS:
