@@ -50,6 +50,21 @@ def write(workdir: str, step: int, losses_n: np.ndarray, settings: dict,
   os.replace(tmp, meta)
 
 
+def counters(workdir: str, step: int) -> dict | None:
+  """The counters training saved beside step's scores (its checkpoint's, whichever set was
+  scored), or None where there are none for exactly that step."""
+  _, meta = _paths(workdir, step)
+  try:
+    with open(meta) as f:
+      saved = json.load(f)
+  except (OSError, ValueError):  # none, or unreadable: restored instead
+    return None
+  if not isinstance(saved, dict) or saved.get("step") != int(step):
+    return None
+  found = saved.get("counters")
+  return dict(found) if isinstance(found, dict) else None
+
+
 def read(workdir: str, step: int, settings: dict | None) -> tuple[np.ndarray, dict] | None:
   """(per-window losses, the checkpoint's counters) saved for `step` on the set of
   `settings`, or None where there are none for exactly that set and step."""

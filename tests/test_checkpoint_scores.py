@@ -83,6 +83,17 @@ def test_curve_is_the_same_with_and_without_the_files(scored_run, tmp_path, monk
   assert np.array_equal(end, last)
 
 
+def test_summary_reads_the_saved_counters(scored_run, tmp_path, monkeypatch):
+  spec, workdir, _ = scored_run
+  bare = copy_without(workdir, str(tmp_path / "bare"))
+  calls = count_restores(monkeypatch)
+  done = protocol.summary(workdir, spec, 0)
+  assert calls == []  # the newest checkpoint's counters, from its saved scores
+  assert protocol.summary(bare, spec, 0) == done and len(calls) == 1  # restored instead
+  assert done["step"] == done["updates"] == 6 and done["update_seconds"] > 0
+  assert scores_lib.counters(workdir, 4) is not None and scores_lib.counters(workdir, 5) is None
+
+
 @pytest.mark.parametrize("other", [
     {"max_windows": 2}, {"split": "test"}, {"route": 4}])
 def test_scores_of_another_set_are_not_used(scored_run, monkeypatch, other):

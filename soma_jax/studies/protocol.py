@@ -581,8 +581,12 @@ def final_losses(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet
 def summary(workdir: str, spec: spec_lib.RunSpec, start_step: int) -> dict:
   """A finished run (its newest checkpoint and summary.json): the step reached, this run's
   updates and operations, its training and apart seconds, and the budget counted one update
-  before the stop (below the budget)."""
-  step, _, data_state, _ = runs.restore_state(workdir)
+  before the stop (below the budget). The counters come from the newest checkpoint's saved
+  scores (`checkpoint_scores.counters`), else from restoring it."""
+  step = ckpt_lib.newest_step(workdir)
+  data_state = scores_lib.counters(workdir, step) if step is not None else None
+  if data_state is None:
+    step, _, data_state, _ = runs.restore_state(workdir)
   with open(os.path.join(workdir, records.SUMMARY_FILE)) as f:
     done = json.load(f)
   updates = int(step) - start_step
