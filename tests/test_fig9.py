@@ -183,3 +183,26 @@ def test_contrasts_are_per_seed_differences_against_the_better(ablated):
   assert r["mean"] == pytest.approx(np.mean(np.subtract(end("random_head"), end(best))))
   c = m["contrasts"]["cold_minus_warm"]
   assert c["mean"] == pytest.approx(np.mean(np.subtract(end("cold"), end("soma"))))
+
+
+def test_speedups_are_spec_9_8s_on_each_seeds_curves(ablated):
+  """Each contrast's per-seed log speed-up is decompose.log_speedup of the two conditions'
+  saved validation curves in updates; None where the loss ranges do not meet."""
+  _, out, p = ablated
+  m = p["measured"]
+  curve = lambda n, i: (np.array([q["update"] for q in m["conditions"][n]["per_seed"][i]["curve"]],
+                                 np.float64),
+                        np.array([q["loss"] for q in m["conditions"][n]["per_seed"][i]["curve"]]))
+  for d in m["contrasts"].values():
+    s = d["speedup"]
+    assert len(s["per_seed"]) == len(p["seeds"])
+    for i, got in enumerate(s["per_seed"]):
+      want = fig9.decompose.log_speedup(curve(d["a"], i), curve(d["b"], i))
+      assert (got is None) == (want is None)
+      if got is not None:
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+    if s["mean"] is not None:
+      assert s["speedup"] == pytest.approx(np.exp(np.mean(s["per_seed"])))
+      assert "_boot" not in s
+  assert all("_windows" not in q for c in m["conditions"].values() for q in c["per_seed"])
+  assert "speed-up of a over b" in open(os.path.join(out, "table.md")).read()
