@@ -50,35 +50,35 @@ def write(workdir: str, step: int, losses_n: np.ndarray, settings: dict,
   os.replace(tmp, meta)
 
 
-def counters(workdir: str, step: int) -> dict | None:
-  """The counters training saved beside step's scores (its checkpoint's, whichever set was
-  scored), or None where there are none for exactly that step."""
+def _meta(workdir: str, step: int) -> dict | None:
+  """STEP.json as saved for exactly `step`, or None (none, unreadable, another step)."""
   _, meta = _paths(workdir, step)
   try:
     with open(meta) as f:
       saved = json.load(f)
   except (OSError, ValueError):  # none, or unreadable: restored instead
     return None
-  if not isinstance(saved, dict) or saved.get("step") != int(step):
-    return None
-  found = saved.get("counters")
+  return saved if isinstance(saved, dict) and saved.get("step") == int(step) else None
+
+
+def counters(workdir: str, step: int) -> dict | None:
+  """The counters training saved beside step's scores (its checkpoint's, whichever set was
+  scored), or None where there are none for exactly that step."""
+  found = (_meta(workdir, step) or {}).get("counters")
   return dict(found) if isinstance(found, dict) else None
 
 
 def read(workdir: str, step: int, settings: dict | None) -> tuple[np.ndarray, dict] | None:
   """(per-window losses, the checkpoint's counters) saved for `step` on the set of
   `settings`, or None where there are none for exactly that set and step."""
-  npy, meta = _paths(workdir, step)
-  if settings is None or not (os.path.isfile(meta) and os.path.isfile(npy)):
+  npy, _ = _paths(workdir, step)
+  saved = _meta(workdir, step) if settings is not None else None
+  if saved is None or saved.get("settings") != settings:
     return None
   try:
-    with open(meta) as f:
-      saved = json.load(f)
     losses = np.load(npy, allow_pickle=False)
-  except (OSError, ValueError, EOFError):  # unreadable: restored instead
+  except (OSError, ValueError, EOFError):  # none, or unreadable: restored instead
     return None
-  if (not isinstance(saved, dict) or saved.get("step") != int(step)
-      or saved.get("settings") != settings or losses.dtype != np.float64
-      or losses.shape != (settings["windows"],)):
+  if losses.dtype != np.float64 or losses.shape != (settings["windows"],):
     return None
   return losses, dict(saved.get("counters") or {})

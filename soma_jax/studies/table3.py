@@ -58,6 +58,7 @@ class Accounting:
   solo: str
   ensemble: str
   runs_from: str
+  shapes: dict  # {solo / ensemble name: its resolved `_shape`}, what runs_from must match
 
 
 def check(config: ml_collections.ConfigDict) -> Accounting:
@@ -89,7 +90,8 @@ def check(config: ml_collections.ConfigDict) -> Accounting:
   if where and not os.path.isdir(where):
     raise UserError(f"runs_from={where!r} is not a folder; fix: the --out of a finished "
                     "study=fig7 run, or --config.runs_from= (train here)")
-  return Accounting(sub, sweep, config.solo, config.ensemble, where)
+  return Accounting(sub, sweep, config.solo, config.ensemble, where,
+                    {config.solo: _shape(solo), config.ensemble: _shape(ens)})
 
 
 def _shape(spec) -> dict:
@@ -105,11 +107,10 @@ def sweep_in(study: Accounting, folder: str) -> dict:
          "(train here)")
   theirs = protocol.finished_study(folder, "fig7", "runs_from", fix)
   plan = study.sweep.plan
-  specs = protocol.check_runs(plan, protocol.sized(study.sweep_config))
   settings = theirs.get("measured", {}).get("settings", {})
   for name in (study.solo, study.ensemble):
     got = settings.get(name) or {}
-    differ = [k for k in SAME if got.get(k) != _shape(specs[name])[k]]
+    differ = [k for k in SAME if got.get(k) != study.shapes[name][k]]
     if differ or theirs.get("budget", {}).get("amount") != plan.budget:
       raise UserError(f"runs_from={folder!r}: its {name} differs ({', '.join(differ) or 'budget'})"
                       f"; {fix}")
