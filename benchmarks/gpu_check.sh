@@ -10,6 +10,10 @@
 #           split: kernels ranked, op classes, whether the dots run as TF32 GEMMs.
 #   tests   the test suite (not slow) on the GPU and the notebook's GPU path, side by side.
 #   all     bench, then tests; sweep: time_block / unroll / signs variants, then the tests.
+#   lease   (about 9 min) bench's N = 2 / N = 16 rows at each forward, the A/B of XLA's
+#           whole-loop CUDA graphs (+WHILE, with and without unrolled loops), a profile
+#           for the TF32 check and the CPU studies' shapes (N = 2 width 32, n_pert 4, B 4,
+#           T 256); then `TEST_LIMIT=150 ... tests` in a second run.
 # For a 15-minute lease: one run of `bench` (timeout 480 s), then `profile` and
 # `TEST_LIMIT=150 ... tests` in a second (timeout 400 s), each with BUNDLE=1. Logs and
 # JSON go to $OUT (the markdown tables are in the logs and follow from the JSON); every
@@ -72,6 +76,38 @@ if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
   part coefficients 80 $PY -m benchmarks.coefficients --n_pert=8 \
     --config=experiments/configs/soma.py:n=2,size=paper --json "$OUT/coefficients.json"
 fi
+if [ "$WHAT" = lease ]; then  # one 15-minute lease's measurements in one run (about 9 min)
+  # 1. The issue's rows at each forward, with the matmul rate for their fractions.
+  part paper_shapes_64 270 $PY -m benchmarks.paper_shapes --rows=n2,n16 --reps=2 \
+    --forward=direct,split,split_recurrence --matmul_rate --row_timeout=60 \
+    --json "$OUT/paper_shapes_64.json" --md "$OUT/paper_shapes_64.md"
+  # 2. XLA's whole-loop CUDA graphs against today's flags (step 1), at the preset's forward.
+  #    Each variant is first tried on a one-op program: a flag this jaxlib rejects skips the
+  #    variant (logged) instead of costing the run.
+  for v in cmdbuf_while:--xla_gpu_enable_command_buffer=+WHILE \
+      "cmdbuf_while_unroll:--xla_gpu_enable_command_buffer=+WHILE --xla_gpu_command_buffer_unroll_loops=true"; do
+    name=${v%%:*}; xf=${v#*:}
+    if XLA_FLAGS="$xf" timeout 60 $PY -c 'import jax; jax.jit(lambda x: x + 1)(1.0).block_until_ready()' \
+        > "$OUT/probe_$name.log" 2>&1; then
+      XLA_FLAGS="$xf" part "$name" 110 $PY -m benchmarks.paper_shapes --rows=n2,n16 --reps=2 \
+        --row_timeout=50 --json "$OUT/$name.json" --md "$OUT/$name.md"
+    else
+      log "skip $name: XLA_FLAGS='$xf' rejected ($(tail -1 "$OUT/probe_$name.log"))"
+    fi
+  done
+  # 3. Do the float32 dots run as TF32 GEMMs at the preset's precision (default)?
+  part profile_n2_direct 50 $PY -m benchmarks.profile_step --steps=1 --top=40 \
+    --config=experiments/configs/soma.py:n=2,size=paper --json "$OUT/profile_n2_direct.json"
+  # 4. The CPU studies' shapes (n_pert 4, B 4, T 256, own heads, widths 32 / 32 / 47).
+  for s in "study_soma_n2:n=2:32" "study_one_expert:n=1:32" "study_mono_w47:n=1:47"; do
+    IFS=: read -r name arg width <<< "$s"
+    part "$name" 45 $PY -m benchmarks.spsa_step --step_only --reps=5 \
+      --config=experiments/configs/soma.py:$arg,size=cpu --config.model.d_t=$width \
+      --config.model.shared_head=False --config.spsa.n_pert=4 --config.spsa.batch=4 \
+      --config.data.seq_len=256 --config.spsa.time_block=256 --json "$OUT/$name.json"
+  done
+  exit 0
+fi
 if [ "$WHAT" = sweep ]; then  # the streamed loss's speed knobs at the issue's two rows
   for v in "64 1" "16 8"; do
     set -- $v
@@ -97,9 +133,12 @@ if [ "$WHAT" = profile ]; then  # one step each, n_pert 64 in one chunk, the pre
 fi
 [ "$WHAT" = bench ] && exit 0
 # Tests and the notebook share the GPU: timings from here on are not benchmarks.
-part pytest ${TEST_LIMIT:-190} $PY -m pytest -q -m "not slow" -n 6 -p no:cacheprovider tests \
+# -v names each result as it happens: a run stopped at its cap still names its failures
+# (with -q, the 2026-12-04 lease's 28 failures went unnamed: its summary never came).
+part pytest ${TEST_LIMIT:-190} $PY -m pytest -v -m "not slow" -n 6 -p no:cacheprovider tests \
   --ignore=tests/test_notebook.py &
 part notebook ${TEST_LIMIT:-190} $PY -m scripts.run_notebook notebooks/quickstart.ipynb --param SIZE=gpu --param STEPS=${NB_STEPS:-0} \
   --timings "$OUT/notebook_timings.json" &
 wait
+grep -E "(FAILED|ERROR) tests/" "$OUT/pytest.log" | sort -u >> "$OUT/check.log"
 tail -3 "$OUT/pytest.log" | tee -a "$OUT/check.log"

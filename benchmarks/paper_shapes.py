@@ -170,6 +170,7 @@ def main(argv):
   plan += [(label, f, p) for label in _ROWS.value for f in _FORWARD.value for p in _PRECISION.value]
   rows, rates = [], {}
   result = {"command": "python -m benchmarks.paper_shapes " + " ".join(sys.argv[1:]),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),  # the A/B of XLA's options
             "load_avg_before": os.getloadavg(), "rows": rows}
   for label, forward, precision in plan:
     rows.append(run_row(label, forward, precision))
