@@ -43,8 +43,8 @@ def assert_own_starts(seed_runs: dict, out: str, seeds: list[int], run_seed: int
 def test_every_seed_its_own_start(narrowed):
   config, out, p = narrowed
   seeds = p["seeds"]
-  assert p["intervals"]["kind"] == "seeds_own_starts"
   assert_own_starts(p["seed_runs"], out, seeds, config.seed_run_seed)
+  assert p["intervals"]["kind"] == "seeds_own_starts"
   for name, r in p["rows"].items():  # each seed's row continues its own seed's run
     assert len({s["seed_run"] for s in r["per_seed"]}) == len(seeds), name
   starts = [s["start_loss"]["validation"] for s in p["rows"]["soma"]["per_seed"]]
@@ -156,6 +156,20 @@ def test_crossing_is_log_linear():
   t = lambda u, x: {"update": u, "D_minus_G": {"mean": x}}
   assert narrow_readouts.crossing([t(2, -1.0), t(8, 1.0)]) == pytest.approx(4.0)
   assert narrow_readouts.crossing([t(2, 1.0), t(8, 2.0)]) is None
+
+
+def test_slope_trend_and_interval():
+  """Two seeds whose contrast grows by 0.01 and 0.03 per doubling: the slope interval is the
+  t interval over those two slopes, and its trend is read from it."""
+  at = [{"budget_fraction": f, "per_seed": [0.01 * k, 0.03 * k]}
+        for k, f in enumerate((0.25, 0.5, 1.0))]
+  s = narrow_readouts.slope(at, 8.0)
+  assert s["per_seed"] == pytest.approx([0.01, 0.03])
+  assert s["ci95"] == pytest.approx(protocol.t_interval([0.01, 0.03])["ci95"])
+  assert s["trend"].startswith("no measurable trend")
+  at = [{"budget_fraction": f, "per_seed": [0.02 * k, 0.021 * k]}
+        for k, f in enumerate((0.25, 0.5, 1.0))]
+  assert narrow_readouts.slope(at, 8.0)["trend"] == "grows"
 
 
 def test_verdict_rule():

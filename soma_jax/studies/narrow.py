@@ -35,6 +35,7 @@ import numpy as np
 from soma_jax import evaluate as eval_lib
 from soma_jax import metrics as metrics_lib
 from soma_jax import runs as runs_lib
+from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 from soma_jax.studies import narrow_readouts as readouts
 from soma_jax.studies import narrow_report, protocol, table7
@@ -152,7 +153,9 @@ def corpus_dir(study: Study, out: str) -> tuple[str, dict]:
     from soma_jax.data import prepare
 
     prepare.prepare(source, 2, data, **study.prepare)
-  return data, {"corpus": study.corpus, "what": what}
+  pipeline.check_data_dir(data, 2)
+  return data, {"corpus": study.corpus, "what": what,
+                "manifest_documents": pipeline.load_manifest(data).get("documents")}
 
 
 # ----------------------------------------------------------------------------- runs
@@ -263,13 +266,17 @@ def train_rows(study: Study, chosen: dict, starts: dict, seed_sets: dict, data: 
 
 
 def readout(study: Study, rows: dict, test: eval_lib.TestSet, draws: int, ops: float) -> dict:
-  """Primary and secondary readouts, as declared (`narrow_readouts`)."""
+  """Primary and secondary readouts, as declared (`narrow_readouts`), the primary first in
+  their declared order."""
   primary, secondary = {}, {"contrasts": {}, "slopes": {}}
-  for name, (b, a) in study.contrasts.items():
+  kind = protocol.interval_kind(study.plan)["kind"]
+  names = [*study.primary, *(n for n in study.contrasts if n not in study.primary)]
+  for name in names:
+    b, a = study.contrasts[name]
     common = [f for f in study.declared(a) if f in study.declared(b)]
-    at = [readouts.contrast(rows, b, a, f, test.doc_ids, draws) for f in common]
+    at = [readouts.contrast(rows, b, a, f, test.doc_ids, draws, kind) for f in common]
     per = {readouts.fraction_key(c["budget_fraction"]): c for c in at}
-    slope = readouts.slope(at, ops) if len(at) > 1 else None
+    slope = readouts.slope(at, ops, kind) if len(at) > 1 else None
     if name in study.primary:
       primary[name] = {"b": b, "a": a, "end_loss_difference": {
           k: {**c, **readouts.verdict(c)} for k, c in per.items()}}

@@ -18,11 +18,12 @@ PAPER_DIRECTION = ("b minus a > 0: a (SOMA) lower, the direction the paper's cla
                    "sharding implies")
 
 
-def contrast(rows: dict, b: str, a: str, fraction: float, doc_ids: np.ndarray, draws: int
-             ) -> dict:
+def contrast(rows: dict, b: str, a: str, fraction: float, doc_ids: np.ndarray, draws: int,
+             kind: str = "seeds_own_starts") -> dict:
   """b's test end loss minus a's at one declared budget `fraction`, per seed and across seeds:
   the t interval over seeds widened by the test documents' bootstrap variance of the seed mean
-  (`protocol.widened_t_interval`), and the seeds-only t interval beside it."""
+  (`protocol.widened_t_interval`), and the seeds-only t interval beside it. `kind`: what the
+  seeds' interval holds (`protocol.interval_kind`), recorded as `interval`."""
   key = fraction_key(fraction)
   pairs = list(zip(rows[b]["per_seed"], rows[a]["per_seed"], strict=True))
   diff_SxN = np.stack([np.asarray(y["_test_w"][key], np.float64)
@@ -30,7 +31,8 @@ def contrast(rows: dict, b: str, a: str, fraction: float, doc_ids: np.ndarray, d
   values = [float(d.mean()) for d in diff_SxN]
   both = protocol.widened_t_interval(values, protocol.document_variance(
       diff_SxN, doc_ids, draws, int(pairs[0][1]["seed"])))
-  return {"budget_fraction": fraction, **both, "per_seed": values,
+  return {"budget_fraction": fraction, "interval": f"{kind} + test documents", **both,
+          "per_seed": values,
           "seeds_only_ci95": protocol.t_interval(values)["ci95"]}
 
 
@@ -39,13 +41,19 @@ def fraction_key(fraction: float) -> str:
   return f"{fraction:.6g}"
 
 
-def slope(by_fraction: list[dict], ops_budget: float) -> dict:
+def slope(by_fraction: list[dict], ops_budget: float, kind: str = "seeds_own_starts") -> dict:
   """The least-squares slope of a contrast against log2 of the budget in operations, per seed
-  over its declared budgets, and the t interval over the per-seed slopes (seeds only)."""
+  over its declared budgets, and the t interval over the per-seed slopes (seeds only); its
+  `trend`: grows / shrinks where the interval excludes zero, else a null with its bound."""
   x = np.log2([c["budget_fraction"] * ops_budget for c in by_fraction])
   y_SxF = np.array([c["per_seed"] for c in by_fraction], np.float64).T
   per_seed = [float(np.polyfit(x, y, 1)[0]) for y in y_SxF]
-  return {**protocol.t_interval(per_seed), "per_seed": per_seed,
+  stat = protocol.t_interval(per_seed)
+  lo, hi = stat["ci95"] or (None, None)
+  trend = ("grows" if lo is not None and lo > 0 else "shrinks" if hi is not None and hi < 0
+           else "no measurable trend" + ("" if lo is None else
+                                         f", within +-{max(abs(lo), abs(hi)):.3g} per doubling"))
+  return {**stat, "interval": kind, "trend": trend, "per_seed": per_seed,
           "budget_fractions": [c["budget_fraction"] for c in by_fraction],
           "unit": "nats/byte per doubling of the budget",
           "how": "per seed the least-squares slope over the declared budgets; t interval over "
@@ -108,6 +116,7 @@ def mechanism(rows: dict, b: str, a: str) -> dict:
     table.append({"update": u, "D": protocol.t_interval(d), "G": protocol.t_interval(g),
                   "D_minus_G": protocol.t_interval([x - y for x, y in zip(d, g, strict=True)])})
   return {"a": a, "b": b, "points": table, "crossing_update": crossing(table),
+          "interval": "t over seeds, validation (no documents' noise)",
           "how": f"D(u) = {b}(u) - {a}(u) at equal updates, G(u) = {b}(u) - {b}(2u), on the "
                  "validation curves (linear in log2 updates between checkpoints); D - G = "
                  f"{b}(2u) - {a}(u); t intervals over seeds"}

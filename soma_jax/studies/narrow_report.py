@@ -123,7 +123,7 @@ def table(p: dict) -> str:
     lines.append(f"Secondary, {name}: " + "; ".join(
         f"{k} {_ci(v)}" for k, v in c["end_loss_difference"].items()) + ".")
   for name, s in sec["slopes"].items():
-    lines.append(f"Secondary, {name} slope per doubling: {_ci(s)}.")
+    lines.append(f"Secondary, {name} slope per doubling: {_ci(s)} ({s['trend']}).")
   lines += ["", *_mechanism(p), "",
             f"{p['intervals_printed']} intervals in results.json's readouts; only the primary "
             "ones carry a verdict. Intervals: " + iv["documents"] + "."]

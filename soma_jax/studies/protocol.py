@@ -718,7 +718,7 @@ def _train_seed_runs(plan: StudyPlan, runs_c: dict, data_dir: str, val: eval_lib
   planned = {(key, name): (budgeted(s, data_dir, run_seed, None, "updates", plan.seed_updates,
                                     checkpoints, score=val), os.path.join(folder, name), s)
              for key, (run_seed, folder) in where.items() for name, s in runs_c.items()}
-  for (key, name), (spec, _, s) in planned.items():
+  for (_, name), (spec, _, s) in planned.items():
     print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t}, {plan.seed_updates} "
           f"updates at seed {spec.config.seed}", flush=True)
   walls = train_all([(spec, workdir, f"seed run {name}" + ("" if key is None else f" {key}"))
