@@ -8,6 +8,9 @@
   (`init_state`): parameters, Adam moments, the plateau schedule's state and the step
   counter, so its first update is the seed's last + 1. Every optimisation seed of a row
   starts from that one state; the optimisation seed changes only the batches and directions.
+  A study whose config sets `own_starts` (SPEC 9.8) gives each optimisation seed s seed runs
+  of its own instead, trained at seed_run_seed + s (`train_seed_sets`), so where a start lands
+  enters every interval over seeds; `interval_kind` names which the intervals hold.
   The seeds' cost is reported apart and counted for no row.
 - The budget (`budget`, in `budget_unit`): "updates" where the compared models do equal
   operations per update (Table 7's equal-size pair: `check_equal_ops`), else "cpu_seconds"
