@@ -219,3 +219,22 @@ def test_bad_fields_are_user_errors(data_two_shards, changes, match):
   config.update(changes)
   with pytest.raises(UserError, match=match):
     narrow.check(config)
+
+
+def test_config_declares_the_cpu_study():
+  """size=cpu: 5 seeds with their own starts, 16x decompose's 1,000 SOMA updates, log-spaced
+  checkpoints holding the declared budgets, the lr centres, width= for a narrower rung."""
+  c = load_config("compare", "study=narrow,size=cpu")
+  assert (c.seeds, c.own_starts, c.budget) == (5, True, 16000.0)
+  assert c.test_fractions == (1 / 16, 1 / 4, 1 / 2, 1.0)
+  assert set(c.test_fractions) <= set(c.curve_fractions) and c.curve_fractions[0] == 2.0 ** -8
+  assert (c.row_base_lr.soma, c.row_base_lr.one_expert, c.row_base_lr.mono) == (
+      0.0025, 0.00125, 0.000625)
+  sized = protocol.sized(c)
+  assert [(sized[n].n_experts, sized[n].model.d_t) for n in ("soma", "one_expert", "mono")] == [
+      (2, 32), (1, 32), (1, 47)]
+  assert (sized["soma"].spsa.n_pert, sized["soma"].spsa.batch, sized["soma"].data.seq_len) == (
+      4, 4, 256)
+  narrow16 = protocol.sized(load_config("compare", "study=narrow,size=cpu,width=16"))
+  assert [narrow16[n].model.d_t for n in ("soma", "one_expert", "one_expert_bptt")] == [16] * 3
+  assert load_config("compare", "study=narrow,size=cpu,corpus=man").corpus == "man"

@@ -735,8 +735,10 @@ def _narrow(arg: str | None) -> ml_collections.ConfigDict:
 
     python experiments/compare.py --config=experiments/configs/compare.py:study=narrow,size=cpu --out=runs/narrow
     python experiments/compare.py --config=experiments/configs/compare.py:study=narrow,size=cpu,corpus=man --out=runs/narrow_man
+    ...:study=narrow,size=cpu,width=16   (a narrower rung: 2 x 16 against 1 x 16 and the monolith
+                                          matched in parameters, width 28)
   """
-  a = parse_arg(arg, study="narrow", size="cpu", seeds=0, corpus="builtin")
+  a = parse_arg(arg, study="narrow", size="cpu", seeds=0, corpus="builtin", width=0)
   if a["size"] not in ("cpu", "tiny") or a["corpus"] not in ("builtin", "man"):
     raise UserError(f"compare.py:study=narrow,size={a['size']},corpus={a['corpus']}: use "
                     "size=cpu or tiny and corpus=builtin or man")
@@ -766,6 +768,8 @@ def _narrow(arg: str | None) -> ml_collections.ConfigDict:
   c.eps_factors, c.eps_extend = (1.0,), 0
   c.select_fraction = 0.25
   _narrow_rows(c, size)
+  for name in ("soma", "one_expert", "soma_bptt", "one_expert_bptt"):  # SOMA's expert width
+    c.methods[name].model.d_t = a["width"] or c.methods[name].model.d_t  # (mono: matched)
   # lr grid centres: decompose's selections at size=cpu (docs/results/decompose_cpu.json)
   c.row_base_lr = ml_collections.ConfigDict({
       "soma": 0.0025, "one_expert": 0.00125, "mono": 0.000625,
