@@ -767,9 +767,7 @@ def _narrow(arg: str | None) -> ml_collections.ConfigDict:
   c.lr_factors, c.lr_extend = (0.5, 1.0, 2.0), 0
   c.eps_factors, c.eps_extend = (1.0,), 0
   c.select_fraction = 0.25
-  _narrow_rows(c, size)
-  for name in ("soma", "one_expert", "soma_bptt", "one_expert_bptt"):  # SOMA's expert width
-    c.methods[name].model.d_t = a["width"] or c.methods[name].model.d_t  # (mono: matched)
+  _narrow_rows(c, size, a["width"])
   # lr grid centres: decompose's selections at size=cpu (docs/results/decompose_cpu.json)
   c.row_base_lr = ml_collections.ConfigDict({
       "soma": 0.0025, "one_expert": 0.00125, "mono": 0.000625,
@@ -791,9 +789,10 @@ def _narrow(arg: str | None) -> ml_collections.ConfigDict:
   return c
 
 
-def _narrow_rows(c: ml_collections.ConfigDict, size: str) -> None:
+def _narrow_rows(c: ml_collections.ConfigDict, size: str, width: int) -> None:
   """study=narrow's rows: SOMA, one expert of its width and the monolith by SPSA, and the
-  same three by backprop with fresh Adam (the capacity reference)."""
+  same three by backprop with fresh Adam (the capacity reference); SOMA's expert width
+  `width` (0: the size's), the monoliths matched in parameters."""
   lr = c.base_lr
   one = _scale(_method("soma.py", f"n=1,size={size}"), size, lr)
   rows = {"soma": (c.methods.soma_n2, "SOMA N = 2 by SPSA", "soma_expert"),
@@ -810,6 +809,8 @@ def _narrow_rows(c: ml_collections.ConfigDict, size: str) -> None:
   c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
   for name, (cfg, what, seed) in rows.items():
     c.methods[name], c.rows[name], c.start[name] = cfg, what, seed
+    if width and seed == "soma_expert":
+      cfg.model.d_t = width
   c.reference = "soma"
   c.order = tuple(rows)
   c.keep_width = ("one_expert", "one_expert_bptt")  # width 32; the others match SOMA's params
