@@ -74,7 +74,8 @@ def _rows(p: dict) -> list[str]:
 
 
 def _primary(p: dict) -> list[str]:
-  lines = ["| primary readout | budget | b − a (test) [seeds, starts and documents] | "
+  starts = "own starts" if p["intervals"]["kind"] == "seeds_own_starts" else "one shared start"
+  lines = [f"| primary readout | budget | b − a (test) [seeds ({starts}) and documents] | "
            "seeds only | verdict |", "|---|---|---|---|---|"]
   for name, r in p["readouts"]["primary"].items():
     for key, c in r.get("end_loss_difference", {}).items():
