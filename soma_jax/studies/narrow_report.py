@@ -67,7 +67,8 @@ def _rows(p: dict) -> list[str]:
   for name, r in p["rows"].items():
     tests = [np.mean([s["test"][k] for s in r["per_seed"]]) if k in r["per_seed"][0]["test"]
              else None for k in keys]
-    lines.append(f"| {name} | {r['what']} | {r['n_experts']} x {r['d_t']} | {r['lr']:g} | "
+    edge = "*" if p["selection"][name]["lr_at_edge"] else ""
+    lines.append(f"| {name} | {r['what']} | {r['n_experts']} x {r['d_t']} | {r['lr']:g}{edge} | "
                  f"{np.mean([s['updates'] for s in r['per_seed']]):.0f} | "
                  + " / ".join("-" if t is None else f"{t:.4f}" for t in tests) + " |")
   return lines
@@ -118,7 +119,11 @@ def table(p: dict) -> str:
       f"{p['corpus']['what']}. Evaluation: route {ev['route_bytes']} bytes, score "
       f"{ev['score_bytes']}, {ev['val_windows']} validation pieces from {ev['val_documents']} "
       f"documents, {ev['test_windows']} test pieces from {ev['test_documents']} documents. "
-      + protocol.load_line(p), "", *_rows(p), "", *_primary(p), ""]
+      + protocol.load_line(p), "", *_rows(p),
+      "", "lr: selected on the first seed at "
+      f"{p['declared']['select_fraction']:g} of each row's budget from a grid around "
+      "its centre (results.json selection), then fixed for every seed; * = at the grid's edge.",
+      "", *_primary(p), ""]
   sec = p["readouts"]["secondary"]
   for name, c in sec["contrasts"].items():
     lines.append(f"Secondary, {name}: " + "; ".join(
