@@ -755,7 +755,11 @@ def _narrow(arg: str | None) -> ml_collections.ConfigDict:
   c.man_sections = (2, 3, 5, 7, 8)
   c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
   # The budget: `budget` of SOMA's updates in operations per row and seed (16x decompose's
-  # 1,000: 2.15e13 ops after the seed at size=cpu; one_expert runs twice SOMA's updates)
+  # 1,000: 2.15e13 ops after the seed at size=cpu; one_expert runs twice SOMA's updates).
+  # Cost on 2 idle cores (SOMA 0.0158 s, one_expert 0.0092 s, mono 0.0163 s per update, the
+  # backprop rows about 0.011 / 0.006 / 0.011): per seed 808 s of SPSA updates and 75 s of
+  # backprop, the grid 660 s, the seed runs 130 s: about 87 min of updates, 1.7 h with
+  # compilation and scoring per corpus (the man pages' preparation adds a few minutes)
   c.budget = 16000.0 if cpu else 16.0
   # Checkpoints, scored on validation inside the run: log-spaced fractions of each row's
   # budget (powers of 2, so one_expert's update u and 2u and SOMA's u fall on checkpoints)
