@@ -724,7 +724,8 @@ def _train_seed_runs(plan: StudyPlan, runs_c: dict, data_dir: str, val: eval_lib
   for (_, name), (spec, _, s) in planned.items():
     print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t}, {plan.seed_updates} "
           f"updates at seed {spec.config.seed}", flush=True)
-  walls = train_all([(spec, workdir, f"seed run {name}" + ("" if key is None else f" for seed {key}"))
+  label = lambda key, name: f"seed run {name}" + ("" if key is None else f" for seed {key}")
+  walls = train_all([(spec, workdir, label(key, name))
                      for (key, name), (spec, workdir, _) in planned.items()], executor)
   records = {key: {} for key in where}
   for ((key, name), (spec, workdir, s)), wall in zip(planned.items(), walls, strict=True):
