@@ -779,6 +779,12 @@ def _narrow(arg: str | None) -> ml_collections.ConfigDict:
   # each row's budget as a fraction of `budget`: the backprop rows at 1x (decompose's)
   c.row_fraction = ml_collections.ConfigDict(
       {"soma_bptt": 1 / 16, "one_expert_bptt": 1 / 16, "mono_bptt": 1 / 16})
+  _narrow_readouts(c)
+  return c
+
+
+def _narrow_readouts(c: ml_collections.ConfigDict) -> None:
+  """study=narrow's readouts, declared before the run (SPEC 9.8)."""
   # Readouts, declared before the run. contrasts: name -> (b, a), b's test end loss minus
   # a's at each test fraction (> 0: a lower, the paper's direction for a = soma)
   c.contrasts = ml_collections.ConfigDict({
@@ -790,7 +796,6 @@ def _narrow(arg: str | None) -> ml_collections.ConfigDict:
   c.primary = ("one_expert_minus_soma", "mono_minus_soma")
   c.primary_slopes = ("one_expert_minus_soma",)
   c.mechanism = ("one_expert", "soma")  # D(u) = one_expert(u) - soma(u), G(u) = one(u) - one(2u)
-  return c
 
 
 def _narrow_rows(c: ml_collections.ConfigDict, size: str, width: int) -> None:
