@@ -171,8 +171,9 @@ class Clock:
 
 
 class Budget:
-  """The run's budget (`budget`, in `budget_unit`): a checkpoint after each 1/k of it, and
-  the stop after the complete update that reaches it.
+  """The run's budget (`budget`, in `budget_unit`): a checkpoint after each 1/k of it (or
+  after each fraction of `marks`, when given), and the stop after the complete update that
+  reaches it.
 
   `unit` is one of BUDGET_UNITS (what each counts: `COUNTERS`). No load can move "updates"
   or "ops"; two busy processes beside a run still moved "cpu_seconds" by -12.8% and
@@ -182,9 +183,11 @@ class Budget:
   budget was GPU-hours; SPEC 9.6 says which unit a CPU-scale comparison may use.
   """
 
-  def __init__(self, unit: str, amount: float, checkpoints: int, clock: Clock, start: int):
+  def __init__(self, unit: str, amount: float, checkpoints: int, clock: Clock, start: int,
+               marks: tuple[float, ...] = ()):
     self.amount, self.unit, k = amount, unit, checkpoints
-    self.marks = [self.amount * (i + 1) / k for i in range(k)]
+    self.marks = ([self.amount * f for f in marks] if marks
+                  else [self.amount * (i + 1) / k for i in range(k)])
     self.clock, self.start = clock, start
     self.used = float(clock.base.get(self.unit, 0.0))  # restored on a resume
     self.before = None  # the amount counted after the update before the last one

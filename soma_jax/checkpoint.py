@@ -49,8 +49,8 @@ SCORING_KEYS = ("checkpoint_eval",)
 # Fields a resume may change freely: run length (steps, time budget), logging and checkpoint
 # cadence, precision, the speed knobs and the checkpoints' scoring.
 # init_from_other_data too: a resume reads no seed.
-RESUMABLE_KEYS = ("steps", "budget", "budget_checkpoints", "log_every", "eval_every",
-                  "ckpt_every", "ensemble_eval_every", "ckpt.keep", "precision",
+RESUMABLE_KEYS = ("steps", "budget", "budget_checkpoints", "budget_marks", "log_every",
+                  "eval_every", "ckpt_every", "ensemble_eval_every", "ckpt.keep", "precision",
                   "resume_overrides", "init_from_other_data") + SPEED_KEYS + SCORING_KEYS
 MANIFEST_KEY = "data.manifest_sha256"  # the data dir's manifest.json, compared on resume
 

@@ -250,6 +250,13 @@ FIELD_RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "n_experts": _int(1), "seed": _int(0), "steps": _int(1),
     "budget": _real(0, strict=False), "budget_unit": _one_of(*BUDGET_UNITS),
     "budget_checkpoints": _int(1), "log_every": _int(1), "eval_every": _int(1),
+    # optional (no base_config field): the checkpoints' fractions of the budget, growing
+    # strictly within (0, 1] and ending at 1 (a study's log-spaced curve), in place of
+    # budget_checkpoints' 1/k, 2/k, ...
+    "budget_marks": ("a tuple of fractions growing strictly within (0, 1], the last 1",
+                     lambda v: isinstance(v, tuple | list) and len(v) > 0 and all(
+                         isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+                     and list(v) == sorted(set(v)) and 0 < v[0] and v[-1] == 1),
     "ensemble_eval_every": _int(-1), "ckpt_every": _int(1),
     "precision": _one_of(*memory.PRECISIONS), "init_state": _BOOL,
     "init_from_other_data": _BOOL,

@@ -32,11 +32,13 @@ class Cadence:
 
 @dataclasses.dataclass(frozen=True)
 class BudgetSpec:
-  """`budget` in `budget_unit` (0 = none), with a checkpoint after each 1/checkpoints."""
+  """`budget` in `budget_unit` (0 = none), with a checkpoint after each 1/checkpoints, or
+  after each fraction of `marks` where it is given (config.budget_marks)."""
 
   unit: str
   amount: float
   checkpoints: int
+  marks: tuple[float, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +128,8 @@ def resolve(c: ml_collections.ConfigDict) -> RunSpec:
       cadence=Cadence(c.steps, c.log_every, c.eval_every, c.ensemble_eval_every, c.ckpt_every,
                       c.ckpt.keep),
       budget=BudgetSpec(c.get("budget_unit", "device_seconds"), float(c.get("budget", 0.0)),
-                        int(c.get("budget_checkpoints", 1))),
+                        int(c.get("budget_checkpoints", 1)),
+                        tuple(float(f) for f in c.get("budget_marks", ()) or ())),
       plateau=train_state.PlateauConfig(patience=c.opt.patience, floor=c.opt.floor),
       lr=c.opt.lr, eps=c.spsa.eps, weight_decay=c.opt.weight_decay,
       train_head=c.opt.train_head, precision=c.precision, shared_head=c.model.shared_head,

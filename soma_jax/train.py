@@ -175,7 +175,7 @@ def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, work
     clock = budget_lib.Clock(placed.n_devices, spec.ops_step, now.totals, placed.plan_seconds,
                              now.start, placed.plan_compiles)
     budget = budget_lib.Budget(spec.budget.unit, spec.budget.amount, spec.budget.checkpoints,
-                               clock, now.start)
+                               clock, now.start, spec.budget.marks)
     if budget.amount > 0:  # the budget ends the run, not its steps: progress and ETA by it
       progress.track_budget(lambda: (budget.used, budget.amount), budget.unit)
     log = _Log(plan, clock, progress)

@@ -4,10 +4,12 @@ decides it."""
 
 import jax
 import numpy as np
+import pytest
 
 from soma_jax import runs
 from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
+from soma_jax.errors import UserError
 from soma_jax.studies import executor as executor_lib
 from soma_jax.studies import protocol
 from tests.test_train import tiny_config
@@ -26,6 +28,21 @@ def test_budget_in_updates_stops_at_exactly_that_count(data_prepared, tmp_path):
   assert summary["budget_unit"] == "updates" and summary["budget_before_last_update"] == 5
   assert protocol.checkpoints(w) == [2, 4, 6]
   assert train_lib.run(c, w)["step"] == 6
+
+
+def test_budget_marks_place_the_checkpoints(data_prepared, tmp_path):
+  """budget_marks: a checkpoint after the update that reaches each fraction of the budget
+  (log-spaced for a study's curve) in place of budget_checkpoints' equal parts; the marks
+  are refused unless they grow within (0, 1] to 1."""
+  c = tiny_config(data_prepared, steps=100_000, budget=8.0, budget_unit="updates",
+                  budget_checkpoints=3, log_every=50, eval_every=50, ckpt_every=100_000)
+  c.budget_marks, c.ckpt.keep = (0.125, 0.25, 0.5, 1.0), 5
+  w = str(tmp_path / "run")
+  assert train_lib.run(c, w)["step"] == 8
+  assert protocol.checkpoints(w) == [1, 2, 4, 8]
+  c.budget_marks = (0.5, 0.25)
+  with pytest.raises(UserError, match="budget_marks"):
+    spec_lib.resolve(c)
 
 
 def test_budget_in_cpu_seconds_counts_process_time(data_prepared, tmp_path):

@@ -227,7 +227,8 @@ STUDY_DOORS = {
     "independent.py": {"settings", "variance_at", "run", "_payload", "_run_summary"},
     "protocol.py": {"_field", "check_fields", "check_plan", "check_source", "check_fractions", "resolved", "_leaves",
                     "as_field",
-                    "check_runs", "budgeted", "seed_configs", "train_seeds", "sized"},
+                    "check_runs", "budgeted", "seed_configs", "train_seeds", "train_seed_sets",
+                    "sized"},
     "table4.py": {"run_config", "run"}, "table6.py": {"check_cells", "run"},
     "fig7.py": {"check", "run", "setting"}, "table5.py": {"check", "run"},
     "fig13.py": {"check", "run"}, "fig16.py": {"check", "run"}, "fig17.py": {"check", "run"},
@@ -237,6 +238,7 @@ STUDY_DOORS = {
     "table8.py": {"check", "run"},
     "table9.py": {"check", "run"},
     "table3.py": {"check", "run"},
+    "narrow.py": {"check", "run"},
 }
 
 

@@ -724,10 +724,113 @@ def _table9(arg: str | None) -> ml_collections.ConfigDict:
   return c
 
 
+# ------------------------------------------------------------------------- sharding or narrow
+
+
+def _narrow(arg: str | None) -> ml_collections.ConfigDict:
+  """study=narrow (SPEC 9.8, soma_jax/studies/narrow.py): SOMA N = 2 x width 32 against one
+  width-32 expert on all the data and the width-47 monolith as the budget grows to 16x
+  decompose's compared phase, every optimisation seed with its own seed runs; backprop rows
+  at 1x as a capacity reference. Readouts declared here, before anything trains.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=narrow,size=cpu --out=runs/narrow
+    python experiments/compare.py --config=experiments/configs/compare.py:study=narrow,size=cpu,corpus=man --out=runs/narrow_man
+    ...:study=narrow,size=cpu,width=16   (a narrower rung: 2 x 16 against 1 x 16 and the monolith
+                                          matched in parameters, width 28)
+  """
+  a = parse_arg(arg, study="narrow", size="cpu", seeds=0, corpus="builtin", width=0)
+  if a["size"] not in ("cpu", "tiny") or a["corpus"] not in ("builtin", "man"):
+    raise UserError(f"compare.py:study=narrow,size={a['size']},corpus={a['corpus']}: use "
+                    "size=cpu or tiny and corpus=builtin or man")
+  size, cpu = a["size"], a["size"] == "cpu"
+  c = get_config(f"study=table7,size={size}")
+  c.study = "narrow"
+  c.seeds = a["seeds"] or (5 if cpu else 2)
+  c.own_starts = True  # seed s continues its own seed runs, trained at seed_run_seed + s
+  # The corpus: "builtin" (pystdlib, prepared under OUT/data) or "man" (this machine's man
+  # pages of man_sections under man_root, linked under OUT/man and prepared into OUT/data, as
+  # decompose_man's); data_dir, when set, is used as it is.
+  c.corpus = a["corpus"]
+  c.man_root = "/usr/share/man"
+  c.man_sections = (2, 3, 5, 7, 8)
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  # The budget: `budget` of SOMA's updates in operations per row and seed (16x decompose's
+  # 1,000: 2.15e13 ops after the seed at size=cpu; one_expert runs twice SOMA's updates).
+  # Cost on 2 idle cores (SOMA 0.0158 s, one_expert 0.0092 s, mono 0.0163 s per update, the
+  # backprop rows about 0.011 / 0.006 / 0.011): per seed 808 s of SPSA updates and 75 s of
+  # backprop, the grid 660 s, the seed runs 130 s: about 87 min of updates, 1.7 h with
+  # compilation and scoring per corpus (the man pages' preparation adds a few minutes)
+  c.budget = 16000.0 if cpu else 16.0
+  # Checkpoints, scored on validation inside the run: log-spaced fractions of each row's
+  # budget (powers of 2, so one_expert's update u and 2u and SOMA's u fall on checkpoints)
+  c.curve_fractions = tuple(2.0 ** -k for k in range(8 if cpu else 4, -1, -1))
+  # Declared before anything trains: the budgets each row's test loss is scored at, once
+  c.test_fractions = (1 / 16, 1 / 4, 1 / 2, 1.0)
+  # lr: a grid of lr_factors around each row's centre on the first seed at select_fraction
+  # of its budget, selected on validation, then fixed for every seed (eps at the centre)
+  c.lr_factors, c.lr_extend = (0.5, 1.0, 2.0), 0
+  c.eps_factors, c.eps_extend = (1.0,), 0
+  c.select_fraction = 0.25
+  _narrow_rows(c, size, a["width"])
+  # lr grid centres: decompose's selections at size=cpu (docs/results/decompose_cpu.json)
+  c.row_base_lr = ml_collections.ConfigDict({
+      "soma": 0.0025, "one_expert": 0.00125, "mono": 0.000625,
+      "soma_bptt": 0.006, "one_expert_bptt": 0.006, "mono_bptt": 0.003})
+  # each row's budget as a fraction of `budget`: the backprop rows at 1x (decompose's)
+  c.row_fraction = ml_collections.ConfigDict(
+      {"soma_bptt": 1 / 16, "one_expert_bptt": 1 / 16, "mono_bptt": 1 / 16})
+  _narrow_readouts(c)
+  return c
+
+
+def _narrow_readouts(c: ml_collections.ConfigDict) -> None:
+  """study=narrow's readouts, declared before the run (SPEC 9.8)."""
+  # Readouts, declared before the run. contrasts: name -> (b, a), b's test end loss minus
+  # a's at each test fraction (> 0: a lower, the paper's direction for a = soma)
+  c.contrasts = ml_collections.ConfigDict({
+      "one_expert_minus_soma": ("one_expert", "soma"), "mono_minus_soma": ("mono", "soma"),
+      "one_expert_bptt_minus_soma_bptt": ("one_expert_bptt", "soma_bptt"),
+      "mono_bptt_minus_soma_bptt": ("mono_bptt", "soma_bptt")})
+  # primary: the contrasts whose end-loss differences carry a verdict (SPEC 9.8), and those
+  # whose slope against log2 budget does; every other readout is secondary
+  c.primary = ("one_expert_minus_soma", "mono_minus_soma")
+  c.primary_slopes = ("one_expert_minus_soma",)
+  c.mechanism = ("one_expert", "soma")  # D(u) = one_expert(u) - soma(u), G(u) = one(u) - one(2u)
+
+
+def _narrow_rows(c: ml_collections.ConfigDict, size: str, width: int) -> None:
+  """study=narrow's rows: SOMA, one expert of its width and the monolith by SPSA, and the
+  same three by backprop with fresh Adam (the capacity reference); SOMA's expert width
+  `width` (0: the size's), the monoliths matched in parameters."""
+  lr = c.base_lr
+  one = _scale(_method("soma.py", f"n=1,size={size}"), size, lr)
+  rows = {"soma": (c.methods.soma_n2, "SOMA N = 2 by SPSA", "soma_expert"),
+          "one_expert": (one, "one expert of SOMA's width on all the data (N = 1) by SPSA, "
+                         "continuing SOMA's seed run", "soma_expert"),
+          "mono": (c.methods.mono, "the monolith of SOMA's total size by SPSA", "monolith")}
+  for name, n, seed, what in (
+      ("soma_bptt", 2, "soma_expert", "SOMA N = 2"),
+      ("one_expert_bptt", 1, "soma_expert", "one expert of SOMA's width (N = 1)"),
+      ("mono_bptt", 1, "monolith", "the monolith")):
+    bptt = _scale(_method("bptt.py", f"n={n},size={size}"), size, lr)
+    bptt.method = "bptt"
+    rows[name] = (bptt, f"{what} by backprop, fresh Adam", seed)
+  c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
+  for name, (cfg, what, seed) in rows.items():
+    c.methods[name], c.rows[name], c.start[name] = cfg, what, seed
+    if width and seed == "soma_expert":
+      cfg.model.d_t = width
+  c.reference = "soma"
+  c.order = tuple(rows)
+  c.keep_width = ("one_expert", "one_expert_bptt")  # width 32; the others match SOMA's params
+  c.fresh_optimizer = ("soma_bptt", "one_expert_bptt", "mono_bptt")
+
+
 # study -> its config function, for every study but table4, table7 (get_config's own) and
 # the ladder (its own arguments)
 _OWN_CONFIG = {
     "decompose": _decompose, "table6": _table6, "fig7": _fig7, "table5": _table5,
     "fig13": _fig13, "fig16": lambda arg: _ensembles(arg, "fig16")[0], "fig17": _fig17,
     "fig15": _fig15, "table8": _table8, "fig9": _fig9, "table9": _table9, "table3": _table3,
+    "narrow": _narrow,
 }

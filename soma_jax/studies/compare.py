@@ -9,6 +9,8 @@
           effective rank r at each rung's start, and the summed-loss control
   decompose SPEC 9.8: where SOMA's lead comes from: sharding under SPSA and backprop, random
           shards, the summed loss, one expert alone, with matched-loss speed-ups
+  narrow  SPEC 9.8: sharding or a narrower model: SOMA N = 2 against one expert of its width
+          and the monolith as the budget grows to 16x decompose's, every seed its own start
   fig7    the paper's Figures 7, 8 and 14: SOMA's validation loss against time as N
           (fixed-width experts), n_pert and the effective batch B grow; which N is lowest
           under a total and a per-expert budget
@@ -62,6 +64,7 @@ from soma_jax.studies import (
   fig16,
   fig17,
   ladder,
+  narrow,
   table3,
   table4,
   table5,
@@ -76,7 +79,7 @@ from soma_jax.studies import (
 STUDIES = {"table4": table4, "table7": table7, "ladder": ladder, "decompose": decompose,
            "table5": table5, "table6": table6, "fig7": fig7, "fig13": fig13, "fig9": fig9,
            "fig15": fig15, "fig16": fig16, "fig17": fig17,
-           "table8": table8, "table9": table9, "table3": table3}
+           "table8": table8, "table9": table9, "table3": table3, "narrow": narrow}
 
 
 def _module(study: object):

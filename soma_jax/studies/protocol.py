@@ -8,6 +8,9 @@
   (`init_state`): parameters, Adam moments, the plateau schedule's state and the step
   counter, so its first update is the seed's last + 1. Every optimisation seed of a row
   starts from that one state; the optimisation seed changes only the batches and directions.
+  A study whose config sets `own_starts` (SPEC 9.8) gives each optimisation seed s seed runs
+  of its own instead, trained at seed_run_seed + s (`train_seed_sets`), so where a start lands
+  enters every interval over seeds; `interval_kind` names which the intervals hold.
   The seeds' cost is reported apart and counted for no row.
 - The budget (`budget`, in `budget_unit`): "updates" where the compared models do equal
   operations per update (Table 7's equal-size pair: `check_equal_ops`), else "cpu_seconds"
@@ -97,6 +100,7 @@ class StudyPlan:
   start: dict  # {method: seed run it continues}
   match_updates: dict  # {control: the method whose updates it runs to}
   fresh_optimizer: tuple[str, ...] = ()  # methods that take the seed's parameters only
+  own_starts: bool = False  # each optimisation seed s its own seed runs (`train_seed_sets`)
 
 
 def optimisation_seeds(first: int, count: int) -> list[int]:
@@ -209,6 +213,14 @@ def check_plan(config: ml_collections.ConfigDict) -> StudyPlan:
                     f"{seeds}: that seed's rows would replay the seed run's batches and "
                     f"directions; fix: --config.seed_run_seed={max(seeds) + 1000} (a seed "
                     "outside them)")
+  own = config.get("own_starts", False)
+  if not isinstance(own, bool):
+    raise UserError(f"own_starts={own!r} must be True or False; fix: --config.own_starts=True")
+  clash = sorted(set(seeds) & {config.seed_run_seed + s for s in seeds}) if own else []
+  if clash:
+    raise UserError(f"own_starts: the seed runs' seeds seed_run_seed + s ({config.seed_run_seed}"
+                    f" + {seeds}) include optimisation seeds {clash}; fix: --config.seed_run_seed"
+                    f"={max(seeds) + 1000}")
   if config.reference not in config.methods:
     raise UserError(f"reference={config.reference!r} is not a method; fix: --config.reference="
                     f"one of {', '.join(config.methods)}")
@@ -230,7 +242,7 @@ def check_plan(config: ml_collections.ConfigDict) -> StudyPlan:
       ops_tolerance=config.ops_tolerance, base_lr=config.base_lr, data_dir=config.data_dir,
       eval=span, reference=config.reference, start=dict(config.start.items()),
       match_updates=dict(config.get("match_updates", {}).items()),
-      fresh_optimizer=tuple(config.get("fresh_optimizer", ())))
+      fresh_optimizer=tuple(config.get("fresh_optimizer", ())), own_starts=own)
 
 
 def resolved(c: ml_collections.ConfigDict, prefix: str = "") -> spec_lib.RunSpec:
@@ -458,14 +470,17 @@ def layout_of(spec: spec_lib.RunSpec) -> dict:
 
 def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict | None,
              unit: str, amount: float, checkpoints: int, prefix: str = "",
-             fresh: bool = False, score: eval_lib.TestSet | None = None) -> spec_lib.RunSpec:
+             fresh: bool = False, score: eval_lib.TestSet | None = None,
+             marks: tuple[float, ...] = ()) -> spec_lib.RunSpec:
   """Training config `c` at optimisation seed `seed`, continuing the seed run record `start`
   (its whole train state; None: a fresh init; `fresh`: its parameters only, with fresh Adam
   moments, plateau state and step counter) until `amount` of `unit`: resolved (its errors
   named as the study's fields under `prefix`, `resolved`). `score`: the study's set its
   checkpoints are scored on (validation), scored by training itself at each checkpoint
   from the state in memory (config.checkpoint_eval), which `curve` and `final_losses` read
-  instead of restoring; None: scored by restoring, as before."""
+  instead of restoring; None: scored by restoring, as before. `marks`: the checkpoints'
+  fractions of the budget (config.budget_marks, e.g. log-spaced) in place of `checkpoints`
+  equal parts."""
   raw = c
   c = ml_collections.ConfigDict(c.to_dict())
   c.data.dir, c.seed = data_dir, seed
@@ -474,6 +489,8 @@ def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict
   c.steps = MAX_UPDATES
   c.ckpt_every = MAX_UPDATES  # the budget's checkpoints are the curve
   c.ckpt.keep = checkpoints + 1
+  if marks:
+    c.budget_marks, c.ckpt.keep = tuple(float(f) for f in marks), len(marks) + 1
   c.ensemble_eval_every = -1  # the study scores checkpoints itself, on its own span
   if (score is not None and _settings(score) is not None and not c.experts
       and score.route + score.score <= c.data.seq_len):  # else restored, as before
@@ -663,24 +680,62 @@ def train_seeds(plan: StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
   (one stage: `train_all` with `executor`; a checkpoint after each 1/`checkpoints` of it);
   their cost, apart, and their final loss on the study's ensemble-validation set `val`
   (`_spec`: the seed run's RunSpec)."""
-  planned = {name: (budgeted(s, data_dir, plan.seed_run_seed, None, "updates",
-                           plan.seed_updates, checkpoints, score=val),
-                    os.path.join(out, "seeds", name), s)
-           for name, s in seed_configs(plan.config, cfgs).items()}
-  for name, (_, _, s) in planned.items():
+  got = _train_seed_runs(plan, seed_configs(plan.config, cfgs), data_dir, val, executor,
+                         checkpoints, {None: (plan.seed_run_seed, os.path.join(out, "seeds"))},
+                         out)
+  return got[None]
+
+
+def train_seed_sets(plan: StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
+                    data_dir: str, out: str, val: eval_lib.TestSet, executor=None,
+                    checkpoints: int = 1) -> dict[int, dict[str, dict]]:
+  """{optimisation seed: {seed run: its record}}. plan.own_starts: seed s trains its own seed
+  runs at seed_run_seed + s in OUT/seeds/seedS/NAME (all in one stage), so where a start
+  lands enters every interval (SPEC 9.8); else every seed gets `train_seeds`' shared runs."""
+  if not plan.own_starts:
+    shared = train_seeds(plan, cfgs, data_dir, out, val, executor, checkpoints)
+    return {seed: shared for seed in plan.seeds}
+  where = {seed: (plan.seed_run_seed + seed, os.path.join(out, "seeds", f"seed{seed}"))
+           for seed in plan.seeds}
+  return _train_seed_runs(plan, seed_configs(plan.config, cfgs), data_dir, val, executor,
+                          checkpoints, where, out)
+
+
+def interval_kind(plan: StudyPlan) -> dict:
+  """What a study's intervals over optimisation seeds hold (results.json `intervals`)."""
+  if plan.own_starts:
+    return {"kind": "seeds_own_starts",
+            "how": "each optimisation seed s continues its own seed runs (trained at "
+                   "seed_run_seed + s): the starts' noise is in every interval over seeds"}
+  return {"kind": "seeds_shared_start",
+          "how": f"every optimisation seed continues the same seed runs (seed_run_seed "
+                 f"{plan.seed_run_seed}): intervals over seeds are conditional on that one "
+                 "start"}
+
+
+def _train_seed_runs(plan: StudyPlan, runs_c: dict, data_dir: str, val: eval_lib.TestSet,
+                     executor, checkpoints: int, where: dict, out: str) -> dict:
+  """{key: {name: record}} of every seed run `runs_c` (name: config) trained for
+  `seed_updates` updates at each `where[key]` = (data and direction seed, folder), in one
+  stage (`train_all`)."""
+  planned = {(key, name): (budgeted(s, data_dir, run_seed, None, "updates", plan.seed_updates,
+                                    checkpoints, score=val), os.path.join(folder, name), s)
+             for key, (run_seed, folder) in where.items() for name, s in runs_c.items()}
+  for (_, name), (spec, _, s) in planned.items():
     print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t}, {plan.seed_updates} "
-          f"updates at seed {plan.seed_run_seed}", flush=True)
-  walls = train_all([(spec, workdir, f"seed run {name}") for name, (spec, workdir, _)
-                     in planned.items()], executor)
-  records = {}
-  for (name, (spec, workdir, s)), wall in zip(planned.items(), walls, strict=True):
-    records[name] = {"workdir": shown(workdir, out), "method": s.method, "d_t": s.model.d_t,
-                     "depth": s.model.depth, "lr": s.opt.lr, "eps": s.spsa.eps,
-                     "n_pert": s.spsa.n_pert, "batch": s.spsa.batch, "seq_len": s.data.seq_len,
-                     "seed": plan.seed_run_seed, **summary(workdir, spec, 0),
-                     "ops_per_update": spec.total_ops_per_update,
-                     "ensemble_val_nats_per_byte": float(final_losses(workdir, spec, val).mean()),
-                     "wall_seconds_this_call": wall, "_path": workdir, "_spec": spec}
+          f"updates at seed {spec.config.seed}", flush=True)
+  label = lambda key, name: f"seed run {name}" + ("" if key is None else f" for seed {key}")
+  walls = train_all([(spec, workdir, label(key, name))
+                     for (key, name), (spec, workdir, _) in planned.items()], executor)
+  records = {key: {} for key in where}
+  for ((key, name), (spec, workdir, s)), wall in zip(planned.items(), walls, strict=True):
+    records[key][name] = {
+        "workdir": shown(workdir, out), "method": s.method, "d_t": s.model.d_t,
+        "depth": s.model.depth, "lr": s.opt.lr, "eps": s.spsa.eps, "n_pert": s.spsa.n_pert,
+        "batch": s.spsa.batch, "seq_len": s.data.seq_len, "seed": spec.config.seed,
+        **summary(workdir, spec, 0), "ops_per_update": spec.total_ops_per_update,
+        "ensemble_val_nats_per_byte": float(final_losses(workdir, spec, val).mean()),
+        "wall_seconds_this_call": wall, "_path": workdir, "_spec": spec}
   return records
 
 

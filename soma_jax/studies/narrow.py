@@ -1,0 +1,340 @@
+"""Sharding, or just a narrower model? (SPEC 9.8) SOMA N = 2 against one expert of its width on
+all the data and the monolith of its size, as the budget grows, every seed with its own start.
+
+Rows (config.methods): `soma` (N = 2), `one_expert` (N = 1 at SOMA's width, continuing the
+same seed run as SOMA's experts: `keep_width`), `mono` (the monolith, its own seed run), by
+SPSA; and the same three by backprop with fresh Adam (`*_bptt`, `fresh_optimizer`) at
+`row_fraction` of the budget, a capacity reference.
+
+Protocol: every optimisation seed s continues its own seed runs, trained at seed_run_seed + s
+(`own_starts`, `protocol.train_seed_sets`); every row runs `budget` of SOMA's updates in
+operations (SPEC 7's count: one_expert runs twice SOMA's updates), times its row_fraction,
+with checkpoints at `curve_fractions` of it (log-spaced), each scored on the spread
+validation set inside the run. lr: a grid of lr_factors around each row's centre
+(`row_base_lr`) on the first seed at `select_fraction` of its budget, selected on validation
+(`table7.Search`), then fixed for every seed. Test is scored once per row and seed at each
+budget of `test_fractions`, declared in the config before anything trains. At every
+checkpoint each SOMA expert is also scored alone on every validation window.
+
+Readouts (`narrow_readouts`), declared in the config: primary, the test end-loss contrasts of
+`primary` at each declared budget (seeds with their starts and test documents in the
+interval) and the slopes of `primary_slopes` against log2 budget, each with SPEC 9.8's
+verdict; secondary, every other contrast and slope, the mechanism D(u) against G(u) and the
+experts scored alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import ml_collections
+import numpy as np
+
+from soma_jax import evaluate as eval_lib
+from soma_jax import metrics as metrics_lib
+from soma_jax import runs as runs_lib
+from soma_jax.data import pipeline
+from soma_jax.errors import UserError
+from soma_jax.studies import narrow_readouts as readouts
+from soma_jax.studies import narrow_report, protocol, table7
+
+SPEC = ("SPEC 9.8 (sharding or a narrower model: SOMA against one expert of its width as the "
+        "budget grows, every seed with its own start)")
+FIELDS = {"select_fraction": ("a number in (0, 1]", lambda v: isinstance(v, int | float)
+                              and not isinstance(v, bool) and 0 < v <= 1),
+          "corpus": protocol.one_of("builtin", "man"),
+          "man_root": ("a string", lambda v: isinstance(v, str)),
+          "man_sections": ("a tuple of section numbers", lambda v: isinstance(v, tuple | list)
+                           and len(v) > 0 and all(isinstance(x, int) for x in v))}
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """The study's fields, checked once (`check`)."""
+  plan: protocol.StudyPlan
+  grid: table7.Grid
+  methods: dict  # {row: its training config}
+  specs: dict  # {row: its run resolved at the first seed}
+  rows: dict  # {row: what it stands for}
+  row_base_lr: dict
+  row_fraction: dict  # {row: its budget's fraction of `budget`}
+  curve: tuple  # checkpoint fractions of each row's budget
+  tests: tuple  # declared budgets: fractions of `budget`
+  select_fraction: float
+  contrasts: dict  # {name: (b, a)}: b's end loss minus a's
+  primary: tuple
+  primary_slopes: tuple
+  mechanism: tuple  # (b, a)
+  corpus: str
+  man: tuple  # (root, sections)
+  prepare: dict
+
+  def base(self, name: str) -> float:
+    return self.row_base_lr.get(name, self.plan.base_lr)
+
+  def fraction(self, name: str) -> float:
+    return self.row_fraction.get(name, 1.0)
+
+  def declared(self, name: str) -> list[float]:
+    """The declared budgets (fractions of `budget`) a row reaches."""
+    return [f for f in self.tests if f <= self.fraction(name) + 1e-12]
+
+
+def _pair(value, field: str, names) -> tuple:
+  """A (b, a) field naming two rows."""
+  pair = tuple(value) if isinstance(value, tuple | list) else ()
+  if len(pair) != 2 or any(n not in names for n in pair):
+    raise UserError(f"{field}={value!r} must name two rows of {', '.join(names)}; fix: "
+                    f"--config.{field}='(\"one_expert\", \"soma\")'")
+  return pair
+
+
+def check(config: ml_collections.ConfigDict) -> Study:
+  """Every field and run before anything trains: the plan (own starts), the lr grid, the
+  declared budgets (each a checkpoint), the rows' lr centres and budgets, the readouts."""
+  plan = protocol.check_plan(config)
+  grid = table7.check_grid(config)
+  protocol.check_fields(config, FIELDS)
+  curve = protocol.check_fractions(config, "curve_fractions", "(0.25, 0.5, 1.0)")
+  tests = protocol.check_fractions(config, "test_fractions", "(0.0625, 0.25, 0.5, 1.0)")
+  methods = protocol.sized(config)
+  for name, f in [*config.row_base_lr.items(), *config.row_fraction.items()]:
+    if name not in methods or not protocol.positive()[1](f):
+      raise UserError(f"{name}={f!r}: row_base_lr and row_fraction name rows ({', '.join(methods)})"
+                      " with finite numbers > 0")
+  fractions = {n: float(config.row_fraction.get(n, 1.0)) for n in methods}
+  for name, fr in fractions.items():
+    missing = [f for f in tests if f <= fr + 1e-12 and not any(
+        abs(f / fr - c) < 1e-9 for c in curve)]
+    if fr > 1 or curve[-1] != 1 or missing:
+      raise UserError(f"{name}: every declared budget it reaches ({missing}) must be a checkpoint "
+                      f"(curve_fractions x row_fraction {fr:g}, the last 1, row_fraction <= 1); "
+                      "fix: --config.curve_fractions with each test fraction in it")
+  contrasts = {k: _pair(v, f"contrasts.{k}", list(methods)) for k, v in config.contrasts.items()}
+  for field in ("primary", "primary_slopes"):
+    if not set(config[field]) <= set(contrasts):
+      raise UserError(f"{field}={tuple(config[field])!r} must name contrasts of "
+                      f"{', '.join(contrasts)}")
+  return Study(plan, grid, methods, protocol.check_runs(plan, methods),
+               {n: config.rows.get(n, "") for n in methods}, dict(config.row_base_lr),
+               fractions, curve, tests, float(config.select_fraction), contrasts,
+               tuple(config.primary), tuple(config.primary_slopes),
+               _pair(config.mechanism, "mechanism", list(methods)), config.corpus,
+               (config.man_root, tuple(config.man_sections)), config.prepare.to_dict())
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def corpus_dir(study: Study, out: str) -> tuple[str, dict]:
+  """(the prepared 2-shard data dir, what it holds): data_dir as given, else the built-in
+  corpus or the man pages of man_sections (linked under OUT/man), prepared under OUT/data."""
+  if study.plan.data_dir:
+    return protocol.ensure_data(study.plan.data_dir, out, 2), {"what": "data_dir as given"}
+  data = os.path.join(out, "data")
+  source, what = "pystdlib", "the built-in corpus (this Python's standard library)"
+  if study.corpus == "man":
+    root, sections = study.man
+    links = os.path.join(out, "man")
+    os.makedirs(links, exist_ok=True)
+    for s in sections:
+      target, link = os.path.join(root, f"man{s}"), os.path.join(links, f"man{s}")
+      if not os.path.isdir(target):
+        raise UserError(f"man_sections: {target!r} is not a folder; fix: --config.man_sections "
+                        "with sections this machine has, or --config.man_root")
+      if not os.path.lexists(link):
+        os.symlink(target, link)
+    source = f"textdir:{links}"
+    what = (f"man pages, sections {', '.join(map(str, sections))} of this machine (textdir of "
+            f"symlinks to {root}/man{{{','.join(map(str, sections))}}}, .gz decompressed)")
+  if not os.path.isfile(os.path.join(data, "manifest.json")):
+    from soma_jax.data import prepare
+
+    prepare.prepare(source, 2, data, **study.prepare)
+  pipeline.check_data_dir(data, 2)
+  return data, {"corpus": study.corpus, "what": what,
+                "manifest_documents": pipeline.load_manifest(data).get("documents")}
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def row_spec(study: Study, name: str, seed: int, start: dict, data: tuple, share: float,
+             marks: tuple = ()):
+  """Row `name` at optimisation seed `seed` from seed record `start`, for `share` of its
+  budget (in operations), scored on validation at each checkpoint (`data` = (dir, val))."""
+  ops = study.plan.budget * study.specs[study.plan.reference].total_ops_per_update
+  return protocol.budgeted(study.methods[name], data[0], seed, start, "ops",
+                           ops * study.fraction(name) * share, 1,
+                           fresh=name in study.plan.fresh_optimizer, score=data[1], marks=marks)
+
+
+def select(study: Study, starts: dict, seed_sets: dict, data: tuple, out: str, executor
+           ) -> dict:
+  """{row: its lr search on the first seed at select_fraction of its budget} (run)."""
+  seed, found = study.plan.seeds[0], {}
+  for name in study.methods:
+    s = seed_sets[seed][study.plan.start[name]]
+    spec = row_spec(study, name, seed, s, data, study.select_fraction)
+    found[name] = table7.Search(
+        spec, study.grid, os.path.join(out, "runs", "select", name), f"select {name}",
+        {"step": protocol.start_step(spec, s), "val": starts[(seed, name)]["validation"].mean()},
+        base=study.base(name), scorer=data[1])
+  table7.run_searches(list(found.values()), data[1], executor)
+  return found
+
+
+def lr_trace(workdir: str) -> list[list[float]]:
+  """[[step, lr]] where the logged lr changed (the plateau schedule), from metrics.jsonl."""
+  trace = []
+  path = os.path.join(workdir, metrics_lib.METRICS_FILE)
+  with open(path) as f:
+    for line in f:
+      r = json.loads(line)
+      if "lr" in r and (not trace or trace[-1][1] != r["lr"]):
+        trace.append([r["step"], r["lr"]])
+  return trace
+
+
+def alone(workdir: str, spec, val: eval_lib.TestSet, points: list[dict]) -> list[dict]:
+  """Each expert scored alone on every validation window, at every checkpoint (restored)."""
+  out = []
+  for p in points[1:]:
+    _, state, _, _ = runs_lib.restore_state(workdir, step=p["step"])
+    experts = []
+    for e in range(spec.n_experts):
+      lp = eval_lib.routed_logprobs(state.body, state.head, val.windows,
+                                    np.full((val.windows.shape[0], 1), e), spec.shared_head,
+                                    first=val.route + 1, logits_fn=spec.method.logits)
+      experts.append(float(eval_lib.mixture_nats(lp).mean()))
+    out.append({"update": p["update"], "mixture": p["loss"], "experts": experts})
+  return out
+
+
+def record(study: Study, name: str, spec, start: dict, start_w: dict, workdir: str,
+           scored: tuple, out: str) -> dict:
+  """One row and seed: its start, validation curve, test at each declared budget it reaches
+  (scored once each), lr trace and, for N > 1 by SPSA, the experts alone."""
+  val, test = scored
+  step0 = protocol.start_step(spec, start)
+  points, _ = protocol.curve(workdir, spec, val, step0, float(start_w["validation"].mean()))
+  amount, test_w = spec.budget.amount, {}
+  for f in study.declared(name):
+    mark = amount * (f / study.fraction(name))
+    at = next(p for p in points[1:] if p["ops"] >= mark * (1 - 1e-12))
+    test_w[readouts.fraction_key(f)] = protocol.scored_at(workdir, at["step"], spec, test)[0]
+  rec = {"seed": spec.config.seed, "seed_run": protocol.start_of(start),
+         "workdir": protocol.shown(workdir, out), "lr": spec.lr, "eps": spec.eps,
+         "updates": points[-1]["update"], "ops": points[-1]["ops"],
+         "start_loss": {k: float(v.mean()) for k, v in start_w.items()},
+         "val_curve": points, "test": {k: float(v.mean()) for k, v in test_w.items()},
+         "lr_trace": lr_trace(workdir), "_test_w": test_w}
+  if spec.n_experts > 1 and name not in study.plan.fresh_optimizer:
+    rec["experts_alone"] = alone(workdir, spec, val, points)
+  return rec
+
+
+def train_rows(study: Study, chosen: dict, starts: dict, seed_sets: dict, data: tuple,
+               scored: tuple, out: str, executor) -> dict:
+  """Every row at every seed at its selected (lr, eps), one stage; {row: {.., per_seed}}."""
+  plan, jobs = study.plan, {}
+  for seed in plan.seeds:
+    for name in study.methods:
+      s = seed_sets[seed][plan.start[name]]
+      spec = table7.grid_point(row_spec(study, name, seed, s, data, 1.0, study.curve),
+                               *chosen[name])
+      jobs[(seed, name)] = (spec, os.path.join(out, "runs", f"seed{seed}", name), s)
+  protocol.train_all([(spec, w, f"seed {k[0]} {k[1]}") for k, (spec, w, _) in jobs.items()],
+                     executor)
+  rows = {n: {"what": study.rows[n], "n_experts": study.specs[n].n_experts,
+              "d_t": study.methods[n].model.d_t, "params": study.specs[n].method.ensemble_params,
+              "gradient": study.specs[n].method.describe["gradient"],
+              "ops_per_update": study.specs[n].total_ops_per_update,
+              "budget_fraction": study.fraction(n), "lr": chosen[n][0], "eps": chosen[n][1],
+              "optimizer_state": "fresh (the seed's parameters only)"
+              if n in plan.fresh_optimizer else "the seed's, continued", "per_seed": []}
+          for n in study.methods}
+  for (seed, name), (spec, workdir, s) in jobs.items():
+    rows[name]["per_seed"].append(record(study, name, spec, s, starts[(seed, name)], workdir,
+                                         scored, out))
+  return rows
+
+
+# ----------------------------------------------------------------------------- the study
+
+
+def readout(study: Study, rows: dict, test: eval_lib.TestSet, draws: int, ops: float) -> dict:
+  """Primary and secondary readouts, as declared (`narrow_readouts`), the primary first in
+  their declared order."""
+  primary, secondary = {}, {"contrasts": {}, "slopes": {}}
+  kind = protocol.interval_kind(study.plan)["kind"]
+  names = [*study.primary, *(n for n in study.contrasts if n not in study.primary)]
+  for name in names:
+    b, a = study.contrasts[name]
+    common = [f for f in study.declared(a) if f in study.declared(b)]
+    at = [readouts.contrast(rows, b, a, f, test.doc_ids, draws, kind) for f in common]
+    per = {readouts.fraction_key(c["budget_fraction"]): c for c in at}
+    slope = readouts.slope(at, ops, kind) if len(at) > 1 else None
+    if name in study.primary:
+      primary[name] = {"b": b, "a": a, "end_loss_difference": {
+          k: {**c, **readouts.verdict(c)} for k, c in per.items()}}
+    else:
+      secondary["contrasts"][name] = {"b": b, "a": a, "end_loss_difference": per}
+    if slope is not None and name in study.primary_slopes:
+      primary.setdefault(name, {"b": b, "a": a})["slope"] = {**slope, **readouts.verdict(slope)}
+    elif slope is not None:
+      secondary["slopes"][name] = slope
+  b, a = study.mechanism
+  secondary["mechanism"] = readouts.mechanism(rows, b, a)
+  if "experts_alone" in rows[a]["per_seed"][0]:
+    secondary["experts_alone"] = readouts.experts_alone(rows, a, b)
+  same = [k for k, pair in study.contrasts.items() if pair == (b, a) and k in primary]
+  last = primary[same[0]].get("end_loss_difference", {}) if same else {}
+  mech = secondary["mechanism"]["points"]
+  if last and mech:
+    end = last[max(last, key=float)]["mean"]
+    secondary["mechanism"]["agrees_with_primary"] = bool(
+        np.sign(mech[-1]["D_minus_G"]["mean"]) == np.sign(end))
+  return {"primary": primary, "secondary": secondary}
+
+
+def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
+  """Seed runs per seed, the lr grid on the first seed, every row at every seed, the
+  readouts; OUT/results.json, table.md and curves.png."""
+  begun = protocol.started(executor)
+  os.makedirs(out, exist_ok=True)
+  study = check(config)
+  plan = study.plan
+  data_dir, corpus = corpus_dir(study, out)
+  val, test = protocol.eval_sets(plan.eval, data_dir, [s.seq_len for s in study.specs.values()])
+  seed_sets = protocol.train_seed_sets(plan, study.methods, data_dir, out, val, executor)
+  starts = {}
+  for seed in plan.seeds:
+    for name in study.methods:
+      spec = row_spec(study, name, seed, seed_sets[seed][plan.start[name]], (data_dir, val), 1.0)
+      starts[(seed, name)] = protocol.start_losses(spec, {"validation": val, "test": test})
+  found = select(study, starts, seed_sets, (data_dir, val), out, executor)
+  chosen = {n: (s.result()[0]["lr"], s.result()[0]["eps"]) for n, s in found.items()}
+  rows = train_rows(study, chosen, starts, seed_sets, (data_dir, val), (val, test), out,
+                    executor)
+  ops = plan.budget * study.specs[plan.reference].total_ops_per_update
+  got = readout(study, rows, test, plan.bootstrap_draws, ops)
+  payload = protocol.results(
+      "narrow", SPEC, plan, command, begun,
+      {"unit": "ops", "amount": ops, "per": "row and seed (times its row_fraction)",
+       "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
+       "ops_per_update": {n: s.total_ops_per_update for n, s in study.specs.items()},
+       "row_fraction": study.row_fraction},
+      (val, test), data_dir, out,
+      {f"seed{s}": runs for s, runs in seed_sets.items()},
+      corpus=corpus, intervals=narrow_report.intervals(plan),
+      declared=narrow_report.declared(study), selection=narrow_report.selection(found, out),
+      rows=protocol.public(rows), readouts=protocol.public(got),
+      intervals_printed=narrow_report.count_intervals(got))
+  narrow_report.plot(payload, os.path.join(out, "curves.png"))
+  return protocol.write(out, payload, narrow_report.table)
+
+
+table = narrow_report.table  # compare.py's STUDIES entry: run and table
