@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 from soma_jax.studies.verdict import Interval, from_stat, t_interval
 
@@ -28,7 +29,9 @@ def ci(stat: dict, digits: int = 3, both: bool = False) -> str:
 
 def show(iv: Interval, digits: int = 3) -> str:
   """'+0.051 [+0.038, +0.063]'; a ratio (null 1) with 2 decimals and no sign."""
-  f = f"+.{digits}f" if iv.null == 0 else ".2f"
+  if iv.null:
+    return f"{iv.mean:.2f}x [{iv.lo:.2f}, {iv.hi:.2f}]"
+  f = f"+.{digits}f"
   return f"{iv.mean:{f}} [{iv.lo:{f}}, {iv.hi:{f}}]"
 
 
@@ -83,7 +86,7 @@ def figure10_primary() -> tuple[Interval, ...]:
   r = load("variance_experts_trained")["results"]
   first, last = r["variance_by_n"][0], r["variance_by_n"][-1]
   se = math.hypot(first["se"] / first["measured"], last["se"] / last["measured"])
-  return (_ratio(f"N = {first['n']} over N = {last['n']}", r["first_over_last"], se,
+  return (_ratio(f"variance N = {first['n']} / N = {last['n']}", r["first_over_last"], se,
                  "normal on the log, from the two SEs"),)
 
 
@@ -99,7 +102,7 @@ def figure10() -> str:
 def figure11_primary() -> tuple[Interval, ...]:
   r = load("variance_trained_shared_vs_separate")["results"]
   x, se = r["ratio_separate_vs_shared"], r["ratio_separate_vs_shared_se"]
-  return (Interval("separate over summed error", x, x - 1.96 * se, x + 1.96 * se, null=1.0,
+  return (Interval("error summed / separate", x, x - 1.96 * se, x + 1.96 * se, null=1.0,
                    how="normal, +-1.96 SE over repeats"),)
 
 
@@ -181,7 +184,8 @@ def figure14() -> str:
 
 def table11_primary() -> tuple[Interval, ...]:
   t = load("fig13_cpu")["measured"]["table11"]
-  return tuple(from_stat(f"{n} − {t['reference']}", r["minus_ref"])
+  name = lambda n: "({}, {})".format(*re.fullmatch(r"npert(\d+)_b(\d+)", n).groups())
+  return tuple(from_stat(f"{name(n)} − {name(t['reference'])}", r["minus_ref"])
                for n, r in t["rows"].items() if n != t["reference"])
 
 

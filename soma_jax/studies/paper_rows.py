@@ -75,8 +75,9 @@ ROWS = [
         "tied head through the decoder +0.029; a frozen random head much worse", "N = 2, 1,000 "
         "updates, 3 seeds; random shards no worse here and the delta-rule head lower than the "
         "frozen one (the paper: higher)", ("fig9_cpu",), r.figure9_primary,
-        brief="warm and seed head help; random shards level; delta head lower",
-        paper_brief="semantic, warm, frozen head help"),
+        brief="warm start helps, random head worse; shards: no measurable difference; delta "
+        "head beats frozen",
+        paper_brief="semantic shards, warm start, frozen head help"),
     Row("Figure 10", "estimator variance against N and n_pert", "python experiments/"
         "variance.py --config=experiments/configs/variance.py:experts,size=trained",
         r.figure10, "N = 256 118x lower than N = 1; doubling n_pert halves it", "500k params, "
@@ -161,7 +162,7 @@ ROWS = [
         r.table9, "WikiText-103 test: SOMA N = 2 2.066; monoliths 2.254 / 2.363 / 2.290 (64 / "
         "256 / 1,024 directions)", "no WikiText-103 copy here (--config.wikitext=FOLDER reads "
         "one): Linux man pages, section 7; Table 4's CPU rows, 2 seeds", ("table9_cpu",),
-        r.table9_primary, brief="SOMA lowest; 1 of 3 gaps resolved",
+        r.table9_primary, brief="SOMA lowest in seed means",
         paper_brief="SOMA lowest"),
     Row("Table 10", "estimated loss of the allocations at three budgets", COMPARE +
         "fig13,size=cpu", r.table10, "(8, 64, 1,024) lowest at 2e18 / 4e18 / 8e18 operations: "
