@@ -55,7 +55,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.spsa_step --config=experiments/configs/soma.py:n=4,size=cpu --json=bench_out/spsa_step.json
 	$(PY) -m benchmarks.torch_mezo --json=bench_out/torch_mezo.json  # one line and no JSON without PyTorch (.[bench])
 
-# README's "Measured results" as docs/results/NAME.json (+ PNG): the cheap figures by
+# the measured results (README's headline, docs/ pages) as docs/results/NAME.json (+ PNG): the cheap figures by
 # default; FIGURES=all adds the hour-long training comparisons.
 figures: $(STAMP)
 	$(PY) -m scripts.figures $(FIGURES)

@@ -6,8 +6,8 @@ r"""Turns a corpus into N expert shards, evaluation sets and a router.
   python experiments/prepare_data.py --source=jsonl:/data/c4/en:text --num_clusters=64 --out=/data/soma_c4
   python experiments/prepare_data.py --source=textdir:/data/manual --extract=auto --out=/data/soma_manual
 
-SOURCE is one of the forms in soma_jax.data.sources.FORMATS (`--help` lists them; README
-"Your own text"). Bad input prints one line and exits with code 2; an existing --out is only
+SOURCE is one of the forms in soma_jax.data.sources.FORMATS (`--help` lists them;
+docs/data.md). Bad input prints one line and exits with code 2; an existing --out is only
 replaced when the new data dir is complete.
 """
 

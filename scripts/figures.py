@@ -1,4 +1,4 @@
-r"""Regenerates the figures and numbers of README's "Measured results" into docs/.
+r"""Regenerates the measured figures and numbers (README's headline, the docs/ pages) into docs/.
 
   python -m scripts.figures            # the cheap figures (each JSON's wall_s: minutes)
   python -m scripts.figures all        # every figure, including hour-long training runs
@@ -9,9 +9,9 @@ Each figure runs its command in a fresh process, then writes docs/results/NAME.j
   {"name", "command", "wall_s", "platform", "loadavg_before", "loadavg_after",
    "results": <the command's JSON output>}
 
-and copies its plot (if it makes one) to the docs/ path README links. README's numbers are
+and copies its plot (if it makes one) to the docs/ path the pages link. The pages' numbers are
 these files' numbers; tests/test_readme_figures.py checks that every number in README's
-"Measured results" section appears in a committed JSON that its subsection names.
+headline and the measured docs/ pages appears in a committed JSON that its section names.
 """
 
 from __future__ import annotations

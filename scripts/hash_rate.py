@@ -6,7 +6,7 @@ Writes 1.3 GB of random bytes (about the paper's prepared FineWeb-Edu sample; --
 temporary file, hashes it with the function training uses (`pipeline.sha256_file`), once
 straight after writing (the file in the page cache, as after prepare) and, where the
 kernel lets this process drop its caches (root), once read cold from disk. The file is
-deleted afterwards. README's hash-check figure comes from this file.
+deleted afterwards. docs/training.md's hash-check figure comes from this file.
 """
 
 from __future__ import annotations

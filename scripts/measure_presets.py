@@ -1,4 +1,4 @@
-r"""Wall time of the size presets on this machine; writes the JSON README's preset table quotes.
+r"""Wall time of the size presets on this machine; writes the JSON docs/training.md's preset table quotes.
 
   nice -n 10 .venv/bin/python -m scripts.measure_presets --out docs/presets_cpu.json
 

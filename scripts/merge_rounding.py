@@ -7,8 +7,8 @@ setting trains the tiny SOMA config (N = 3, 4 updates) as one job and as the sli
 and 1:3, merges the slices and reports how the merged weights differ from the one job's:
 the largest differences, how many weights differ at all and by more than 1e-5. Also
 reports, for the tiny model at N = 4, whether each slice's SPSA estimate at pert_chunk
-1, 2 and 4 is bit-identical to the whole job's. README's claims about slice merges come
-from this file.
+1, 2 and 4 is bit-identical to the whole job's. docs/training.md's claims about slice merges
+come from this file.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 r"""The settings of the comparison studies at size=cpu, read from their configs and the model
-code (nothing is trained or timed): what README's comparison and width-ladder sections
+code (nothing is trained or timed): what docs/table7.md and docs/ladder.md
 quote before their results are recorded.
 
   python -m scripts.study_settings --json docs/results/study_settings.json

@@ -1,5 +1,5 @@
-"""Every command in README's "What is here" table runs as written (as far as --help shows),
-and its "Layout" tree lists every module on a line of its own."""
+"""Every command in docs/commands.md's table and in README's code blocks runs as written (as far
+as --help shows), and docs/layout.md's tree lists every module on a line of its own."""
 
 from __future__ import annotations
 
@@ -16,11 +16,10 @@ from soma_jax import config as config_lib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def table_commands(readme: str) -> list[list[str]]:
-  """The backticked commands of the "What is here" table's command column, split like a shell."""
-  section = readme.split("## What is here", 1)[1].split("\n## ", 1)[0]
+def table_commands(page: str) -> list[list[str]]:
+  """The backticked commands of a two-column command table, split like a shell."""
   out = []
-  for line in section.splitlines():
+  for line in page.splitlines():
     cols = [c.strip() for c in line.strip().strip("|").split("|")]
     if len(cols) != 2 or cols[1] in ("command", "---"):
       continue
@@ -29,8 +28,28 @@ def table_commands(readme: str) -> list[list[str]]:
 
 
 def _commands() -> list[list[str]]:
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+  with open(os.path.join(ROOT, "docs", "commands.md"), encoding="utf-8") as f:
     return table_commands(f.read())
+
+
+def readme_blocks() -> list[list[list[str]]]:
+  """README's fenced code blocks of python commands, each a list of commands split like a shell."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    blocks = re.findall(r"```\n(.*?)```", f.read(), re.S)
+  return [[shlex.split(line) for line in b.splitlines()] for b in blocks
+          if b.startswith("python ")]
+
+
+def test_readme_blocks_are_the_tiny_run_and_your_own_text():
+  blocks = readme_blocks()
+  assert len(blocks) == 3, blocks  # the tiny run, your own text, reproducing the paper
+  tiny, own = blocks[0], blocks[1]
+  assert [_entry_point(c) for c in tiny] == [
+      ("experiments/prepare_data.py",), ("experiments/train.py",), ("experiments/train.py",),
+      ("experiments/evaluate.py",)]
+  assert [_entry_point(c)[0] for c in own][-2:] == [
+      "experiments/evaluate.py", "experiments/generate.py"]
+  assert _flag(own[0], "source").startswith("textdir:")
 
 
 def _entry_point(cmd: list[str]) -> tuple[str, ...] | None:
@@ -56,13 +75,14 @@ def test_table_has_the_newcomer_commands():
   scripts = {_entry_point(c) for c in _commands()}
   for script in ("experiments/prepare_data.py", "experiments/train.py", "experiments/evaluate.py",
                  "experiments/report.py", "experiments/generate.py"):
-    assert (script,) in scripts, f"{script} is missing from README's command table"
+    assert (script,) in scripts, f"{script} is missing from docs/commands.md's table"
   assert any(c[0] == "tensorboard" for c in _commands())
 
 
 def test_scripts_configs_and_fields_exist():
   base = config_lib.base_config()
-  for cmd in _commands():
+  runnable = readme_blocks()[:2]  # the third block's study=NAME is a placeholder
+  for cmd in _commands() + [c for block in runnable for c in block]:
     if cmd[0] == "pip":  # pip install -e ".[EXTRA]": the extra is in pyproject.toml
       extra = re.fullmatch(r"\.\[(\w+)\]", cmd[-1]).group(1)
       with open(os.path.join(ROOT, "pyproject.toml")) as f:
@@ -87,10 +107,14 @@ def test_scripts_configs_and_fields_exist():
           node = node[part]
 
 
-def test_the_session_rows_chain():
-  """Data dirs and workdirs that a command reads are written by an earlier row."""
+@pytest.mark.parametrize("which", ["table", "tiny run", "your own text"])
+def test_the_session_rows_chain(which):
+  """Data dirs and workdirs that a command reads are written by an earlier row (of the
+  commands table, or of README's block)."""
+  commands = {"table": _commands(), "tiny run": readme_blocks()[0],
+              "your own text": readme_blocks()[1]}[which]
   written_data, written_runs = set(), set()
-  for cmd in _commands():
+  for cmd in commands:
     entry = _entry_point(cmd)
     if entry == ("experiments/prepare_data.py",):
       written_data.add(_flag(cmd, "out"))
@@ -110,7 +134,8 @@ def test_the_session_rows_chain():
 
 
 def test_every_entry_point_answers_help():
-  entries = sorted({e for e in map(_entry_point, _commands()) if e})
+  commands = _commands() + [c for block in readme_blocks() for c in block]
+  entries = sorted({e for e in map(_entry_point, commands) if e})
   assert len(entries) >= 8
   procs = {e: subprocess.Popen([sys.executable, *e, "--help"], cwd=ROOT, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -133,9 +158,9 @@ def test_tensorboard_command_runs_when_the_extra_is_installed():
 LAYOUT_DIRS = ("soma_jax", "experiments", "benchmarks", "scripts")
 
 
-def layout_paths(readme: str) -> list[str]:
-  """The paths README's "Layout" tree names, one per line, folders from the indentation."""
-  block = readme.split("## Layout\n", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
+def layout_paths(page: str) -> list[str]:
+  """The paths docs/layout.md's tree names, one per line, folders from the indentation."""
+  block = page.split("```\n", 1)[1].split("```", 1)[0]
   stack, out = [], []
   for line in block.splitlines():
     indent = (len(line) - len(line.lstrip(" "))) // 2
@@ -167,11 +192,11 @@ def _modules() -> set[str]:
 
 
 def test_layout_lists_every_module_once():
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+  with open(os.path.join(ROOT, "docs", "layout.md"), encoding="utf-8") as f:
     listed = layout_paths(f.read())
   files = [p for p in listed if not p.endswith("/")]
-  assert len(files) == len(set(files)), "a module is listed twice in README's Layout"
+  assert len(files) == len(set(files)), "a module is listed twice in docs/layout.md"
   missing = sorted(_modules() - set(files))
   gone = sorted(p for p in listed if not os.path.exists(os.path.join(ROOT, p)))
-  assert not missing, f"README's Layout does not list {missing}"
-  assert not gone, f"README's Layout lists what does not exist: {gone}"
+  assert not missing, f"docs/layout.md does not list {missing}"
+  assert not gone, f"docs/layout.md lists what does not exist: {gone}"

@@ -1,4 +1,5 @@
-"""Every number in README's "Measured results" appears in a committed JSON under docs/.
+"""Every measured number in README's headline section and in the docs/ pages that hold the
+measured results appears in a committed JSON under docs/.
 
 Numbers are compared at the precision README prints them (3.93 matches 3.9319), with
 k / M / G / T suffixes, percentages, and minutes or hours of a JSON's seconds. A line
@@ -7,8 +8,8 @@ since the code changed. Code spans (commands) and link targets are not figures, 
 neither are references such as "SPEC 7", "Figure 4" or "Table 5". The paper's own
 figures live in docs/results/paper.json (copied from SPEC.md, not measured).
 
-Each figure must also be in a JSON that its own part of the section names: a "###"
-subsection, or one top-level bullet of "Other measured figures" (by path or file name,
+Each figure must also be in a JSON that its own part of the page names: a "##" or "###"
+section, or one top-level bullet of "Other measured figures" (by path or file name,
 e.g. `docs/results/bench.json`, `input_pipeline.json`, `step_sweep_cpu_n*.json`), or in
 paper.json. Against every committed JSON at once, a figure of 2 decimals finds some match
 by chance about a third of the time. Confidence levels ("95% CI") and targets ("the
@@ -41,11 +42,35 @@ NOT_MEASURED_AFTER = re.compile(r"\s*(CI|interval|confidence)\b")  # "95% CI"
 JSON_NAME = re.compile(r"[\w*.-]+\.json")
 
 
-def measured_section(text: str) -> str:
-  """README's "## Measured results" section, up to the next level-2 heading."""
-  start = text.index("## Measured results")
+# Where measured numbers live: README's headline section, and docs/ pages from a heading on
+# ("" = the whole page). Other pages (data, training, layout, commands) hold settings, not
+# measurements, and the generated paper tables are checked by tests/test_paper_table.py.
+MEASURED_PAGES = {
+    "docs/benchmarks.md": "", "docs/table7.md": "", "docs/table4.md": "", "docs/table6.md": "",
+    "docs/ladder.md": "", "docs/decompose.md": "", "docs/sweeps.md": "",
+    "docs/ablations.md": "", "docs/variance.md": "", "docs/eggroll.md": "## Measured",
+}
+HEADLINE = "## Headline results"
+
+
+def measured_section(text: str, heading: str = HEADLINE) -> str:
+  """The section from `heading` up to the next level-2 heading ("": the whole text)."""
+  if not heading:
+    return text
+  start = text.index(heading)
   end = text.find("\n## ", start + 1)
   return text[start:] if end < 0 else text[start:end]
+
+
+def measured_texts() -> dict[str, str]:
+  """path -> its measured text: README's headline section and MEASURED_PAGES."""
+  out = {}
+  for path, heading in {"README.md": HEADLINE, **MEASURED_PAGES}.items():
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+      text = f.read()
+    out[path] = measured_section(text, heading) if heading != "## Measured" else (
+        text[text.index(heading):])
+  return out
 
 
 def figures(section: str) -> list[tuple[str, str]]:
@@ -105,11 +130,11 @@ def committed_json_numbers() -> list[float]:
 
 
 def parts(section: str) -> list[str]:
-  """The pieces of the section that each name their JSON: the text before the first "###",
-  each "###" subsection, and each top-level bullet of "Other measured figures"."""
+  """The pieces of the section that each name their JSON: the text before the first heading,
+  each "##" or "###" section, and each top-level bullet of "Other measured figures"."""
   out = []
-  for sub in re.split(r"\n(?=### )", section):
-    if sub.startswith("### Other measured figures"):
+  for sub in re.split(r"\n(?=###? )", section):
+    if re.match(r"###? Other measured figures", sub):
       out.extend(re.split(r"\n(?=- )", sub))
     else:
       out.append(sub)
@@ -158,10 +183,9 @@ def appears(m: re.Match, values: list[float]) -> bool:
 
 
 def test_every_readme_figure_is_in_a_committed_json():
-  with open(os.path.join(ROOT, "README.md")) as f:
-    section = measured_section(f.read())
   values = committed_json_numbers()
-  missing = sorted({f"{m.group(0)!r} in: {line.strip()[:90]}"
+  missing = sorted({f"{path}: {m.group(0)!r} in: {line.strip()[:90]}"
+                    for path, section in measured_texts().items()
                     for m, line in figures(section) if not appears(m, values)})
   assert not missing, (
       f"{len(missing)} README figures are in no committed docs/**/*.json; rerun them "
@@ -169,9 +193,9 @@ def test_every_readme_figure_is_in_a_committed_json():
 
 
 def test_every_readme_figure_is_in_a_json_its_part_names():
-  with open(os.path.join(ROOT, "README.md")) as f:
-    section = measured_section(f.read())
-  missing = unsourced(section, committed_jsons())
+  committed = committed_jsons()
+  missing = [f"{path}: {m}" for path, section in measured_texts().items()
+             for m in unsourced(section, committed)]
   assert not missing, (
       f"{len(missing)} README figures are in no JSON their subsection (or bullet of 'Other "
       f"measured figures') names; name the docs/results/NAME.json they come from, rerun them "
@@ -188,7 +212,7 @@ def test_a_figure_counts_only_in_the_json_its_part_names():
       with open(os.path.join(tmp, name), "w") as f:
         json.dump({"x": value}, f)
     committed = [f"{rel}/a.json", f"{rel}/b.json"]
-    section = ("## Measured results\nintro 1.75 and 2.5\n### One (`a.json`)\nrate 2.5, 95% CI\n"
+    section = ("## Headline results\nintro 1.75 and 2.5\n### One (`a.json`)\nrate 2.5, 95% CI\n"
                "### Two (`b*.json`)\nrate 2.5 and 7.25; the target was 9.5\n"
                "### Other measured figures\n- x (`a.json`): 2.5\n- y: 2.5\n")
     missing = unsourced(section, committed, paper=f"{rel}/paper.json")
@@ -200,7 +224,7 @@ def test_the_check_rejects_a_stale_figure():
   """A number no JSON holds is reported; rounding, suffixes and time units are understood."""
   values = [3.9318, 2089.3, 67712.0, 0.161, 505.0, -1.00006, 7.97e12, 50751508.0, 10.9]
   found = {m.group(0): appears(m, values) for m, _ in figures(
-      "## Measured results\nratio 3.93 and 3.97, slope −1.000, 67.7k tokens/s, 16%, 8 min,"
+      "## Headline results\nratio 3.93 and 3.97, slope −1.000, 67.7k tokens/s, 16%, 8 min,"
       " 7.97T ops, 2089 (SPEC 7), 51 MB, 52 MB, 10.9 GB\nold 9.99 " + NOT_RERUN + "\n")}
   assert found == {"3.93": True, "3.97": False, "−1.000": True, "67.7k": True, "16%": True,
                    "8 min": True, "7.97T": True, "2089": True, "51 MB": True, "52 MB": False,

@@ -229,7 +229,7 @@ def test_summary_names_the_files_skipped_by_extension(tmp_path):
   assert "skipped 1 not named *.jsonl, *.jsonl.gz or *.jsonl.zst (b.ndjson)" in prepare.summary(m, "d", 1.0)
 
 
-def test_extract_auto_takes_every_html_suffix_and_readme_says_which(tmp_path):
+def test_extract_auto_takes_every_html_suffix_and_the_data_page_says_which(tmp_path):
   names = [f"p{i}{suffix}" for i, suffix in enumerate(web.HTML_SUFFIXES)]
   for name in names:
     data = _page(f"page {name}")
@@ -237,7 +237,7 @@ def test_extract_auto_takes_every_html_suffix_and_readme_says_which(tmp_path):
   (tmp_path / "UPPER.HTML").write_bytes(_page("upper"))
   docs = dict(_docs(f"textdir:{tmp_path}", extract="auto"))
   assert all(not d.startswith(b"<") and b"Heading" in d for d in docs.values()), docs
-  readme = open(os.path.join(ROOT, "README.md")).read()
+  readme = open(os.path.join(ROOT, "docs", "data.md")).read()
   bullet = readme.split("**HTML becomes text.**", 1)[1].split("\n- ", 1)[0]
   assert all(f"`*{s}`" in bullet for s in web.HTML_SUFFIXES), bullet
   assert all(s in _prepare_help() for s in web.HTML_SUFFIXES)
@@ -252,7 +252,7 @@ def test_one_registry_lists_the_source_formats_everywhere():
     sources.parse_source("bogus:x")
   assert all(u in str(e.value) for u in usages)
   assert all(u in _prepare_help() for u in usages)
-  readme = open(os.path.join(ROOT, "README.md")).read()
+  readme = open(os.path.join(ROOT, "docs", "data.md")).read()
   table = [u for u in re.findall(r"^\| `([^`]+)` \|", readme, re.M) if u.split(":")[0] in sources.FORMATS]
   assert sorted(table) == sorted(usages), table
 

@@ -2,7 +2,7 @@
 
 SOURCE strings are `KIND[:PATH[:FIELD[:ID]]]` (see `parse_source`); FORMATS, at the end of
 this module, is the one list of kinds: each one's usage, what it reads and its reader. Help
-text, error messages and the README's table are read from (or tested against) it.
+text, error messages and docs/data.md's table are read from (or tested against) it.
 
 `extract="html"` replaces every document by its main text (data.web.extract); "auto" does so
 for textdir's files named as HTML (web.HTML_SUFFIXES: *.html, *.htm, *.xhtml, gzipped too).
