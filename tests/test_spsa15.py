@@ -241,7 +241,9 @@ def test_an_ops_budget_stops_where_the_clean_forwards_say(data_prepared, tmp_pat
   c = base_config(3, "tiny")
   c.method, c.data.dir = "soma15", data_prepared
   c.update(steps=10, budget_unit="ops", log_every=1, eval_every=5, ckpt_every=5)
-  c.budget = float(3 * spec_lib.resolve(c).total_ops_per_update)
+  # SPEC 7 written out: N experts x A (2 K + 1) forwards x B T tokens x F per token
+  s, f = c.spsa, spec_lib.resolve(c).method.flops_per_token
+  c.budget = float(3 * 3 * s.accum * (2 * s.n_pert + 1) * s.batch * c.data.seq_len * f)
   summary = train.run(c, str(tmp_path / "w"))
   assert summary["step"] == 3, summary
 
