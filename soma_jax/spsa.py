@@ -372,7 +372,10 @@ def coefficients(body_N: PyTree, head: jax.Array, batch_NxAxBxT1: jax.Array, eps
                  step: jax.Array, expert_ids_N: jax.Array, base_key: jax.Array,
                  cfg: SpsaConfig, shared_head: bool = True) -> jax.Array:
   """[N, A, K]: each direction's coefficient (L+ - L-) / (2 eps), the directions and
-  batches `estimate` uses (so settings can be compared direction by direction)."""
+  batches `estimate` uses (so settings can be compared direction by direction). SPSA's
+  only: a `cfg.curvature` is refused."""
+  if cfg.curvature is not None:
+    raise ValueError("spsa.coefficients gives SPSA's (L+ - L-) / (2 eps); drop cfg.curvature")
   loss_fn = _default_loss(cfg, None)
   n_chunks = cfg.n_pert // cfg.chunk
 

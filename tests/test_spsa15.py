@@ -305,3 +305,38 @@ def test_a_bad_alpha_or_lambda_exits_2_with_one_line(field, value, tmp_path):
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and f"spsa15.{field}=" in lines[0], proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ the study at size=tiny
+
+
+def test_the_study_at_size_tiny(data_two_shards, tmp_path):
+  """compare.py:study=spsa15 at size=tiny: the alpha stage
+  on seed 0 picks each 1.5-SPSA row's alpha by validation, then every row runs every seed at
+  the reference's operations, 1.5-SPSA charged 9/8 of SPSA's per update (K = 4), and the
+  declared primary readouts carry computed verdicts."""
+  from soma_jax.studies import compare as compare_lib
+  from tests.test_compare import load_config
+
+  config = load_config("compare", "study=spsa15,size=tiny")
+  config.update(data_dir=data_two_shards, bootstrap_draws=50)
+  out = str(tmp_path / "out")
+  p = compare_lib.run(config, out)
+  assert p["study"] == "spsa15" and set(p["rows"]) == {"soma", "mono", "soma15", "mono15"}
+  with open(os.path.join(out, "alpha_stage.json")) as f:
+    stage = json.load(f)
+  assert stage["seeds"] == [0] and set(stage["rows"]) >= {"soma15_a0p1", "soma15_a0p3"}
+  for row, r in p["alpha_stage"]["rows"].items():
+    tried = {float(a): v for a, v in r["validation_end_loss"].items()}
+    assert set(tried) == {0.1, 0.3} and r["chosen"] == min(tried, key=tried.get), row
+  ops = p["budget"]["ops_per_update"]
+  assert Fraction(ops["soma15"], ops["soma"]) == Fraction(9, 8)
+  assert p["rows"]["soma15"]["gradient"] == "zero-order (1.5-SPSA)"
+  for name, r in p["rows"].items():  # every row spent the budget, none a whole update more
+    assert len(r["per_seed"]) == 2, name
+    for s in r["per_seed"]:
+      assert p["budget"]["amount"] <= s["ops"] < p["budget"]["amount"] + ops[name], name
+  assert list(p["primary"]) == ["spsa15_on_soma", "helps_mono_more", "sharding_spsa15"]
+  assert all(r["verdict"] for r in p["primary"].values())
+  with open(os.path.join(out, "table.md")) as f:
+    assert "Primary readout" in f.read()

@@ -237,6 +237,7 @@ STUDY_DOORS = {
     "table8.py": {"check", "run"},
     "table9.py": {"check", "run"},
     "table3.py": {"check", "run"},
+    "spsa15.py": {"check", "stage1", "stage2", "run"},
 }
 
 
