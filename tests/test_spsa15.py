@@ -338,5 +338,19 @@ def test_the_study_at_size_tiny(data_two_shards, tmp_path):
       assert p["budget"]["amount"] <= s["ops"] < p["budget"]["amount"] + ops[name], name
   assert list(p["primary"]) == ["spsa15_on_soma", "helps_mono_more", "sharding_spsa15"]
   assert all(r["verdict"] for r in p["primary"].values())
+  assert p["sign_kept"]["effects"] == ["sharding_spsa", "sharding_spsa15"]
   with open(os.path.join(out, "table.md")) as f:
     assert "Primary readout" in f.read()
+
+
+@pytest.mark.parametrize("lo,hi,words", [(0.01, 0.03, "a lower, by 0.0200"),
+                                         (-0.03, -0.01, "b lower, by 0.0200"),
+                                         (-0.01, 0.03, "no measurable difference, within +-0.0300")])
+def test_verdicts_are_computed_from_the_interval(lo, hi, words):
+  from soma_jax.studies import spsa15
+
+  got = spsa15.verdict({"mean": (lo + hi) / 2, "ci95": [lo, hi]}, "a lower", "b lower")
+  assert got.startswith(words), got
+  side = {"mean": 0.02, "ci95": [lo, hi]}
+  kept = spsa15.sign_kept({"mean": 0.02, "ci95": [0.01, 0.03]}, side)
+  assert kept == {0.01: "kept", -0.03: "flipped"}.get(lo, "unresolved (an interval holds zero)")

@@ -346,6 +346,8 @@ def _spsa15(arg: str | None) -> ml_collections.ConfigDict:
   # The primary readouts, declared before anything trains: test end loss at the budget of
   # these effects / interactions (does it help SOMA; the monolith more; SOMA's sign under it)
   c.primary = ("spsa15_on_soma", "helps_mono_more", "sharding_spsa15")
+  # Does SOMA against the monolith keep its sign from SPSA to 1.5-SPSA (both intervals)?
+  c.sign_kept = ("sharding_spsa", "sharding_spsa15")
   return c
 
 

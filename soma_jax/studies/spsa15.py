@@ -29,6 +29,8 @@ import ml_collections
 from soma_jax.errors import UserError
 from soma_jax.studies import decompose, protocol
 
+SPEC = "issue 56 (1.5-SPSA against SPSA, on the decomposition's protocol of SPEC 9.8)"
+
 FIELDS = {
     "alphas": ("a non-empty tuple of finite numbers >= 0", lambda v: (
         isinstance(v, tuple | list) and len(v) > 0
@@ -52,6 +54,9 @@ def check(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict,
   if config.alpha_seed not in protocol.optimisation_seeds(config.first_seed, config.seeds):
     raise UserError(f"alpha_seed={config.alpha_seed} is not one of the study's seeds; fix: "
                     f"--config.alpha_seed={config.first_seed}")
+  if len(config.sign_kept) != 2 or any(e not in config.effects for e in config.sign_kept):
+    raise UserError(f"sign_kept={tuple(config.sign_kept)!r} must name two effects of "
+                    f"{', '.join(config.effects)}")
   for p in config.primary:
     if p not in config.effects and p not in config.interactions:
       raise UserError(f"primary names {p!r}, which is no effect or interaction; fix: one of "
@@ -122,6 +127,16 @@ def verdict(stat: dict, lower: str, higher: str) -> str:
   return f"no measurable difference, within +-{max(abs(lo), abs(hi)):.4f}"
 
 
+def sign_kept(before: dict, after: dict) -> str:
+  """Whether an effect keeps its sign from `before` to `after` (test end-loss differences,
+  95% intervals): "kept" / "flipped" where both intervals exclude zero, else "unresolved"."""
+  side = lambda s: 0 if s.get("ci95") is None else (s["ci95"][0] > 0) - (s["ci95"][1] < 0)
+  a, b = side(before), side(after)
+  if a and b:
+    return "kept" if a == b else "flipped"
+  return "unresolved (an interval holds zero)"
+
+
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
   """The alpha stage, then the comparison (each `decompose.run` into OUT); OUT/results.json
   is the comparison's with `alpha_stage` and the primary verdicts added, table.md its table
@@ -133,10 +148,12 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   chosen = choose(alpha_payload, tuple(config.alpha_rows), tuple(config.alphas))
   payload = decompose.run(stage2(config, {r: c["chosen"] for r, c in chosen.items()}), out,
                           command, executor)
-  payload["study"] = "spsa15"
+  payload["study"], payload["spec"] = "spsa15", SPEC
   payload["alpha_stage"] = {"seed": config.alpha_seed, "alphas": list(config.alphas),
                             "rows": chosen}
   payload["primary"] = primary(payload, tuple(config.primary))
+  e1, e2 = (payload["effects"][e]["end_loss_difference"] for e in config.sign_kept)
+  payload["sign_kept"] = {"effects": list(config.sign_kept), "verdict": sign_kept(e1, e2)}
   return protocol.write(out, payload, table)
 
 
@@ -169,6 +186,8 @@ def table(p: dict) -> str:
   lines += ["", f"alpha chosen on seed {st['seed']} by validation end loss: " + "; ".join(
       f"{row} {r['chosen']:g} (" + ", ".join(f"{a}: {v:.4f}" for a, v in
                                               r["validation_end_loss"].items()) + ")"
-      for row, r in st["rows"].items()) + ".", "", "Secondary:", ""]
+      for row, r in st["rows"].items()) + ".",
+      "", f"Sign of {' → '.join(p['sign_kept']['effects'])}: {p['sign_kept']['verdict']}.",
+      "", "Secondary:", ""]
   return "\n".join(lines) + decompose.table(p)
 
