@@ -183,9 +183,9 @@ def test_alpha_0_lambda_1_is_spsa(chunk, together):
 def test_the_method_is_soma_with_the_curvature_field():
   """method=soma15 differs from soma in its step config's curvature (from config.spsa15),
   its operations and its gradient column, nothing else."""
-  def resolved(method, **spsa15):
+  def resolved(method, seed=0, **spsa15):
     c = base_config(2, "tiny")
-    c.method = method
+    c.method, c.seed = method, seed
     c.spsa15.update(spsa15)
     return spec_lib.resolve(c).method
 
@@ -196,6 +196,9 @@ def test_the_method_is_soma_with_the_curvature_field():
       soma.step_config()
   assert soma15.describe == soma.describe | {"gradient": "zero-order (1.5-SPSA)"}
   assert soma15.train_step is soma.train_step  # one jitted step; the config is the difference
+  # every seed of a shape runs one compiled program (the seed comes as data)
+  assert resolved("soma15", seed=7, alpha=0.3, lam=0.5).step_config(seed_as_data=True) == \
+      soma15.step_config(seed_as_data=True)
 
 
 # ------------------------------------------------------------------------------ cost
