@@ -55,7 +55,8 @@ def _run_fields(n: int) -> ml_collections.ConfigDict:
   """The run's top-level fields: method, experts, seed, length, cadences, precision."""
   c = ml_collections.ConfigDict()
   # A name in soma_jax.methods.METHODS: soma | bptt | eggroll (the GRU of SPEC 6) |
-  # eggroll_lstm (ES on this body) | head_only | soma_summed (the controls of SPEC 9)
+  # eggroll_lstm (ES on this body) | head_only | soma_summed (the controls of SPEC 9) |
+  # soma15 (SOMA with 1.5-SPSA's curvature-scaled estimate: config.spsa15, docs/spsa15.md)
   c.method = "soma"
   c.n_experts = n  # N: experts, each with its own data shard, loss and Adam state
   c.experts = ""  # "" = all; "a:b" trains experts a..b-1 only, as an independent job
@@ -95,7 +96,7 @@ def _run_fields(n: int) -> ml_collections.ConfigDict:
 
 
 def _learning_fields(c: ml_collections.ConfigDict) -> None:
-  """config.model, config.spsa and config.opt."""
+  """config.model, config.spsa, config.spsa15 and config.opt."""
   c.model = ml_collections.ConfigDict()
   c.model.d_t = 64  # body width
   c.model.d_e = 32  # byte-embedding width d_E
@@ -123,6 +124,12 @@ def _learning_fields(c: ml_collections.ConfigDict) -> None:
   # unperturbed theta, and the probe in bf16, read once per +- pair) or "split_recurrence"
   # (only the recurrent w_h). Speed only: coefficients equal to float32 rounding.
   c.spsa.forward = "direct"
+
+  # method=soma15: direction j's coefficient divided by
+  # curv_j = max((|L+_j - 2 L0 + L-_j| / eps^2) ** alpha, lam), L0 a clean forward per batch.
+  c.spsa15 = ml_collections.ConfigDict()
+  c.spsa15.alpha = 0.1  # curvature exponent (>= 0; 0 with lam = 1 is plain SPSA)
+  c.spsa15.lam = 1.0  # lambda: the floor of curv_j (> 0)
 
   c.opt = ml_collections.ConfigDict()
   c.opt.lr = 1e-3  # initial Adam learning rate (per expert, plateau-scheduled)
@@ -266,6 +273,7 @@ FIELD_RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "spsa.eps": _real(0, strict=True), "spsa.probe": _one_of("sparse", "rademacher", "gaussian"),
     "spsa.pert_chunk": _auto_or_int(1), "spsa.time_block": _int(1), "spsa.unroll": _int(1),
     "spsa.signs": _one_of(*SIGNS), "spsa.forward": _one_of(*layers.FORWARDS),
+    "spsa15.alpha": _real(0, strict=False), "spsa15.lam": _real(0, strict=True),
     "opt.lr": _real(0, strict=True), "opt.weight_decay": _real(0, strict=False),
     "opt.train_head": _BOOL, "opt.patience": _int(1), "opt.floor": _real(0, strict=True),
     "data.dir": _STR, "data.seq_len": ("a divisor of 1024 (e.g. 256 or 1024)",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +31,21 @@ from soma_jax.train_state import TrainState
 PyTree = Any
 PROBES = ("sparse", "rademacher", "gaussian")
 FORWARDS = layers.FORWARDS  # spsa.forward
+
+
+@dataclasses.dataclass(frozen=True)
+class Curvature:
+  """1.5-SPSA's probe-space curvature scaling (docs/spsa15.md): direction j's coefficient is
+  divided by curv_j = max((|L+_j - 2 L0 + L-_j| / eps^2) ** alpha, floor), L0 the clean loss."""
+
+  alpha: float = 0.1  # exponent; 0 gives curv = max(1, floor)
+  floor: float = 1.0  # lambda: the smallest curv (> 0)
+
+  def __post_init__(self):
+    if not (math.isfinite(self.alpha) and self.alpha >= 0):
+      raise ValueError(f"curvature alpha={self.alpha} must be finite and >= 0")
+    if not (math.isfinite(self.floor) and self.floor > 0):
+      raise ValueError(f"curvature floor (lambda)={self.floor} must be finite and > 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +64,9 @@ class SpsaConfig:
   signs_together: bool = True
   # One of FORWARDS (`perturb`). Speed only: the same losses to float32 rounding.
   forward: str = "direct"
+  # None: plain SPSA. 1.5-SPSA (`Curvature`): one clean forward per accumulation batch, one
+  # more row of that batch's first chunk, and each coefficient divided by its curvature.
+  curvature: Curvature | None = None
 
   def __post_init__(self):
     if self.probe not in PROBES:
@@ -181,16 +200,112 @@ def _default_loss(cfg: SpsaConfig, loss_fn: LossFn | None) -> LossFn:
   return loss_fn
 
 
-def _chunk_coefficients(body_N, head, batch_NxBxT1, eps_N, z_NxC, cfg: SpsaConfig,
-                        loss_fn: LossFn, shared_head: bool, loss_groups) -> tuple:
-  """([N, C] coefficients (L+ - L-) / (2 eps), [N, C, 2] losses) of one chunk's directions."""
-  losses_NxCx2 = jax.vmap(
+def _chunk_losses(body_N, head, batch_NxBxT1, eps_N, z_NxC, cfg: SpsaConfig, loss_fn: LossFn,
+                  shared_head: bool) -> jax.Array:
+  """[N, C, 2]: L(theta + eps z_j), L(theta - eps z_j) of one chunk's directions."""
+  return jax.vmap(
       lambda body, h, b, eps, z: jax.vmap(
           lambda zj: perturbed_losses(body, h, b, eps, zj, cfg, loss_fn))(z),
       in_axes=(0, None if shared_head else 0, 0, 0, 0),
   )(body_N, head, batch_NxBxT1, eps_N, z_NxC)
+
+
+def _chunk_coefficients(body_N, head, batch_NxBxT1, eps_N, z_NxC, cfg: SpsaConfig,
+                        loss_fn: LossFn, shared_head: bool, loss_groups) -> tuple:
+  """([N, C] coefficients (L+ - L-) / (2 eps), [N, C, 2] losses) of one chunk's directions."""
+  losses_NxCx2 = _chunk_losses(body_N, head, batch_NxBxT1, eps_N, z_NxC, cfg, loss_fn,
+                               shared_head)
   diff_NxC = _group_diff(losses_NxCx2, loss_groups)
   return (diff_NxC / (2 * eps_N[:, None])).astype(eps_N.dtype), losses_NxCx2
+
+
+def _chunk_and_clean_losses(body_N, head, batch_NxBxT1, eps_N, z_NxC, cfg: SpsaConfig,
+                            loss_fn: LossFn, shared_head: bool) -> tuple:
+  """([N, C, 2] losses L(theta +- eps z_j), [N] clean losses L(theta)) of a batch's first
+  chunk (1.5-SPSA). The clean forward is one more row of the same vmapped pass over the
+  2 C + 1 rows theta + s_r eps z_r: its s = 0 and z = z_0 (theta + 0 z is theta exactly),
+  so there is no second pass; these rows are evaluated at once whatever `cfg.signs_together`.
+  """
+  def rows(body, h, b, eps, z_C):
+    c = jax.tree.leaves(z_C)[0].shape[0]
+    z_R = jax.tree.map(lambda z: jnp.concatenate([z, z, z[:1]]), z_C)
+    s_R = jnp.concatenate([jnp.ones(c), -jnp.ones(c), jnp.zeros(1)]).astype(eps.dtype)
+    loss_R = jax.vmap(lambda z, s: loss_fn(perturb(body, z, s * eps, cfg.forward, cfg.probe),
+                                           h, b))(z_R, s_R)
+    return jnp.stack([loss_R[:c], loss_R[c:2 * c]], axis=-1), loss_R[2 * c]
+
+  return jax.vmap(rows, in_axes=(0, None if shared_head else 0, 0, 0, 0))(
+      body_N, head, batch_NxBxT1, eps_N, z_NxC)
+
+
+def curvature(losses_NxCx2: jax.Array, clean_N: jax.Array, eps_N: jax.Array,
+              c: Curvature) -> jax.Array:
+  """[N, C] curv_j = max((|L+_j - 2 L0 + L-_j| / eps^2) ** alpha, floor), each expert's own.
+
+  The second difference is taken as (L+ - L0) + (L- - L0): each float32 difference of two
+  nearby losses is exact (Sterbenz), so only their sum rounds.
+  """
+  l0_Nx1 = clean_N[:, None]
+  second_NxC = (losses_NxCx2[..., 0] - l0_Nx1) + (losses_NxCx2[..., 1] - l0_Nx1)
+  scaled_NxC = jnp.abs(second_NxC) / jnp.square(eps_N)[:, None]
+  return jnp.maximum(scaled_NxC ** c.alpha, c.floor).astype(eps_N.dtype)
+
+
+def _spsa_scan(body_N, head, batch_NxAxBxT1, eps_N, step, expert_ids_N, base_key,
+               cfg: SpsaConfig, loss_fn: LossFn, shared_head: bool, loss_groups, carry, start,
+               size: int, n_chunks: int) -> tuple:
+  """(sum of coef z, sum of perturbed losses) over the A batches' chunks (`estimate`)."""
+  def body_fn(carry, idx):
+    g_N, loss_N = carry
+    a, c = idx // n_chunks, idx % n_chunks
+    z_NxC = _draw_chunk(body_N, expert_ids_N, base_key, step, a,
+                        start + c * size + jnp.arange(size), cfg.probe)
+    coef_NxC, losses_NxCx2 = _chunk_coefficients(
+        body_N, head, batch_NxAxBxT1[:, a], eps_N, z_NxC, cfg, loss_fn, shared_head,
+        loss_groups)
+    g_N = jax.tree.map(lambda g, z: g + jnp.einsum("nc,nc...->n...", coef_NxC, z), g_N, z_NxC)
+    return (g_N, loss_N + jnp.sum(losses_NxCx2, axis=(1, 2))), None
+
+  return jax.lax.scan(body_fn, carry, jnp.arange(cfg.accum * n_chunks))[0]
+
+
+def _curved_scan(body_N, head, batch_NxAxBxT1, eps_N, step, expert_ids_N, base_key,
+                 cfg: SpsaConfig, loss_fn: LossFn, shared_head: bool, loss_groups, carry,
+                 start, size: int, n_chunks: int) -> tuple:
+  """1.5-SPSA's sums over the A batches (as `_spsa_scan`): batch a's first chunk brings
+  its clean loss L0 as one more row, and every chunk of that batch divides its directions'
+  coefficients (L+ - L-) / (2 eps) by their `curvature` against that L0."""
+  if loss_groups is not None:
+    raise ValueError("curvature scaling takes each expert's own loss (loss_groups=None)")
+
+  def add(carry, losses_NxCx2, clean_N, z_NxC):
+    g_N, loss_N = carry
+    diff_NxC = losses_NxCx2[..., 0] - losses_NxCx2[..., 1]
+    coef_NxC = (diff_NxC / (2 * eps_N[:, None]) / curvature(
+        losses_NxCx2, clean_N, eps_N, cfg.curvature)).astype(eps_N.dtype)
+    g_N = jax.tree.map(lambda g, z: g + jnp.einsum("nc,nc...->n...", coef_NxC, z), g_N, z_NxC)
+    return g_N, loss_N + jnp.sum(losses_NxCx2, axis=(1, 2))
+
+  def batch_fn(carry, a):
+    draw = lambda c: _draw_chunk(body_N, expert_ids_N, base_key, step, a,
+                                 start + c * size + jnp.arange(size), cfg.probe)
+    batch_NxBxT1 = batch_NxAxBxT1[:, a]
+    z_NxC = draw(0)
+    losses_NxCx2, clean_N = _chunk_and_clean_losses(body_N, head, batch_NxBxT1, eps_N, z_NxC,
+                                                    cfg, loss_fn, shared_head)
+    carry = add(carry, losses_NxCx2, clean_N, z_NxC)
+
+    def chunk_fn(carry, c):  # the batch's other chunks: 2 C rows each, the same L0
+      z_NxC = draw(c)
+      losses_NxCx2 = _chunk_losses(body_N, head, batch_NxBxT1, eps_N, z_NxC, cfg, loss_fn,
+                                   shared_head)
+      return add(carry, losses_NxCx2, clean_N, z_NxC), None
+
+    if n_chunks > 1:
+      carry, _ = jax.lax.scan(chunk_fn, carry, jnp.arange(1, n_chunks))
+    return carry, None
+
+  return jax.lax.scan(batch_fn, carry, jnp.arange(cfg.accum))[0]
 
 
 def _draw_chunk(body_N, expert_ids_N, base_key, step, a, dirs_C, kind: str) -> PyTree:
@@ -232,29 +347,22 @@ def estimate(
   accumulation batch (`start` may be traced, e.g. from `lax.axis_index`) and returns that
   slice's share of the full estimate: the sums are still divided by the full A K, so the
   shares of a partition of 0..K-1 add up to the estimate above (DDPP, `parallel.py`).
+
+  `cfg.curvature` set (1.5-SPSA, docs/spsa15.md): each coefficient is divided by its own
+  curv_j (`curvature`) against the clean loss L0 = L_e(theta) of its batch, evaluated once per
+  accumulation batch as one more row of that batch's first chunk (2 C + 1 perturbed copies
+  at once there), so an update costs A (2 K + 1) forwards per expert; a DDPP slice evaluates
+  its own L0 (the same number on every device). loss_N stays the mean perturbed loss.
   """
   start, count = (0, cfg.n_pert) if directions is None else directions
   size = min(cfg.chunk, count)
   if count < 1 or count % size:
     raise ValueError(f"direction count {count} must be a positive multiple of the chunk {size}")
-  n_chunks = count // size
-  loss_fn = _default_loss(cfg, loss_fn)
-
-  def body_fn(carry, idx):
-    g_N, loss_N = carry
-    a, c = idx // n_chunks, idx % n_chunks
-    z_NxC = _draw_chunk(body_N, expert_ids_N, base_key, step, a,
-                        start + c * size + jnp.arange(size), cfg.probe)
-    coef_NxC, losses_NxCx2 = _chunk_coefficients(
-        body_N, head, batch_NxAxBxT1[:, a], eps_N, z_NxC, cfg, loss_fn, shared_head,
-        loss_groups)
-    g_N = jax.tree.map(lambda g, z: g + jnp.einsum("nc,nc...->n...", coef_NxC, z), g_N, z_NxC)
-    return (g_N, loss_N + jnp.sum(losses_NxCx2, axis=(1, 2))), None
-
-  n = eps_N.shape[0]
-  g0 = jax.tree.map(jnp.zeros_like, body_N)
-  (g_N, loss_N), _ = jax.lax.scan(
-      body_fn, (g0, jnp.zeros((n,), eps_N.dtype)), jnp.arange(cfg.accum * n_chunks))
+  carry = (jax.tree.map(jnp.zeros_like, body_N), jnp.zeros(eps_N.shape, eps_N.dtype))
+  sums = _spsa_scan if cfg.curvature is None else _curved_scan
+  g_N, loss_N = sums(body_N, head, batch_NxAxBxT1, eps_N, step, expert_ids_N, base_key, cfg,
+                     _default_loss(cfg, loss_fn), shared_head, loss_groups, carry, start, size,
+                     count // size)
   total = cfg.accum * cfg.n_pert
   g_N = jax.tree.map(lambda g: g / total, g_N)
   return g_N, loss_N / (2 * total)
@@ -264,7 +372,10 @@ def coefficients(body_N: PyTree, head: jax.Array, batch_NxAxBxT1: jax.Array, eps
                  step: jax.Array, expert_ids_N: jax.Array, base_key: jax.Array,
                  cfg: SpsaConfig, shared_head: bool = True) -> jax.Array:
   """[N, A, K]: each direction's coefficient (L+ - L-) / (2 eps), the directions and
-  batches `estimate` uses (so settings can be compared direction by direction)."""
+  batches `estimate` uses (so settings can be compared direction by direction). SPSA's
+  only: a `cfg.curvature` is refused."""
+  if cfg.curvature is not None:
+    raise ValueError("spsa.coefficients gives SPSA's (L+ - L-) / (2 eps); drop cfg.curvature")
   loss_fn = _default_loss(cfg, None)
   n_chunks = cfg.n_pert // cfg.chunk
 

@@ -239,6 +239,7 @@ STUDY_DOORS = {
     "table9.py": {"check", "run"},
     "table3.py": {"check", "run"},
     "narrow.py": {"check", "run"},
+    "spsa15.py": {"check", "stage1", "stage2", "run"},
 }
 
 

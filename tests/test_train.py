@@ -50,9 +50,9 @@ def assert_same_params(w1, w2, same_program: bool = True):
     np.testing.assert_array_equal(x, y)
 
 
-def assert_resumes_like(straight, w, data_dir):
+def assert_resumes_like(straight, w, data_dir, method="soma"):
   """Training w on to step 8 ends done, with straight's parameters and metrics exactly."""
-  summary = train.run(tiny_config(data_dir), w)
+  summary = train.run(tiny_config(data_dir, method=method), w)
   assert summary["status"] == "done" and summary["step"] == 8
   assert_same_params(straight, w)
   assert metrics_without_timing(straight) == metrics_without_timing(w)
@@ -75,26 +75,30 @@ KILLER = textwrap.dedent("""
       pipeline.TrainBatches.__next__ = next_or_die
     c = load_config_file({configs!r} + "/soma.py", "n=3,size=tiny")
     c.data.dir = {data!r}
+    c.method = {method!r}
     c.update(steps=8, log_every=1, eval_every=2, ckpt_every=2)
     train.run(c, {workdir!r})
 """)
 
 
-def _child_train(workdir: str, data: str, kill_at: int = -1, default_layout: bool = False):
+def _child_train(workdir: str, data: str, kill_at: int = -1, default_layout: bool = False,
+                 method: str = "soma"):
   script = KILLER.format(configs=os.path.join(ROOT, "experiments", "configs"), kill_at=kill_at,
-                         data=data, workdir=workdir, default_layout=default_layout)
+                         data=data, workdir=workdir, default_layout=default_layout,
+                         method=method)
   env = default_env(JAX_PLATFORMS="cpu") if default_layout else None
   return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                         cwd=ROOT)
 
 
-def test_resume_after_kill9_is_bit_identical(data_prepared, tmp_path):
+@pytest.mark.parametrize("method", ["soma", "soma15"])
+def test_resume_after_kill9_is_bit_identical(data_prepared, tmp_path, method):
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  train.run(tiny_config(data_prepared), straight)
-  proc = _child_train(resumed, data_prepared, kill_at=5)
+  train.run(tiny_config(data_prepared, method=method), straight)
+  proc = _child_train(resumed, data_prepared, kill_at=5, method=method)
   assert proc.returncode == -9, proc.stderr[-2000:]
   assert max(r["step"] for r in metrics_without_timing(resumed)) < 8
-  assert_resumes_like(straight, resumed, data_prepared)
+  assert_resumes_like(straight, resumed, data_prepared, method)
 
 
 def test_resume_after_kill9_in_the_default_layout_is_bit_identical(data_prepared, tmp_path):

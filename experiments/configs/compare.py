@@ -300,6 +300,57 @@ def _decompose(arg: str | None) -> ml_collections.ConfigDict:
   return c
 
 
+# ------------------------------------------------------------------------- 1.5-SPSA
+
+
+def _spsa15(arg: str | None) -> ml_collections.ConfigDict:
+  """study=spsa15 (issue 56, soma_jax/studies/spsa15.py, docs/spsa15.md): SOMA N = 2 and the
+  monolith of the same total size, each by SPSA and by 1.5-SPSA (method=soma15), every row at
+  the operations of `budget` of SOMA's updates from its own seed run, each on its own lr grid
+  (no eps stage); alpha in `alphas` chosen per 1.5-SPSA row on seed `alpha_seed`, then fixed.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=spsa15,size=cpu --out=runs/spsa15
+  """
+  a = parse_arg(arg, study="spsa15", size="cpu", seeds=0)
+  if a["size"] not in ("cpu", "tiny"):
+    raise UserError(f"compare.py:study=spsa15,size={a['size']}: use size=cpu or tiny")
+  cpu = a["size"] == "cpu"
+  c = get_config(f"study=table7,size={a['size']}")
+  c.study = "spsa15"
+  c.seeds = a["seeds"] or (5 if cpu else 2)
+  c.lr_factors = (0.5, 1.0, 2.0)  # one grid per row and seed around base_lr, grown past an
+  c.lr_extend = 2 if cpu else 0  # edge at most lr_extend times (tiny: the grid alone)
+  c.eps_factors, c.eps_extend = (1.0,), 0
+  rows = {"soma": (c.methods.soma_n2, "SOMA N = 2 by SPSA", "soma_expert"),
+          "mono": (c.methods.mono, "the monolith of the same total size by SPSA", "monolith")}
+  for name, (cfg, what, seed) in list(rows.items()):
+    curved = ml_collections.ConfigDict(cfg.to_dict())
+    curved.method = "soma15"  # the same run with 1.5-SPSA's estimate (spsa15.alpha, .lam)
+    rows[name + "15"] = (curved, what.replace("by SPSA", "by 1.5-SPSA"), seed)
+  c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
+  for name, (cfg, what, seed) in rows.items():
+    c.methods[name], c.rows[name], c.start[name] = cfg, what, seed
+  c.reference, c.order = "soma", tuple(rows)
+  c.keep_width, c.fresh_optimizer = (), ()
+  c.row_base_lr, c.row_data = ml_collections.ConfigDict(), ml_collections.ConfigDict()
+  c.data_dir_random = ""
+  c.alphas = (0.1, 0.3)  # 1.5-SPSA's exponent, chosen per row on alpha_seed by validation
+  c.alpha_seed = c.first_seed
+  c.alpha_rows = ("soma15", "mono15")
+  c.effects = ml_collections.ConfigDict({  # name: (a, b), read as a against b
+      "spsa15_on_soma": ("soma15", "soma"), "spsa15_on_mono": ("mono15", "mono"),
+      "sharding_spsa": ("soma", "mono"), "sharding_spsa15": ("soma15", "mono15")})
+  # effect 1 minus effect 2: > 0 where 1.5-SPSA helps the monolith more than SOMA
+  c.interactions = ml_collections.ConfigDict(
+      {"helps_mono_more": ("spsa15_on_mono", "spsa15_on_soma")})
+  # The primary readouts, declared before anything trains: test end loss at the budget of
+  # these effects / interactions (does it help SOMA; the monolith more; SOMA's sign under it)
+  c.primary = ("spsa15_on_soma", "helps_mono_more", "sharding_spsa15")
+  # Does SOMA against the monolith keep its sign from SPSA to 1.5-SPSA (both intervals)?
+  c.sign_kept = ("sharding_spsa", "sharding_spsa15")
+  return c
+
+
 # ------------------------------------------------------------------------- Table 6
 
 
@@ -833,4 +884,5 @@ _OWN_CONFIG = {
     "fig13": _fig13, "fig16": lambda arg: _ensembles(arg, "fig16")[0], "fig17": _fig17,
     "fig15": _fig15, "table8": _table8, "fig9": _fig9, "table9": _table9, "table3": _table3,
     "narrow": _narrow,
+    "spsa15": _spsa15,
 }

@@ -8,6 +8,8 @@ Arguments: n (experts, default 4), size (tiny | cpu | paper). `n=1` at the paper
 the monolithic SPSA control; `mono=K` is the monolith with K directions per update, all
 on the same batch as SOMA (spsa.n_pert = K, spsa.accum = 1, SOMA's spsa.batch), the
 paper's n_pert = 256 and 1024 controls (App. I.1) at `mono=256` / `mono=1024`.
+`--config.method=soma15` trains the same run with 1.5-SPSA's curvature-scaled estimate
+(config.spsa15, docs/spsa15.md).
 """
 
 from soma_jax.config import base_config, parse_arg

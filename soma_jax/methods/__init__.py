@@ -42,7 +42,7 @@ from collections.abc import Callable
 import ml_collections
 
 from soma_jax.errors import UserError
-from soma_jax.methods import bptt, eggroll, eggroll_lstm, head_only, soma, soma_summed
+from soma_jax.methods import bptt, eggroll, eggroll_lstm, head_only, soma, soma15, soma_summed
 from soma_jax.methods.base import Method, Seed
 
 MAKERS: dict[str, Callable[[ml_collections.ConfigDict], Method]] = {
@@ -52,6 +52,7 @@ MAKERS: dict[str, Callable[[ml_collections.ConfigDict], Method]] = {
     "eggroll_lstm": eggroll_lstm.make,
     "head_only": head_only.make,
     "soma_summed": soma_summed.make,
+    "soma15": soma15.make,
 }
 
 __all__ = ["MAKERS", "Method", "Seed", "make"]

@@ -39,6 +39,9 @@
           conventions (recorded step times, the physical total, a fixed per-expert rate)
   table6  the paper's Table 6: lr and initial eps sensitivity of the monolith and SOMA N = 2
           at equal compute, the paper's five cells, mean +- sd over seeds
+  spsa15  issue 56: SOMA N = 2 and the monolith, each by SPSA and by 1.5-SPSA (method=soma15)
+          at equal operations, alpha chosen on one seed; does 1.5-SPSA help SOMA, the
+          monolith more, and does SOMA against the monolith keep its sign
 
 Every row continues its architecture's own seed run, optimizer state included (`protocol`,
 SPEC 9.6); every study field and run config is checked before anything trains
@@ -65,6 +68,7 @@ from soma_jax.studies import (
   fig17,
   ladder,
   narrow,
+  spsa15,
   table3,
   table4,
   table5,
@@ -79,7 +83,8 @@ from soma_jax.studies import (
 STUDIES = {"table4": table4, "table7": table7, "ladder": ladder, "decompose": decompose,
            "table5": table5, "table6": table6, "fig7": fig7, "fig13": fig13, "fig9": fig9,
            "fig15": fig15, "fig16": fig16, "fig17": fig17,
-           "table8": table8, "table9": table9, "table3": table3, "narrow": narrow}
+           "table8": table8, "table9": table9, "table3": table3, "narrow": narrow,
+           "spsa15": spsa15}
 
 
 def _module(study: object):

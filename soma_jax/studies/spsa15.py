@@ -1,0 +1,193 @@
+"""1.5-SPSA against SPSA (issue 56, docs/spsa15.md): does the curvature-scaled estimate help
+SOMA N = 2, does it help the monolith of the same size more, and does SOMA against the
+monolith keep its sign under it.
+
+Both stages run `decompose`'s protocol (SPEC 9.6, 9.8): every row continues its own
+architecture's seed run (every optimisation seed its own start), all rows at the operations
+of `budget` of the reference's updates (1.5-SPSA's clean forwards counted, so it gets
+2K / (2K + 1) of SPSA's updates), each row and seed on its own lr grid, selection on
+ensemble validation, test once.
+
+1. alpha (`alpha_seed` only): every row of `alpha_rows` (method soma15, whose alpha is its
+   config.spsa15.alpha) at each alpha of `alphas`, as rows NAME_aALPHA beside the reference;
+   each row keeps the alpha whose selected run ends lowest on validation.
+2. the comparison: every row at every seed, the `alpha_rows` at their chosen alpha. The
+   stages share OUT (seed runs, and the reference's runs at `alpha_seed`, are trained once).
+
+The primary readout, declared in the config (`primary`): the test end-loss differences of
+those effects and interactions at the budget, seeds and documents in their intervals; each
+gets a computed verdict (`verdict`). Everything else decompose prints is secondary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ml_collections
+
+from soma_jax.errors import UserError
+from soma_jax.studies import decompose, protocol
+
+SPEC = "issue 56 (1.5-SPSA against SPSA, on the decomposition's protocol of SPEC 9.8)"
+
+FIELDS = {
+    "alphas": ("a non-empty tuple of finite numbers >= 0", lambda v: (
+        isinstance(v, tuple | list) and len(v) > 0
+        and all(protocol.positive(strict=False)[1](x) for x in v))),
+    "alpha_seed": protocol.whole(0),
+}
+
+
+def _alpha_name(row: str, alpha: float) -> str:
+  return f"{row}_a{alpha:g}".replace(".", "p")
+
+
+def check(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, dict]:
+  """The study's own fields, then both stages' decompose configs checked before anything
+  trains (stage 2 at each row's first alpha); returns (stage 1's config, the first alphas)."""
+  protocol.check_fields(config, FIELDS)
+  for row in config.alpha_rows:
+    if row not in config.methods:
+      raise UserError(f"alpha_rows names {row!r}, which is not a row of "
+                      f"{', '.join(config.methods)}; fix: --config.alpha_rows='(\"soma15\",)'")
+  if config.alpha_seed not in protocol.optimisation_seeds(config.first_seed, config.seeds):
+    raise UserError(f"alpha_seed={config.alpha_seed} is not one of the study's seeds; fix: "
+                    f"--config.alpha_seed={config.first_seed}")
+  if len(config.sign_kept) != 2 or any(e not in config.effects for e in config.sign_kept):
+    raise UserError(f"sign_kept={tuple(config.sign_kept)!r} must name two effects of "
+                    f"{', '.join(config.effects)}")
+  for p in config.primary:
+    if p not in config.effects and p not in config.interactions:
+      raise UserError(f"primary names {p!r}, which is no effect or interaction; fix: one of "
+                      f"{', '.join([*config.effects, *config.interactions])}")
+  first = {row: float(config.alphas[0]) for row in config.alpha_rows}
+  decompose.check(stage2(config, first))
+  stage1_config = stage1(config)
+  decompose.check(stage1_config)
+  return stage1_config, first
+
+
+def stage1(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The alpha stage: the reference and each alpha row at each alpha, on alpha_seed only."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.seeds, c.first_seed = 1, config.alpha_seed
+  ref = config.reference
+  keep = {ref: (config.methods[ref], config.rows[ref], config.start[ref])}
+  for row in config.alpha_rows:
+    for alpha in config.alphas:
+      m = ml_collections.ConfigDict(config.methods[row].to_dict())
+      m.spsa15.alpha = float(alpha)
+      keep[_alpha_name(row, alpha)] = (m, f"{config.rows[row]}, alpha {alpha:g}",
+                                       config.start[row])
+  c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
+  for name, (m, what, start) in keep.items():
+    c.methods[name], c.rows[name], c.start[name] = m, what, start
+  c.order = tuple(keep)
+  c.effects, c.interactions = ml_collections.ConfigDict(), ml_collections.ConfigDict()
+  c.row_base_lr = ml_collections.ConfigDict(
+      {n: config.row_base_lr[r] for r in config.row_base_lr for n in keep
+       if n == r or n.startswith(f"{r}_a")})
+  c.keep_width = tuple(n for n in config.get("keep_width", ()) if n in keep)
+  c.fresh_optimizer = tuple(n for n in config.get("fresh_optimizer", ()) if n in keep)
+  return c
+
+
+def stage2(config: ml_collections.ConfigDict, alphas: dict) -> ml_collections.ConfigDict:
+  """The comparison: the study's rows, each alpha row at its chosen alpha."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  for row, alpha in alphas.items():
+    c.methods[row].spsa15.alpha = float(alpha)
+  return c
+
+
+def choose(payload: dict, alpha_rows: tuple, alphas: tuple) -> dict:
+  """{row: its validation end loss at each alpha in the alpha stage, and the lowest's alpha}."""
+  out = {}
+  for row in alpha_rows:
+    tried = {float(a): payload["rows"][_alpha_name(row, a)]["end_loss"]["validation"]["mean"]
+             for a in alphas}
+    out[row] = {"validation_end_loss": {f"{a:g}": v for a, v in tried.items()},
+                "chosen": min(tried, key=tried.get)}
+  return out
+
+
+def verdict(stat: dict, lower: str, higher: str) -> str:
+  """A test end-loss difference read at its 95% interval (seeds and documents): `lower`
+  where it excludes zero above, `higher` where below, else no measurable difference with
+  its bound."""
+  ci = stat.get("ci95")
+  if ci is None:
+    return "unresolved (one seed: no interval)"
+  lo, hi = ci
+  if lo > 0:
+    return f"{lower}, by {stat['mean']:.4f} [{lo:.4f}, {hi:.4f}]"
+  if hi < 0:
+    return f"{higher}, by {-stat['mean']:.4f} [{-hi:.4f}, {-lo:.4f}]"
+  return f"no measurable difference, within +-{max(abs(lo), abs(hi)):.4f}"
+
+
+def sign_kept(before: dict, after: dict) -> str:
+  """Whether an effect keeps its sign from `before` to `after` (test end-loss differences,
+  95% intervals): "kept" / "flipped" where both intervals exclude zero, else "unresolved"."""
+  side = lambda s: 0 if s.get("ci95") is None else (s["ci95"][0] > 0) - (s["ci95"][1] < 0)
+  a, b = side(before), side(after)
+  if a and b:
+    return "kept" if a == b else "flipped"
+  return "unresolved (an interval holds zero)"
+
+
+def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
+  """The alpha stage, then the comparison (each `decompose.run` into OUT); OUT/results.json
+  is the comparison's with `alpha_stage` and the primary verdicts added, table.md its table
+  with them first; OUT/alpha_stage.json keeps the alpha stage's own results."""
+  first_stage, _ = check(config)
+  alpha_payload = decompose.run(first_stage, out, command, executor)
+  with open(os.path.join(out, "alpha_stage.json"), "w") as f:
+    json.dump(alpha_payload, f, indent=1)
+  chosen = choose(alpha_payload, tuple(config.alpha_rows), tuple(config.alphas))
+  payload = decompose.run(stage2(config, {r: c["chosen"] for r, c in chosen.items()}), out,
+                          command, executor)
+  payload["study"], payload["spec"] = "spsa15", SPEC
+  payload["alpha_stage"] = {"seed": config.alpha_seed, "alphas": list(config.alphas),
+                            "rows": chosen}
+  payload["primary"] = primary(payload, tuple(config.primary))
+  e1, e2 = (payload["effects"][e]["end_loss_difference"] for e in config.sign_kept)
+  payload["sign_kept"] = {"effects": list(config.sign_kept), "verdict": sign_kept(e1, e2)}
+  return protocol.write(out, payload, table)
+
+
+def primary(payload: dict, names: tuple) -> dict:
+  """The declared readouts: each effect's or interaction's test end-loss difference at the
+  budget (seeds and documents) with its verdict."""
+  out = {}
+  for name in names:
+    if name in payload["effects"]:  # b's end loss minus a's
+      e = payload["effects"][name]
+      stat, words = e["end_loss_difference"], (f"{e['a']} ends lower", f"{e['b']} ends lower")
+    else:  # effect 1's end-loss difference minus effect 2's
+      x = payload["interactions"][name]
+      stat = x["end_loss_difference"]
+      words = tuple(f"{x['of'][i]} is the larger difference" for i in (0, 1))
+    out[name] = {"end_loss_difference": stat, "verdict": verdict(stat, *words)}
+  return out
+
+
+def table(p: dict) -> str:
+  """The primary verdicts and the alpha stage, then decompose's table (secondary beyond)."""
+  lines = [f"1.5-SPSA against SPSA (issue 56). Primary readout: test end loss at the budget "
+           f"({len(p['primary'])} intervals, seeds and documents).", "",
+           "| primary | test end-loss difference [95%] | verdict |", "|---|---|---|"]
+  for name, r in p["primary"].items():
+    s = r["end_loss_difference"]
+    ci = "-" if s.get("ci95") is None else f"[{s['ci95'][0]:+.4f}, {s['ci95'][1]:+.4f}]"
+    lines.append(f"| {name} | {s['mean']:+.4f} {ci} | {r['verdict']} |")
+  st = p["alpha_stage"]
+  lines += ["", f"alpha chosen on seed {st['seed']} by validation end loss: " + "; ".join(
+      f"{row} {r['chosen']:g} (" + ", ".join(f"{a}: {v:.4f}" for a, v in
+                                              r["validation_end_loss"].items()) + ")"
+      for row, r in st["rows"].items()) + ".",
+      "", f"Sign of {' → '.join(p['sign_kept']['effects'])}: {p['sign_kept']['verdict']}.",
+      "", "Secondary:", ""]
+  return "\n".join(lines) + decompose.table(p)
+
