@@ -34,3 +34,34 @@ def test_prepare_negative_seed_on_the_command_line(data_textdir, tmp_path):
   proc = cli([sys.executable, "experiments/prepare_data.py", f"--source=textdir:{data_textdir}",
               "--num_clusters=2", f"--out={tmp_path / 'd'}", "--seed=-1"])
   one_error_line(proc, "--seed=-1")
+
+
+# ----------------------------------------------------------------------------- item 11
+
+
+def test_fig16_mark_k_beyond_the_smallest_ensemble_refused():
+  """Item 11: mark_k = 100 was clamped to N and the sentence still said "k = 4 captures
+  most"; now refused, naming the range 1..N of the smallest ensemble."""
+  from soma_jax.studies import fig16
+  from tests.test_fig16 import load_config
+
+  config = load_config("compare", "study=fig16,size=tiny")
+  smallest = min(config.methods[n].n_experts for n in config.ensembles)
+  config.mark_k = smallest + 1
+  with pytest.raises(UserError, match=rf"mark_k={smallest + 1}.*1\.\.{smallest}"):
+    fig16.check(config)
+  config.mark_k = smallest
+  assert fig16.check(config).mark_k == smallest
+
+
+def test_fig16_sentence_names_the_mark_it_measured():
+  """Item 11: the closing sentence's k is the study's mark, not the paper's 4."""
+  from soma_jax.studies import fig16
+
+  path = os.path.join(ROOT, "docs", "results", "fig16_cpu.json")
+  with open(path) as f:
+    p = json.load(f)
+  for r in p["measured"]["ensembles"].values():
+    r["mark_k"] = 2
+  p["measured"]["mark_k"] = 2
+  assert "k = 2 captures most" in fig16.table(p)
