@@ -65,3 +65,38 @@ def test_fig16_sentence_names_the_mark_it_measured():
     r["mark_k"] = 2
   p["measured"]["mark_k"] = 2
   assert "k = 2 captures most" in fig16.table(p)
+
+
+# ----------------------------------------------------------------------------- item 15
+
+
+def test_a_million_seeds_refused_in_a_short_line(data_two_shards, tmp_path):
+  """Item 15: seeds=1000000 was refused with a 7.9 MB line listing every seed; now the
+  count is capped (protocol.MAX_SEEDS) and the message names the count, not the seeds."""
+  from soma_jax.studies import compare, protocol
+  from tests.test_reliability_studies import tiny
+
+  config = tiny("table7", data_two_shards)
+  config.seeds = 1_000_000
+  with pytest.raises(UserError) as e:
+    compare.run(config, str(tmp_path / "out"))
+  assert "seeds=1000000" in str(e.value) and len(str(e.value)) < 500
+  # a seed_run_seed among many seeds names their range, not each one
+  config.seeds, config.seed_run_seed = protocol.MAX_SEEDS, 7
+  with pytest.raises(UserError) as e:
+    compare.run(config, str(tmp_path / "out2"))
+  assert f"0..{protocol.MAX_SEEDS - 1}" in str(e.value) and len(str(e.value)) < 500
+
+
+def test_every_error_line_is_capped(tmp_path):
+  """Item 15, the class: whatever a UserError holds, the printed line is at most
+  errors.MAX_MESSAGE characters and says how many were cut."""
+  from soma_jax import errors
+
+  line = errors.shortened("x" * 10_000_000)
+  assert len(line) < errors.MAX_MESSAGE + 100 and "9,998,000 more characters cut" in line
+  proc = cli([sys.executable, "experiments/compare.py",
+              "--config=experiments/configs/compare.py:study=table7,size=tiny",
+              f"--out={tmp_path / 'o'}", "--config.seeds=1000000"])
+  one_error_line(proc, "seeds=1000000")
+  assert len(proc.stderr) < 5000

@@ -99,11 +99,25 @@ class StudyPlan:
   fresh_optimizer: tuple[str, ...] = ()  # methods that take the seed's parameters only
 
 
+# A study trains every row once per optimisation seed (the paper: 3); more than this many is a
+# typo (seeds=1000000), refused in one line before anything is planned.
+MAX_SEEDS = 1000
+
+
 def optimisation_seeds(first: int, count: int) -> list[int]:
   """first, first + 1, ... (count of them)."""
-  if count < 1:
-    raise UserError(f"seeds={count} must be >= 1 (optimisation seeds per method)")
+  if count < 1 or count > MAX_SEEDS:
+    raise UserError(f"seeds={count} must be in 1..{MAX_SEEDS} (optimisation seeds per method; "
+                    f"every row trains once per seed); fix: --config.seeds=3")
   return list(range(first, first + count))
+
+
+def seed_list(seeds) -> str:
+  """Seeds as a message names them: the list when short, else 'first..last (count seeds)'."""
+  seeds = list(seeds)
+  if len(seeds) <= 8 or seeds != list(range(seeds[0], seeds[0] + len(seeds))):
+    return str(seeds) if len(seeds) <= 8 else f"{seeds[:4]} ... ({len(seeds):,} seeds)"
+  return f"{seeds[0]}..{seeds[-1]} ({len(seeds):,} seeds)"
 
 
 def started(executor=None) -> dict:
@@ -186,7 +200,7 @@ def check_fields(config: ml_collections.ConfigDict, rules: dict) -> None:
 
 
 PLAN_FIELDS = {  # every study's own fields (a method's and a seed run's: `check_runs`)
-    "seeds": whole(1), "first_seed": whole(0), "seed_run_seed": whole(0),
+    "seeds": whole(1, MAX_SEEDS), "first_seed": whole(0), "seed_run_seed": whole(0),
     "seed_updates": whole(1, MAX_UPDATES - 1), "curve_points": whole(1),
     "bootstrap_draws": whole(1), "ops_tolerance": positive(strict=False),
     "base_lr": positive(), "match_params": one_of(True, False),
@@ -206,7 +220,7 @@ def check_plan(config: ml_collections.ConfigDict) -> StudyPlan:
   seeds = optimisation_seeds(config.first_seed, config.seeds)
   if config.seed_run_seed in seeds:
     raise UserError(f"seed_run_seed={config.seed_run_seed} is one of the optimisation seeds "
-                    f"{seeds}: that seed's rows would replay the seed run's batches and "
+                    f"{seed_list(seeds)}: that seed's rows would replay the seed run's batches and "
                     f"directions; fix: --config.seed_run_seed={max(seeds) + 1000} (a seed "
                     "outside them)")
   if config.reference not in config.methods:

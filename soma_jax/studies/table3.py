@@ -116,7 +116,8 @@ def sweep_in(study: Accounting, folder: str) -> dict:
                       f"; {fix}")
     seeds = [q["seed"] for q in got["per_seed"]]
     if seeds != list(plan.seeds):
-      raise UserError(f"runs_from={folder!r}: {name} ran seeds {seeds}, not {list(plan.seeds)}; "
+      raise UserError(f"runs_from={folder!r}: {name} ran seeds {protocol.seed_list(seeds)}, not "
+                      f"{protocol.seed_list(plan.seeds)}; "
                       f"{fix}")
     for q in got["per_seed"]:
       if not os.path.isfile(os.path.join(folder, q["workdir"], records.SUMMARY_FILE)):
