@@ -100,3 +100,43 @@ def test_every_error_line_is_capped(tmp_path):
               f"--out={tmp_path / 'o'}", "--config.seeds=1000000"])
   one_error_line(proc, "seeds=1000000")
   assert len(proc.stderr) < 5000
+
+
+# ----------------------------------------------------------------------------- item 13
+
+
+def test_cells_that_differ_past_six_digits_get_their_own_folders():
+  """Item 13: lr factors 1.0 and 1.0000001 shared the folder lr1x_eps1x (:g); names are now
+  exact (`protocol.exact`) where :g is not, and unchanged where it is (old folders resume)."""
+  from soma_jax.studies import protocol, table6
+
+  a, b = (1.0, 1.0), (1.0000001, 1.0)
+  assert table6.cell_name(a) != table6.cell_name(b)
+  assert table6.cell_name(a) == "lr1x_eps1x" and table6.cell_name((0.5, 2.0)) == "lr0.5x_eps2x"
+  for x in (1.0000001, 0.1 + 0.2, 1e-7 * 3.0000001, 0.0025, 12345678.9):
+    assert float(protocol.exact(x)) == x
+  names = {protocol.exact(1 + k * 1e-12) for k in range(50)}
+  assert len(names) == 50
+
+
+def test_two_runs_of_a_stage_in_one_folder_refused_before_training(tmp_path):
+  """Item 13, the class: a stage whose runs would share a folder is refused before any of
+  them trains (it failed after training, with a fix that led to the same clash)."""
+  from soma_jax.studies import protocol
+
+  w = str(tmp_path / "runs" / "x")
+  with pytest.raises(UserError, match="share the folder"):
+    protocol.train_all([(None, w, "a"), (None, w, "b")])
+  assert not os.path.exists(w)
+
+
+# ----------------------------------------------------------------------------- notes: NaN
+
+
+def test_a_nan_validation_loss_is_never_the_best_cell():
+  """Note: np.argmin chose a NaN cell; the best finite cell is chosen, all-NaN refused."""
+  from soma_jax.studies import table6
+
+  assert table6.best_cell([float("nan"), 2.5, 2.4, float("inf")], "soma", 0) == 2
+  with pytest.raises(UserError, match="non-finite"):
+    table6.best_cell([float("nan"), float("nan")], "soma", 0)

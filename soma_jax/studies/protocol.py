@@ -500,7 +500,13 @@ def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict
 def train_all(runs: list[tuple[spec_lib.RunSpec, str, str]], executor=None) -> list[float]:
   """Trains every run of a stage (none reads another) to its end: one after another in this
   process (`executor` None), or by `executor` (`executor.make`: processes, SLURM); each run's
-  wall seconds, in order. Every run's folder is checked (`check_existing`) before any trains."""
+  wall seconds, in order. Every run's folder is checked (`check_existing`) before any trains,
+  and no two runs may share one."""
+  folders = [os.path.abspath(workdir) for _, workdir, _ in runs]
+  shared = sorted({f for f in folders if folders.count(f) > 1})
+  if shared:
+    raise UserError(f"two runs of this study would share the folder {shared[0]!r} (their "
+                    "settings name the same folder); fix: give them settings that differ")
   if executor is None:
     return [executor_lib.train(spec, workdir, what) for spec, workdir, what in runs]
   for spec, workdir, _ in runs:
@@ -629,6 +635,14 @@ def finished_study(folder: str, study: str, field: str, fix: str) -> dict:
                     f"{theirs.get('study') if isinstance(theirs, dict) else None!r}, not {study}; "
                     f"{fix}")
   return theirs
+
+
+def exact(x: float) -> str:
+  """A number as a run folder names it: `:g` where that reads back as exactly `x` (the names
+  studies have always used, 0.5, 1, 0.0025), else its shortest exact form (repr), so two
+  different numbers never share a folder."""
+  short = f"{x:g}"
+  return short if float(short) == float(x) else repr(float(x))
 
 
 def shown(path: str, out: str) -> str:
