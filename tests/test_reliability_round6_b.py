@@ -3,7 +3,6 @@ table that changes on rerun, a moved study folder, fixes that name other entry p
 mixed budget units, unchecked numbers and files, folder names that clash."""
 
 import json
-import math
 import os
 import sys
 
@@ -14,7 +13,6 @@ from soma_jax.data import prepare
 from soma_jax.errors import UserError
 from tests.test_compare import ROOT
 from tests.test_robustness import cli, one_error_line
-
 
 # ----------------------------------------------------------------------------- item 9
 
@@ -140,3 +138,21 @@ def test_a_nan_validation_loss_is_never_the_best_cell():
   assert table6.best_cell([float("nan"), 2.5, 2.4, float("inf")], "soma", 0) == 2
   with pytest.raises(UserError, match="non-finite"):
     table6.best_cell([float("nan"), float("nan")], "soma", 0)
+
+
+def test_results_json_holds_no_bare_nan(tmp_path):
+  """Note: the tiny ladder's results.json held bare NaN (not JSON); every study's
+  results.json is written through protocol.dump_json: non-finite numbers as null."""
+  from soma_jax.studies import protocol
+
+  payload = {"study": "x", "rho": float("nan"), "r": [np.float32("inf"), 1.0],
+             "n": np.int64(3), "a": np.array([np.nan, 2.0])}
+  protocol.write(str(tmp_path), payload, lambda p: "table\n")
+
+  def refuse(name):
+    raise ValueError(f"bare {name} in results.json")
+
+  with open(tmp_path / "results.json") as f:
+    got = json.load(f, parse_constant=refuse)
+  assert got == {"study": "x", "rho": None, "r": [None, 1.0], "n": 3, "a": [None, 2.0]}
+  assert not os.path.exists(tmp_path / "results.json.tmp")

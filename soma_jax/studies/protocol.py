@@ -50,6 +50,7 @@ from soma_jax import budget as budget_lib
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import checkpoint_scores as scores_lib
 from soma_jax import evaluate as eval_lib
+from soma_jax import metrics as metrics_lib
 from soma_jax import plan as plan_lib
 from soma_jax import records, runs
 from soma_jax import spec as spec_lib
@@ -756,10 +757,19 @@ def public(x):
   return x
 
 
+def dump_json(path: str, payload: dict) -> None:
+  """`payload` as JSON at `path`, through a temporary file renamed into place, every
+  non-finite number written as null (`metrics.json_safe`; bare NaN is not JSON)."""
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(metrics_lib.json_safe(payload), f, indent=1, allow_nan=False, default=float)
+  os.replace(tmp, path)
+
+
 def write(out: str, payload: dict, table) -> dict:
-  """OUT/results.json (the payload) and OUT/table.md (`table(payload)`); the payload."""
-  with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(payload, f, indent=1)
+  """OUT/results.json (the payload, `dump_json`) and OUT/table.md (`table(payload)`); the
+  payload."""
+  dump_json(os.path.join(out, "results.json"), payload)
   with open(os.path.join(out, "table.md"), "w") as f:
     f.write(table(payload))
   return payload
