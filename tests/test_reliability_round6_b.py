@@ -156,3 +156,35 @@ def test_results_json_holds_no_bare_nan(tmp_path):
     got = json.load(f, parse_constant=refuse)
   assert got == {"study": "x", "rho": None, "r": [None, 1.0], "n": 3, "a": [None, 2.0]}
   assert not os.path.exists(tmp_path / "results.json.tmp")
+
+
+# ----------------------------------------------------------------------------- notes: study.json
+
+
+def test_a_refused_config_leaves_no_study_json(data_two_shards, tmp_path):
+  """Note: a refused config left OUT/study.json, so another study was refused that --out;
+  now the mark goes with the refusal, and another study may claim the folder."""
+  from soma_jax.studies import compare
+  from tests.test_reliability_studies import tiny
+
+  out = str(tmp_path / "out")
+  config = tiny("table7", data_two_shards)
+  config.budget = -1.0
+  with pytest.raises(UserError, match="budget"):
+    compare.run(config, out)
+  assert not os.path.exists(os.path.join(out, compare.STUDY_FILE))
+  compare.claim_out("table4", out)  # no longer "holds study 'table7'"
+
+
+def test_a_study_with_runs_keeps_its_mark(tmp_path):
+  """Note: once a run began under OUT, its study.json stays (it guards those runs)."""
+  from soma_jax.studies import compare
+
+  out = str(tmp_path / "out")
+  assert compare.claim_out("table7", out)
+  os.makedirs(os.path.join(out, "seeds", "soma"))
+  with open(os.path.join(out, "seeds", "soma", "config.json"), "w") as f:
+    f.write("{}")
+  compare.release_out(out)
+  with pytest.raises(UserError, match="holds study 'table7'"):
+    compare.claim_out("table4", out)
