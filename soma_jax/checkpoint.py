@@ -23,6 +23,7 @@ import logging as pylogging
 import os
 import re
 import time
+import uuid
 from typing import Any
 
 import jax
@@ -264,9 +265,34 @@ def record_start(workdir: str, step: int, changed: dict, overrides: list[str],
   """Appends one line to config_history.jsonl: when, from which step, what changed."""
   record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "step": step,
             "changed": {k: list(v) for k, v in changed.items()}, "resume_overrides": overrides,
-            "data_manifest_sha256": data_sha}
+            "data_manifest_sha256": data_sha, "workdir": os.path.abspath(workdir)}
+  if not first_history(workdir):  # the run's first start: its identity (`run_id`)
+    record["run_id"] = uuid.uuid4().hex
   with open(os.path.join(workdir, HISTORY_FILE), "a") as f:
     f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+
+
+def first_history(workdir: str) -> str:
+  """The first line of the workdir's config_history.jsonl (its first start), or ""."""
+  try:
+    with open(os.path.join(workdir, HISTORY_FILE)) as f:
+      return next((line.strip() for line in f if line.strip()), "")
+  except (OSError, UnicodeDecodeError):
+    return ""
+
+
+def run_id(workdir: str) -> str | None:
+  """The run's identity: the run_id its first start recorded, else (older runs) the SHA-256
+  of that first history line; None before its first start. It moves and is copied with the
+  whole workdir, never with a file taken from another run."""
+  first = first_history(workdir)
+  if not first:
+    return None
+  try:
+    found = json.loads(first).get("run_id")
+  except (ValueError, AttributeError):
+    found = None
+  return found if isinstance(found, str) and found else hashlib.sha256(first.encode()).hexdigest()
 
 
 def last_history(workdir: str) -> dict:

@@ -188,3 +188,152 @@ def test_a_study_with_runs_keeps_its_mark(tmp_path):
   compare.release_out(out)
   with pytest.raises(UserError, match="holds study 'table7'"):
     compare.claim_out("table4", out)
+
+
+# ----------------------------------------------------------------------------- a trained run
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory, data_two_shards):
+  """A tiny N = 2 budgeted run of 6 updates, 3 checkpoints, scored on validation by training."""
+  from soma_jax import config as config_lib
+  from soma_jax.studies import executor, protocol
+  from tests.test_checkpoint_scores import val_set
+
+  c = config_lib.base_config(n=2, size="tiny")
+  val = val_set(data_two_shards)
+  spec = protocol.budgeted(c, data_two_shards, 0, None, "updates", 6, 3, score=val)
+  workdir = str(tmp_path_factory.mktemp("scored") / "run")
+  executor.train(spec, workdir, "scored run")
+  return spec, workdir, val
+
+
+def _another_run(workdir: str, dest: str) -> str:
+  """A copy of `workdir` that is another run: its own first start (run_id), no scores."""
+  import shutil
+
+  from soma_jax import checkpoint as ckpt_lib
+
+  shutil.copytree(workdir, dest, ignore=shutil.ignore_patterns("checkpoint_scores"))
+  path = os.path.join(dest, ckpt_lib.HISTORY_FILE)
+  with open(path) as f:
+    lines = [json.loads(line) for line in f if line.strip()]
+  lines[0]["run_id"] = "another-run"
+  with open(path, "w") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in lines))
+  return dest
+
+
+def test_score_files_copied_from_another_run_are_not_read(scored, tmp_path, monkeypatch):
+  """Note: score files copied from another run were used unchecked; STEP.json names the run
+  that wrote it (checkpoint.run_id), another run's are restored and scored instead. A whole
+  run copied or moved keeps its own."""
+  import shutil
+
+  from soma_jax import checkpoint_scores as scores_lib
+  from soma_jax.studies import protocol
+  from tests.test_checkpoint_scores import count_restores
+
+  spec, workdir, val = scored
+  assert scores_lib.read(workdir, 6, val.settings()) is not None
+  other = _another_run(workdir, str(tmp_path / "other"))
+  shutil.copytree(os.path.join(workdir, scores_lib.FOLDER), os.path.join(other, scores_lib.FOLDER))
+  assert scores_lib.read(other, 6, val.settings()) is None
+  assert scores_lib.counters(other, 6) is None
+  calls = count_restores(monkeypatch)
+  protocol.final_losses(other, spec, val)
+  assert len(calls) == 1  # restored, not read
+  whole = shutil.copytree(workdir, str(tmp_path / "moved"))
+  assert scores_lib.read(whole, 6, val.settings()) is not None
+
+
+@pytest.mark.parametrize("value", ["x", None, [1], float("nan")])
+def test_a_tampered_counter_falls_back_to_the_checkpoint(scored, tmp_path, value):
+  """Item 17: a string in a checkpoint-scores counter gave a traceback (float('x')); such a
+  file is not read, and the checkpoint's own counters are restored."""
+  import shutil
+
+  from soma_jax import checkpoint_scores as scores_lib
+  from soma_jax.studies import protocol
+
+  spec, workdir, val = scored
+  w = shutil.copytree(workdir, str(tmp_path / "w"))
+  path = os.path.join(w, scores_lib.FOLDER, "6.json")
+  with open(path) as f:
+    meta = json.load(f)
+  meta["counters"]["cpu_seconds"] = value
+  with open(path, "w") as f:
+    json.dump(meta, f)
+  assert scores_lib.counters(w, 6) is None and scores_lib.read(w, 6, val.settings()) is None
+  assert protocol.summary(w, spec, 0) == protocol.summary(workdir, spec, 0)
+
+
+def test_a_truncated_summary_is_no_traceback(scored, tmp_path):
+  """Item 17: a truncated summary.json of a run is read as none (protocol.read_summary)."""
+  import shutil
+
+  from soma_jax.studies import protocol
+
+  spec, workdir, _ = scored
+  w = shutil.copytree(workdir, str(tmp_path / "w"))
+  with open(os.path.join(w, "summary.json"), "r+") as f:
+    f.truncate(10)
+  assert protocol.read_summary(w) is None
+  assert protocol.summary(w, spec, 0)["budget_before_last_update"] is None
+
+
+def test_table3_runs_from_with_a_truncated_summary_is_one_line(scored, tmp_path):
+  """Item 17: a truncated summary.json in a runs_from folder gave a traceback; now one
+  UserError naming the file, with a fix in compare.py's options."""
+  import shutil
+
+  from soma_jax.config import load_config_file
+  from soma_jax.studies import table3
+  from tests.test_reliability_studies import CONFIG
+
+  config = load_config_file(CONFIG, "study=table3,size=tiny")
+  study = table3.check(config)
+  folder = tmp_path / "fig7"
+  settings = {}
+  for name in (study.solo, study.ensemble):
+    w = f"runs/{name}"
+    shutil.copytree(scored[1], folder / w)
+    settings[name] = {**study.shapes[name],
+                      "per_seed": [{"seed": s, "workdir": w} for s in study.sweep.plan.seeds]}
+  results = {"study": "fig7", "budget": {"amount": study.sweep.plan.budget},
+             "measured": {"settings": settings}}
+  (folder / "results.json").write_text(json.dumps(results))
+  assert table3.sweep_in(study, str(folder))["study"] == "fig7"  # whole: accepted
+  with open(folder / f"runs/{study.ensemble}" / "summary.json", "r+") as f:
+    f.truncate(15)
+  with pytest.raises(UserError, match="summary.json is missing, unreadable") as e:
+    table3.sweep_in(study, str(folder))
+  assert "--config.runs_from=" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- item 12
+
+
+def test_cost_counts_only_the_studys_runs(scored, tmp_path):
+  """Item 12: results.json `cost` summed every summary.json under --out, another study's or
+  a user's runs included; now only the runs the study trained or found finished
+  (protocol.own, through train_all)."""
+  import shutil
+
+  from soma_jax.studies import protocol
+
+  _, workdir, _ = scored
+  out = tmp_path / "out"
+  mine = str(shutil.copytree(workdir, out / "runs" / "seed0" / "mine"))
+  shutil.copytree(workdir, out / "elsewhere" / "not_mine")  # under --out, not the study's
+  outside = protocol.started()
+  protocol.own(str(tmp_path / "before"))  # an earlier study's run in this process
+  begun = protocol.started()
+  protocol.own(mine)
+  protocol.own(mine)  # a run resumed twice is one run
+  cost = protocol.cost(str(out), begun)
+  with open(os.path.join(workdir, "summary.json")) as f:
+    done = json.load(f)
+  assert cost["runs"] == 1
+  assert cost["update_seconds"] == pytest.approx(done["update_seconds"])
+  assert protocol.cost(str(out), outside)["runs"] == 1  # "before" has no summary

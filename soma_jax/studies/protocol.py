@@ -121,27 +121,57 @@ def seed_list(seeds) -> str:
   return f"{seeds[0]}..{seeds[-1]} ({len(seeds):,} seeds)"
 
 
+# Every run folder a study trained, resumed or found finished in this process (`train_all`,
+# `own`), in order: a study's cost counts the ones since it began (`started`), never another
+# run that happens to lie under its --out.
+_RUNS: list[str] = []
+
+
+def own(workdir: str) -> None:
+  """Counts `workdir` as a run of the study in progress (its cost reads its summary.json)."""
+  _RUNS.append(os.path.abspath(workdir))
+
+
 def started(executor=None) -> dict:
-  """When, under what load and with which executor a study began (`results` records them)."""
+  """When, under what load and with which executor a study began (`results` records them),
+  and where its runs begin in this process's list of study runs (`cost`)."""
   return {"t0": time.perf_counter(), "load_average": list(os.getloadavg()),
-          "executor": getattr(executor, "name", "inline")}
+          "executor": getattr(executor, "name", "inline"), "first_run": len(_RUNS)}
+
+
+def read_summary(workdir: str) -> dict | None:
+  """A run's summary.json, or None where it is missing or unreadable (a truncated file, not
+  a JSON object): a run without one has not finished, and is counted as such."""
+  try:
+    with open(os.path.join(workdir, records.SUMMARY_FILE)) as f:
+      done = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return done if isinstance(done, dict) else None
+
+
+def _number(x: object) -> float:
+  """A counter read from a file: its value where it is a finite number, else 0."""
+  ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+  return float(x) if ok else 0.0
 
 
 def cost(out: str, begun: dict) -> dict:
-  """What the study's runs spent, from every run folder's summary.json under `out` (each
-  run's own totals, its seed's excluded): wall seconds of this call, and summed over runs the
-  wall seconds of training updates, compilation, step compiles and evaluation (core- or
-  device-seconds as each run counts them, `budget.COUNTERS`), and the executor."""
+  """What the study's runs spent (those it trained or found finished since `begun`, `own`;
+  not any other run under `out`), from each one's summary.json (its own totals, its seed's
+  excluded): wall seconds of this call, and summed over runs the wall seconds of training
+  updates, compilation, step compiles and evaluation (core- or device-seconds as each run
+  counts them, `budget.COUNTERS`), and the executor."""
+  del out  # the study's runs are listed, not found by walking its folder
   sums = dict.fromkeys(("update_seconds", "compile_seconds", "step_compiles", "eval_seconds",
                         "device_seconds"), 0.0)
   runs_read = 0
-  for folder, _, files in os.walk(out):
-    if records.SUMMARY_FILE in files:
-      with open(os.path.join(folder, records.SUMMARY_FILE)) as f:
-        done = json.load(f)
+  for folder in dict.fromkeys(_RUNS[begun.get("first_run", 0):]):
+    done = read_summary(folder)
+    if done is not None:
       runs_read += 1
       for k in sums:
-        sums[k] += float(done.get(k) or 0.0)
+        sums[k] += _number(done.get(k))
   wall = time.perf_counter() - begun["t0"]
   return {"wall_seconds": wall, **sums, "step_compiles": int(sums["step_compiles"]),
           "update_fraction_of_wall": sums["update_seconds"] / wall if wall else None,
@@ -508,6 +538,8 @@ def train_all(runs: list[tuple[spec_lib.RunSpec, str, str]], executor=None) -> l
   if shared:
     raise UserError(f"two runs of this study would share the folder {shared[0]!r} (their "
                     "settings name the same folder); fix: give them settings that differ")
+  for folder in folders:
+    own(folder)
   if executor is None:
     return [executor_lib.train(spec, workdir, what) for spec, workdir, what in runs]
   for spec, workdir, _ in runs:
@@ -608,8 +640,7 @@ def summary(workdir: str, spec: spec_lib.RunSpec, start_step: int) -> dict:
   data_state = scores_lib.counters(workdir, step) if step is not None else None
   if data_state is None:
     step, _, data_state, _ = runs.restore_state(workdir)
-  with open(os.path.join(workdir, records.SUMMARY_FILE)) as f:
-    done = json.load(f)
+  done = read_summary(workdir) or {}  # unreadable: rewritten when the run is resumed
   updates = int(step) - start_step
   return {"step": int(step), "updates": updates, "ops": updates * spec.total_ops_per_update,
           **{k: float(data_state.get(k, 0.0)) for k in budget_lib.TIMERS},

@@ -22,12 +22,11 @@ per seed and as the mean over seeds beside the paper's (49.6k / 41.9k, 49.7k / 4
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import os
 
 import ml_collections
 
-from soma_jax import records
 from soma_jax.errors import UserError
 from soma_jax.studies import fig7, protocol
 
@@ -120,14 +119,23 @@ def sweep_in(study: Accounting, folder: str) -> dict:
                       f"{protocol.seed_list(plan.seeds)}; "
                       f"{fix}")
     for q in got["per_seed"]:
-      if not os.path.isfile(os.path.join(folder, q["workdir"], records.SUMMARY_FILE)):
-        raise UserError(f"runs_from={folder!r} lacks {q['workdir']}/summary.json; {fix}")
+      if _summary(folder, q["workdir"]) is None:
+        raise UserError(f"runs_from={folder!r}: {q['workdir']}/summary.json is missing, "
+                        f"unreadable or lacks its counters ({', '.join(COUNTED)}); {fix}")
   return theirs
 
 
-def _summary(folder: str, workdir: str) -> dict:
-  with open(os.path.join(folder, workdir, records.SUMMARY_FILE)) as f:
-    return json.load(f)
+COUNTED = ("updates", "ops", "device_seconds", "update_seconds")  # what `account` reads
+
+
+def _summary(folder: str, workdir: str) -> dict | None:
+  """A run's summary.json with every counter `account` reads a finite number (updates and
+  update_seconds > 0), or None (missing, truncated, tampered)."""
+  done = protocol.read_summary(os.path.join(folder, workdir))
+  if done is None or any(not isinstance(done.get(k), int | float) or isinstance(done.get(k), bool)
+                         or not math.isfinite(done[k]) for k in COUNTED):
+    return None
+  return done if done["updates"] > 0 and done["update_seconds"] > 0 else None
 
 
 def account(ens_run: dict, solo_run: dict, wall: float, n_experts: int) -> dict:
@@ -158,8 +166,14 @@ def readout(sweep: dict, folder: str, solo: str, ensemble: str) -> dict:
   per_seed = []
   for q_ens, q_solo in zip(settings[ensemble]["per_seed"], settings[solo]["per_seed"],
                            strict=True):
-    rows = account(_summary(folder, q_ens["workdir"]), _summary(folder, q_solo["workdir"]),
-                   q_ens["wall_seconds_this_call"], n)
+    done = [_summary(folder, q["workdir"]) for q in (q_ens, q_solo)]
+    for q, d in zip((q_ens, q_solo), done, strict=True):
+      if d is None:
+        raise UserError(f"{os.path.join(folder, q['workdir'], 'summary.json')!r} is missing, "
+                        f"unreadable or lacks its counters ({', '.join(COUNTED)}); fix: "
+                        "--config.runs_from= a finished study=fig7 whose runs are whole, or "
+                        "another --out to train them again")
+    rows = account(*done, q_ens["wall_seconds_this_call"], n)
     per_seed.append({"seed": q_ens["seed"], "workdirs": [q_ens["workdir"], q_solo["workdir"]],
                      **rows})
   over = lambda key, row: protocol.across_seeds([s[key][row] for s in per_seed])
