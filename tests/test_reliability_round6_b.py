@@ -337,3 +337,147 @@ def test_cost_counts_only_the_studys_runs(scored, tmp_path):
   assert cost["runs"] == 1
   assert cost["update_seconds"] == pytest.approx(done["update_seconds"])
   assert protocol.cost(str(out), outside)["runs"] == 1  # "before" has no summary
+
+
+# ----------------------------------------------------------------------------- item 3
+
+
+def test_clock_physical_seconds_count_from_the_call_and_add_to_the_restored():
+  """Item 3: physical_seconds is a run counter: this call's wall seconds from its start
+  (`called`) times the units charged, plus what earlier calls recorded."""
+  import time
+
+  from soma_jax import budget as budget_lib
+
+  clock = budget_lib.Clock(1, 7, {"physical_seconds": 5.0}, called=time.perf_counter() - 2.0)
+  got = clock.totals(0)["physical_seconds"]
+  assert 5.0 + 2.0 * clock.units <= got < 5.0 + 3.0 * clock.units
+  assert "physical_seconds" in budget_lib.TIMERS
+  assert "physical_seconds" not in budget_lib.TRAINING_TIMERS
+
+
+def test_physical_total_is_the_runs_own_and_survives_reruns(data_two_shards, tmp_path):
+  """Item 3: Table 3's physical row took the last call's wall time (a rerun of a finished
+  study turned 7.53 into 0.81); now the run records what its calls took (summary.json
+  physical_seconds, carried in its checkpoints), a resumed run adds its own call to the
+  checkpoint's, a rerun of a finished run changes nothing, and the row reads that."""
+  import time
+
+  from soma_jax import config as config_lib
+  from soma_jax import runs
+  from soma_jax import train as train_lib
+  from soma_jax.studies import protocol, table3
+
+  c = config_lib.base_config(n=2, size="tiny")
+  w = str(tmp_path / "run")
+  train_lib.train_to_end(protocol.budgeted(c, data_two_shards, 0, None, "updates", 4, 2), w,
+                         "first call")
+  first = float(runs.restore_state(w)[2]["physical_seconds"])
+  assert first > 0
+  spec = protocol.budgeted(c, data_two_shards, 0, None, "updates", 6, 2)
+  t0 = time.perf_counter()
+  train_lib.train_to_end(spec, w, "the resume")  # as after a kill: on from step 4
+  second = time.perf_counter() - t0
+  done = protocol.read_summary(w)
+  units = done["device_seconds"] / done["update_seconds"]
+  assert first < done["physical_seconds"] <= first + second * units + 1e-6
+  train_lib.train_to_end(spec, w, "a rerun")  # finished: nothing to do
+  assert protocol.read_summary(w) == done
+  rows = table3.account(done, done, 0.001, 2)  # whatever this call's wall was
+  assert rows["device_seconds"]["physical"] == done["physical_seconds"]
+  old = {k: v for k, v in done.items() if k != "physical_seconds"}  # a run from before
+  assert table3.account(old, old, 3.0, 2)["device_seconds"]["physical"] == 3.0 * units
+
+
+# ----------------------------------------------------------------------------- items 4 and 7
+
+
+@pytest.fixture(scope="module")
+def study_folder(tmp_path_factory, data_two_shards):
+  """A study-shaped folder: OUT/data (a copy of the data), OUT/seeds/s (2 updates) and
+  OUT/runs/seed0/r continuing it (2 updates), both finished."""
+  import shutil
+
+  from soma_jax import config as config_lib
+  from soma_jax.studies import executor, protocol
+
+  out = tmp_path_factory.mktemp("study") / "out"
+  data = str(shutil.copytree(data_two_shards, out / "data"))
+  c = config_lib.base_config(n=2, size="tiny")
+  seed = str(out / "seeds" / "s")
+  executor.train(protocol.budgeted(c, data, 5, None, "updates", 2, 1), seed, "seed")
+  run = str(out / "runs" / "seed0" / "r")
+  executor.train(protocol.budgeted(c, data, 0, {"_path": seed}, "updates", 2, 1), run, "row")
+  return str(out), c
+
+
+def _row(out: str, c):
+  from soma_jax.studies import protocol
+
+  data = os.path.join(out, "data")
+  return protocol.budgeted(c, data, 0, {"_path": os.path.join(out, "seeds", "s")}, "updates",
+                           2, 1)
+
+
+def test_a_moved_study_folder_reruns(study_folder, tmp_path):
+  """Item 4: a study folder moved whole was refused for a changed init_from (and data.dir),
+  with the fix "delete that folder"; paths that moved with the folder are the same run."""
+  import shutil
+
+  from soma_jax.studies import executor, protocol
+
+  out, c = study_folder
+  moved = str(shutil.copytree(out, tmp_path / "elsewhere" / "renamed"))
+  spec, run = _row(moved, c), os.path.join(moved, "runs", "seed0", "r")
+  executor.check_existing(run, spec)
+  before = protocol.read_summary(run)
+  executor.train(spec, run, "the moved row")  # finished: read, not retrained
+  assert protocol.read_summary(run) == before
+
+
+def test_moved_along_without_a_recorded_place():
+  """Item 4: runs from before config_history.jsonl recorded their folder are recognised by
+  the paths' common tail below a head that holds the workdir now."""
+  from soma_jax import checkpoint as ckpt_lib
+
+  w = "/new/study2/runs/seed0/r"
+  assert ckpt_lib.moved_along("/old/study/seeds/s", "/new/study2/seeds/s", w)
+  assert ckpt_lib.moved_along("/old/study/data", "/new/study2/data", w)
+  assert not ckpt_lib.moved_along("/old/study/seeds/s", "/new/study2/seeds/t", w)
+  assert not ckpt_lib.moved_along("/old/study/seeds/s", "/other/place/seeds/s", w)
+
+
+def test_another_seed_is_still_refused_without_delete_advice(study_folder, tmp_path):
+  """Item 4: a real change (another seed run) is still refused, and no fix advises deleting
+  the finished run."""
+  import shutil
+
+  from soma_jax.studies import executor, protocol
+
+  out, c = study_folder
+  moved = str(shutil.copytree(out, tmp_path / "m"))
+  shutil.copytree(os.path.join(moved, "seeds", "s"), os.path.join(moved, "seeds", "other"))
+  spec = protocol.budgeted(c, os.path.join(moved, "data"), 0,
+                           {"_path": os.path.join(moved, "seeds", "other")}, "updates", 2, 1)
+  with pytest.raises(UserError, match="init_from") as e:
+    executor.check_existing(os.path.join(moved, "runs", "seed0", "r"), spec)
+  assert "delete" not in str(e.value) and "--out" in str(e.value)
+
+
+def test_data_re_prepared_in_place_names_compare_options(study_folder, tmp_path):
+  """Item 7: data re-prepared in place: the fix named train.py's --workdir and
+  --config.resume_overrides, which compare.py rejects; now compare.py's options."""
+  import shutil
+
+  from soma_jax.studies import executor
+
+  out, c = study_folder
+  moved = str(shutil.copytree(out, tmp_path / "m"))
+  with open(os.path.join(moved, "data", "manifest.json"), "a") as f:
+    f.write(" ")
+  with pytest.raises(UserError, match="re-prepared") as e:
+    executor.check_existing(os.path.join(moved, "runs", "seed0", "r"), _row(moved, c))
+  message = str(e.value)
+  assert "--config.data_dir=" in message and "--out" in message
+  for foreign in ("--workdir", "resume_overrides", "delete"):
+    assert foreign not in message

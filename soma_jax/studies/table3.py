@@ -10,8 +10,12 @@ the cores, charged):
 - recorded: U x the mean step seconds the run recorded (summary.json `device_seconds`; the
   paper's U sum_e t_e / 3600, its Figures 1 and 15 endpoint). Here every expert is in one
   vmapped step, so the sum over experts is that step's time;
-- physical: the wall seconds of the whole training call times the devices charged (start-up,
-  the seed state's restore, compilation, checkpoints: the paper's W&B physical total);
+- physical: the wall seconds of the run's training calls times the devices charged (start-up,
+  the seed state's restore, compilation, checkpoints: the paper's W&B physical total), as the
+  run recorded them (summary.json `physical_seconds`: each call from its start to its last
+  checkpoint, summed over the calls that resumed it), so rerunning a finished study, or
+  resuming one after a kill, reads the same total; runs from before that counter: the wall
+  seconds of the study call that trained them;
 - fixed solo rate: N x U x one expert's mean step seconds when it trains alone (the solo run,
   same seed), as the paper's 256 U x 0.168 s charges every expert a fixed per-expert rate.
 The paper's fourth row (a fixed 0.140-s normalization) names a constant without saying how it
@@ -145,7 +149,10 @@ def account(ens_run: dict, solo_run: dict, wall: float, n_experts: int) -> dict:
   updates = int(ens_run["updates"])
   units = ens_run["device_seconds"] / ens_run["update_seconds"]  # devices or cores charged
   solo_step = solo_run["update_seconds"] / solo_run["updates"]
-  rows = {"recorded": float(ens_run["device_seconds"]), "physical": wall * units,
+  physical = ens_run.get("physical_seconds")  # what the run's calls took, recorded by it
+  recorded = isinstance(physical, int | float) and math.isfinite(physical) and physical > 0
+  rows = {"recorded": float(ens_run["device_seconds"]),
+          "physical": float(physical) if recorded else wall * units,
           "fixed_solo_rate": n_experts * updates * solo_step * units}
   apart = {k: float(ens_run.get(k) or 0.0) for k in ("compile_seconds", "ckpt_seconds",
                                                      "eval_seconds")}
@@ -155,7 +162,9 @@ def account(ens_run: dict, solo_run: dict, wall: float, n_experts: int) -> dict:
                                       / (updates * n_experts), "alone": solo_step},
           "physical_minus_recorded": rows["physical"] - rows["recorded"],
           "recorded_apart_device_seconds": apart, "ops": int(ens_run["ops"]),
-          "training_call_wall_seconds": wall}
+          "training_call_wall_seconds": wall,
+          "physical_from": ("summary.json physical_seconds (the run's training calls)"
+                            if recorded else "this study call's wall seconds x devices")}
 
 
 def readout(sweep: dict, folder: str, solo: str, ensemble: str) -> dict:
