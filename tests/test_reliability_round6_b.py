@@ -481,3 +481,33 @@ def test_data_re_prepared_in_place_names_compare_options(study_folder, tmp_path)
   assert "--config.data_dir=" in message and "--out" in message
   for foreign in ("--workdir", "resume_overrides", "delete"):
     assert foreign not in message
+
+
+def test_study_data_refusals_name_compare_options(data_two_shards, tmp_path):
+  """Item 7, the note: a data dir of another N said "re-run prepare_data.py with
+  --num_clusters=3 or set n=3", a bad corpus named prepare_data's --source; a study's
+  refusal names its own --config fields."""
+  from soma_jax.studies import protocol
+
+  with pytest.raises(UserError) as e:
+    protocol.ensure_data(data_two_shards, str(tmp_path), 3)
+  assert "set n=" not in str(e.value) and "--config.data_dir=" in str(e.value)
+  with pytest.raises(UserError) as e:
+    protocol.prepared_dirs(f"textdir:{tmp_path / 'none'}", {"min_df": 2}, [2], str(tmp_path))
+  assert "--config.source" in str(e.value) and " --source" not in str(e.value)
+  with pytest.raises(UserError) as e:
+    protocol.prepare_data("pystdlib", 2, str(tmp_path / "d"), {"val_fraction": 2.0})
+  assert "--config.prepare.val_fraction=2.0" in str(e.value)
+
+
+def test_no_study_fix_names_another_entry_points_flags_or_deleting_runs():
+  """Item 7 and 4, the class: no message in soma_jax/studies names train.py's --workdir or
+  resume_overrides, "set n=", or tells the user to delete a folder."""
+  import glob
+
+  for path in glob.glob(os.path.join(ROOT, "soma_jax", "studies", "*.py")):
+    with open(path) as f:
+      text = f.read()
+    for foreign in ("--workdir", "resume_overrides", "set n=", "delete that", "delete the",
+                    "or delete"):
+      assert foreign not in text, (os.path.basename(path), foreign)

@@ -34,6 +34,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -391,30 +392,58 @@ def check_equal_ops(specs: dict[str, spec_lib.RunSpec], tolerance: float,
   return ops
 
 
+def check_data(data_dir: str, n_experts: int, field: str | None = "data_dir") -> dict:
+  """`pipeline.check_data_dir`, its refusal re-worded for compare.py: the study's config
+  `field` that named the folder (None: a folder the study prepared under --out itself); the
+  data dir's manifest."""
+  try:
+    return pipeline.check_data_dir(data_dir, n_experts)
+  except UserError as e:
+    why = str(e).split("; fix:")[0]
+    fix = (f"--config.{field}= a data dir prepared for N = {n_experts} experts "
+           f"(prepare_data.py --num_clusters={n_experts}), or --config.{field}= (empty: the "
+           "built-in corpus, prepared under --out)" if field else
+           "another --out (this folder was prepared there by an earlier study)")
+    raise UserError(f"{why}; fix: {fix}") from None
+
+
+def prepare_data(source: str, n_experts: int, folder: str, settings: dict | None = None,
+                 field: str = "source", **more) -> None:
+  """`prepare.prepare` for a study: its refusal re-worded for compare.py (prepare_data.py's
+  --source as the study's config `field`, its other flags as --config.prepare.NAME)."""
+  from soma_jax.data import prepare
+
+  settings = dict(settings or {})
+  try:
+    prepare.prepare(source, n_experts, folder, **settings, **more)
+  except UserError as e:
+    message = re.sub(r"--source\b", f"--config.{field}", str(e))
+    names = "|".join(k for k in inspect.signature(prepare.prepare).parameters
+                     if k not in ("source", "num_clusters", "out"))
+    message = re.sub(rf"--({names})\b", r"--config.prepare.\1", message)
+    raise UserError(message) from None
+
+
 def ensure_data(data_dir: str, out: str, n_experts: int) -> str:
   """`data_dir` (a study's data_dir field), or the built-in pystdlib corpus prepared under
   OUT/data when it is ""."""
   if data_dir:
-    pipeline.check_data_dir(data_dir, n_experts)
+    check_data(data_dir, n_experts)
     return data_dir
   data_dir = os.path.join(out, "data")
   if not os.path.isfile(os.path.join(data_dir, "manifest.json")):
-    from soma_jax.data import prepare
-
-    prepare.prepare("pystdlib", n_experts, data_dir)
+    prepare_data("pystdlib", n_experts, data_dir)
   return data_dir
 
 
 def prepared_dirs(source: str, settings: dict, ns: list[int], out: str) -> dict[int, str]:
   """{N: OUT/data_nN}, each prepared from corpus `source` into N shards when missing
   (`settings`: prepare.prepare's keyword settings), for studies whose rows differ in N."""
-  from soma_jax.data import prepare
-
   dirs = {}
   for n in sorted(set(ns)):
     d = os.path.join(out, f"data_n{n}")
     if not os.path.isfile(os.path.join(d, "manifest.json")):
-      prepare.prepare(source, n, d, **settings)
+      prepare_data(source, n, d, settings)
     dirs[n] = d
   return dirs
 
@@ -457,8 +486,10 @@ def same_windows(scored: dict) -> None:
   for n, (val, _) in scored.items():
     if val.windows.shape != ref.shape or not np.array_equal(val.windows, ref):
       raise UserError(f"data_n{n} holds other ensemble-validation windows than data_n{ref_n}: "
-                      "the same corpus and prepare settings give the same held-out documents; "
-                      "fix: delete the study's data_n* folders and rerun")
+                      "the same corpus and prepare settings give the same held-out documents, "
+                      "so these were prepared from other ones (the runs trained on them are "
+                      "kept); fix: another --out, or --config.source and --config.prepare as "
+                      "they were when that folder was prepared")
 
 
 def eval_sets(span: EvalSpan, data_dir: str, seq_lens: list[int]):
@@ -596,8 +627,9 @@ def curve(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet,
       keep.append(last)
     points.append(_point(data_state, s, start_step, opu, float(last.mean())))
   if last is None:
-    raise UserError(f"{workdir!r} has no checkpoint after its start (step {start_step}); "
-                    "fix: delete that folder and rerun")
+    raise UserError(f"{workdir!r} has no checkpoint after its start (step {start_step}): it "
+                    "made no update; fix: rerun the same command (the run resumes), or "
+                    "another --out")
   return points, last
 
 

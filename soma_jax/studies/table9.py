@@ -309,7 +309,8 @@ def select(rows: dict, out: str) -> dict:
     step = protocol.checkpoints(os.path.join(out, r["workdir"]))[-1]
     if step != r["step"]:
       raise UserError(f"{r['workdir']}: newest checkpoint {step} but the run ended at "
-                      f"{r['step']}; fix: delete that folder and rerun")
+                      f"{r['step']} (a checkpoint saved after its summary; both are kept); fix: "
+                      "rerun the same command, or another --out")
     chosen[(seed, name)] = {"seed": seed, "row": name, "workdir": r["workdir"], "step": step,
                             "updates": r["updates"], "ops": r["ops"]}
   with open(os.path.join(out, SELECTION_FILE), "w") as f:
