@@ -511,3 +511,38 @@ def test_no_study_fix_names_another_entry_points_flags_or_deleting_runs():
     for foreign in ("--workdir", "resume_overrides", "set n=", "delete that", "delete the",
                     "or delete"):
       assert foreign not in text, (os.path.basename(path), foreign)
+
+
+# ----------------------------------------------------------------------------- item 8
+
+
+@pytest.mark.parametrize("name", ["table4_ops_cpu", "table4_cpu"])
+def test_table4_budget_column_is_in_the_studys_unit_for_every_row(name):
+  """Item 8: head_only's 1193 updates stood under "ops" (and "cpu_seconds"); every row's
+  budget column now holds what it spent in the study's unit, and the committed tables are
+  the JSON's."""
+  from soma_jax.studies import table4
+
+  with open(os.path.join(ROOT, "docs", "results", f"{name}.json")) as f:
+    p = json.load(f)
+  unit = p["budget"]["unit"]
+  text = table4.table(p)
+  with open(os.path.join(ROOT, "docs", "results", f"{name}.md")) as f:
+    assert f.read() == text
+  for row, r in p["methods"].items():
+    line = next(x for x in text.splitlines() if x.startswith(f"| {row} |"))
+    assert line.split(" | ")[8] == f"{r[unit]['mean']:.4g}", (row, line)
+
+
+def test_an_ops_budget_below_one_update_refused(data_two_shards, tmp_path, monkeypatch):
+  """Item 8: an ops budget below one update of the costliest row was accepted (every row ran
+  one update: 17x different compute); refused in one line naming the row."""
+  from soma_jax.studies import compare, executor
+  from tests.test_reliability_studies import tiny
+
+  monkeypatch.setattr(executor, "train", lambda *a, **k: pytest.fail("trained"))
+  config = tiny("table4", data_two_shards)
+  config.budget_unit, config.budget = "ops", 1000.0
+  with pytest.raises(UserError, match="less than one update of") as e:
+    compare.run(config, str(tmp_path / "out"))
+  assert "--config.budget=" in str(e.value)

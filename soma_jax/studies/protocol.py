@@ -368,6 +368,12 @@ def check_runs(plan: StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
     return specs
   rows = {n: s.total_ops_per_update for n, s in specs.items() if n not in by_updates}
   room, cheapest = MAX_UPDATES - plan.seed_updates, min(rows, key=rows.get)
+  costliest = max(rows, key=rows.get)
+  if plan.budget < rows[costliest]:  # a run stops after the update that reaches its budget
+    raise UserError(f"budget={plan.budget:g} ops per run is less than one update of "
+                    f"{costliest} ({rows[costliest]:,} operations): every row would run one "
+                    "update and the rows would spend unequal compute; fix: "
+                    f"--config.budget={rows[costliest]} or more")
   if plan.budget > room * rows[cheapest]:
     raise UserError(f"budget={plan.budget:g} ops per run: {cheapest} does "
                     f"{rows[cheapest]:,} operations per update, so the step cap ({MAX_UPDATES:,} "
