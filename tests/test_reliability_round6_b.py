@@ -571,3 +571,20 @@ def test_table9_refuses_an_external_corpus_drawn_from_the_training_one(data_text
   fresh = table9.Corpus("source", f"textdir:{tmp_path}", 0, 0)
   got = table9.check_not_drawn_from(fresh, table9.source_splits(fresh.where), data_two_shards)
   assert got["shared_documents"] == 0 and got["documents"] == 6
+
+
+def test_a_new_row_on_re_prepared_data_names_compare_options(study_folder, tmp_path):
+  """Item 7: a row not trained yet whose seed run trained on data since re-prepared in place
+  was refused by training with train.py's --config.init_from_other_data; now before
+  training, with compare.py's options."""
+  import shutil
+
+  from soma_jax.studies import executor
+
+  out, c = study_folder
+  moved = str(shutil.copytree(out, tmp_path / "m"))
+  with open(os.path.join(moved, "data", "manifest.json"), "a") as f:
+    f.write(" ")
+  with pytest.raises(UserError, match="re-prepared") as e:
+    executor.check_existing(os.path.join(moved, "runs", "seed1", "new"), _row(moved, c))
+  assert "--config.data_dir=" in str(e.value) and "init_from_other_data" not in str(e.value)

@@ -97,16 +97,25 @@ def check_existing(workdir: str, spec: spec_lib.RunSpec) -> None:
   seed run, its data: `checkpoint.moved_along`) or data moved elsewhere whole (the same
   manifest); anything else (budget, size, data re-prepared) is a UserError whose fix names
   compare.py's options and never deleting the run."""
+  data_dir = spec.config.data.dir
+  now = ckpt_lib.manifest_sha256(data_dir) if data_dir else None
+  seed = spec.config.get("init_from") or ""
   if not os.path.isfile(os.path.join(workdir, ckpt_lib.CONFIG_FILE)):
+    theirs = ckpt_lib.last_history(seed).get("data_manifest_sha256") if seed else None
+    if theirs and now and theirs != now and not spec.config.get("init_from_other_data"):
+      raise UserError(f"the seed run {seed!r} trained on data whose manifest.json had SHA-256 "
+                      f"{theirs[:12]}; {data_dir!r} now holds {now[:12]} (the data was "
+                      "re-prepared in place, or is another corpus); fix: --config.data_dir= "
+                      "the data it trained on (a copy of it), or another --out to train the "
+                      "seeds and rows on the new data")
     return
   # against the config as training saves it (data.dir absolute): an --out given relative
   # must resume its own runs
   changes = ckpt_lib.config_changes(ckpt_lib.read_config(workdir), spec.config)
   recorded = ckpt_lib.last_history(workdir).get("data_manifest_sha256")
-  now = ckpt_lib.manifest_sha256(spec.config.data.dir) if spec.config.data.dir else None
   if recorded and now and recorded != now:
     raise UserError(f"{workdir!r} trained on data whose manifest.json had SHA-256 "
-                    f"{recorded[:12]}; {spec.config.data.dir!r} now holds {now[:12]} (the data "
+                    f"{recorded[:12]}; {data_dir!r} now holds {now[:12]} (the data "
                     "was re-prepared in place, or is another corpus), so the run cannot go on "
                     "with it; fix: --config.data_dir= the data it trained on (a copy of it), "
                     "or another --out to train these runs on the new data")
