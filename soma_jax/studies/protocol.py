@@ -252,8 +252,8 @@ def check_plan(config: ml_collections.ConfigDict) -> StudyPlan:
   seeds = optimisation_seeds(config.first_seed, config.seeds)
   if config.seed_run_seed in seeds:
     raise UserError(f"seed_run_seed={config.seed_run_seed} is one of the optimisation seeds "
-                    f"{seed_list(seeds)}: that seed's rows would replay the seed run's batches and "
-                    f"directions; fix: --config.seed_run_seed={max(seeds) + 1000} (a seed "
+                    f"{seed_list(seeds)}: that seed's rows would replay the seed run's batches "
+                    f"and directions; fix: --config.seed_run_seed={max(seeds) + 1000} (a seed "
                     "outside them)")
   if config.reference not in config.methods:
     raise UserError(f"reference={config.reference!r} is not a method; fix: --config.reference="
