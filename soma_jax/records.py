@@ -25,8 +25,8 @@ def write_summary(workdir: str, summary: dict) -> None:
 def done_message(workdir: str, step: int, steps: int, budget: str = "") -> None:
   """The line of a run with nothing to do: at its `steps`, or at its `budget` (described)."""
   metrics_lib.Progress(steps, step).message(
-      f"{workdir} is already at its budget ({budget}) at step {step}; nothing changed; raise "
-      "--config.budget to continue" if budget else
+      f"budget reached: {budget} at step {step} ({workdir} is finished; nothing changed; "
+      "raise --config.budget to continue)" if budget else
       f"{workdir} is already trained to step {step} (steps={steps}); nothing changed; raise "
       "--config.steps to continue")
 

@@ -81,7 +81,8 @@ def train(plan: plan_lib.Plan, workdir: str, called: float | None = None) -> dic
       b = spec.budget  # a run already at its budget, its summary written: nothing to redo
       if b.amount > 0 and float(now.totals.get(b.unit, 0.0)) >= b.amount:
         finished = records.finished_summary(
-            workdir, now.start, f"{float(now.totals.get(b.unit, 0.0)):g} of {b.amount:g} {b.unit}")
+            workdir, now.start,
+            f"{float(now.totals.get(b.unit, 0.0)):g} of {b.amount:g} {b.unit.replace('_', '-')}")
         if finished is not None:
           return finished
       records.record_start(workdir, spec.config, now.start, changed, overrides,
