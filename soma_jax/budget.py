@@ -44,6 +44,10 @@ COUNTERS = {
     "ckpt_seconds": Counter("device-seconds saving checkpoints", training=False),
     "update_seconds": Counter("wall seconds of training updates (device-seconds over the "
                               "devices or cores charged)", budget=False),
+    "physical_seconds": Counter("device-seconds of the run's training calls, each from its "
+                                "start to its last checkpoint (start-up, restores, compilation, "
+                                "updates, evaluation, saves: the paper's physical total), "
+                                "summed over the calls that resumed it", training=False),
     "step_compiles": Counter("XLA compilations of the step (planning its chunk, and a "
                              "process's first update): 0 where this process or JAX's "
                              "persistent cache had the program",
@@ -100,8 +104,10 @@ class Clock:
   """
 
   def __init__(self, n_devices: int, ops_step: int, base: dict, plan_seconds: float = 0.0,
-               start: int = 0, plan_compiles: int = 0):
+               start: int = 0, plan_compiles: int = 0, called: float | None = None):
     self.units = host_devices.charged_units(n_devices)
+    # when this training call began (time.perf_counter; None: now): physical_seconds
+    self._called = time.perf_counter() if called is None else called
     self.ops_step, self.base = ops_step, base  # base: the restored cumulative totals
     self.start = start  # the step this process started from
     self.seconds, self.cpu, self.steps, self._pending = 0.0, 0.0, 0, 0
@@ -163,7 +169,7 @@ class Clock:
            "device_seconds": mean * updates * self.units,
            "cpu_seconds": self.mean_cpu() * updates, "update_seconds": mean * updates}
     apart = dict(self.apart, compile_seconds=max(self.apart["compile_seconds"] - mean, 0.0)
-                 + self._planned)
+                 + self._planned, physical_seconds=time.perf_counter() - self._called)
     out.update({k: v * self.units for k, v in apart.items()})
     out["step_compiles"] = self.compiles
     return {k: v + self.base.get(k, 0) if k not in ("ops", "updates") else v

@@ -23,6 +23,7 @@ import logging as pylogging
 import os
 import re
 import time
+import uuid
 from typing import Any
 
 import jax
@@ -216,6 +217,7 @@ def check_resume(workdir: str, new: ml_collections.ConfigDict, data_sha: str | N
   allowed = list(RESUMABLE_KEYS) + list(speed_keys) + overrides  # speed_keys: the method's
   if "data.dir" in changed and MANIFEST_KEY not in changed:
     allowed.append("data.dir")  # the same prepared data, moved
+  allowed += moved_paths(changed, workdir)  # e.g. its seed run, moved with it
   if under("data.dir", overrides):
     allowed.append(MANIFEST_KEY)
   shape = [k for k in changed if under(k, SHAPE_KEYS + tuple(shape_keys))]
@@ -230,6 +232,34 @@ def check_resume(workdir: str, new: ml_collections.ConfigDict, data_sha: str | N
            f"--config.resume_overrides={','.join(named)} to change them on purpose")
     raise UserError(f"workdir {workdir!r} holds another run ({listed}); fix: {fix}")
   return changed, overrides
+
+
+PATH_KEYS = ("init_from", "data.dir", "checkpoint_eval.data_dir")  # paths a run config holds
+
+
+def moved_along(old: object, new: object, workdir: str) -> bool:
+  """Whether path `new` is `old` moved together with the run's folder `workdir` (a study
+  folder moved or renamed whole): the same place relative to the workdir as where the run
+  last started (config_history.jsonl `workdir`), or, for runs that did not record it, the
+  same tail of folders below a head that now holds the workdir."""
+  if not (isinstance(old, str) and isinstance(new, str) and old and new):
+    return False
+  here = os.path.abspath(workdir)
+  was = last_history(workdir).get("workdir")
+  if isinstance(was, str) and was:
+    return os.path.relpath(old, was) == os.path.relpath(new, here)
+  o, n = os.path.abspath(old).split(os.sep), os.path.abspath(new).split(os.sep)
+  tail = 0
+  while tail < min(len(o), len(n)) - 1 and o[-1 - tail] == n[-1 - tail]:
+    tail += 1
+  head = os.sep.join(n[:len(n) - tail]) or os.sep
+  return 0 < tail and o[:len(o) - tail] != n[:len(n) - tail] and (
+      here.startswith(head.rstrip(os.sep) + os.sep))
+
+
+def moved_paths(changed: dict, workdir: str) -> list[str]:
+  """The path fields of `changed` ({key: (saved, now)}) that moved along with the workdir."""
+  return [k for k in PATH_KEYS if k in changed and moved_along(*changed[k], workdir)]
 
 
 def seed_workdir(init_from: str) -> str:
@@ -264,9 +294,34 @@ def record_start(workdir: str, step: int, changed: dict, overrides: list[str],
   """Appends one line to config_history.jsonl: when, from which step, what changed."""
   record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "step": step,
             "changed": {k: list(v) for k, v in changed.items()}, "resume_overrides": overrides,
-            "data_manifest_sha256": data_sha}
+            "data_manifest_sha256": data_sha, "workdir": os.path.abspath(workdir)}
+  if not first_history(workdir):  # the run's first start: its identity (`run_id`)
+    record["run_id"] = uuid.uuid4().hex
   with open(os.path.join(workdir, HISTORY_FILE), "a") as f:
     f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+
+
+def first_history(workdir: str) -> str:
+  """The first line of the workdir's config_history.jsonl (its first start), or ""."""
+  try:
+    with open(os.path.join(workdir, HISTORY_FILE)) as f:
+      return next((line.strip() for line in f if line.strip()), "")
+  except (OSError, UnicodeDecodeError):
+    return ""
+
+
+def run_id(workdir: str) -> str | None:
+  """The run's identity: the run_id its first start recorded, else (older runs) the SHA-256
+  of that first history line; None before its first start. It moves and is copied with the
+  whole workdir, never with a file taken from another run."""
+  first = first_history(workdir)
+  if not first:
+    return None
+  try:
+    found = json.loads(first).get("run_id")
+  except (ValueError, AttributeError):
+    found = None
+  return found if isinstance(found, str) and found else hashlib.sha256(first.encode()).hexdigest()
 
 
 def last_history(workdir: str) -> dict:

@@ -8,16 +8,21 @@ of restoring that checkpoint and scoring it, only where the settings equal its o
 any other set, a missing or unreadable file, falls back to restoring. Each file is written
 to a temporary name and renamed, the .json last, so a killed run leaves no half file that
 could be read; the files of a step are removed before its checkpoint is saved, so a step
-saved again is never paired with an older attempt's scores.
+saved again is never paired with an older attempt's scores. STEP.json names the run that
+wrote it (`checkpoint.run_id`): a file copied from another run, or counters that are not
+finite numbers (a tampered file), are never read, and the checkpoint is restored instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 
 import numpy as np
+
+from soma_jax import checkpoint as ckpt_lib
 
 FOLDER = "checkpoint_scores"
 
@@ -46,24 +51,38 @@ def write(workdir: str, step: int, losses_n: np.ndarray, settings: dict,
   os.replace(tmp, npy)
   tmp = meta + ".tmp"
   with open(tmp, "w") as f:
-    json.dump({"step": int(step), "settings": settings, "counters": counters}, f, indent=1)
+    json.dump({"step": int(step), "run": ckpt_lib.run_id(workdir), "settings": settings,
+               "counters": counters}, f, indent=1)
   os.replace(tmp, meta)
 
 
+def _number(x: object) -> bool:
+  return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _meta(workdir: str, step: int) -> dict | None:
-  """STEP.json as saved for exactly `step`, or None (none, unreadable, another step)."""
+  """STEP.json as saved for exactly `step` by this run, its counters finite numbers, or None
+  (none, unreadable, another step, another run's, tampered counters)."""
   _, meta = _paths(workdir, step)
   try:
     with open(meta) as f:
       saved = json.load(f)
   except (OSError, ValueError):  # none, or unreadable: restored instead
     return None
-  return saved if isinstance(saved, dict) and saved.get("step") == int(step) else None
+  if not isinstance(saved, dict) or saved.get("step") != int(step):
+    return None
+  mine = ckpt_lib.run_id(workdir)
+  if mine is None or saved.get("run") != mine:  # written by another run (copied here)
+    return None
+  found = saved.get("counters")
+  if not isinstance(found, dict) or not all(map(_number, found.values())):
+    return None
+  return saved
 
 
 def counters(workdir: str, step: int) -> dict | None:
   """The counters training saved beside step's scores (its checkpoint's, whichever set was
-  scored), or None where there are none for exactly that step."""
+  scored), or None where there are none for exactly that step of this run."""
   found = (_meta(workdir, step) or {}).get("counters")
   return dict(found) if isinstance(found, dict) else None
 
@@ -81,4 +100,4 @@ def read(workdir: str, step: int, settings: dict | None) -> tuple[np.ndarray, di
     return None
   if losses.dtype != np.float64 or losses.shape != (settings["windows"],):
     return None
-  return losses, dict(saved.get("counters") or {})
+  return losses, dict(saved["counters"])

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from absl import app, flags, logging
 
 from soma_jax import host_devices
-from soma_jax.errors import UserError, exit_on_user_error
+from soma_jax.errors import UserError, exit_on_user_error, shortened
 
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "CPU host devices: 0 = one per usable core (CPU affinity and cgroup "
@@ -38,7 +38,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     help_flags = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
     sys.exit(0 if e.code == 1 and any(a in help_flags for a in argv[1:]) else e.code)
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError, UserError) as e:
-    print(f"error: {_flag_error(e, argv)}", file=sys.stderr)
+    print(f"error: {shortened(_flag_error(e, argv))}", file=sys.stderr)
     sys.exit(2)
 
 

@@ -13,6 +13,17 @@ class UserError(Exception):
   """A problem with the user's input (config, paths, data); the message names the fix."""
 
 
+MAX_MESSAGE = 2000  # characters of an error line; a longer one is cut (`shortened`)
+
+
+def shortened(message: str, limit: int = MAX_MESSAGE) -> str:
+  """`message` as one printable line: at most `limit` characters, the cut ones counted."""
+  message = str(message)
+  if len(message) <= limit:
+    return message
+  return f"{message[:limit]} ... ({len(message) - limit:,} more characters cut)"
+
+
 def need(cond: bool, msg: str) -> None:
   """A config check: UserError(msg) unless `cond` (msg names the field and the fix)."""
   if not cond:
@@ -27,7 +38,7 @@ def exit_on_user_error(fn: Callable[..., Any]) -> Callable[..., Any]:
     try:
       return fn(*args, **kwargs)
     except UserError as e:
-      print(f"error: {e}", file=sys.stderr)
+      print(f"error: {shortened(e)}", file=sys.stderr)
       sys.exit(2)
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
       print("interrupted", file=sys.stderr)

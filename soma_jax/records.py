@@ -22,14 +22,18 @@ def write_summary(workdir: str, summary: dict) -> None:
   os.replace(tmp, os.path.join(workdir, SUMMARY_FILE))
 
 
-def done_message(workdir: str, step: int, steps: int) -> None:
+def done_message(workdir: str, step: int, steps: int, budget: str = "") -> None:
+  """The line of a run with nothing to do: at its `steps`, or at its `budget` (described)."""
   metrics_lib.Progress(steps, step).message(
+      f"budget reached: {budget} at step {step} ({workdir} is finished; nothing changed; "
+      "raise --config.budget to continue)" if budget else
       f"{workdir} is already trained to step {step} (steps={steps}); nothing changed; raise "
       "--config.steps to continue")
 
 
-def finished_summary(workdir: str, steps: int) -> dict | None:
-  """summary.json of a run that finished at its newest checkpoint, at or past `steps`."""
+def finished_summary(workdir: str, steps: int, budget: str = "") -> dict | None:
+  """summary.json of a run that finished at its newest checkpoint, at or past `steps` (where
+  a `budget`, described, ended it: at exactly its newest checkpoint)."""
   path = os.path.join(workdir, SUMMARY_FILE)
   if not os.path.isfile(path):
     return None
@@ -41,7 +45,7 @@ def finished_summary(workdir: str, steps: int) -> dict | None:
   step = summary.get("step") if isinstance(summary, dict) else None
   if not isinstance(step, int) or step < steps or step != ckpt_lib.newest_step(workdir):
     return None
-  done_message(workdir, step, steps)
+  done_message(workdir, step, steps, budget)
   return summary
 
 

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import signal
+import time
 
 import jax
 import jax.numpy as jnp
@@ -37,22 +38,26 @@ _plateau = jax.jit(train_state.plateau_update, static_argnames="cfg")
 
 def run(c: ml_collections.ConfigDict, workdir: str) -> dict:
   """The config resolved once (`plan.resolve`), then trained in `workdir`: the summary."""
-  return train(plan_lib.resolve(c), workdir)
+  called = time.perf_counter()
+  return train(plan_lib.resolve(c), workdir, called)
 
 
 def train_to_end(spec: spec_lib.RunSpec, workdir: str, what: str) -> dict:
   """The resolved run placed and trained, for experiments that go on with it: a run stopped
   early (Ctrl-C, SIGTERM) is a UserError naming `what`, never a half-trained input to the
   next stage."""
-  summary = train(plan_lib.place(spec), workdir)
+  called = time.perf_counter()
+  summary = train(plan_lib.place(spec), workdir, called)
   if summary["status"] != "done":
     raise UserError(f"{what} stopped early ({summary['status']}); rerun the same command to "
                     "resume")
   return summary
 
 
-def train(plan: plan_lib.Plan, workdir: str) -> dict:
+def train(plan: plan_lib.Plan, workdir: str, called: float | None = None) -> dict:
   """Trains (or resumes) the planned run in `workdir` to its steps or budget; the summary.
+  `called`: when this call began (time.perf_counter, before placing), from which the run's
+  physical_seconds count (None: now).
 
   Stages: lock the workdir, check a resume against the saved config, restore the newest
   good checkpoint, then the update loop with its periodic actions. config.json and the
@@ -73,10 +78,17 @@ def train(plan: plan_lib.Plan, workdir: str) -> dict:
       if now.start >= spec.cadence.steps:
         return records.already_trained(workdir, now.start, spec.cadence.steps, now.skipped,
                                        now.totals)
+      b = spec.budget  # a run already at its budget, its summary written: nothing to redo
+      if b.amount > 0 and float(now.totals.get(b.unit, 0.0)) >= b.amount:
+        finished = records.finished_summary(
+            workdir, now.start,
+            f"{float(now.totals.get(b.unit, 0.0)):g} of {b.amount:g} {b.unit.replace('_', '-')}")
+        if finished is not None:
+          return finished
       records.record_start(workdir, spec.config, now.start, changed, overrides,
                            plan.data_sha256)
       with _Stop() as stop, memory.matmul_precision(spec.precision):  # the step's precision
-        summary = _step_loop(plan, now, ckpt, workdir, stop)
+        summary = _step_loop(plan, now, ckpt, workdir, stop, called)
     except OSError as e:  # a full disk while writing metrics; checkpoints report their own
       raise UserError(f"could not write to {workdir!r} ({e.strerror or e}); the newest "
                       "checkpoint is kept; fix: free disk space and re-run the same command to "
@@ -159,7 +171,7 @@ def _resume(plan: plan_lib.Plan, ckpt: ckpt_lib.Checkpointer, overrides: list[st
 
 
 def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, workdir: str,
-               stop: _Stop) -> dict:
+               stop: _Stop, called: float | None = None) -> dict:
   """Updates from now.start to the plan's steps (or its budget) with logging, validation and
   checkpoints between."""
   spec = plan.spec
@@ -173,7 +185,7 @@ def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, work
     progress.message(plan.start_line.replace("START", f"{now.start}{warm}", 1))
     placed = plan.placed
     clock = budget_lib.Clock(placed.n_devices, spec.ops_step, now.totals, placed.plan_seconds,
-                             now.start, placed.plan_compiles)
+                             now.start, placed.plan_compiles, called)
     budget = budget_lib.Budget(spec.budget.unit, spec.budget.amount, spec.budget.checkpoints,
                                clock, now.start, spec.budget.marks)
     if budget.amount > 0:  # the budget ends the run, not its steps: progress and ETA by it

@@ -150,6 +150,8 @@ def test_a_write_cut_short_leaves_nothing_readable(scored_run, tmp_path, monkeyp
   losses, counters = scores_lib.read(workdir, 6, val.settings())
   folder = os.path.join(str(tmp_path), scores_lib.FOLDER)
   real_dump = json.dump
+  # tmp_path stands for the run (its identity: the first start in its history)
+  shutil.copy(os.path.join(workdir, "config_history.jsonl"), str(tmp_path))
 
   def killed(obj, f, **kw):  # the process dies half way through writing the .json
     f.write(json.dumps(obj)[:20])

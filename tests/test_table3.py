@@ -113,7 +113,7 @@ def test_bad_fields_and_folders_are_refused(accounted, tmp_path, data_textdir):
   shutil.copytree(os.path.join(trained, "fig7"), copy)
   os.remove(os.path.join(copy, "runs", "seed1", "n4", "summary.json"))
   config.runs_from = copy
-  with pytest.raises(UserError, match="lacks runs/seed1/n4/summary.json"):
+  with pytest.raises(UserError, match="runs/seed1/n4/summary.json is missing"):
     table3.run(config, str(tmp_path / "d"))
   config = tiny(data_textdir)
   config.methods.n4.spsa.n_pert *= 2

@@ -284,10 +284,12 @@ def test_resume_on_a_different_device_count(data_prepared, tmp_path):
 def test_train_to_end_refuses_a_run_stopped_early(monkeypatch):
   """compare / independent_vs_summed go on with a run only if it reached c.steps."""
   monkeypatch.setattr(train.plan_lib, "place", lambda spec: spec)
-  monkeypatch.setattr(train, "train", lambda plan, w: {"status": "interrupted", "step": 3})
+  monkeypatch.setattr(train, "train",
+                      lambda plan, w, called=None: {"status": "interrupted", "step": 3})
   with pytest.raises(UserError, match="the seed run stopped early \\(interrupted\\); rerun"):
     train.train_to_end(None, "w", "the seed run")
-  monkeypatch.setattr(train, "train", lambda plan, w: {"status": "done", "step": 8})
+  monkeypatch.setattr(train, "train", lambda plan, w, called=None: {"status": "done",
+                                                                    "step": 8})
   assert train.train_to_end(None, "w", "the seed run")["step"] == 8
 
 

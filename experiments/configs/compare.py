@@ -678,7 +678,8 @@ def _ensembles(arg: str | None, study: str) -> tuple[ml_collections.ConfigDict, 
   c.match_params = False  # fixed-width experts: more experts, more parameters
   c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
   c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
-  c.mark_k = 4  # the figure's dashed line (the paper's top-4 routing)
+  # the figure's dashed line (the paper's top-4 routing), in 1..N of every ensemble
+  c.mark_k = 4 if cpu else 2
   n_list = (8, 32) if cpu else (2, 6)  # the paper's 8 and 256
   c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
   for n in n_list:

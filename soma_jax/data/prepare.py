@@ -236,6 +236,16 @@ def _check_settings(settings: dict) -> None:
   max_bytes = settings["max_bytes"]
   if max_bytes is not None and max_bytes < 1:
     raise UserError(f"--max_bytes={max_bytes} must be positive; fix: omit it or pass a byte count")
+  _check_seed("seed", settings["seed"])
+
+
+MAX_SEED = 2**32 - 1  # numpy's and scikit-learn's seeds: 0 .. 2**32 - 1
+
+
+def _check_seed(name: str, seed: object) -> None:
+  """UserError unless --`name` is an integer in 0..MAX_SEED (the sampling, SVD and k-means seeds)."""
+  if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+    raise UserError(f"--{name}={seed!r} must be an integer in 0..{MAX_SEED}; fix: pass e.g. --{name}=0")
 
 
 def _check_assignment(assignment: str, assignment_seed: int) -> None:
@@ -244,8 +254,7 @@ def _check_assignment(assignment: str, assignment_seed: int) -> None:
     raise UserError(f"--assignment={assignment!r} is not one of {', '.join(ASSIGNMENTS)}; fix: pass "
                     "--assignment=nearest (each window at its nearest centroid, the default) or "
                     "--assignment=random (random shards of the same sizes)")
-  if not isinstance(assignment_seed, int) or assignment_seed < 0:
-    raise UserError(f"--assignment_seed={assignment_seed!r} must be an integer >= 0; fix: pass e.g. --assignment_seed=0")
+  _check_seed("assignment_seed", assignment_seed)
 
 
 def prepare(

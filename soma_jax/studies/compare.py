@@ -52,11 +52,13 @@ OUT/rungW/) and resume like any training run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
 import ml_collections
 
+from soma_jax import checkpoint as ckpt_lib
 from soma_jax.errors import UserError, writable_dir
 from soma_jax.studies import (
   decompose,
@@ -102,10 +104,10 @@ def listing() -> str:
 STUDY_FILE = "study.json"  # OUT's study, written first: another study is refused there
 
 
-def claim_out(study: str, out: str) -> None:
+def claim_out(study: str, out: str) -> bool:
   """UserError when `out` holds another study's results (its results.json or study.json):
   a second study would overwrite them and nest its runs among the other's; else `out` is
-  marked as this study's."""
+  marked as this study's. Whether this call wrote the mark (`release_out` may take it back)."""
   for name in (STUDY_FILE, "results.json"):
     path = os.path.join(out, name)
     try:
@@ -118,16 +120,41 @@ def claim_out(study: str, out: str) -> None:
                       "study there would overwrite its results and mix the runs; fix: pass "
                       f"another --out for {study}, e.g. runs/{study}")
   writable_dir(out, "--out")
-  with open(os.path.join(out, STUDY_FILE), "w") as f:
+  path = os.path.join(out, STUDY_FILE)
+  created = not os.path.exists(path)
+  with open(path, "w") as f:
     json.dump({"study": study}, f)
+  return created
+
+
+def holds_runs(out: str) -> bool:
+  """Whether `out` holds a training run (a folder with a config.json) or a study's results."""
+  for folder, _, files in os.walk(out):
+    if ckpt_lib.CONFIG_FILE in files or (folder == out and "results.json" in files):
+      return True
+  return False
+
+
+def release_out(out: str) -> None:
+  """Removes OUT/study.json where the study that wrote it stopped before any run began (a
+  refused config), so that another study may use `out`; kept once it holds runs."""
+  if not holds_runs(out):
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(os.path.join(out, STUDY_FILE))
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
   """Runs config.study into `out`, each stage's runs by `executor` (`executor.make`; None:
-  one after another in this process); returns its results.json payload."""
+  one after another in this process); returns its results.json payload. A study refused
+  before any run began leaves no study.json of its own behind (`release_out`)."""
   module = _module(config.study)
-  claim_out(config.study, out)
-  return module.run(config, out, command, executor=executor)
+  created = claim_out(config.study, out)
+  try:
+    return module.run(config, out, command, executor=executor)
+  except BaseException:
+    if created:
+      release_out(out)
+    raise
 
 
 def table(payload: dict) -> str:

@@ -209,10 +209,8 @@ def random_data(study: Study, out: str) -> str:
                       "--config.data_dir_random=DIR")
     path = os.path.join(out, "data_random")
     if not os.path.isfile(os.path.join(path, "manifest.json")):
-      from soma_jax.data import prepare
-
-      prepare.prepare("pystdlib", 2, path, assignment="random")
-  pipeline.check_data_dir(path, 2)
+      protocol.prepare_data("pystdlib", 2, path, assignment="random")
+  protocol.check_data(path, 2, "data_dir_random" if study.data_dir_random else None)
   kind = pipeline.load_manifest(path).get("assignment", {})
   if not (isinstance(kind, dict) and kind.get("kind") == "random"):
     raise UserError(f"data_dir_random={path!r} was not prepared with --assignment=random; fix: "

@@ -93,15 +93,42 @@ class Job:
 
 def check_existing(workdir: str, spec: spec_lib.RunSpec) -> None:
   """A study run found in `workdir` continues only under the same experiment: speed knobs
-  and the checkpoints' scoring may differ, anything else (budget, size, data) is a UserError."""
+  and the checkpoints' scoring may differ, and paths that moved with the study's folder (its
+  seed run, its data: `checkpoint.moved_along`) or data moved elsewhere whole (the same
+  manifest); anything else (budget, size, data re-prepared) is a UserError whose fix names
+  compare.py's options and never deleting the run."""
+  data_dir = spec.config.data.dir
+  now = ckpt_lib.manifest_sha256(data_dir) if data_dir else None
+  seed = spec.config.get("init_from") or ""
   if not os.path.isfile(os.path.join(workdir, ckpt_lib.CONFIG_FILE)):
+    theirs = ckpt_lib.last_history(seed).get("data_manifest_sha256") if seed else None
+    if theirs and now and theirs != now and not spec.config.get("init_from_other_data"):
+      raise UserError(f"the seed run {seed!r} trained on data whose manifest.json had SHA-256 "
+                      f"{theirs[:12]}; {data_dir!r} now holds {now[:12]} (the data was "
+                      "re-prepared in place, or is another corpus); fix: --config.data_dir= "
+                      "the data it trained on (a copy of it), or another --out to train the "
+                      "seeds and rows on the new data")
     return
   # against the config as training saves it (data.dir absolute): an --out given relative
   # must resume its own runs
   changes = ckpt_lib.config_changes(ckpt_lib.read_config(workdir), spec.config)
-  if any(not ckpt_lib.under(k, ckpt_lib.SPEED_KEYS + ckpt_lib.SCORING_KEYS) for k in changes):
-    raise UserError(f"{workdir!r} holds a run with a different config (budget, size or data: "
-                    f"{', '.join(changes)}); fix: choose a new --out or delete that folder")
+  recorded = ckpt_lib.last_history(workdir).get("data_manifest_sha256")
+  if recorded and now and recorded != now:
+    raise UserError(f"{workdir!r} trained on data whose manifest.json had SHA-256 "
+                    f"{recorded[:12]}; {data_dir!r} now holds {now[:12]} (the data "
+                    "was re-prepared in place, or is another corpus), so the run cannot go on "
+                    "with it; fix: --config.data_dir= the data it trained on (a copy of it), "
+                    "or another --out to train these runs on the new data")
+  moved = set(ckpt_lib.moved_paths(changes, workdir))
+  if "data.dir" in changes and recorded and recorded == now:
+    moved.add("data.dir")  # the same prepared data, elsewhere
+  refused = [k for k in changes if k not in moved
+             and not ckpt_lib.under(k, ckpt_lib.SPEED_KEYS + ckpt_lib.SCORING_KEYS)]
+  if refused:
+    listed = "; ".join(f"{k}: {changes[k][0]!r} there, {changes[k][1]!r} now" for k in refused)
+    raise UserError(f"{workdir!r} holds a run with a different config ({listed}); fix: "
+                    "rerun with the study settings that trained it (its config.json), or "
+                    "another --out for these settings (the run there is kept)")
 
 
 def train(spec: spec_lib.RunSpec, workdir: str, what: str) -> float:

@@ -164,13 +164,11 @@ def random_dir(study: Ablation, out: str) -> str:
   """The random-shard data dir: data_dir_random, or `source` prepared with
   --assignment=random (the semantic dir's settings) under OUT/data_nN_random; checked to be a
   random assignment of N shards."""
-  from soma_jax.data import prepare
-
   n = study.n_experts
   path = study.data_dir_random or os.path.join(out, f"data_n{n}_random")
   if not study.data_dir_random and not os.path.isfile(os.path.join(path, "manifest.json")):
-    prepare.prepare(study.source, n, path, **study.prepare, assignment="random")
-  pipeline.check_data_dir(path, n)
+    protocol.prepare_data(study.source, n, path, study.prepare, assignment="random")
+  protocol.check_data(path, n, "data_dir_random" if study.data_dir_random else None)
   kind = pipeline.load_manifest(path).get("assignment", {})
   if not (isinstance(kind, dict) and kind.get("kind") == "random"):
     raise UserError(f"data_dir_random={path!r} was not prepared with --assignment=random; fix: "
@@ -307,8 +305,9 @@ def step_stats(per_seed: list[dict]) -> list[dict]:
   standard error sd / sqrt(S) (None for one seed)."""
   updates = [p["update"] for p in per_seed[0]["curve"]]
   if any([p["update"] for p in q["curve"]] != updates for q in per_seed):
-    raise UserError("the seeds of a condition saved checkpoints at different updates; fix: "
-                    "delete that condition's run folders and rerun")
+    raise UserError("the seeds of a condition saved checkpoints at different updates (their "
+                    "runs were trained with other settings; they are kept); fix: rerun with "
+                    "the settings that trained them, or another --out")
   out = []
   for i, u in enumerate(updates):
     s = protocol.across_seeds([q["curve"][i]["loss"] for q in per_seed])

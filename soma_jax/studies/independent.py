@@ -23,7 +23,6 @@ import csv
 import dataclasses
 import functools
 import itertools
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -321,8 +320,7 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
       per_seed[seed] = _seed_result(curves, final, doc_ids, st.bootstrap_draws, seed)
   payload = _payload(st, out, workdir, ckpt_step, run, data_dir, seeds, checkpoints,
                      per_seed, variances, windows.shape[0], vc)
-  with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(payload, f, indent=1, default=float)
+  protocol.dump_json(os.path.join(out, "results.json"), payload)
   _write_csv(payload, os.path.join(out, "curves.csv"))
   _plot(payload, os.path.join(out, "figure4.png"))
   return payload

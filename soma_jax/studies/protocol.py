@@ -37,6 +37,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -53,6 +54,7 @@ from soma_jax import budget as budget_lib
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import checkpoint_scores as scores_lib
 from soma_jax import evaluate as eval_lib
+from soma_jax import metrics as metrics_lib
 from soma_jax import plan as plan_lib
 from soma_jax import records, runs
 from soma_jax import spec as spec_lib
@@ -103,34 +105,78 @@ class StudyPlan:
   own_starts: bool = False  # each optimisation seed s its own seed runs (`train_seed_sets`)
 
 
+# A study trains every row once per optimisation seed (the paper: 3); more than this many is a
+# typo (seeds=1000000), refused in one line before anything is planned.
+MAX_SEEDS = 1000
+
+
 def optimisation_seeds(first: int, count: int) -> list[int]:
   """first, first + 1, ... (count of them)."""
-  if count < 1:
-    raise UserError(f"seeds={count} must be >= 1 (optimisation seeds per method)")
+  if count < 1 or count > MAX_SEEDS:
+    raise UserError(f"seeds={count} must be in 1..{MAX_SEEDS} (optimisation seeds per method; "
+                    f"every row trains once per seed); fix: --config.seeds=3")
   return list(range(first, first + count))
 
 
+def seed_list(seeds) -> str:
+  """Seeds as a message names them: the list when short, else 'first..last (count seeds)'."""
+  seeds = list(seeds)
+  if len(seeds) <= 8 or seeds != list(range(seeds[0], seeds[0] + len(seeds))):
+    return str(seeds) if len(seeds) <= 8 else f"{seeds[:4]} ... ({len(seeds):,} seeds)"
+  return f"{seeds[0]}..{seeds[-1]} ({len(seeds):,} seeds)"
+
+
+# Every run folder a study trained, resumed or found finished in this process (`train_all`,
+# `own`), in order: a study's cost counts the ones since it began (`started`), never another
+# run that happens to lie under its --out.
+_RUNS: list[str] = []
+
+
+def own(workdir: str) -> None:
+  """Counts `workdir` as a run of the study in progress (its cost reads its summary.json)."""
+  _RUNS.append(os.path.abspath(workdir))
+
+
 def started(executor=None) -> dict:
-  """When, under what load and with which executor a study began (`results` records them)."""
+  """When, under what load and with which executor a study began (`results` records them),
+  and where its runs begin in this process's list of study runs (`cost`)."""
   return {"t0": time.perf_counter(), "load_average": list(os.getloadavg()),
-          "executor": getattr(executor, "name", "inline")}
+          "executor": getattr(executor, "name", "inline"), "first_run": len(_RUNS)}
+
+
+def read_summary(workdir: str) -> dict | None:
+  """A run's summary.json, or None where it is missing or unreadable (a truncated file, not
+  a JSON object): a run without one has not finished, and is counted as such."""
+  try:
+    with open(os.path.join(workdir, records.SUMMARY_FILE)) as f:
+      done = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return done if isinstance(done, dict) else None
+
+
+def _number(x: object) -> float:
+  """A counter read from a file: its value where it is a finite number, else 0."""
+  ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+  return float(x) if ok else 0.0
 
 
 def cost(out: str, begun: dict) -> dict:
-  """What the study's runs spent, from every run folder's summary.json under `out` (each
-  run's own totals, its seed's excluded): wall seconds of this call, and summed over runs the
-  wall seconds of training updates, compilation, step compiles and evaluation (core- or
-  device-seconds as each run counts them, `budget.COUNTERS`), and the executor."""
+  """What the study's runs spent (those it trained or found finished since `begun`, `own`;
+  not any other run under `out`), from each one's summary.json (its own totals, its seed's
+  excluded): wall seconds of this call, and summed over runs the wall seconds of training
+  updates, compilation, step compiles and evaluation (core- or device-seconds as each run
+  counts them, `budget.COUNTERS`), and the executor."""
+  del out  # the study's runs are listed, not found by walking its folder
   sums = dict.fromkeys(("update_seconds", "compile_seconds", "step_compiles", "eval_seconds",
                         "device_seconds"), 0.0)
   runs_read = 0
-  for folder, _, files in os.walk(out):
-    if records.SUMMARY_FILE in files:
-      with open(os.path.join(folder, records.SUMMARY_FILE)) as f:
-        done = json.load(f)
+  for folder in dict.fromkeys(_RUNS[begun.get("first_run", 0):]):
+    done = read_summary(folder)
+    if done is not None:
       runs_read += 1
       for k in sums:
-        sums[k] += float(done.get(k) or 0.0)
+        sums[k] += _number(done.get(k))
   wall = time.perf_counter() - begun["t0"]
   return {"wall_seconds": wall, **sums, "step_compiles": int(sums["step_compiles"]),
           "update_fraction_of_wall": sums["update_seconds"] / wall if wall else None,
@@ -190,7 +236,7 @@ def check_fields(config: ml_collections.ConfigDict, rules: dict) -> None:
 
 
 PLAN_FIELDS = {  # every study's own fields (a method's and a seed run's: `check_runs`)
-    "seeds": whole(1), "first_seed": whole(0), "seed_run_seed": whole(0),
+    "seeds": whole(1, MAX_SEEDS), "first_seed": whole(0), "seed_run_seed": whole(0),
     "seed_updates": whole(1, MAX_UPDATES - 1), "curve_points": whole(1),
     "bootstrap_draws": whole(1), "ops_tolerance": positive(strict=False),
     "base_lr": positive(), "match_params": one_of(True, False),
@@ -210,8 +256,8 @@ def check_plan(config: ml_collections.ConfigDict) -> StudyPlan:
   seeds = optimisation_seeds(config.first_seed, config.seeds)
   if config.seed_run_seed in seeds:
     raise UserError(f"seed_run_seed={config.seed_run_seed} is one of the optimisation seeds "
-                    f"{seeds}: that seed's rows would replay the seed run's batches and "
-                    f"directions; fix: --config.seed_run_seed={max(seeds) + 1000} (a seed "
+                    f"{seed_list(seeds)}: that seed's rows would replay the seed run's batches "
+                    f"and directions; fix: --config.seed_run_seed={max(seeds) + 1000} (a seed "
                     "outside them)")
   own = config.get("own_starts", False)
   if not isinstance(own, bool):
@@ -334,6 +380,12 @@ def check_runs(plan: StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
     return specs
   rows = {n: s.total_ops_per_update for n, s in specs.items() if n not in by_updates}
   room, cheapest = MAX_UPDATES - plan.seed_updates, min(rows, key=rows.get)
+  costliest = max(rows, key=rows.get)
+  if plan.budget < rows[costliest]:  # a run stops after the update that reaches its budget
+    raise UserError(f"budget={plan.budget:g} ops per run is less than one update of "
+                    f"{costliest} ({rows[costliest]:,} operations): every row would run one "
+                    "update and the rows would spend unequal compute; fix: "
+                    f"--config.budget={rows[costliest]} or more")
   if plan.budget > room * rows[cheapest]:
     raise UserError(f"budget={plan.budget:g} ops per run: {cheapest} does "
                     f"{rows[cheapest]:,} operations per update, so the step cap ({MAX_UPDATES:,} "
@@ -358,30 +410,58 @@ def check_equal_ops(specs: dict[str, spec_lib.RunSpec], tolerance: float,
   return ops
 
 
+def check_data(data_dir: str, n_experts: int, field: str | None = "data_dir") -> dict:
+  """`pipeline.check_data_dir`, its refusal re-worded for compare.py: the study's config
+  `field` that named the folder (None: a folder the study prepared under --out itself); the
+  data dir's manifest."""
+  try:
+    return pipeline.check_data_dir(data_dir, n_experts)
+  except UserError as e:
+    why = str(e).split("; fix:")[0]
+    fix = (f"--config.{field}= a data dir prepared for N = {n_experts} experts "
+           f"(prepare_data.py --num_clusters={n_experts}), or --config.{field}= (empty: the "
+           "built-in corpus, prepared under --out)" if field else
+           "another --out (this folder was prepared there by an earlier study)")
+    raise UserError(f"{why}; fix: {fix}") from None
+
+
+def prepare_data(source: str, n_experts: int, folder: str, settings: dict | None = None,
+                 field: str = "source", **more) -> None:
+  """`prepare.prepare` for a study: its refusal re-worded for compare.py (prepare_data.py's
+  --source as the study's config `field`, its other flags as --config.prepare.NAME)."""
+  from soma_jax.data import prepare
+
+  settings = dict(settings or {})
+  try:
+    prepare.prepare(source, n_experts, folder, **settings, **more)
+  except UserError as e:
+    message = re.sub(r"--source\b", f"--config.{field}", str(e))
+    names = "|".join(k for k in inspect.signature(prepare.prepare).parameters
+                     if k not in ("source", "num_clusters", "out"))
+    message = re.sub(rf"--({names})\b", r"--config.prepare.\1", message)
+    raise UserError(message) from None
+
+
 def ensure_data(data_dir: str, out: str, n_experts: int) -> str:
   """`data_dir` (a study's data_dir field), or the built-in pystdlib corpus prepared under
   OUT/data when it is ""."""
   if data_dir:
-    pipeline.check_data_dir(data_dir, n_experts)
+    check_data(data_dir, n_experts)
     return data_dir
   data_dir = os.path.join(out, "data")
   if not os.path.isfile(os.path.join(data_dir, "manifest.json")):
-    from soma_jax.data import prepare
-
-    prepare.prepare("pystdlib", n_experts, data_dir)
+    prepare_data("pystdlib", n_experts, data_dir)
   return data_dir
 
 
 def prepared_dirs(source: str, settings: dict, ns: list[int], out: str) -> dict[int, str]:
   """{N: OUT/data_nN}, each prepared from corpus `source` into N shards when missing
   (`settings`: prepare.prepare's keyword settings), for studies whose rows differ in N."""
-  from soma_jax.data import prepare
-
   dirs = {}
   for n in sorted(set(ns)):
     d = os.path.join(out, f"data_n{n}")
     if not os.path.isfile(os.path.join(d, "manifest.json")):
-      prepare.prepare(source, n, d, **settings)
+      prepare_data(source, n, d, settings)
     dirs[n] = d
   return dirs
 
@@ -424,8 +504,10 @@ def same_windows(scored: dict) -> None:
   for n, (val, _) in scored.items():
     if val.windows.shape != ref.shape or not np.array_equal(val.windows, ref):
       raise UserError(f"data_n{n} holds other ensemble-validation windows than data_n{ref_n}: "
-                      "the same corpus and prepare settings give the same held-out documents; "
-                      "fix: delete the study's data_n* folders and rerun")
+                      "the same corpus and prepare settings give the same held-out documents, "
+                      "so these were prepared from other ones (the runs trained on them are "
+                      "kept); fix: another --out, or --config.source and --config.prepare as "
+                      "they were when that folder was prepared")
 
 
 def eval_sets(span: EvalSpan, data_dir: str, seq_lens: list[int]):
@@ -503,7 +585,15 @@ def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict
 def train_all(runs: list[tuple[spec_lib.RunSpec, str, str]], executor=None) -> list[float]:
   """Trains every run of a stage (none reads another) to its end: one after another in this
   process (`executor` None), or by `executor` (`executor.make`: processes, SLURM); each run's
-  wall seconds, in order. Every run's folder is checked (`check_existing`) before any trains."""
+  wall seconds, in order. Every run's folder is checked (`check_existing`) before any trains,
+  and no two runs may share one."""
+  folders = [os.path.abspath(workdir) for _, workdir, _ in runs]
+  shared = sorted({f for f in folders if folders.count(f) > 1})
+  if shared:
+    raise UserError(f"two runs of this study would share the folder {shared[0]!r} (their "
+                    "settings name the same folder); fix: give them settings that differ")
+  for folder in folders:
+    own(folder)
   if executor is None:
     return [executor_lib.train(spec, workdir, what) for spec, workdir, what in runs]
   for spec, workdir, _ in runs:
@@ -560,8 +650,9 @@ def curve(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet,
       keep.append(last)
     points.append(_point(data_state, s, start_step, opu, float(last.mean())))
   if last is None:
-    raise UserError(f"{workdir!r} has no checkpoint after its start (step {start_step}); "
-                    "fix: delete that folder and rerun")
+    raise UserError(f"{workdir!r} has no checkpoint after its start (step {start_step}): it "
+                    "made no update; fix: rerun the same command (the run resumes), or "
+                    "another --out")
   return points, last
 
 
@@ -604,8 +695,7 @@ def summary(workdir: str, spec: spec_lib.RunSpec, start_step: int) -> dict:
   data_state = scores_lib.counters(workdir, step) if step is not None else None
   if data_state is None:
     step, _, data_state, _ = runs.restore_state(workdir)
-  with open(os.path.join(workdir, records.SUMMARY_FILE)) as f:
-    done = json.load(f)
+  done = read_summary(workdir) or {}  # unreadable: rewritten when the run is resumed
   updates = int(step) - start_step
   return {"step": int(step), "updates": updates, "ops": updates * spec.total_ops_per_update,
           **{k: float(data_state.get(k, 0.0)) for k in budget_lib.TIMERS},
@@ -632,6 +722,14 @@ def finished_study(folder: str, study: str, field: str, fix: str) -> dict:
                     f"{theirs.get('study') if isinstance(theirs, dict) else None!r}, not {study}; "
                     f"{fix}")
   return theirs
+
+
+def exact(x: float) -> str:
+  """A number as a run folder names it: `:g` where that reads back as exactly `x` (the names
+  studies have always used, 0.5, 1, 0.0025), else its shortest exact form (repr), so two
+  different numbers never share a folder."""
+  short = f"{x:g}"
+  return short if float(short) == float(x) else repr(float(x))
 
 
 def shown(path: str, out: str) -> str:
@@ -783,10 +881,19 @@ def public(x):
   return x
 
 
+def dump_json(path: str, payload: dict) -> None:
+  """`payload` as JSON at `path`, through a temporary file renamed into place, every
+  non-finite number written as null (`metrics.json_safe`; bare NaN is not JSON)."""
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(metrics_lib.json_safe(payload), f, indent=1, allow_nan=False, default=float)
+  os.replace(tmp, path)
+
+
 def write(out: str, payload: dict, table) -> dict:
-  """OUT/results.json (the payload) and OUT/table.md (`table(payload)`); the payload."""
-  with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(payload, f, indent=1)
+  """OUT/results.json (the payload, `dump_json`) and OUT/table.md (`table(payload)`); the
+  payload."""
+  dump_json(os.path.join(out, "results.json"), payload)
   with open(os.path.join(out, "table.md"), "w") as f:
     f.write(table(payload))
   return payload

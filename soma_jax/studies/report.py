@@ -99,7 +99,7 @@ def write_report(out_dir: str, runs: dict[str, str], data_dir: str) -> dict:
   results = {name: run_summary(w, data_dir) for name, w in runs.items()}
   payload = {"unigram_test_nats_per_byte": baseline, "runs": results}
   with open(os.path.join(out_dir, "report.json"), "w") as f:
-    json.dump(payload, f, indent=1)
+    json.dump(metrics_lib.json_safe(payload), f, indent=1, allow_nan=False, default=float)
   cfgs = {name: ckpt_lib.read_config(w) for name, w in runs.items()}
   lines = ["# soma-jax run report", "",
            f"Data: `{data_dir}`; test windows score targets 257..1024 after routing on "

@@ -10,8 +10,12 @@ the cores, charged):
 - recorded: U x the mean step seconds the run recorded (summary.json `device_seconds`; the
   paper's U sum_e t_e / 3600, its Figures 1 and 15 endpoint). Here every expert is in one
   vmapped step, so the sum over experts is that step's time;
-- physical: the wall seconds of the whole training call times the devices charged (start-up,
-  the seed state's restore, compilation, checkpoints: the paper's W&B physical total);
+- physical: the wall seconds of the run's training calls times the devices charged (start-up,
+  the seed state's restore, compilation, checkpoints: the paper's W&B physical total), as the
+  run recorded them (summary.json `physical_seconds`: each call from its start to its last
+  checkpoint, summed over the calls that resumed it), so rerunning a finished study, or
+  resuming one after a kill, reads the same total; runs from before that counter: the wall
+  seconds of the study call that trained them;
 - fixed solo rate: N x U x one expert's mean step seconds when it trains alone (the solo run,
   same seed), as the paper's 256 U x 0.168 s charges every expert a fixed per-expert rate.
 The paper's fourth row (a fixed 0.140-s normalization) names a constant without saying how it
@@ -22,12 +26,11 @@ per seed and as the mean over seeds beside the paper's (49.6k / 41.9k, 49.7k / 4
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import os
 
 import ml_collections
 
-from soma_jax import records
 from soma_jax.errors import UserError
 from soma_jax.studies import fig7, protocol
 
@@ -116,17 +119,27 @@ def sweep_in(study: Accounting, folder: str) -> dict:
                       f"; {fix}")
     seeds = [q["seed"] for q in got["per_seed"]]
     if seeds != list(plan.seeds):
-      raise UserError(f"runs_from={folder!r}: {name} ran seeds {seeds}, not {list(plan.seeds)}; "
+      raise UserError(f"runs_from={folder!r}: {name} ran seeds {protocol.seed_list(seeds)}, not "
+                      f"{protocol.seed_list(plan.seeds)}; "
                       f"{fix}")
     for q in got["per_seed"]:
-      if not os.path.isfile(os.path.join(folder, q["workdir"], records.SUMMARY_FILE)):
-        raise UserError(f"runs_from={folder!r} lacks {q['workdir']}/summary.json; {fix}")
+      if _summary(folder, q["workdir"]) is None:
+        raise UserError(f"runs_from={folder!r}: {q['workdir']}/summary.json is missing, "
+                        f"unreadable or lacks its counters ({', '.join(COUNTED)}); {fix}")
   return theirs
 
 
-def _summary(folder: str, workdir: str) -> dict:
-  with open(os.path.join(folder, workdir, records.SUMMARY_FILE)) as f:
-    return json.load(f)
+COUNTED = ("updates", "ops", "device_seconds", "update_seconds")  # what `account` reads
+
+
+def _summary(folder: str, workdir: str) -> dict | None:
+  """A run's summary.json with every counter `account` reads a finite number (updates and
+  update_seconds > 0), or None (missing, truncated, tampered)."""
+  done = protocol.read_summary(os.path.join(folder, workdir))
+  if done is None or any(not isinstance(done.get(k), int | float) or isinstance(done.get(k), bool)
+                         or not math.isfinite(done[k]) for k in COUNTED):
+    return None
+  return done if done["updates"] > 0 and done["update_seconds"] > 0 else None
 
 
 def account(ens_run: dict, solo_run: dict, wall: float, n_experts: int) -> dict:
@@ -136,7 +149,10 @@ def account(ens_run: dict, solo_run: dict, wall: float, n_experts: int) -> dict:
   updates = int(ens_run["updates"])
   units = ens_run["device_seconds"] / ens_run["update_seconds"]  # devices or cores charged
   solo_step = solo_run["update_seconds"] / solo_run["updates"]
-  rows = {"recorded": float(ens_run["device_seconds"]), "physical": wall * units,
+  physical = ens_run.get("physical_seconds")  # what the run's calls took, recorded by it
+  recorded = isinstance(physical, int | float) and math.isfinite(physical) and physical > 0
+  rows = {"recorded": float(ens_run["device_seconds"]),
+          "physical": float(physical) if recorded else wall * units,
           "fixed_solo_rate": n_experts * updates * solo_step * units}
   apart = {k: float(ens_run.get(k) or 0.0) for k in ("compile_seconds", "ckpt_seconds",
                                                      "eval_seconds")}
@@ -146,7 +162,9 @@ def account(ens_run: dict, solo_run: dict, wall: float, n_experts: int) -> dict:
                                       / (updates * n_experts), "alone": solo_step},
           "physical_minus_recorded": rows["physical"] - rows["recorded"],
           "recorded_apart_device_seconds": apart, "ops": int(ens_run["ops"]),
-          "training_call_wall_seconds": wall}
+          "training_call_wall_seconds": wall,
+          "physical_from": ("summary.json physical_seconds (the run's training calls)"
+                            if recorded else "this study call's wall seconds x devices")}
 
 
 def readout(sweep: dict, folder: str, solo: str, ensemble: str) -> dict:
@@ -157,8 +175,14 @@ def readout(sweep: dict, folder: str, solo: str, ensemble: str) -> dict:
   per_seed = []
   for q_ens, q_solo in zip(settings[ensemble]["per_seed"], settings[solo]["per_seed"],
                            strict=True):
-    rows = account(_summary(folder, q_ens["workdir"]), _summary(folder, q_solo["workdir"]),
-                   q_ens["wall_seconds_this_call"], n)
+    done = [_summary(folder, q["workdir"]) for q in (q_ens, q_solo)]
+    for q, d in zip((q_ens, q_solo), done, strict=True):
+      if d is None:
+        raise UserError(f"{os.path.join(folder, q['workdir'], 'summary.json')!r} is missing, "
+                        f"unreadable or lacks its counters ({', '.join(COUNTED)}); fix: "
+                        "--config.runs_from= a finished study=fig7 whose runs are whole, or "
+                        "another --out to train them again")
+    rows = account(*done, q_ens["wall_seconds_this_call"], n)
     per_seed.append({"seed": q_ens["seed"], "workdirs": [q_ens["workdir"], q_solo["workdir"]],
                      **rows})
   over = lambda key, row: protocol.across_seeds([s[key][row] for s in per_seed])

@@ -208,13 +208,14 @@ def _fmt(x: float) -> str:
 
 
 def _line(name: str, r: dict, p: dict) -> str:
-  """One row of the main table."""
-  ref, n_seeds = p["reference"], len(p["seeds"])
+  """One row of the main table; its budget column in the study's unit for every row (a
+  control that ran to the reference's updates too: what it spent, in that unit)."""
+  ref, n_seeds, unit = p["reference"], len(p["seeds"]), p["budget"]["unit"]
   dirs = r["directions_per_update"] if r["directions_per_update"] is not None else "-"
   g = p["gain_difference"].get(name)
   return (f"| {name} | {r['budget']} | {r['n_experts']} | {r['d_t']} | {_fmt(r['params'])} | "
           f"{dirs} | {_fmt(r['ops_per_update'])} | {r['updates']['mean']:.0f} | "
-          f"{r['budget_used']['mean']:.4g} | {r['start_loss']['test']:.4f} | "
+          f"{r[unit]['mean']:.4g} | {r['start_loss']['test']:.4f} | "
           f"{protocol.pm(r['test_nats_per_byte'], digits=4)} | {protocol.ci(r['gain']['test'])} | "
           f"{protocol.ci(r['gain']['validation'])} | " + ("-" if g is None else protocol.ci(g))
           + " | " + ("-" if name == ref else f"{protocol.pm(r['minus_ref'], True)} "
@@ -237,7 +238,7 @@ def table(p: dict) -> str:
       "the end.",
       "",
       f"| row | budget | N | d_t | params | directions / update | ops / update | updates | "
-      f"{b['unit']} | start test | end test | gain test | gain validation | {ref} gain minus "
+      f"{b['unit']} spent | start test | end test | gain test | gain validation | {ref} gain minus "
       f"row gain (test) | end minus {ref} ({ref} wins) |",
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]

@@ -76,8 +76,8 @@ def check_cells(config: ml_collections.ConfigDict) -> Cells:
 
 
 def cell_name(factors: tuple[float, float]) -> str:
-  """The run folder of a cell: lr0.5x_eps1x."""
-  return f"lr{factors[0]:g}x_eps{factors[1]:g}x"
+  """The run folder of a cell: lr0.5x_eps1x (each factor exact: `protocol.exact`)."""
+  return f"lr{protocol.exact(factors[0])}x_eps{protocol.exact(factors[1])}x"
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
@@ -161,7 +161,7 @@ def measure(cells: Cells, seeds: tuple[int, ...], names: list[str], finals: dict
   tests = {}
   for s in seeds:
     for n in names:
-      i = int(np.argmin([r["validation"][n]["per_seed"][seeds.index(s)] for r in rows]))
+      i = best_cell([r["validation"][n]["per_seed"][seeds.index(s)] for r in rows], n, s)
       key = (s, n, cells.factors[i])
       tests[(s, n)] = protocol.final_losses(finals[key]["_path"], planned[key], test)
       selected[n].append({
@@ -179,6 +179,17 @@ def measure(cells: Cells, seeds: tuple[int, ...], names: list[str], finals: dict
               "per_seed": diff,
               "how": "per seed, the selected cells' test losses on the same windows, other minus "
                      "ref, with a paired document-bootstrap CI; across seeds a t interval"}}
+
+
+def best_cell(losses: list[float], name: str, seed: int) -> int:
+  """The cell with the lowest validation loss, a non-finite one never chosen (a diverged
+  cell's NaN is no minimum); a UserError where no cell has a finite loss."""
+  x = np.asarray(losses, np.float64)
+  if not np.isfinite(x).any():
+    raise UserError(f"every cell of {name} at seed {seed} ended with a non-finite validation "
+                    f"loss ({', '.join(map(str, losses))}): no cell can be selected; fix: "
+                    "--config.cells= smaller lr and eps factors, or --config.base_lr= lower")
+  return int(np.argmin(np.where(np.isfinite(x), x, np.inf)))
 
 
 def table(p: dict) -> str:

@@ -106,7 +106,8 @@ class Search:
 
   def job(self, point: tuple[float, float]) -> tuple[spec_lib.RunSpec, str, str]:
     lr, eps = point
-    return (grid_point(self.spec, lr, eps), os.path.join(self.root, f"lr{lr:g}_eps{eps:g}"),
+    folder = f"lr{protocol.exact(lr)}_eps{protocol.exact(eps)}"  # exact: never two points'
+    return (grid_point(self.spec, lr, eps), os.path.join(self.root, folder),
             f"{self.what} lr={lr:g} eps={eps:g}")
 
   def record(self, point: tuple[float, float], val: eval_lib.TestSet, wall: float) -> None:

@@ -212,11 +212,75 @@ class ExternalSet(eval_lib.TestSet):
     self._routes = {}
 
 
+# An external corpus with at least this share of its documents in the rows' data dir is drawn
+# from the training corpus (a few shared boilerplate files are not): refused.
+MAX_SHARED_DOCUMENTS = 0.01
+
+
+def _keys(windows_nx1025: np.ndarray) -> np.ndarray:
+  """A 64-bit key of each window's first 64 bytes (equal windows, equal keys)."""
+  words = np.ascontiguousarray(windows_nx1025[:, :64]).view(np.uint64)
+  key = np.zeros(words.shape[0], np.uint64)
+  for j in range(words.shape[1]):  # wraps around modulo 2**64, as intended
+    key = (key ^ words[:, j]) * np.uint64(0x100000001B3)
+  return key
+
+
+def shared_documents(splits: dict[str, tuple[np.ndarray, np.ndarray]], data_dir: str
+                     ) -> tuple[int, int]:
+  """(external documents whose first window lies in `data_dir`, external documents). A
+  document's first evaluation window starts at its first byte, as its first training window
+  does (`windows`: training windows at 1,024 j, evaluation windows at 768 i), so a document
+  of the training corpus, trained on or held out, is found in the data dir's .npy windows."""
+  firsts = []
+  for windows, ids in splits.values():
+    _, first = np.unique(ids, return_index=True)
+    firsts.append(np.asarray(windows)[first])
+  firsts = np.concatenate(firsts) if firsts else np.zeros((0, 1025), np.uint8)
+  wanted = {bytes(row) for row in firsts}
+  keys = np.unique(_keys(firsts)) if len(firsts) else np.zeros(0, np.uint64)
+  found = set()
+  for folder, _, files in os.walk(data_dir):
+    for name in files:
+      if not name.endswith(".npy"):
+        continue
+      try:
+        data = np.load(os.path.join(folder, name), mmap_mode="r", allow_pickle=False)
+      except (OSError, ValueError):
+        continue
+      if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != firsts.shape[1]:
+        continue
+      for lo in range(0, data.shape[0], 1 << 18):
+        block = np.asarray(data[lo:lo + (1 << 18)])
+        for row in block[np.isin(_keys(block), keys)]:
+          if bytes(row) in wanted:
+            found.add(bytes(row))
+  return len(found), len(wanted)
+
+
+def check_not_drawn_from(corpus: Corpus, splits: dict, data_dir: str) -> dict:
+  """How many of the external corpus's documents the rows' data dir holds; a UserError when
+  that is MAX_SHARED_DOCUMENTS of them or more (the corpus was drawn from the training one:
+  its scores would be in-domain, whatever its name)."""
+  shared, documents = shared_documents(splits, data_dir)
+  if documents and shared >= max(1, MAX_SHARED_DOCUMENTS * documents):
+    raise UserError(f"{shared} of the external corpus's {documents} documents ({corpus.name}) "
+                    f"are in the data the rows train on ({data_dir}): it is drawn from the "
+                    "training corpus, so its scores would be in-domain; fix: --config.external= "
+                    "a corpus none of whose documents the data dir holds, or --config.data_dir= "
+                    "a data dir prepared from another corpus")
+  return {"shared_documents": shared, "documents": documents,
+          "how": "external documents whose first 1,025-byte window is one of the data dir's "
+                 f"windows; refused at {MAX_SHARED_DOCUMENTS:.0%} of them or more"}
+
+
 def external_sets(corpus: Corpus, data_dir: str, span: protocol.EvalSpan
                   ) -> tuple[ExternalSet, ExternalSet]:
-  """(validation, test) of the external corpus on the study's span."""
+  """(validation, test) of the external corpus on the study's span; refused when it is drawn
+  from the training corpus (`check_not_drawn_from`)."""
   splits = (wikitext_splits(corpus.where) if corpus.kind == "wikitext103"
             else source_splits(corpus.where))
+  check_not_drawn_from(corpus, splits, data_dir)
   counts = {"validation": corpus.val_windows, "test": corpus.test_windows}
   val, test = (ExternalSet(*splits[s], data_dir, s, span, counts[s]) for s in HALVES)
   return val, test
@@ -309,7 +373,8 @@ def select(rows: dict, out: str) -> dict:
     step = protocol.checkpoints(os.path.join(out, r["workdir"]))[-1]
     if step != r["step"]:
       raise UserError(f"{r['workdir']}: newest checkpoint {step} but the run ended at "
-                      f"{r['step']}; fix: delete that folder and rerun")
+                      f"{r['step']} (a checkpoint saved after its summary; both are kept); fix: "
+                      "rerun the same command, or another --out")
     chosen[(seed, name)] = {"seed": seed, "row": name, "workdir": r["workdir"], "step": step,
                             "updates": r["updates"], "ops": r["ops"]}
   with open(os.path.join(out, SELECTION_FILE), "w") as f:

@@ -11,7 +11,6 @@ studies and refuses a folder that does not match the study's sizes.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -19,12 +18,12 @@ import ml_collections
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import model as model_lib
-from soma_jax import records, runs
+from soma_jax import runs
 from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.studies import variance
+from soma_jax.studies import protocol, variance
 
 
 def workdir(out: str, n: int) -> str:
@@ -65,6 +64,7 @@ def train_all(spec: variance.VarianceSpec | ml_collections.ConfigDict, out: str)
     pipeline.check_data_dir(data_dir, n)
     run = run_config(vs, n, data_dir)
     t0 = time.perf_counter()
+    protocol.own(workdir(out, n))  # a run of the study in progress (its cost)
     train_lib.train_to_end(spec_lib.resolve(run), workdir(out, n), f"the N = {n} run")
     print(f"[train_sizes] N = {n}: width {run.model.d_t}, {run.steps} updates, "
           f"{time.perf_counter() - t0:.0f} s ({workdir(out, n)})", flush=True)
@@ -98,10 +98,7 @@ def _check_run(vs: variance.VarianceSpec, n: int, run: spec_lib.RunSpec,
 
 def _record(where: str, run: spec_lib.RunSpec, step: int) -> dict:
   """What the results say of one N's run: recipe, last expert-validation loss, seconds."""
-  summary = {}
-  if os.path.isfile(os.path.join(where, records.SUMMARY_FILE)):
-    with open(os.path.join(where, records.SUMMARY_FILE)) as f:
-      summary = json.load(f)
+  summary = protocol.read_summary(where) or {}  # none, or unreadable: no numbers from it
   return {"workdir": os.path.normpath(where), "update": step, "n_experts": run.n_experts,
           "d_t": run.method.model.d_t, "n_pert": run.config.spsa.n_pert, "batch": run.batch,
           "seq_len": run.seq_len, "lr": run.lr, "eps": run.eps,
