@@ -16,7 +16,7 @@ from soma_jax import cli, train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "run folder: checkpoints, metrics, config")
+_WORKDIR = cli.output_flag("workdir", None, "run folder: checkpoints, metrics, config", kind="folder")
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False, "call jax.distributed.initialize() first (auto-detected on SLURM and "
     "Open MPI; otherwise pass --coordinator, --num_processes and --process_id)")

@@ -19,6 +19,8 @@ import os
 import sys
 from collections.abc import Callable
 
+from soma_jax.errors import check_output_args
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "docs", "results")
 START, END = "<!-- paper-table: start -->", "<!-- paper-table: end -->"
@@ -382,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
   g.add_argument("--write", metavar="README", help="rewrite the table in this file")
   g.add_argument("--check", metavar="README", help="exit 1 when this file's table is stale")
   a = p.parse_args(argv)
+  check_output_args(p, a, write="file")
   path = a.write or a.check
   with open(path) as f:
     text = f.read()
