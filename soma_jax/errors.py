@@ -55,6 +55,29 @@ def disk_full_error(e: OSError, what: str = "") -> DiskFull:
                   "before is kept; fix: free disk space, then rerun the same command to resume")
 
 
+_LEFT_RUNNING: list[str] = []  # device work a signal left running (`left_running`)
+
+
+def left_running(what: str) -> None:
+  """Notes device work left running on a signal (a first update not waited for): `finish`
+  then ends the process without waiting for it."""
+  _LEFT_RUNNING.append(what)
+
+
+def finish(code: int):
+  """sys.exit(code); once device work was left running (`left_running`), os._exit after the
+  output is flushed, since the interpreter's exit frees that work's arrays only when it ends
+  (a huge first update: hours)."""
+  if _LEFT_RUNNING:
+    for stream in (sys.stdout, sys.stderr):
+      try:
+        stream.flush()
+      except (OSError, ValueError):
+        pass
+    os._exit(code)
+  sys.exit(code)
+
+
 def _stop_on_sigterm(signum, frame):
   """SIGTERM outside a training loop: stop as Ctrl-C does (cleanups run), with its status."""
   raise Interrupted("stopped by SIGTERM; rerun the same command to resume", signum)
@@ -92,11 +115,11 @@ def exit_on_user_error(fn: Callable[..., Any]) -> Callable[..., Any]:
       sys.exit(2)
     except Interrupted as e:  # saved, then stopped: a whole study, not just its run
       print(f"stopped: {e}", file=sys.stderr)
-      sys.exit(signal_exit_code(e.signum))
+      finish(signal_exit_code(e.signum))
     except KeyboardInterrupt:  # Ctrl-C outside a training loop, or a second one while stopping
       print("interrupted (Ctrl-C); what was saved is kept; rerun the same command to resume",
             file=sys.stderr)
-      sys.exit(signal_exit_code(signal.SIGINT))
+      finish(signal_exit_code(signal.SIGINT))
 
   return wrapper
 

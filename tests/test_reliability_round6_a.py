@@ -9,10 +9,10 @@ import errno
 import glob
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -174,3 +174,324 @@ def test_every_float_flag_refuses_nan(tmp_path):
   """The class of item 16: nan passes every comparison-based range check."""
   proc = run_cli(["-m", "benchmarks.scaling", "--seconds=nan", f"--json={tmp_path / 'r.json'}"])
   one_error_line(proc, "--seconds=nan")
+
+
+# ------------------------------------------- item 1: a signal stops the whole study, saved
+
+from soma_jax import checkpoint as ckpt_lib  # noqa: E402
+from soma_jax.studies import executor  # noqa: E402
+from tests.test_train import tiny_config  # noqa: E402
+
+
+def long_jobs(data_dir: str, folder: str, n: int = 3) -> list[executor.Job]:
+  """Runs far longer than any test: only a signal ends them."""
+  return [executor.Job(tiny_config(data_dir, steps=100000, log_every=1, eval_every=100000,
+                                   ckpt_every=100000).to_dict(),
+                       os.path.join(folder, f"run{i}"), f"run {i}") for i in range(n)]
+
+
+def wait_until(predicate, what: str, timeout: float = 240):
+  t0 = time.time()
+  while not predicate():
+    assert time.time() - t0 < timeout, f"timed out waiting for {what}"
+    time.sleep(0.1)
+
+
+def updating(workdir: str) -> bool:
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  return os.path.isfile(metrics) and os.path.getsize(metrics) > 0
+
+
+def lock_holder(workdir: str) -> int:
+  with open(os.path.join(workdir, ckpt_lib.LOCK_FILE)) as f:
+    return int(f.read().split()[0])
+
+
+def gone(pid: int) -> bool:
+  """The process ended (a zombie counts: it runs nothing)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+  except FileNotFoundError:
+    return True
+
+
+@pytest.fixture
+def sigterm_raises():
+  """SIGTERM in this process as an entry point has it (`cli.run`): Interrupted."""
+  old = signal.getsignal(signal.SIGTERM)
+  errors.stop_on_sigterm()
+  yield
+  signal.signal(signal.SIGTERM, old)
+
+
+def signal_once(predicate, pid: int, signum=signal.SIGTERM):
+  def go():
+    wait_until(predicate, "updates")
+    os.kill(pid, signum)
+  thread = threading.Thread(target=go, daemon=True)
+  thread.start()
+  return thread
+
+
+@pytest.mark.parametrize("name", ["inline", "processes:1"])
+def test_sigterm_stops_the_whole_stage_after_saving(data_prepared, tmp_path, sigterm_raises,
+                                                    name):
+  """It saved the run in progress, logged it as FAILED and started the next run of the grid
+  (9 more within 60 s): only SIGKILL stopped a study."""
+  jobs = long_jobs(data_prepared, str(tmp_path))
+  signal_once(lambda: updating(jobs[0].workdir), os.getpid())
+  with pytest.raises(errors.Interrupted) as e:
+    executor.make(name).run(jobs)
+  assert e.value.signum == signal.SIGTERM
+  assert "rerun the same command" in str(e.value), str(e.value)
+  assert ckpt_lib.Checkpointer(jobs[0].workdir).steps(), "the run in progress was not saved"
+  for job in jobs[1:]:
+    assert not os.path.exists(os.path.join(job.workdir, "config.json")), job.what
+
+
+def test_a_worker_stopped_by_a_signal_stops_the_stage(data_prepared, tmp_path):
+  """A scheduler's SIGTERM to a worker: the parent starts no other run and stops, saved."""
+  jobs = long_jobs(data_prepared, str(tmp_path))
+  def go():
+    wait_until(lambda: updating(jobs[0].workdir), "updates")
+    os.kill(lock_holder(jobs[0].workdir), signal.SIGTERM)
+  threading.Thread(target=go, daemon=True).start()
+  with pytest.raises(errors.Interrupted, match="run 0 stopped by SIGTERM.*2 runs not started"):
+    executor.make("processes:1").run(jobs)
+  assert ckpt_lib.Checkpointer(jobs[0].workdir).steps()
+  assert not os.path.exists(jobs[1].workdir)
+
+
+def test_an_interrupted_study_exits_with_one_line_and_the_signal_status(capsys):
+  @errors.exit_on_user_error
+  def main():
+    raise errors.Interrupted("run 0 stopped early (interrupted by SIGTERM, saved at step 3); "
+                             "rerun the same command to resume", signal.SIGTERM)
+
+  with pytest.raises(SystemExit) as e:
+    main()
+  assert e.value.code == 128 + signal.SIGTERM
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and "rerun the same command" in lines[0], lines
+
+
+def test_train_to_end_raises_interrupted_for_a_signal(monkeypatch):
+  """Interrupted is no Exception: an executor's `except Exception` cannot swallow it."""
+  from soma_jax import train as train_lib
+
+  monkeypatch.setattr(train_lib.plan_lib, "place", lambda spec: spec)
+  monkeypatch.setattr(train_lib, "train", lambda plan, w: {"status": "interrupted", "step": 3,
+                                                           "signal": signal.SIGTERM})
+  with pytest.raises(errors.Interrupted, match="seed 0 stopped early .*SIGTERM, saved at step 3"):
+    train_lib.train_to_end(None, "w", "seed 0")
+  assert not issubclass(errors.Interrupted, Exception)
+
+
+ORPHAN_PARENT = """
+import sys
+from soma_jax.studies import executor
+from tests.test_reliability_round6_a import long_jobs
+executor.make("processes:1").run(long_jobs(sys.argv[1], sys.argv[2], 1))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc")
+def test_a_worker_does_not_outlive_its_parent(data_prepared, tmp_path):
+  """kill -9 of a processes:K study: its worker ran on as an orphan and its temp folder
+  stayed. Now the worker saves, stops and removes the folder."""
+  tmp = tmp_path / "tmp"
+  tmp.mkdir()
+  runs = tmp_path / "runs"
+  env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=ROOT)
+  parent = subprocess.Popen(PY + ["-c", ORPHAN_PARENT, data_prepared, str(runs)], cwd=ROOT,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  workdir = str(runs / "run0")
+  try:
+    wait_until(lambda: updating(workdir), "the worker's updates")
+    worker = lock_holder(workdir)
+    parent.kill()
+    parent.wait()
+    wait_until(lambda: gone(worker), "the orphaned worker to stop", timeout=120)
+  finally:
+    if parent.poll() is None:
+      parent.kill()
+  assert ckpt_lib.Checkpointer(workdir).steps(), "the orphan did not save its run"
+  assert not [p for p in os.listdir(tmp) if p.startswith("soma-executor-")], os.listdir(tmp)
+
+
+# ------------------------------------------------------ item 2: a huge n_pert, a long update
+
+
+def test_a_huge_n_pert_is_refused_before_the_first_update(data_prepared, tmp_path):
+  """n_pert = 1e9 stayed inside its first update, ignored SIGTERM and took 16.7 GB."""
+  w = tmp_path / "w"
+  proc = run_cli([os.path.join("experiments", "train.py"),
+                  "--config=experiments/configs/soma.py:n=3,size=tiny",
+                  f"--config.data.dir={data_prepared}", f"--workdir={w}",
+                  "--config.spsa.n_pert=1000000000"])
+  one_error_line(proc, "spsa.n_pert=1,000,000,000", "directions per update")
+  assert not w.exists()
+
+
+def test_a_step_planned_beyond_the_machine_is_refused(data_prepared, monkeypatch):
+  """The memory planner's answer is acted on, on a CPU too (against the machine's memory)."""
+  from soma_jax import memory
+  from soma_jax import plan as plan_lib
+  from soma_jax import spec as spec_lib
+
+  monkeypatch.setattr(memory, "host_memory_bytes", lambda: 1000)
+  spec = spec_lib.resolve(tiny_config(data_prepared))
+  with pytest.raises(UserError, match="plans .* GB at pert_chunk=.* more than the 0.00 GB"):
+    plan_lib.place_step(spec)
+
+
+def test_a_signal_during_a_long_first_update_stops_without_waiting_for_it(data_prepared,
+                                                                         tmp_path):
+  """A first update of 100,000 directions (about a minute here) is left unfinished: nothing
+  since the start to save, so the run stops within seconds of SIGTERM."""
+  w = tmp_path / "w"
+  proc = subprocess.Popen(
+      PY + [os.path.join("experiments", "train.py"),
+            "--config=experiments/configs/soma.py:n=3,size=tiny",
+            f"--config.data.dir={data_prepared}", f"--workdir={w}",
+            "--config.spsa.n_pert=1000000"], cwd=ROOT, stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, text=True)
+  try:
+    wait_until(lambda: os.path.exists(w / "metrics.jsonl") or proc.poll() is not None,
+               "the first update to start")
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    time.sleep(3)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    took = time.time() - t0
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+  assert took < 30, took
+  assert "left unfinished" in err and "Traceback" not in err, err[-2000:]
+
+
+# ------------------------------------------------------------ item 5: a full disk mid-study
+
+
+def enospc(path="somewhere"):
+  return OSError(errno.ENOSPC, "No space left on device", path)
+
+
+def test_the_workdir_lock_on_a_full_disk_is_one_line(tmp_path, monkeypatch):
+  """The lock's ENOSPC was not caught: a traceback per run."""
+  def write(fd, data):
+    raise enospc()
+
+  monkeypatch.setattr(ckpt_lib.os, "write", write)
+  with pytest.raises(errors.DiskFull, match="no space left .*free disk space, then rerun"):
+    with ckpt_lib.WorkdirLock(str(tmp_path / "w")):
+      pass
+
+
+@pytest.mark.parametrize("failure", ["oserror", "diskfull"])
+def test_inline_stops_at_a_full_disk_instead_of_starting_every_run(tmp_path, monkeypatch,
+                                                                   failure):
+  started = []
+
+  def train_job(job):
+    started.append(job.what)
+    if failure == "oserror":
+      raise enospc(os.path.join(job.workdir, "metrics.jsonl"))
+    raise errors.DiskFull("could not save checkpoint 4 (no space left on device)")
+
+  monkeypatch.setattr(executor, "train_job", train_job)
+  jobs = [executor.Job({}, str(tmp_path / f"run{i}"), f"run {i}") for i in range(3)]
+  with pytest.raises(errors.DiskFull) as e:
+    executor.make("inline").run(jobs)
+  assert started == ["run 0"]
+  text = str(e.value)
+  assert "run 0 could not write" in text and "2 more runs not started" in text, text
+  assert "free disk space" in text and "rerun the same command" in text, text
+  assert "\n" not in text
+
+
+def test_processes_stop_starting_runs_at_a_full_disk(tmp_path, monkeypatch):
+  """A worker's full disk: no run starts after it (the ones running end by themselves)."""
+  started = []
+
+  class Done:
+    returncode = 1
+
+    def poll(self):
+      return 1
+
+  def start(self, job, host, share, folder, i):
+    started.append(job.what)
+    with open(os.path.join(folder, f"result{i}.json"), "w") as f:
+      json.dump({"error": "no space left on the disk", "disk_full": True}, f)
+    return Done(), open(os.devnull, "w"), "log"
+
+  monkeypatch.setattr(executor.Processes, "_start", start)
+  monkeypatch.setattr(executor.Processes, "_shares", lambda self: [executor._Share()])
+  jobs = [executor.Job({}, str(tmp_path / f"run{i}"), f"run {i}") for i in range(3)]
+  with pytest.raises(errors.DiskFull, match="run 0 could not write.*2 more runs not started"):
+    executor.make("processes:1").run(jobs)
+  assert started == ["run 0"]
+
+
+def test_a_full_disk_at_an_entry_point_is_one_line_exit_2(capsys):
+  @errors.exit_on_user_error
+  def main():
+    raise enospc("/out/results.json")
+
+  with pytest.raises(SystemExit) as e:
+    main()
+  assert e.value.code == 2
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: no space left"), lines
+  assert "/out/results.json" in lines[0] and "rerun the same command" in lines[0]
+
+
+def test_a_full_disk_while_training_is_a_disk_full(data_prepared, tmp_path, monkeypatch):
+  """The training loop's own writes (metrics) on a full disk: DiskFull, the executor's cue."""
+  from soma_jax import metrics as metrics_lib
+  from soma_jax import train as train_lib
+
+  def write(self, step, record):
+    raise enospc(self.path)
+
+  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write)
+  with pytest.raises(errors.DiskFull, match="free disk space"):
+    train_lib.run(tiny_config(data_prepared, steps=2), str(tmp_path / "w"))
+
+
+# ---------------------------------------------- item 6: a SLURM submission that fails
+
+
+def failing_slurm(folder) -> str:
+  """An `sbatch` that fails as it does without a controller, and the `srun` submitit wants."""
+  import stat
+
+  for name, text in (("sbatch", "echo 'sbatch: error: Batch job submission failed: Unable to "
+                                "contact slurm controller (connect failure)' >&2\nexit 1"),
+                     ("srun", "exit 1")):
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{text}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+  return str(folder)
+
+
+def test_a_failed_slurm_submission_is_one_line(monkeypatch, tmp_path, data_prepared):
+  """sbatch exists but refuses (no controller; a bad partition, account or QOS): a
+  traceback, exit 1."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  monkeypatch.setenv("PATH", failing_slurm(bin_dir) + os.pathsep + os.environ["PATH"])
+  ex = executor.make("submitit:slurm", {"partition": "nope"})
+  jobs = [executor.Job(tiny_config(data_prepared, steps=2).to_dict(),
+                       str(tmp_path / f"run{i}"), f"run {i}") for i in range(2)]
+  with pytest.raises(UserError) as e:
+    ex.run(jobs)
+  text = str(e.value)
+  assert "--executor=submitit:slurm could not submit run 0" in text, text
+  assert "Unable to contact slurm controller" in text and "--slurm_partition" in text, text
+  assert "\n" not in text
