@@ -33,10 +33,10 @@ Every job is tried: a failed run is reported, after the others finished, in one 
 naming each failed run, its error and its log. Two things stop a stage instead: a signal
 (Ctrl-C, SIGTERM: the runs in progress save a checkpoint, no other starts, and `Interrupted`
 ends the study, exit 128 + the signal) and a full disk (no run starts after it; `DiskFull`,
-exit 2). A processes:K worker is a session of its own (a terminal's Ctrl-C reaches the parent,
-which asks each worker once) and stops by itself, after saving, when its parent dies. A run's folder is its lock and its resume
-point (`checkpoint.WorkdirLock`): re-running the same command keeps finished runs and
-resumes the others.
+exit 2). A processes:K worker is a session of its own (a terminal's Ctrl-C reaches the
+parent, which asks each worker once) and stops by itself, after saving, when its parent
+dies. A run's folder is its lock and its resume point (`checkpoint.WorkdirLock`): re-running
+the same command keeps finished runs and resumes the others.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ class Inline:
 
 # --- processes:K -----------------------------------------------------------------------------
 
-# A worker: `python -c WORKER JOB_FILE RESULT_FILE`; importing the module by name keeps one
+# A worker: `python -c WORKER JOB_FILE RESULT_FILE PARENT_PID`; importing the module by name keeps one
 # copy of its classes (as `-m` would not).
 WORKER = ("import sys; from soma_jax.studies.executor import worker_main; "
           "from soma_jax.errors import finish; finish(worker_main(*sys.argv[1:]))")
