@@ -495,3 +495,31 @@ def test_a_failed_slurm_submission_is_one_line(monkeypatch, tmp_path, data_prepa
   assert "--executor=submitit:slurm could not submit run 0" in text, text
   assert "Unable to contact slurm controller" in text and "--slurm_partition" in text, text
   assert "\n" not in text
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_tensorboard_on_a_full_disk_does_not_block_the_run(tmp_path):
+  """tensorboardX's writer thread died on ENOSPC, its queue filled, and the next scalar
+  blocked the run for good (a processes:K worker hung, orphaned, on a full disk)."""
+  from soma_jax import metrics as metrics_lib
+
+  writer = metrics_lib.MetricWriter(str(tmp_path))
+  for file_writer in writer._tb.all_writers.values():
+    def write_event(event):
+      raise enospc()
+    file_writer.event_writer._ev_writer.write_event = write_event
+  done = []
+
+  def go():
+    for step in range(1, 20):  # 19 x 12 scalars: far more than the queue's 10
+      writer.write(step, {"loss": [1.0] * 6, "lr": [0.1] * 6})
+      time.sleep(0.01)
+    writer.close()
+    done.append(True)
+
+  thread = threading.Thread(target=go, daemon=True)
+  thread.start()
+  thread.join(timeout=60)
+  assert done, "the metrics writer blocked"
+  with open(tmp_path / "metrics.jsonl") as f:
+    assert len(f.readlines()) == 19

@@ -193,6 +193,7 @@ def _failed(name: str, jobs: list[Job], failures: dict[int, tuple[str, str]]) ->
 
 def _disk_full(name: str, jobs: list[Job], i: int, error: str, left: int) -> DiskFull:
   """The DiskFull that stops a stage at its run `i` (`left` runs not started)."""
+  error = error.split("; fix:")[0]  # the one fix is this one's
   return DiskFull(f"{jobs[i].what} could not write: {error}"
                   f"{f'; {left} more runs not started' if left else ''} (--executor={name}); "
                   "fix: free disk space, then rerun the same command (finished runs are kept, "
