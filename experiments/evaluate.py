@@ -19,7 +19,7 @@ from soma_jax import checkpoint as ckpt_lib
 from soma_jax import cli, runs
 from soma_jax import evaluate as eval_lib
 from soma_jax.data.router import Router
-from soma_jax.errors import UserError, writable_dir, writable_file
+from soma_jax.errors import UserError, check_output, writable_dir, writable_file
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run folder (checkpoints, config)")
 _SPLIT = flags.DEFINE_string("split", "test", "test | ensemble_val | wikitext103:PATH")
@@ -62,6 +62,8 @@ def main(argv):
     writable_file(_JSON.value, "--json")  # before the evaluation, not after it
   if _OUT_DIR.value:
     writable_dir(_OUT_DIR.value, "--out_dir")
+  else:  # the default, WORKDIR/eval (written only for a k sweep or pairs), checked as well
+    check_output(os.path.join(workdir, "eval"), "--out_dir (default WORKDIR/eval)", "folder")
   cli.log_devices()
   data_dir = ckpt_lib.check_data(workdir, ckpt_lib.read_config(workdir), _DATA_DIR.value,
                                  ("router.npz", *eval_lib.split_files(_SPLIT.value)))
