@@ -523,3 +523,33 @@ def test_tensorboard_on_a_full_disk_does_not_block_the_run(tmp_path):
   assert done, "the metrics writer blocked"
   with open(tmp_path / "metrics.jsonl") as f:
     assert len(f.readlines()) == 19
+
+
+def test_ctrl_c_stops_a_study_with_one_line(data_two_shards, tmp_path):
+  """The issue's case: table6 at tiny size, Ctrl-C once the grid's runs have started."""
+  out = tmp_path / "study"
+  proc = subprocess.Popen(
+      PY + [os.path.join("experiments", "compare.py"),
+            "--config=experiments/configs/compare.py:study=table6,size=tiny",
+            f"--config.data_dir={data_two_shards}", f"--out={out}", "--config.budget=3000"],
+      cwd=ROOT, stdout=open(tmp_path / "stdout.txt", "w"), stderr=subprocess.PIPE, text=True)
+
+  def grid_updating():
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    return any(updating(os.path.dirname(p))
+               for p in glob.glob(str(out / "runs" / "**" / "metrics.jsonl"), recursive=True))
+
+  try:
+    wait_until(grid_updating, "the grid's first run", timeout=280)
+    started = len(glob.glob(str(out / "runs" / "**" / "config.json"), recursive=True))
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 128 + signal.SIGINT, err[-2000:]
+  lines = [line for line in err.splitlines() if line.strip()]
+  assert lines[-1].startswith("stopped: ") and "rerun the same command" in lines[-1], lines[-3:]
+  assert "Traceback" not in err, err[-2000:]
+  assert "FAILED" not in (tmp_path / "stdout.txt").read_text()  # it went on to the next run
+  assert len(glob.glob(str(out / "runs" / "**" / "config.json"), recursive=True)) == started
