@@ -49,7 +49,7 @@ _WARMUP = flags.DEFINE_float("warmup", 5.0, "seconds the busy processes spin bef
 _REPEATS = flags.DEFINE_integer("repeats", 1, "alone / loaded pairs per unit")
 _TOLERANCE = flags.DEFINE_float("tolerance", 0.05, "the largest relative difference allowed")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "prepared data dir (default: pystdlib)")
-_JSON = flags.DEFINE_string("json", None, "write the results here")
+_JSON = cli.output_flag("json", None, "write the results here")
 
 SPIN = "while True: pass"
 

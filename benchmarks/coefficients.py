@@ -29,7 +29,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", l
 _PRECISION = flags.DEFINE_list("precision", list(memory.PRECISIONS), "precisions to compare")
 _FORWARD = flags.DEFINE_list("forward", list(spsa.FORWARDS), "spsa.forward settings to compare")
 _N_PERT = flags.DEFINE_integer("n_pert", 8, "directions per expert (all in one chunk)")
-_JSON = flags.DEFINE_string("json", None, "write the result here")
+_JSON = cli.output_flag("json", None, "write the result here")
 flags.mark_flag_as_required("config")
 
 _COEFFICIENTS = jax.jit(spsa.coefficients, static_argnames=("cfg", "shared_head"))

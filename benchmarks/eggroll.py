@@ -39,7 +39,7 @@ _RANK = flags.DEFINE_integer("rank", 1, "Perturbation rank r.")
 _BATCH = flags.DEFINE_integer("batch", 8, "Sequences per member B.")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 128, "Targets per sequence T.")
 _REPS = flags.DEFINE_integer("reps", 5, "Timed calls; the median is reported.")
-_JSON = flags.DEFINE_string("json", None, "Write the results here as JSON.")
+_JSON = cli.output_flag("json", None, "Write the results here as JSON.")
 
 
 def measure(d: int, depth: int, pop: int, batch: int, seq_len: int, rank: int = 1,

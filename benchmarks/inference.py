@@ -33,7 +33,7 @@ from soma_jax.data.router import Router
 from soma_jax.errors import UserError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run folder (checkpoints, config)")
-_JSON = flags.DEFINE_string("json", None, "write the results here as JSON")
+_JSON = cli.output_flag("json", None, "write the results here as JSON")
 _TOP_K = flags.DEFINE_integer("top_k", 4, "experts per request (capped at N)")
 _REQUESTS = flags.DEFINE_integer("requests", 128, "windows per timed batch")
 _BATCH = flags.DEFINE_integer("batch", 64, "most windows one expert runs at once")

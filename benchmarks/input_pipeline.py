@@ -24,7 +24,7 @@ _ACCUM = flags.DEFINE_integer("accum", 1, "Accumulated batches A.")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "Targets per sequence T (divides 1024).")
 _SECONDS = flags.DEFINE_float("seconds", 5.0, "How long to time.")
 _SEED = flags.DEFINE_integer("seed", 0, "Pipeline seed.")
-_JSON = flags.DEFINE_string("json", None, "Write the results here as JSON.")
+_JSON = cli.output_flag("json", None, "Write the results here as JSON.")
 
 
 def measure(data_dir: str, n: int, batch: int, accum: int, seq_len: int, seconds: float, seed: int = 0) -> dict:

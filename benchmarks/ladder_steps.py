@@ -49,7 +49,7 @@ from soma_jax.studies import ladder, protocol
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "experiments/configs/compare.py:study=ladder,size=cpu|tiny[,rungs=...]",
     lock_config=True)
-_JSON = flags.DEFINE_string("json", None, "write the results here")
+_JSON = cli.output_flag("json", None, "write the results here")
 _REPS = flags.DEFINE_integer("reps", 5, "timed rounds per step (the median is reported)")
 _MECHANISM = flags.DEFINE_bool("mechanism", True, "also time the rho / r measurement")
 _TRAIN_UPDATES = flags.DEFINE_integer(

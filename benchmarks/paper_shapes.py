@@ -51,8 +51,8 @@ _MATMUL_RATE = flags.DEFINE_bool("matmul_rate", False, "measure the 4096 x 4096 
 _TIME_BLOCK = flags.DEFINE_integer("time_block", 0, "spsa.time_block (0: the preset's)")
 _UNROLL = flags.DEFINE_integer("unroll", 0, "spsa.unroll (0: the preset's)")
 _SIGNS = flags.DEFINE_enum("signs", "auto", list(config_lib.SIGNS), "spsa.signs")
-_JSON = flags.DEFINE_string("json", None, "write the table here (JSON)")
-_MD = flags.DEFINE_string("md", None, "write the table here (Markdown)")
+_JSON = cli.output_flag("json", None, "write the table here (JSON)")
+_MD = cli.output_flag("md", None, "write the table here (Markdown)")
 _ROW = flags.DEFINE_string("row", None, "internal: measure one row and print its JSON")
 _TIMEOUT = flags.DEFINE_integer("row_timeout", 900, "seconds allowed per row")
 

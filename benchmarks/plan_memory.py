@@ -22,7 +22,7 @@ from soma_jax import spec as spec_lib
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _CHUNKS = flags.DEFINE_list("pert_chunk", ["16", "64"], "spsa.pert_chunk values")
 _SIGNS = flags.DEFINE_list("signs", ["together", "apart"], "spsa.signs values")
-_JSON = flags.DEFINE_string("json", None, "write the results here")
+_JSON = cli.output_flag("json", None, "write the results here")
 flags.mark_flag_as_required("config")
 
 

@@ -33,8 +33,8 @@ from soma_jax import spec as spec_lib  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
 _STEPS = flags.DEFINE_integer("steps", 2, "profiled steps (after one warm-up step)")
 _TOP = flags.DEFINE_integer("top", 40, "ops kept per profiler process")
-_TRACE_DIR = flags.DEFINE_string("trace_dir", None, "keep the raw trace here (else a temp dir)")
-_JSON = flags.DEFINE_string("json", None, "write the summary here")
+_TRACE_DIR = cli.output_flag("trace_dir", None, "keep the raw trace here (else a temp dir)", kind="folder")
+_JSON = cli.output_flag("json", None, "write the summary here")
 flags.mark_flag_as_required("config")
 
 

@@ -18,10 +18,11 @@ import subprocess
 import sys
 import tempfile
 
-from absl import app, flags
+from absl import flags
 
+from soma_jax import cli
 from soma_jax.cli import positive_ints
-from soma_jax.errors import UserError, exit_on_user_error
+from soma_jax.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "parallel_worker.py")
@@ -32,7 +33,7 @@ _SECONDS = flags.DEFINE_float("seconds", 5.0, "Timing window per device count.")
 _D_T = flags.DEFINE_integer("d_t", 32, "Expert body width.")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 64, "Targets per window T.")
 _PLATFORM = flags.DEFINE_enum("platform", "cpu", ["cpu", "gpu"], "cpu = fake host devices.")
-_JSON = flags.DEFINE_string("json", None, "Write the results here as JSON.")
+_JSON = cli.output_flag("json", None, "Write the results here as JSON.")
 
 
 def run_one(devices: int, platform: str, per_device: int, seconds: float, d_t: int,
@@ -71,7 +72,6 @@ def measure(devices: list[int], platform: str, per_device: int, seconds: float, 
           "runs": runs, "note": note}
 
 
-@exit_on_user_error
 def main(argv):
   del argv
   devices = sorted(positive_ints("devices", _DEVICES.value))
@@ -88,4 +88,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -45,7 +45,7 @@ from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config", lock_config=True)
-_JSON = flags.DEFINE_string("json", None, "write the results here")
+_JSON = cli.output_flag("json", None, "write the results here")
 _REPS = flags.DEFINE_integer("reps", 7, "timed rounds (median)")
 _LOOP = flags.DEFINE_bool("loop", True, "also time the naive per-direction loop")
 _STEP_ONLY = flags.DEFINE_bool("step_only", False, "time the step alone (no ideals, no loop)")

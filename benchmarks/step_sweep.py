@@ -27,7 +27,7 @@ _CHUNKS = flags.DEFINE_list("pert_chunk", ["1", "2", "4"], "spsa.pert_chunk valu
 _BLOCKS = flags.DEFINE_list("time_block", ["64", "128"], "spsa.time_block values")
 _SIGNS = flags.DEFINE_list("signs", ["together", "apart"], "spsa.signs values")
 _REPS = flags.DEFINE_integer("reps", 5, "timed rounds (median)")
-_JSON = flags.DEFINE_string("json", None, "write the results here")
+_JSON = cli.output_flag("json", None, "write the results here")
 flags.mark_flag_as_required("config")
 
 

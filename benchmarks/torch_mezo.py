@@ -44,7 +44,7 @@ _TIME_BLOCK = flags.DEFINE_integer(
     "time_block", 0, "JAX's spsa.time_block; 0 = the cpu preset's rows per block, "
     "B x time_block = 2 x 256 = 512 (32 at B = 16)")
 _REPS = flags.DEFINE_integer("reps", 5, "timed updates per side (median)")
-_JSON = flags.DEFINE_string("json", None, "write the results here")
+_JSON = cli.output_flag("json", None, "write the results here")
 
 PRESET_ROWS = 2 * 256  # the cpu preset's B x time_block
 MISSING = ("torch_mezo: PyTorch is not installed, nothing measured; fix: "

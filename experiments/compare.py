@@ -30,7 +30,7 @@ from soma_jax.studies import executor as executor_lib
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, f"experiments/configs/compare.py:study={'|'.join(compare.STUDIES)},size=cpu|tiny",
     lock_config=True)
-_OUT = flags.DEFINE_string("out", None, "output folder: seeds/, runs/, table.md, results.json")
+_OUT = cli.output_flag("out", None, "output folder: seeds/, runs/, table.md, results.json", kind="folder")
 _LIST = flags.DEFINE_bool("list", False, "print the studies (name and what each is) and exit")
 _EXECUTOR = flags.DEFINE_string(
     "executor", "inline", "who trains each stage's independent runs: inline (one after another "

@@ -19,18 +19,18 @@ from soma_jax import checkpoint as ckpt_lib
 from soma_jax import cli, runs
 from soma_jax import evaluate as eval_lib
 from soma_jax.data.router import Router
-from soma_jax.errors import UserError, writable_dir, writable_file
+from soma_jax.errors import UserError, check_output, writable_dir, writable_file
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run folder (checkpoints, config)")
 _SPLIT = flags.DEFINE_string("split", "test", "test | ensemble_val | wikitext103:PATH")
 _TOP_K = flags.DEFINE_integer("top_k", 4, "experts averaged per window (capped at N)")
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: the newest)")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "prepared data dir (default: the run's config)")
-_JSON = flags.DEFINE_string("json", None, "write the result dict here")
+_JSON = cli.output_flag("json", None, "write the result dict here")
 _K_SWEEP = flags.DEFINE_bool("k_sweep", False, "also score k = 1..N (or --ks) in the same pass")
 _KS = flags.DEFINE_list("ks", None, "k values for --k_sweep, e.g. 1,2,4,8 (default 1..N)")
 _PAIRS = flags.DEFINE_bool("pairs", False, "pairwise complementarity of the top-k experts")
-_OUT_DIR = flags.DEFINE_string("out_dir", None, "folder for CSV/PNG (default WORKDIR/eval)")
+_OUT_DIR = cli.output_flag("out_dir", None, "folder for CSV/PNG (default WORKDIR/eval)", kind="folder")
 _DRAWS = flags.DEFINE_integer("draws", 10_000, "document-bootstrap draws")
 _SEED = flags.DEFINE_integer("seed", 0, "bootstrap seed")
 flags.mark_flags_as_required(["workdir"])
@@ -62,6 +62,8 @@ def main(argv):
     writable_file(_JSON.value, "--json")  # before the evaluation, not after it
   if _OUT_DIR.value:
     writable_dir(_OUT_DIR.value, "--out_dir")
+  else:  # the default, WORKDIR/eval (written only for a k sweep or pairs), checked as well
+    check_output(os.path.join(workdir, "eval"), "--out_dir (default WORKDIR/eval)", "folder")
   cli.log_devices()
   data_dir = ckpt_lib.check_data(workdir, ckpt_lib.read_config(workdir), _DATA_DIR.value,
                                  ("router.npz", *eval_lib.split_files(_SPLIT.value)))

@@ -41,8 +41,7 @@ def main(argv):
   if not 0 <= _MAX_BYTES.value <= gen_lib.MAX_BYTES or _TOP_K.value < 1:
     raise UserError(f"--max_bytes must be in 0..{gen_lib.MAX_BYTES:,} and --top_k >= 1; "
                     "fix: pass values in range")
-  if _TEMPERATURE.value < 0 or not 0 < _TOP_P.value <= 1:
-    raise UserError("--temperature must be >= 0 and --top_p in (0, 1]")
+  gen_lib.check_sampling(_TEMPERATURE.value, _TOP_P.value)
   if not os.path.isdir(_WORKDIR.value):
     raise UserError(f"workdir {_WORKDIR.value!r} does not exist; fix: pass a training run folder")
   cli.log_devices()

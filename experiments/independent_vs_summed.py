@@ -16,7 +16,7 @@ from soma_jax.studies import independent
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "experiments/configs/independent_vs_summed.py:cpu|tiny", lock_config=True)
-_OUT = flags.DEFINE_string("out", None, "output folder: results.json, curves.csv, figure4.png")
+_OUT = cli.output_flag("out", None, "output folder: results.json, curves.csv, figure4.png", kind="folder")
 flags.mark_flags_as_required(["config", "out"])
 
 

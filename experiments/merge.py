@@ -11,7 +11,7 @@ from absl import flags
 
 from soma_jax import cli, merge
 
-_OUT = flags.DEFINE_string("out", None, "new workdir for the merged ensemble")
+_OUT = cli.output_flag("out", None, "new workdir for the merged ensemble", kind="folder")
 flags.mark_flag_as_required("out")
 
 

@@ -23,7 +23,7 @@ from soma_jax.data import prepare, sources, web
 
 _SOURCE = flags.DEFINE_string("source", "pystdlib", f"Corpus, one of: {sources.usages(reads=True)}.")
 _NUM_CLUSTERS = flags.DEFINE_integer("num_clusters", 8, "Number of clusters = experts N.")
-_OUT = flags.DEFINE_string("out", None, "Output data dir (written to a temporary folder, then renamed).")
+_OUT = cli.output_flag("out", None, "Output data dir (written to a temporary folder, then renamed).", kind="folder")
 flags.mark_flag_as_required("out")
 _FIT_SAMPLE = flags.DEFINE_integer("fit_sample", 400_000, "Windows sampled to fit tf-idf, SVD and k-means.")
 _VAL_FRACTION = flags.DEFINE_float("val_fraction", 0.01, "Expert-validation fraction of each shard (>= 1 window).")

@@ -11,7 +11,7 @@ from soma_jax.errors import UserError
 from soma_jax.studies import report
 
 _DATA = flags.DEFINE_string("data_dir", None, "prepared data dir the runs trained on")
-_OUT = flags.DEFINE_string("out", None, "folder for report.md / loss_curves.png / report.json")
+_OUT = cli.output_flag("out", None, "folder for report.md / loss_curves.png / report.json", kind="folder")
 flags.mark_flags_as_required(["data_dir", "out"])
 
 

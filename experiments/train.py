@@ -12,11 +12,11 @@ workdir's config_history.jsonl). SIGTERM / Ctrl-C stop within one update with a 
 from absl import flags
 from ml_collections import config_flags
 
-from soma_jax import cli, train
+from soma_jax import cli, errors, train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "run folder: checkpoints, metrics, config")
+_WORKDIR = cli.output_flag("workdir", None, "run folder: checkpoints, metrics, config", kind="folder")
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False, "call jax.distributed.initialize() first (auto-detected on SLURM and "
     "Open MPI; otherwise pass --coordinator, --num_processes and --process_id)")
@@ -37,7 +37,7 @@ def main(argv):
   cli.absolute_paths(_CONFIG.value)  # config.json names the data wherever a tool runs later
   summary = train.run(_CONFIG.value, workdir)
   if summary["status"] == "interrupted":
-    raise SystemExit(128 + summary["signal"])
+    errors.finish(errors.signal_exit_code(summary["signal"]))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/configs/v
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir: measure its newest checkpoint.")
 _X64 = flags.DEFINE_bool("x64", False, "Measure in float64.")
-_OUT = flags.DEFINE_string("out", None, "Output folder for STUDY.json, STUDY.csv, STUDY.png.")
+_OUT = cli.output_flag("out", None, "Output folder for STUDY.json, STUDY.csv, STUDY.png.", kind="folder")
 flags.mark_flag_as_required("out")
 
 

@@ -17,6 +17,7 @@ import sys
 import tempfile
 
 from soma_jax import cli
+from soma_jax.errors import check_output_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,6 +30,7 @@ def main() -> None:
   parser.add_argument("--runs", type=int, default=3, help="processes, one after another")
   parser.add_argument("--json", help="write the results here")
   args = parser.parse_args()
+  check_output_args(parser, args, json="file")
   if args.runs < 1:
     parser.error("--runs must be >= 1")
   runs = []

@@ -30,7 +30,7 @@ from soma_jax import metrics as metrics_lib
 from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.config import load_config_file
-from soma_jax.errors import UserError, exit_on_user_error
+from soma_jax.errors import UserError, check_output_args, exit_on_user_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -172,6 +172,7 @@ def main() -> None:
   parser.add_argument("--reuse", default="", help="an earlier --json of this script: its grid "
                       "points at the same --steps are kept, not retrained")
   args = parser.parse_args()
+  check_output_args(parser, args, out="folder", json="file")
   grid_keys = _grid(args)
   setup = _setup()
   kept = _kept(args.reuse, args.steps, setup) if args.reuse else {}

@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from soma_jax.errors import check_output_args
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -162,6 +164,7 @@ def main() -> None:
                       help=f"'all' or figure names: {', '.join(FIGURES)} (default: the cheap ones)")
   parser.add_argument("--docs", default=os.path.join(ROOT, "docs"), help="output folder")
   args = parser.parse_args()
+  check_output_args(parser, args, docs="folder")
   if args.names == ["all"]:
     names = list(FIGURES)
   elif args.names:

@@ -16,7 +16,7 @@ import argparse
 import json
 
 from soma_jax import cli
-from soma_jax.errors import UserError, exit_on_user_error
+from soma_jax.errors import UserError, check_output_args, exit_on_user_error
 
 
 def spread(values: list[float]) -> float | None:
@@ -53,6 +53,7 @@ def main() -> None:
   parser.add_argument("--results", required=True, help="a study's results.json")
   parser.add_argument("--json", default=None, help="write the result here")
   args = parser.parse_args()
+  check_output_args(parser, args, json="file")
   try:
     with open(args.results) as f:
       results = json.load(f)

@@ -19,6 +19,7 @@ import time
 
 from soma_jax import cli
 from soma_jax.data import pipeline
+from soma_jax.errors import check_output_args
 
 
 def drop_caches() -> bool:
@@ -38,6 +39,7 @@ def main() -> None:
   parser.add_argument("--dir", default=None, help="folder for the temporary file")
   parser.add_argument("--json", default=None, help="write the result here")
   args = parser.parse_args()
+  check_output_args(parser, args, dir="folder", json="file")
   n = int(args.gb * 1e9)
   result = {"command": "python -m scripts.hash_rate " + " ".join(sys.argv[1:]), "bytes": n}
   with tempfile.NamedTemporaryFile(dir=args.dir, suffix=".bin") as f:

@@ -32,7 +32,7 @@ import numpy as np
 
 from soma_jax import cli
 from soma_jax.config import load_config_file
-from soma_jax.errors import UserError, exit_on_user_error
+from soma_jax.errors import UserError, check_output_args, exit_on_user_error
 from soma_jax.studies import ladder, protocol
 
 # Relative difference under which a recomputed rho or r counts as the recorded one: float32
@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--data_dir", default="", help="a prepared data dir with 2 shards")
   parser.add_argument("--json", default=None, help="write the result here")
   args = parser.parse_args(argv)
+  check_output_args(parser, args, out="folder", json="file")
   path, _, arg = args.config.partition(":")
   if not os.path.isfile(path):
     raise UserError(f"--config={args.config!r}: no config file {path!r}")

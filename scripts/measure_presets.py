@@ -24,6 +24,7 @@ import tempfile
 import time
 
 from soma_jax import config as config_lib
+from soma_jax.errors import check_output_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,6 +106,7 @@ def main() -> None:
   ap.add_argument("--out", required=True, help="JSON file to write")
   ap.add_argument("--steps", type=int, default=20, help="updates of the short cpu runs")
   args = ap.parse_args()
+  check_output_args(ap, args, out="file")
   commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip()
   load = os.getloadavg()[0]

@@ -27,6 +27,7 @@ from soma_jax import cli, merge, runs, spsa, train
 from soma_jax import config as config_lib
 from soma_jax import spec as spec_lib
 from soma_jax.data import prepare
+from soma_jax.errors import check_output_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,6 +84,7 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--json", help="write the results here")
   args = parser.parse_args()
+  check_output_args(parser, args, json="file")
   with tempfile.TemporaryDirectory() as tmp:
     data_dir = os.path.join(tmp, "data")
     prepare.prepare("pystdlib", 3, data_dir, test_docs=6, ensemble_val_docs=3, min_df=2,

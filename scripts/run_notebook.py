@@ -22,6 +22,8 @@ import sys
 import time
 import traceback
 
+from soma_jax.errors import check_output_args
+
 
 def parse_params(items: list[str]) -> dict:
   """['SIZE=gpu', 'N=4'] -> {'SIZE': 'gpu', 'N': 4}: literals where they parse, else strings."""
@@ -136,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                   "(rewritten after every cell)")
   argv = sys.argv[1:] if argv is None else argv
   args = ap.parse_args(argv)
+  check_output_args(ap, args, timings="file")
   if not os.path.isfile(args.notebook):
     print(f"error: notebook {args.notebook!r} not found; fix: pass the path of an .ipynb file",
           file=sys.stderr)

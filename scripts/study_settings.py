@@ -18,6 +18,7 @@ import os
 from soma_jax import cli
 from soma_jax import spec as spec_lib
 from soma_jax.config import load_config_file
+from soma_jax.errors import check_output_args
 from soma_jax.studies import ladder, protocol
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -54,6 +55,7 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--json", default=None, help="write the result here")
   args = parser.parse_args()
+  check_output_args(parser, args, json="file")
   cli.emit_json({s: study(s) for s in ("table7", "table4", "ladder")}, args.json)
 
 

@@ -18,7 +18,7 @@ from soma_jax import cli
 from soma_jax.config import load_config_file
 from soma_jax.studies import independent
 
-_OUT = flags.DEFINE_string("out", None, "folder for data/, seed/ and ensemble/")
+_OUT = cli.output_flag("out", None, "folder for data/, seed/ and ensemble/", kind="folder")
 _CONFIG = flags.DEFINE_string("config", "experiments/configs/independent_vs_summed.py:cpu",
                               "the independent_vs_summed config whose seed_run and "
                               "ensemble_run are trained")

@@ -20,7 +20,7 @@ from ml_collections import config_flags
 from soma_jax import cli
 from soma_jax.studies import trained_sizes
 
-_OUT = flags.DEFINE_string("out", None, "folder for data_n{N}/ and N{N}/")
+_OUT = cli.output_flag("out", None, "folder for data_n{N}/ and N{N}/", kind="folder")
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/variance.py:experts,size=trained",
     "the experts or reference variance config whose n_list, total_params and train_run are "

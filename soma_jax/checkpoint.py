@@ -31,7 +31,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 
-from soma_jax.errors import UserError, writable_dir
+from soma_jax.errors import DiskFull, UserError, disk_full_error, is_disk_full, writable_dir
 
 CONFIG_FILE = "config.json"
 CKPT_DIR = "checkpoints"
@@ -379,8 +379,15 @@ class WorkdirLock:
       raise UserError(f"workdir {self.workdir!r} is in use by process {holder}; fix: wait for "
                       "it to finish or stop it (Ctrl-C / kill PID), or use another --workdir") \
           from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    try:  # the holder's pid, for the message a second holder gets
+      os.ftruncate(fd, 0)
+      os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError as e:
+      os.close(fd)
+      if is_disk_full(e):
+        raise disk_full_error(e, f"the lock of {self.what}={self.workdir!r}") from None
+      raise UserError(f"cannot write {path!r} ({e.strerror or e}); fix: choose a writable "
+                      f"{self.what}") from None
     self._fd = fd
     return self
 
@@ -436,9 +443,10 @@ class Checkpointer:
     step = int(where.group(1)) if where else step
     good = [s for s in self.steps() if step is None or s < step]
     kept = f"checkpoint {good[-1]} is kept" if good else "no checkpoint was saved yet"
-    why = "no space left on device" if any(m in text for m in _FULL) else _first_words(e)
+    full = any(m in text for m in _FULL) or is_disk_full(e)
+    why = "no space left on device" if full else _first_words(e)
     self._pending = None
-    return UserError(f"could not save checkpoint {step if step is not None else '?'} under "
+    return (DiskFull if full else UserError)(f"could not save checkpoint {step if step is not None else '?'} under "
                      f"{self.directory!r} ({why}); {kept}; fix: free disk space and re-run "
                      "the same command to resume")
 

@@ -4,6 +4,7 @@ CPU host device per usable core (`host_devices.start`) before `main` runs."""
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 import sys
@@ -12,7 +13,35 @@ from collections.abc import Callable
 from absl import app, flags, logging
 
 from soma_jax import host_devices
-from soma_jax.errors import UserError, exit_on_user_error, shortened
+from soma_jax.errors import (
+    UserError,
+    check_output,
+    exit_on_user_error,
+    shortened,
+    stop_on_sigterm,
+    writable,
+)
+
+# Every output flag of the entry points ({flag name: "file" | "folder"}), defined with
+# `output_flag`: each one given is checked writable once the flags are parsed, before `main`
+# runs, so a result is never computed for a path that cannot take it.
+OUTPUT_FLAGS: dict[str, str] = {}
+
+
+def output_flag(name: str, default: str | None, help: str, kind: str = "file"):
+  """flags.DEFINE_string for an output path (`kind` "file" or "folder"), checked up front."""
+  if kind not in ("file", "folder"):
+    raise ValueError(f"kind must be file or folder, got {kind!r}")
+  OUTPUT_FLAGS[name] = kind
+  return flags.DEFINE_string(name, default, help)
+
+
+def check_outputs(paths: dict[str, tuple[str | None, str]]) -> None:
+  """{--name: (path or None, "file" | "folder")}: each path given refused unless writable
+  (`errors.check_output`); for entry points that parse their own arguments (scripts/)."""
+  for name, (path, kind) in paths.items():
+    if path:
+      check_output(path, name, kind)
 
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "CPU host devices: 0 = one per usable core (CPU affinity and cgroup "
@@ -29,6 +58,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
   try:
     argv = flags.FLAGS(argv)
     _check_config_files()
+    _check_numbers()
+    check_outputs({f"--{name}": (flags.FLAGS[name].value, kind)
+                   for name, kind in OUTPUT_FLAGS.items() if name in flags.FLAGS})
     host_devices.start(_CPU_DEVICES.value)
     compilation_cache(_CACHE.value)
     if not flags.FLAGS["verbosity"].present:
@@ -40,6 +72,16 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError, UserError) as e:
     print(f"error: {shortened(_flag_error(e, argv))}", file=sys.stderr)
     sys.exit(2)
+
+
+def _check_numbers() -> None:
+  """A float flag given as nan is refused (no flag means anything by it; every comparison
+  with it is false, so range checks let it through)."""
+  for name in flags.FLAGS:
+    value = flags.FLAGS[name].value
+    values = value if isinstance(value, list) else [value]
+    if any(isinstance(v, float) and math.isnan(v) for v in values):
+      raise UserError(f"--{name}=nan is not a number; fix: pass a number (see --helpfull)")
 
 
 def default_cache_dir() -> str:
@@ -64,6 +106,9 @@ def compilation_cache(where: str | None) -> str | None:
   except OSError as e:
     raise UserError(f"--compilation_cache={where!r} cannot be created ({e.strerror or e}); "
                     "fix: a writable folder, or --compilation_cache=off") from None
+  if not writable(where):  # JAX would only warn, once per program, and cache nothing
+    raise UserError(f"--compilation_cache={where!r} is not writable; fix: a writable folder, "
+                    "or --compilation_cache=off")
   jax.config.update("jax_compilation_cache_dir", where)
   for key, env in (("jax_persistent_cache_min_compile_time_secs",
                     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"),
@@ -135,6 +180,7 @@ def run(main: Callable[[list[str]], None], positional: bool = False) -> None:
   merge.py's workdirs, report.py's NAME=WORKDIR). Info-level logs of libraries are hidden
   unless --verbosity is given; progress and results are printed by the entry points.
   """
+  stop_on_sigterm()  # SIGTERM stops like Ctrl-C: saved work kept, one line, exit 143
   app.run(exit_on_user_error(functools.partial(_main_checked, main, positional)),
           flags_parser=_parse_flags)
 

@@ -18,6 +18,11 @@ from soma_jax.sizing import PAPER_WIDTH
 
 SIZES = ("tiny", "cpu", "paper")
 SIGNS = ("auto", "together", "apart")  # spsa.signs
+# Directions per expert per update (spsa.n_pert x spsa.accum) that `validate` accepts: 16,384
+# times the paper's 64. One update evaluates 2 x that many forward passes of every expert
+# (about 46 minutes at size=tiny on 2 CPU cores, 1e5 directions taking 44 s there), and a
+# step of 1e9 ran out of host memory inside its first update instead of finishing.
+MAX_DIRECTIONS = 2**20
 BUDGET_UNITS = budget.BUDGET_UNITS  # budget_unit (what each counts: budget.COUNTERS)
 
 
@@ -315,6 +320,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
   chunk = pert_chunk(c)
   need(chunk == "auto" or s.n_pert % min(chunk, s.n_pert) == 0,
        f"spsa.pert_chunk={s.pert_chunk} must divide spsa.n_pert={s.n_pert} (or be auto)")
+  directions = s.n_pert * s.get("accum", 1)
+  need(directions <= MAX_DIRECTIONS,
+       f"spsa.n_pert={s.n_pert:,} x spsa.accum={s.get('accum', 1)} = {directions:,} directions per "
+       f"update is more than {MAX_DIRECTIONS:,} (the paper uses 64; each direction is two "
+       "forward passes of every expert, so the first update would not finish); fix: "
+       f"--config.spsa.n_pert={min(s.n_pert, MAX_DIRECTIONS)} or fewer")
   need(not (c.model.shared_head and c.opt.train_head),
        "opt.train_head=True needs model.shared_head=False (a shared head stays frozen)")
   expert_range(c)

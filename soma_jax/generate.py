@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import functools
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -116,6 +117,16 @@ def _sample_chunk(bodies_K, heads_K, state_K, logits_KxV, key, first, temperatur
   return state_K, logits_KxV, out
 
 
+def check_sampling(temperature: float, top_p: float) -> None:
+  """A UserError unless temperature is a finite number >= 0 and top_p is in (0, 1] (nan
+  passes every comparison-based check, and inf samples uniformly)."""
+  if not (math.isfinite(temperature) and temperature >= 0):
+    raise UserError(f"--temperature={temperature} must be a finite number >= 0 (0 = greedy); "
+                    "fix: e.g. --temperature=0.8")
+  if not (math.isfinite(top_p) and 0 < top_p <= 1):
+    raise UserError(f"--top_p={top_p} must be in (0, 1]; fix: e.g. --top_p=0.95")
+
+
 def generate_stream(body_N: PyTree, head: jax.Array, shared_head: bool, router, prompt: bytes,
                     max_bytes: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
                     top_k: int = 4) -> tuple[np.ndarray, Iterator[bytes]]:
@@ -124,6 +135,7 @@ def generate_stream(body_N: PyTree, head: jax.Array, shared_head: bool, router, 
   Memory stays at one chunk whatever `max_bytes` is (at most MAX_BYTES); the bytes are
   those of one long scan: byte i is drawn with fold_in(seed key, i).
   """
+  check_sampling(temperature, top_p)
   if not 0 <= max_bytes <= MAX_BYTES:
     raise UserError(f"--max_bytes={max_bytes} is outside 0..{MAX_BYTES:,}; fix: pass a smaller "
                     "count (or generate in several runs with --prompt)")

@@ -3,11 +3,14 @@ study, the timing of a step) runs its updates through `Loop.run`."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from soma_jax import errors
 
 
 class Loop:
@@ -22,9 +25,12 @@ class Loop:
   """
 
   def __init__(self, state, step_fn: Callable, batches: Iterator, expert_ids: jax.Array,
-               to_device: Callable = jnp.asarray, clock: Any = None):
+               to_device: Callable = jnp.asarray, clock: Any = None,
+               stop: Callable[[], bool] | None = None):
     self.state, self.step_fn, self.batches = state, step_fn, batches
     self.expert_ids, self.to_device, self.clock = expert_ids, to_device, clock
+    self.stop = stop  # asked to stop (a signal): the first update is not waited for
+    self.abandoned = False  # the first update was left running: `state` is not to be read
 
   def run(self, start: int, end: int) -> Iterator[tuple[int, Any]]:
     """Updates start + 1 .. end: yields (updates done, that update's metrics) after each."""
@@ -35,7 +41,10 @@ class Loop:
         with self.clock.aside("compile_seconds"):
           self.state, m = self.step_fn(self.state, batch, self.expert_ids)
           self.clock.dispatched()  # compiled: the rest is the update's run
-          jax.block_until_ready(m)
+          if not self._wait(m):  # stopped between compile and run, or while it ran
+            self.abandoned = True
+            errors.left_running(f"the update after step {step}")
+            return
       else:
         self.state, m = self.step_fn(self.state, batch, self.expert_ids)
         if self.clock is not None:
@@ -44,3 +53,20 @@ class Loop:
           jax.block_until_ready(pending)
       pending = m
       yield step + 1, m
+
+  def _wait(self, m) -> bool:
+    """Waits for the first update's metrics `m`; False as soon as `stop()` asks to stop.
+
+    The first update may be long (a huge n_pert, a slow device) and holds nothing that was
+    not saved before it (the start, or the checkpoint resumed from), so a signal need not
+    wait for it: polling, instead of blocking in XLA, lets the signal's handler run."""
+    if self.stop is None:
+      jax.block_until_ready(m)
+      return True
+    leaves, delay = jax.tree.leaves(m), 1e-3
+    while not all(x.is_ready() for x in leaves):
+      if self.stop():
+        return False
+      time.sleep(delay)
+      delay = min(2 * delay, 0.05)
+    return True

@@ -15,9 +15,13 @@ signs apart or together at N = 2, 4, 8, and 1% behind the fastest at N = 1
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from collections.abc import Callable
 
 import jax
+
+from soma_jax.errors import UserError
 
 # Perturbed weight copies per loop iteration (N C with the signs apart, 2 N C together)
 # that run fastest on a CPU: 4 at N = 1, 2, 4; at N = 8 one direction (8 copies) was
@@ -47,8 +51,30 @@ def device_limit_bytes(device: jax.Device | None = None) -> int | None:
   return int(limit) if limit else None
 
 
+def host_memory_bytes() -> int | None:
+  """This machine's physical memory (None where unknown): what a CPU step can plan at most."""
+  try:
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+  except (AttributeError, ValueError, OSError):
+    return None
+
+
+def check_fits(choice: ChunkChoice, what: str, platform: str) -> None:
+  """A UserError when XLA's plan for the step is more than the device holds (its limit; on a
+  CPU the machine's memory): the run would fail inside its first update, or swap."""
+  limit = choice.limit_bytes or (host_memory_bytes() if platform == "cpu" else None)
+  if choice.planned_bytes > 0 and limit and choice.planned_bytes > limit:
+    where = "device" if choice.limit_bytes else "machine's memory"
+    raise UserError(f"the training step plans {choice.planned_bytes / 1e9:.2f} GB at "
+                    f"pert_chunk={choice.chunk} ({what}), more than the {limit / 1e9:.2f} GB "
+                    f"of this {where}; fix: a smaller spsa.pert_chunk (or auto), spsa.n_pert, "
+                    "spsa.batch or model size")
+
+
 def divisors_desc(n: int) -> list[int]:
-  return [c for c in range(n, 0, -1) if n % c == 0]
+  """n's divisors, largest first (in O(sqrt n): n_pert may be large)."""
+  small = [c for c in range(1, math.isqrt(n) + 1) if n % c == 0]
+  return sorted(set(small) | {n // c for c in small}, reverse=True)
 
 
 def cpu_chunk(n_pert: int, n_experts: int, signs_together: bool = True) -> int:

@@ -81,15 +81,32 @@ class MetricWriter:
       if isinstance(value, list):
         for i, v in enumerate(value):
           if isinstance(v, int | float):
-            self._tb.add_scalar(f"{key}/expert_{i}", v, step)
+            self._scalar(f"{key}/expert_{i}", v, step)
       elif isinstance(value, int | float):
-        self._tb.add_scalar(key, value, step)
+        self._scalar(key, value, step)
+
+  def _scalar(self, key: str, value: float, step: int) -> None:
+    """One TensorBoard scalar, unless tensorboardX's writer thread died (its write failed:
+    a full disk): its queue then fills and the next one would block the run for good, so
+    TensorBoard stops here and the JSONL record goes on (and reports a full disk itself)."""
+    if self._tb is None:
+      return
+    if not _writing(self._tb):
+      logging.warning("TensorBoard events in %s stopped: tensorboardX's writer failed; "
+                      "metrics.jsonl goes on", os.path.dirname(self.path))
+      tb, self._tb = self._tb, None
+      _abandon(tb)
+      return
+    self._tb.add_scalar(key, value, step)
 
   def close(self) -> None:
     """Closes the TensorBoard files; a failure there (a full disk) is left to the JSONL
     record and the caller's error, not raised again, here or at exit."""
     if self._tb is not None:
       tb, self._tb = self._tb, None
+      if not _writing(tb):  # its thread died: closing would wait on its full queue for good
+        _abandon(tb)
+        return
       try:
         tb.close()
       except OSError as e:
@@ -103,14 +120,25 @@ class MetricWriter:
     self.close()
 
 
+def _writing(tb) -> bool:
+  """Whether tensorboardX's writer threads are alive (True where it cannot be told)."""
+  for file_writer in getattr(tb, "all_writers", {}).values():
+    worker = getattr(getattr(file_writer, "event_writer", None), "_worker", None)
+    if worker is not None and hasattr(worker, "is_alive") and not worker.is_alive():
+      return False
+  return True
+
+
 def _abandon(tb) -> None:
   """After tensorboardX failed to close (a full disk): stops its writer thread and marks its
   files closed, so that neither the thread nor its exit hook retries the write and prints a
   traceback after the run's own error. Best effort over tensorboardX's private fields."""
   for file_writer in getattr(tb, "all_writers", {}).values():
     events = getattr(file_writer, "event_writer", None)
-    with contextlib.suppress(Exception):
-      events._worker.stop()
+    worker = getattr(events, "_worker", None)
+    if worker is not None and worker.is_alive():  # a dead one never empties its queue
+      with contextlib.suppress(Exception):
+        worker.stop()
     with contextlib.suppress(Exception):
       events._closed = True
 

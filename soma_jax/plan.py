@@ -133,6 +133,8 @@ def place_step(spec: spec_lib.RunSpec) -> Placed:
     mesh = parallel.make_mesh(lay.expert, lay.pert, n_experts=n_local)
   t0, compiled = time.perf_counter(), budget_lib.compiles()
   chunk = choose_chunk(spec.method, n_local, mesh)
+  memory.check_fits(chunk, f"method={spec.method.name}, {n_local} experts on this process",
+                    jax.default_backend())
   plan_seconds, plan_compiles = time.perf_counter() - t0, budget_lib.compiles() - compiled
   # The seed comes as data (`_devices` binds its key): one program for every seed of a shape.
   return Placed(lay, mesh, chunk, plan_seconds, plan_compiles,

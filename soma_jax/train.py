@@ -29,7 +29,7 @@ from soma_jax import memory, records, train_state
 from soma_jax import metrics as metrics_lib
 from soma_jax import plan as plan_lib
 from soma_jax import spec as spec_lib
-from soma_jax.errors import UserError
+from soma_jax.errors import DiskFull, Interrupted, UserError, is_disk_full
 from soma_jax.loop import Loop
 
 _val_losses = jax.jit(train_state.expert_losses, static_argnames=("shared_head", "loss_fn"))
@@ -48,6 +48,11 @@ def train_to_end(spec: spec_lib.RunSpec, workdir: str, what: str) -> dict:
   next stage."""
   called = time.perf_counter()
   summary = train(plan_lib.place(spec), workdir, called)
+  if summary["status"] == "interrupted":  # a signal: the whole study stops, not just this run
+    signum = summary.get("signal") or signal.SIGINT
+    raise Interrupted(f"{what} stopped early (interrupted by {signal.Signals(signum).name}, "
+                      f"saved at step {summary.get('step', '?')}); rerun the same command to "
+                      "resume", signum)
   if summary["status"] != "done":
     raise UserError(f"{what} stopped early ({summary['status']}); rerun the same command to "
                     "resume")
@@ -90,9 +95,10 @@ def train(plan: plan_lib.Plan, workdir: str, called: float | None = None) -> dic
       with _Stop() as stop, memory.matmul_precision(spec.precision):  # the step's precision
         summary = _step_loop(plan, now, ckpt, workdir, stop, called)
     except OSError as e:  # a full disk while writing metrics; checkpoints report their own
-      raise UserError(f"could not write to {workdir!r} ({e.strerror or e}); the newest "
-                      "checkpoint is kept; fix: free disk space and re-run the same command to "
-                      "resume") from None
+      error = DiskFull if is_disk_full(e) else UserError
+      raise error(f"could not write to {workdir!r} ({e.strerror or e}); the newest "
+                  "checkpoint is kept; fix: free disk space and re-run the same command to "
+                  "resume") from None
     finally:
       ckpt.close()
   if summary["status"] == "done" and jax.process_index() == 0:
@@ -101,10 +107,17 @@ def train(plan: plan_lib.Plan, workdir: str, called: float | None = None) -> dic
 
 
 class _Stop:
-  """SIGTERM / SIGINT ask the loop to checkpoint and return after the current update."""
+  """SIGTERM / SIGINT ask the loop to checkpoint and return after the current update.
+
+  A second signal stops at once (KeyboardInterrupt), unless it comes within DUPLICATE_S of
+  the first: the same request delivered twice (a scheduler signals every process of a job,
+  and a study's parent forwards it to its workers)."""
+
+  DUPLICATE_S = 1.0
 
   def __init__(self):
     self.signum = 0
+    self._at = 0.0
     self._old = {}
 
   def __enter__(self):
@@ -117,8 +130,13 @@ class _Stop:
 
   def _handle(self, signum, frame):
     if self.signum:  # a second signal: stop now
+      if time.monotonic() - self._at < self.DUPLICATE_S:
+        return
       raise KeyboardInterrupt
-    self.signum = signum
+    self.signum, self._at = signum, time.monotonic()
+
+  def __call__(self) -> bool:
+    return bool(self.signum)
 
   def __exit__(self, *exc):
     for sig, old in self._old.items():
@@ -192,7 +210,8 @@ def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, work
       progress.track_budget(lambda: (budget.used, budget.amount), budget.unit)
     log = _Log(plan, clock, progress)
     scorer = _checkpoint_scorer(spec, clock)  # built once per run
-    loop = Loop(now.state, plan.step_fn, plan.batches, plan.expert_ids, plan.to_global, clock)
+    loop = Loop(now.state, plan.step_fn, plan.batches, plan.expert_ids, plan.to_global, clock,
+                stop=stop)
     status = "done"
     end = cad.steps
     if budget.spent():  # a resumed run already at its budget: no update, the same line
@@ -215,10 +234,15 @@ def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, work
         progress.message(f"stopping: checkpoint at step {done} ({signal.Signals(stop.signum).name})"
                          "; run the same command again to resume")
         break
-  done = int(loop.state.step)
+    if loop.abandoned:  # a signal during the first update: nothing new to save
+      status = "interrupted"
+      progress.message(f"stopping: the update after step {now.start} was left unfinished "
+                       f"({signal.Signals(stop.signum).name}); nothing since step {now.start} "
+                       "to save; run the same command again to resume")
+  done = now.start if loop.abandoned else int(loop.state.step)
   return {"status": status, "step": done, "signal": stop.signum, "val_loss": log.last_val,
           "budget_unit": budget.unit, "budget_before_last_update": budget.before,
-          "skipped": _skipped(loop.state), **clock.at(done)}
+          "skipped": None if loop.abandoned else _skipped(loop.state), **clock.at(done)}
 
 
 def _checkpoint_scorer(spec: spec_lib.RunSpec, clock: budget_lib.Clock

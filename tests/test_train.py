@@ -15,7 +15,7 @@ from soma_jax import budget as budget_lib
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import host_devices, merge, runs, train
 from soma_jax.config import load_config_file
-from soma_jax.errors import UserError
+from soma_jax.errors import Interrupted, UserError
 from tests.conftest import default_env, equal_to_rounding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -286,7 +286,9 @@ def test_train_to_end_refuses_a_run_stopped_early(monkeypatch):
   monkeypatch.setattr(train.plan_lib, "place", lambda spec: spec)
   monkeypatch.setattr(train, "train",
                       lambda plan, w, called=None: {"status": "interrupted", "step": 3})
-  with pytest.raises(UserError, match="the seed run stopped early \\(interrupted\\); rerun"):
+  # a signal stops the whole study (Interrupted, no Exception: no executor goes on past it)
+  with pytest.raises(Interrupted, match="the seed run stopped early \\(interrupted by SIGINT, "
+                     "saved at step 3\\); rerun"):
     train.train_to_end(None, "w", "the seed run")
   monkeypatch.setattr(train, "train", lambda plan, w, called=None: {"status": "done",
                                                                     "step": 8})

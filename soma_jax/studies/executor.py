@@ -30,9 +30,13 @@ Whoever runs it, a job ends in `train_job` -> `train` in some process: the run's
 against its config (`check_existing`), then trained or resumed to its end.
 
 Every job is tried: a failed run is reported, after the others finished, in one UserError
-naming each failed run, its error and its log. A run's folder is its lock and its resume
-point (`checkpoint.WorkdirLock`): re-running the same command keeps finished runs and
-resumes the others.
+naming each failed run, its error and its log. Two things stop a stage instead: a signal
+(Ctrl-C, SIGTERM: the runs in progress save a checkpoint, no other starts, and `Interrupted`
+ends the study, exit 128 + the signal) and a full disk (no run starts after it; `DiskFull`,
+exit 2). A processes:K worker is a session of its own (a terminal's Ctrl-C reaches the
+parent, which asks each worker once) and stops by itself, after saving, when its parent
+dies. A run's folder is its lock and its resume point (`checkpoint.WorkdirLock`): re-running
+the same command keeps finished runs and resumes the others.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from typing import Protocol
@@ -57,10 +62,10 @@ import ml_collections
 import submitit
 
 from soma_jax import checkpoint as ckpt_lib
-from soma_jax import host_devices
+from soma_jax import errors, host_devices
 from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
-from soma_jax.errors import UserError
+from soma_jax.errors import DiskFull, Interrupted, UserError
 
 CHOICES = ("inline", "processes:K", "submitit:slurm", "submitit:local")
 # The `slurm` settings (compare.py's --slurm_* flags) and what each must be.
@@ -198,6 +203,8 @@ def _error_line(e: BaseException) -> str:
   and first line."""
   if isinstance(e, UserError):
     return str(e)
+  if errors.is_disk_full(e):
+    return str(errors.disk_full_error(e))
   first = (str(e).strip().splitlines() or [""])[0]
   return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
@@ -211,6 +218,15 @@ def _failed(name: str, jobs: list[Job], failures: dict[int, tuple[str, str]]) ->
                    "command (finished runs are kept, the others resume)")
 
 
+def _disk_full(name: str, jobs: list[Job], i: int, error: str, left: int) -> DiskFull:
+  """The DiskFull that stops a stage at its run `i` (`left` runs not started)."""
+  error = error.split("; fix:")[0]  # the one fix is this one's
+  return DiskFull(f"{jobs[i].what} could not write: {error}"
+                  f"{f'; {left} more runs not started' if left else ''} (--executor={name}); "
+                  "fix: free disk space, then rerun the same command (finished runs are kept, "
+                  "the others resume)")
+
+
 # --- inline ----------------------------------------------------------------------------------
 
 
@@ -221,10 +237,12 @@ class Inline:
 
   def run(self, jobs: list[Job]) -> list[float]:
     seconds, failures = [], {}
-    for i, job in enumerate(jobs):
+    for i, job in enumerate(jobs):  # a signal (Interrupted) is no Exception: it stops all
       try:
         seconds.append(train_job(job))
       except Exception as e:  # noqa: BLE001 - reported with the others once all ran
+        if errors.is_disk_full(e):  # every later run would fail alike: stop here
+          raise _disk_full(self.name, jobs, i, _error_line(e), len(jobs) - i - 1) from None
         if not isinstance(e, UserError):
           traceback.print_exc()
         print(f"[inline] {job.what}: FAILED ({_error_line(e)})", flush=True)
@@ -237,27 +255,50 @@ class Inline:
 
 # --- processes:K -----------------------------------------------------------------------------
 
-# A worker: `python -c WORKER JOB_FILE RESULT_FILE`; importing the module by name keeps one
+# A worker: `python -c WORKER JOB_FILE RESULT_FILE PARENT_PID`; importing the module by name keeps one
 # copy of its classes (as `-m` would not).
 WORKER = ("import sys; from soma_jax.studies.executor import worker_main; "
-          "sys.exit(worker_main(*sys.argv[1:]))")
+          "from soma_jax.errors import finish; finish(worker_main(*sys.argv[1:]))")
+PARENT_POLL_S = 1.0  # how often a worker looks whether its parent is still there
 
 
-def worker_main(job_file: str, result_file: str) -> int:
-  """A processes:K worker: the pickled (Job, Host) trained; {"seconds"} or {"error"} JSON."""
+def worker_main(job_file: str, result_file: str, parent: str = "0") -> int:
+  """A processes:K worker: the pickled (Job, Host) trained; {"seconds"}, {"error"} or
+  {"interrupted": signal} JSON. SIGTERM (the parent's stop, or the parent's death, which the
+  worker watches for) checkpoints and stops the run."""
+  errors.stop_on_sigterm()  # outside the training loop (start-up, restore): stop at once
+  parent_pid = int(parent) or os.getppid()
+  threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
   with open(job_file, "rb") as f:
     job, host = pickle.load(f)
   try:
     start_worker(host)
     result = {"seconds": train_job(job)}
+  except KeyboardInterrupt as e:  # a signal: saved (Interrupted) or stopped at once
+    signum = getattr(e, "signum", signal.SIGINT)
+    print(f"stopped: {e or 'interrupted'}", file=sys.stderr, flush=True)
+    result = {"interrupted": int(signum), "error": str(e) or "interrupted"}
   except Exception as e:  # noqa: BLE001 - the parent reports it beside the other runs
-    if not isinstance(e, UserError):
+    if not isinstance(e, UserError) and not errors.is_disk_full(e):
       traceback.print_exc()
     print(f"error: {_error_line(e)}", file=sys.stderr, flush=True)
-    result = {"error": _error_line(e)}
-  with open(result_file, "w") as f:
-    json.dump(result, f)
+    result = {"error": _error_line(e), "disk_full": errors.is_disk_full(e)}
+  if os.getppid() != parent_pid:  # orphaned: no one reads the result; leave no temp folder
+    shutil.rmtree(os.path.dirname(os.path.abspath(job_file)), ignore_errors=True)
+  else:
+    with open(result_file, "w") as f:
+      json.dump(result, f)
+  if "interrupted" in result:
+    return errors.signal_exit_code(result["interrupted"])
   return 0 if "seconds" in result else 1
+
+
+def _watch_parent(parent_pid: int) -> None:
+  """A worker's watch: once its parent is gone (kill -9, a crash), SIGTERM to itself, so the
+  run checkpoints and stops instead of running on as an orphan."""
+  while os.getppid() == parent_pid:
+    time.sleep(PARENT_POLL_S)
+  os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _visible_gpus(count: int) -> list[str]:
@@ -318,10 +359,12 @@ class Processes:
     log = open(log_path, "a")  # noqa: SIM115 - closed when the worker ends
     log.write(f"== {job.what}: {self.name} worker, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     log.flush()
+    # A session of its own: a terminal's Ctrl-C reaches this process only, which asks each
+    # worker once (`_stop`); a second signal would stop a worker before its checkpoint.
     proc = subprocess.Popen([sys.executable, "-c", WORKER, job_file,
-                             os.path.join(folder, f"result{i}.json")],
+                             os.path.join(folder, f"result{i}.json"), str(os.getpid())],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            env=env)
+                            env=env, start_new_session=True)
     where = (f"GPUs {','.join(share.gpus)}" if share.gpus is not None else
              f"cores {_ranges(share.cores)}" if share.cores else "all cores")
     print(f"[{self.name}] {job.what}: started ({where}; log {log_path})", flush=True)
@@ -334,10 +377,11 @@ class Processes:
     pending = collections.deque(enumerate(jobs))
     running: dict[int, tuple] = {}  # slot -> (job index, process, log file, log path)
     folder = tempfile.mkdtemp(prefix="soma-executor-")
+    stopped = None  # (job index, result) of a worker stopped by a signal or a full disk
     try:
       while pending or running:
         for slot in range(self.k):
-          if slot not in running and pending:
+          if slot not in running and pending and stopped is None:
             i, job = pending.popleft()
             running[slot] = (i, *self._start(job, host, slots[slot], folder, i))
         time.sleep(0.1)
@@ -350,13 +394,30 @@ class Processes:
           if "seconds" in result:
             seconds[i] = float(result["seconds"])
             print(f"[{self.name}] {jobs[i].what}: done in {seconds[i]:.1f} s", flush=True)
-          else:
-            failures[i] = (result["error"], log_path)
-            print(f"[{self.name}] {jobs[i].what}: FAILED ({result['error']}; log {log_path})",
-                  flush=True)
+            continue
+          failures[i] = (result["error"], log_path)
+          print(f"[{self.name}] {jobs[i].what}: "
+                f"{'STOPPED' if 'interrupted' in result else 'FAILED'} ({result['error']}; "
+                f"log {log_path})", flush=True)
+          if stopped is None and ("interrupted" in result or result.get("disk_full")):
+            stopped = (i, result)  # no run starts after this one
+            if "interrupted" in result:  # the others save and stop too
+              _stop(running.values(), self.name)
+              running.clear()
+        if stopped is not None and not running:
+          break
     finally:  # Ctrl-C or an error here: each worker checkpoints and stops (SIGTERM)
-      _stop(running.values())
+      _stop(running.values(), self.name)
       shutil.rmtree(folder, ignore_errors=True)
+    if stopped is not None:
+      i, result = stopped
+      if "interrupted" in result:
+        raise Interrupted(f"{jobs[i].what} stopped by "
+                          f"{signal.Signals(result['interrupted']).name} (--executor={self.name}"
+                          f", {len(pending)} runs not started); the runs in progress saved "
+                          "their checkpoints; rerun the same command to resume",
+                          result["interrupted"])
+      raise _disk_full(self.name, jobs, i, result["error"], len(pending))
     if failures:
       raise _failed(self.name, jobs, failures)
     return seconds
@@ -371,8 +432,11 @@ def _read_result(path: str, returncode: int) -> dict:
     return {"error": f"the worker ended without a result ({how})"}
 
 
-def _stop(running) -> None:
+def _stop(running, name: str = "processes") -> None:
   """SIGTERM to each running worker (its run checkpoints and stops), then wait."""
+  running = list(running)
+  if any(proc.poll() is None for _, proc, _, _ in running):
+    print(f"[{name}] stopping: each run in progress saves a checkpoint, then stops", flush=True)
   for _, proc, _, _ in running:
     if proc.poll() is None:
       proc.terminate()
@@ -433,7 +497,7 @@ class _Train(submitit.helpers.Checkpointable):
       signal.signal(usr, on_usr)
     try:
       return train_job(job)
-    except UserError:
+    except Interrupted:
       if asked:  # stopped for the signal, after a checkpoint: requeue (this job exits)
         requeue(*asked[0])
       raise
@@ -489,11 +553,28 @@ class Submitit:
                                  cluster=self.cluster, slurm_max_num_timeout=MAX_REQUEUES,
                                  local_max_num_timeout=MAX_REQUEUES)
       ex.update_parameters(**slurm_parameters(self.settings, self.cluster, gpus, job))
-      submitted = ex.submit(_Train(host), job)
+      try:
+        submitted = ex.submit(_Train(host), job)
+      except Exception as e:  # noqa: BLE001 - sbatch refused (no controller, partition, ...)
+        for earlier in out:  # a stage is submitted whole or not at all
+          earlier.cancel(check=False)
+        raise self._submit_error(job, e, len(out)) from None
       print(f"[{self.name}] {job.what}: job {submitted.job_id} (log {submitted.paths.stderr})",
             flush=True)
       out.append(submitted)
     return out
+
+  def _submit_error(self, job: Job, e: Exception, cancelled: int) -> UserError:
+    """The one line of a submission that failed: sbatch's own words, and what to check."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    said = next((ln for ln in lines if "error" in ln.lower() and "sbatch" in ln.lower()),
+                next((ln for ln in reversed(lines) if "error" in ln.lower()),
+                     lines[-1] if lines else type(e).__name__))
+    undone = f"; the {cancelled} jobs submitted before it were cancelled" if cancelled else ""
+    return UserError(f"--executor={self.name} could not submit {job.what} ({said[:300]}){undone}"
+                     "; fix: check that SLURM answers here (sinfo) and the --slurm_partition, "
+                     "--slurm_account and --slurm_qos values, or use --executor=processes:K or "
+                     "inline, then rerun the same command")
 
   def wait(self, jobs: list[Job], submitted: list[submitit.Job]) -> list[float]:
     """Each job's wall seconds once all ended, or the UserError naming the failed ones."""
