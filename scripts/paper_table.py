@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 
+from soma_jax.errors import UserError, check_output
 from soma_jax.studies import paper_rows
 from soma_jax.studies.verdict import NO_VERDICT, NOT_COMPARABLE
 
@@ -91,8 +92,14 @@ def main(argv: list[str] | None = None) -> int:
   g.add_argument("--check", action="store_true", help="exit 1 when a table is stale")
   p.add_argument("files", nargs="*", help=f"default: {', '.join(FILES)}")
   a = p.parse_args(argv)
+  paths = a.files or [os.path.join(ROOT, f) for f in FILES]
+  for path in paths if a.write else ():  # every file writable before any is rewritten
+    try:
+      check_output(path, "files", "file")
+    except UserError as e:
+      p.error(str(e))
   stale = 0
-  for path in a.files or [os.path.join(ROOT, f) for f in FILES]:
+  for path in paths:
     with open(path) as f:
       text = f.read()
     if not any(m[0] in text and m[1] in text for m in (FULL, COMPACT)):
