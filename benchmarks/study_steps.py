@@ -188,9 +188,10 @@ def side_by_side(against: str, rows: list[str], size: str, reps: int, rounds: in
   for name in rows:
     this = [c["rows"][name]["step_seconds"] for c in runs["this"]]
     other_s = [c["rows"][name]["step_seconds"] for c in runs["against"]]
-    first = runs["this"][0]["rows"][name]
+    first, other_first = runs["this"][0]["rows"][name], runs["against"][0]["rows"][name]
     out["rows"][name] = {
-        "row": ROWS[name][2], "config": first["config"], "layout": first["layout"],
+        "row": ROWS[name][2], "this_config": first["config"], "layout": first["layout"],
+        "against_config": other_first["config"],
         "this_step_seconds": spread(this), "against_step_seconds": spread(other_s),
         "ratio_this_over_against": spread([a / b for a, b in zip(this, other_s)])}
   return out
