@@ -103,7 +103,8 @@ def row_config(name: str, size: str, sets: list[tuple[str, str]]):
     node = c
     for part in path:
       node = node[part]
-    node[last] = _typed(node[last], value)
+    with node.ignore_type():  # e.g. spsa.pert_chunk: "auto" or an int
+      node[last] = _typed(node[last], value)
   return c
 
 
