@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from absl import flags
 
@@ -55,12 +56,17 @@ _FIGURES = flags.DEFINE_bool("figures", True, "the full figures of each row, in 
 _AGAINST = flags.DEFINE_string("against", None, "a checkout's folder or a git commit to time "
                                "side by side with this checkout")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "side-by-side rounds (each: one process per side)")
+_PAIRS = flags.DEFINE_integer("pairs", 0, "lock-step side by side instead of rounds: this many "
+                              "pairs of updates per row, one per side back to back, in two "
+                              "long-lived processes")
 _SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE: a config field of every row, this side")
 _AGAINST_SET = flags.DEFINE_multi_string("against_set", [], "KEY=VALUE on the other side")
 _XLA_FLAGS = flags.DEFINE_string("xla_flags", None, "XLA_FLAGS of this side's children")
 _AGAINST_XLA_FLAGS = flags.DEFINE_string("against_xla_flags", None,
                                          "XLA_FLAGS of the other side's children")
 _CHILD = flags.DEFINE_bool("child", False, "internal: time the rows' steps, print JSON")
+_SERVE = flags.DEFINE_bool("serve", False, "internal: compile the rows' steps, then time one "
+                           "step of the row named on each stdin line")
 _JSON = flags.DEFINE_string("json", None, "write the results here")
 _TIMEOUT = flags.DEFINE_integer("child_timeout", 1800, "seconds allowed per child process")
 
@@ -163,6 +169,121 @@ def child_run(checkout: str, rows: list[str], size: str, reps: int, sets: list[s
   return result
 
 
+def row_step(name: str, size: str, sets):
+  """(a function running one update of the row's step as training lays it out, and the row's
+  description): `step_timing.benchmark`'s step, compiled and warmed up."""
+  import jax
+
+  from benchmarks import step_timing
+  from soma_jax import memory
+  from soma_jax import plan as plan_lib
+  from soma_jax import spec as spec_lib
+
+  spec = spec_lib.resolve(row_config(name, size, sets))
+  inputs = step_timing.step_inputs(spec)
+  placed = plan_lib.place_step(spec)
+  sharded = step_timing.LayoutStep.build(inputs, placed)
+  if sharded is None:
+    cfg = spec.method.step_config(placed.chunk.chunk)
+    run = inputs.runner(inputs.compile(cfg))
+  else:
+    run = lambda: sharded.run()[0].body
+
+  def once() -> float:
+    with memory.matmul_precision(spec.precision):
+      t = time.perf_counter()
+      jax.block_until_ready(run())
+      return time.perf_counter() - t
+
+  once()  # warm-up
+  cfg = spec.method.step_config(placed.chunk.chunk)
+  return once, step_timing.describe(spec, pert_chunk=placed.chunk.chunk,
+                                    time_block=cfg.spsa.time_block, unroll=cfg.spsa.unroll,
+                                    signs=cfg.spsa.signs) | {"layout": placed.layout.why}
+
+
+def serve(rows: list[str], size: str, sets) -> None:
+  """--serve: compile every row, say READY with their descriptions, then for each stdin line
+  naming a row time one update of it and answer its seconds (lines starting with '@')."""
+  steps = {name: row_step(name, size, sets) for name in rows}
+  print("@" + json.dumps({name: d for name, (_, d) in steps.items()}), flush=True)
+  for line in sys.stdin:
+    name = line.strip()
+    if not name:
+      break
+    print(f"@{steps[name][0]()!r}", flush=True)
+
+
+class Server:
+  """A --serve child on one side's checkout."""
+
+  def __init__(self, checkout: str, rows: list[str], size: str, sets: list[str],
+               xla_flags: str | None):
+    env = dict(os.environ, PYTHONPATH=checkout)
+    if xla_flags is not None:
+      env["XLA_FLAGS"] = xla_flags
+    cmd = [sys.executable, os.path.abspath(__file__), "--serve", f"--rows={','.join(rows)}",
+           f"--size={size}", *[f"--set={s}" for s in sets]]
+    self.proc = subprocess.Popen(cmd, cwd=checkout, env=env, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+    self.rows = json.loads(self._answer())
+
+  def _answer(self) -> str:
+    for line in self.proc.stdout:
+      if line.startswith("@"):
+        return line[1:]
+    from soma_jax.errors import UserError
+    raise UserError(f"a --serve child ({self.proc.args[-1]}) stopped: see its stderr above")
+
+  def time(self, row: str) -> float:
+    self.proc.stdin.write(row + "\n")
+    self.proc.stdin.flush()
+    return float(self._answer())
+
+  def close(self):
+    self.proc.stdin.close()
+    self.proc.wait(timeout=60)
+
+
+def paired(against: str, rows: list[str], size: str, reps: int) -> dict:
+  """Both sides' steps compiled in two long-lived processes, then timed in lock step: for
+  each row, `reps` pairs of one update on each side back to back (which side goes first
+  alternating), so both updates of a pair see the same load; each pair's ratio, and their
+  median and quartiles."""
+  with tempfile.TemporaryDirectory() as scratch:
+    other = materialise(against, scratch)
+    this_side = Server(ROOT, rows, size, _SET.value, _XLA_FLAGS.value)
+    other_side = Server(other, rows, size, _AGAINST_SET.value, _AGAINST_XLA_FLAGS.value)
+    times = {name: {"this": [], "against": []} for name in rows}
+    loads = []
+    try:
+      for i in range(reps):
+        loads.append(os.getloadavg()[0])
+        for name in rows:
+          order = [("this", this_side), ("against", other_side)]
+          for side, server in order if i % 2 == 0 else order[::-1]:
+            times[name][side].append(server.time(name))
+    finally:
+      this_side.close()
+      other_side.close()
+  out = {"against": against, "pairs": reps, "this_set": _SET.value,
+         "against_set": _AGAINST_SET.value, "this_xla_flags": _XLA_FLAGS.value,
+         "against_xla_flags": _AGAINST_XLA_FLAGS.value,
+         "load_average_1m": spread(loads), "rows": {}}
+  for name in rows:
+    t, a = times[name]["this"], times[name]["against"]
+    ratios = [x / y for x, y in zip(t, a)]
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    out["rows"][name] = {
+        "row": ROWS[name][2], "this": this_side.rows[name], "against": other_side.rows[name],
+        "this_step_seconds_median": statistics.median(t),
+        "against_step_seconds_median": statistics.median(a),
+        "ratio_median": statistics.median(ratios), "ratio_quartiles": [q[0], q[2]],
+        "ratio_min_max": [min(ratios), max(ratios)],
+        "ratio_of_medians": statistics.median(t) / statistics.median(a)}
+  return out
+
+
 def spread(xs: list[float]) -> dict:
   return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "values": xs}
 
@@ -211,6 +332,9 @@ def main(argv):
   sets = parse_sets(_SET.value)
   parse_sets(_AGAINST_SET.value)
   load = list(os.getloadavg())
+  if _SERVE.value:
+    serve(_ROWS.value, _SIZE.value, sets)
+    return
   if _CHILD.value:
     rows = time_rows(_ROWS.value, _SIZE.value, _REPS.value, sets, figures=False)
     cli.emit_json({"rows": rows}, _JSON.value)
@@ -226,8 +350,11 @@ def main(argv):
   if _AGAINST.value:
     if shutil.which("git") is None and not os.path.isdir(_AGAINST.value):
       raise UserError("--against=COMMIT needs git; give a checkout's folder instead")
-    result["side_by_side"] = side_by_side(_AGAINST.value, _ROWS.value, _SIZE.value,
-                                          _REPS.value, _ROUNDS.value)
+    if _PAIRS.value:
+      result["paired"] = paired(_AGAINST.value, _ROWS.value, _SIZE.value, _PAIRS.value)
+    else:
+      result["side_by_side"] = side_by_side(_AGAINST.value, _ROWS.value, _SIZE.value,
+                                            _REPS.value, _ROUNDS.value)
   result["load_average"] = {"start": load, "end": list(os.getloadavg())}
   cli.emit_json(result, _JSON.value)
 
