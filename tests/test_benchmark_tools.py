@@ -244,3 +244,16 @@ def test_study_steps_set_takes_the_fields_type():
   assert study_steps._typed("auto", "2") == 2 and study_steps._typed(0.5, "1") == 1.0
   with pytest.raises(Exception, match="KEY=VALUE"):
     study_steps.parse_sets(["unroll"])
+
+
+def test_study_steps_pairs_time_both_sides_in_lock_step():
+  import json
+
+  out = json.loads(_bench_child(
+      "study_steps", "--size=tiny", "--rows=one_expert", "--pairs=3", "--nofigures",
+      f"--against={ROOT}", "--set=spsa.unroll=2"))
+  row = out["paired"]["rows"]["one_expert"]
+  assert row["this"]["config"]["unroll"] == 2 and row["against"]["config"]["unroll"] == 1
+  lo, hi = row["ratio_min_max"]
+  assert 0 < lo <= row["ratio_median"] <= hi
+  assert out["paired"]["pairs"] == 3 and len(out["paired"]["load_average_1m"]["values"]) == 3
