@@ -3,8 +3,8 @@ checkout: seconds per update, perturbed tokens/s, the matmul rate's and the plai
 fractions, JSON.
 
   python -m benchmarks.study_steps --json bench_out/study_steps.json
-  python -m benchmarks.study_steps --against=COMMIT_OR_CHECKOUT --rounds=5 \
-      --json bench_out/study_steps_vs_before.json [--set=spsa.unroll=4] [--figures=false]
+  python -m benchmarks.study_steps --against=COMMIT_OR_CHECKOUT --pairs=60 --nofigures \
+      --json bench_out/study_steps_vs_before.json [--set=spsa.unroll=4] [--xla_flags=...]
 
 Rows (--rows): `soma`, `one_expert`, `mono` are `experiments/configs/compare.py:
 study=decompose,size=SIZE`'s rows of those names (at size=cpu: SOMA N = 2 width 32, one
@@ -25,8 +25,15 @@ out to a temporary folder (`git archive`). --rounds rounds, each running this fi
 process with PYTHONPATH and the working folder set to its side's checkout, so each side
 times its own library's step with its own configs at the load of the moment. Each round's
 ratio is this side's step seconds over the other's; the median ratio over rounds and its
-spread (min, max) are reported per row, with every child's 1-minute load average. On a
-loaded machine read the ratios, not the seconds.
+spread (min, max) are reported per row, with every child's 1-minute load average.
+
+Lock step (--against with --pairs=P, the better reading on a busy machine): both sides'
+steps are compiled once, in two long-lived processes (this file's `--serve` mode, each on
+its side's checkout as above); then for each row P pairs of one update per side back to
+back, which side goes first alternating, so both updates of a pair see the same load. Per
+row: each pair's ratio, their median, quartiles and extremes, and the load average at
+each pair. On a loaded machine read the ratios, not the seconds; run an A/A pair (against
+this checkout's own commit, nothing set) beside a lever to see the harness's noise.
 """
 
 from __future__ import annotations
