@@ -116,7 +116,7 @@ def _learning_fields(c: ml_collections.ConfigDict) -> None:
   c.spsa.probe = "sparse"  # sparse | rademacher | gaussian
   # Directions evaluated at once (memory ~ chunk, not n_pert): "auto" = the largest
   # divisor of n_pert whose compiled step fits the GPU, or on a CPU the chunk giving
-  # about 4 perturbed copies per iteration (memory.cpu_chunk); or an integer.
+  # about 8 rows (perturbed copies x B) per iteration (memory.cpu_chunk); or an integer.
   c.spsa.pert_chunk = ml_collections.FieldReference("auto", field_type=object)
   c.spsa.time_block = 64  # positions per block of the streamed SPSA loss (memory ~ this)
   c.spsa.unroll = 1  # LSTM steps per loop iteration in that loss (speed only, same math)

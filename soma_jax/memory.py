@@ -5,11 +5,14 @@ chunk C: 2 N C perturbed copies of the weights and their activations, N C with t
 of a direction evaluated apart) and not with T
 (`model.streamed_loss`). On a GPU the fastest step is the largest chunk that fits, so
 "auto" compiles the step (no run) and reads XLA's buffer plan against the device's
-`bytes_limit`. On a CPU small chunks measure fastest: about 4 perturbed copies of the
-weights per loop iteration (N C, the two signs of a direction apart). At the cpu preset
-on 2 cores that is C = 4, 2, 1, 1 for N = 1, 2, 4, 8: the fastest of C = 1, 2, 4 with the
-signs apart or together at N = 2, 4, 8, and 1% behind the fastest at N = 1
-(`benchmarks/step_sweep.py`, docs/results/step_sweep_cpu_n*.json).
+`bytes_limit`. On a CPU small chunks measure fastest: about 8 rows per loop iteration,
+rows being perturbed copies of the weights (N C, the two signs of a direction apart)
+times the B sequences each copy runs. At the cpu preset (B = 2) on 2 cores that is 4
+copies, C = 4, 2, 1, 1 for N = 1, 2, 4, 8: the fastest of C = 1, 2, 4 with the signs
+apart or together at N = 2, 4, 8, and 1% behind the fastest at N = 1
+(`benchmarks/step_sweep.py`, docs/results/step_sweep_cpu_n*.json). At the studies' B = 4 it
+is 2 copies: SOMA N = 2 (one expert per host device) at C = 2 ran 0.82x and 0.89x the
+seconds per update of C = 4, side by side (docs/results/study_steps_levers_cpu.json).
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ import jax
 
 from soma_jax.errors import UserError
 
-# Perturbed weight copies per loop iteration (N C with the signs apart, 2 N C together)
-# that run fastest on a CPU: 4 at N = 1, 2, 4; at N = 8 one direction (8 copies) was
-# fastest. Measured from 1 to 64 copies on 2 cores (docs/results/step_sweep_cpu_n*.json).
-CPU_COPIES = 4
+# Rows per loop iteration, perturbed weight copies (N C with the signs apart, 2 N C
+# together) x B, that run fastest on a CPU: 4 copies of B = 2 at N = 1, 2, 4 (at N = 8 one
+# direction, 8 copies, was fastest), measured from 1 to 64 copies on 2 cores
+# (docs/results/step_sweep_cpu_n*.json); 2 copies of B = 4 at the studies' width 32
+# (docs/results/study_steps_levers_cpu.json: 1 copy was slower for the monolith).
+CPU_ROWS = 8
 MARGIN = 0.85  # plan at most this fraction of the device limit (allocator slack, metrics)
 PRECISIONS = ("default", "high", "highest")
 
@@ -77,12 +82,12 @@ def divisors_desc(n: int) -> list[int]:
   return sorted(set(small) | {n // c for c in small}, reverse=True)
 
 
-def cpu_chunk(n_pert: int, n_experts: int, signs_together: bool = True) -> int:
-  """The CPU's chunk: the largest divisor C of n_pert whose perturbed copies per loop
-  iteration (2 N C with both signs together, N C with the signs apart) are at most
-  CPU_COPIES, or 1."""
-  per_direction = n_experts * (2 if signs_together else 1)
-  return max(c for c in divisors_desc(n_pert) if c == 1 or per_direction * c <= CPU_COPIES)
+def cpu_chunk(n_pert: int, n_experts: int, signs_together: bool = True, batch: int = 2) -> int:
+  """The CPU's chunk: the largest divisor C of n_pert whose rows per loop iteration
+  (perturbed copies, 2 N C with both signs together, N C with the signs apart, times the
+  B = `batch` sequences of each) are at most CPU_ROWS, or 1."""
+  per_direction = n_experts * (2 if signs_together else 1) * batch
+  return max(c for c in divisors_desc(n_pert) if c == 1 or per_direction * c <= CPU_ROWS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,9 +106,11 @@ class ChunkChoice:
 
 def choose_pert_chunk(plan_at: Callable[[int], int], n_pert: int, platform: str,
                       limit_bytes: int | None, margin: float = MARGIN,
-                      n_experts: int = 1, signs_together: bool = True) -> ChunkChoice:
+                      n_experts: int = 1, signs_together: bool = True,
+                      batch: int = 2) -> ChunkChoice:
   """The largest divisor of n_pert whose step plans within margin x limit (GPU/TPU), or
-  the CPU's small chunk for `n_experts` experts on the device. `plan_at(chunk)` compiles
+  the CPU's small chunk for `n_experts` experts of B = `batch` on the device (`cpu_chunk`).
+  `plan_at(chunk)` compiles
   the step and returns planned bytes.
 
   Plans grow about linearly in the chunk, so after the full chunk and the smallest one
@@ -112,7 +119,7 @@ def choose_pert_chunk(plan_at: Callable[[int], int], n_pert: int, platform: str,
   """
   divs = divisors_desc(n_pert)
   if platform == "cpu" or not limit_bytes:
-    chunk = cpu_chunk(n_pert, n_experts, signs_together)
+    chunk = cpu_chunk(n_pert, n_experts, signs_together, batch)
     why = "auto: small chunks run fastest on the CPU" if platform == "cpu" else \
         "auto: device limit unknown, CPU default"
     return ChunkChoice(chunk, plan_at(chunk), limit_bytes, why)

@@ -216,3 +216,44 @@ def test_torch_mezo_measures_both_sides():
   # Same shape on both sides, bar the JAX head's place outside the body's count.
   assert out["torch_params_per_expert"] == out["jax_params_per_expert"] + 256 * 32
   assert all(4.5 < x < 7.0 for x in out["torch_mean_loss"])  # near ln 256 at init
+
+
+def test_study_steps_side_by_side_times_each_checkout_in_its_own_processes():
+  import json
+
+  out = json.loads(_bench_child(
+      "study_steps", "--size=tiny", "--rows=one_expert", "--reps=1", "--rounds=1",
+      "--nofigures", f"--against={ROOT}", "--against_set=spsa.unroll=2"))
+  row = out["side_by_side"]["rows"]["one_expert"]
+  # each side's own config: the other side's field changed, this side's as the preset has it
+  assert row["this_config"]["unroll"] == 1 and row["against_config"]["unroll"] == 2
+  this, other = row["this_step_seconds"]["values"], row["against_step_seconds"]["values"]
+  assert len(this) == len(other) == 1
+  assert row["ratio_this_over_against"]["values"] == [a / b for a, b in zip(this, other)]
+  loads = out["side_by_side"]["child_load_average_1m"]
+  assert len(loads["this"]) == len(loads["against"]) == 1
+  assert len(out["load_average"]["start"]) == 3 and "rows" not in out  # --nofigures
+
+
+def test_study_steps_set_takes_the_fields_type():
+  from benchmarks import study_steps
+
+  assert study_steps.parse_sets(["spsa.unroll=4", "spsa.signs=together"]) == [
+      ("spsa.unroll", "4"), ("spsa.signs", "together")]
+  assert study_steps._typed(1, "4") == 4 and study_steps._typed(True, "false") is False
+  assert study_steps._typed("auto", "2") == 2 and study_steps._typed(0.5, "1") == 1.0
+  with pytest.raises(Exception, match="KEY=VALUE"):
+    study_steps.parse_sets(["unroll"])
+
+
+def test_study_steps_pairs_time_both_sides_in_lock_step():
+  import json
+
+  out = json.loads(_bench_child(
+      "study_steps", "--size=tiny", "--rows=one_expert", "--pairs=3", "--nofigures",
+      f"--against={ROOT}", "--set=spsa.unroll=2"))
+  row = out["paired"]["rows"]["one_expert"]
+  assert row["this"]["config"]["unroll"] == 2 and row["against"]["config"]["unroll"] == 1
+  lo, hi = row["ratio_min_max"]
+  assert 0 < lo <= row["ratio_median"] <= hi
+  assert out["paired"]["pairs"] == 3 and len(out["paired"]["load_average_1m"]["values"]) == 3

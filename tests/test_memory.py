@@ -119,8 +119,9 @@ def test_choose_pert_chunk_picks_largest_fitting_divisor():
   assert memory.choose_pert_chunk(plan_at, 64, "gpu", int(100e9)).chunk == 64
   assert calls == [64]
   assert memory.choose_pert_chunk(plan_at, 48, "gpu", int(10e9), margin=1.0).chunk == 16
-  # CPU: about CPU_COPIES = 4 perturbed copies per iteration (N C with the signs apart,
-  # 2 N C together), whatever the plan; one direction when even that is more.
+  # CPU: about CPU_ROWS = 8 rows per iteration, 4 perturbed copies of the default B = 2
+  # (N C with the signs apart, 2 N C together), whatever the plan; one direction when even
+  # that is more. At B = 4 (the studies'), 2 copies.
   def cpu(k, n, together=False):
     return memory.choose_pert_chunk(plan_at, k, "cpu", None, n_experts=n,
                                     signs_together=together).chunk
@@ -128,6 +129,8 @@ def test_choose_pert_chunk_picks_largest_fitting_divisor():
   assert [cpu(64, n, together=True) for n in (1, 2, 4)] == [2, 1, 1]
   assert cpu(9, 1) == 3  # 4 does not divide 9
   assert cpu(7, 1) == 1
+  assert memory.choose_pert_chunk(plan_at, 4, "cpu", None, n_experts=1, signs_together=False,
+                                  batch=4).chunk == 2
 
 
 def test_choose_pert_chunk_steps_down_when_the_line_underestimates():

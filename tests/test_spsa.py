@@ -498,3 +498,31 @@ def test_training_check_rejects_an_ascending_estimator(monkeypatch):
   before, after = _fit_periodic_bytes("rademacher")
   assert not _fell(before, after), f"{before:.2f} -> {after:.2f}"
   assert after > before
+
+
+def test_the_cpu_row_rules_chunk_trains_as_the_old_chunk_to_rounding():
+  """Issue 53's CPU chunk (about 8 rows per loop iteration: pert_chunk 2 at the studies'
+  B = 4 where 4 perturbed copies ran before) is speed only: the same directions and batches,
+  so the same SPSA coefficients and, after two updates with the delta-rule heads, the same
+  parameters to float32 rounding (coefficients within 1e-4 relative, the chunks' sums only
+  grouped differently)."""
+  from soma_jax import memory
+  from tests.conftest import equal_to_rounding
+
+  assert memory.cpu_chunk(4, 1, signs_together=False, batch=4) == 2
+  assert memory.cpu_chunk(4, 1, signs_together=False, batch=2) == 4  # the cpu preset's B
+  body_N, head, batch = _setup(n=2, b=4, t=16, a=1)
+  args = (body_N, head, batch, jnp.full((2,), 1e-3), 3, jnp.arange(2), jax.random.key(0))
+  coefs = [S.coefficients(*args, S.SpsaConfig(n_pert=4, pert_chunk=c, signs_together=False))
+           for c in (4, 2)]
+  np.testing.assert_allclose(coefs[1], coefs[0], rtol=1e-4, atol=1e-6)
+  step = jax.jit(S.train_step, static_argnames="cfg")
+  states = []
+  for chunk in (4, 2):
+    cfg = dataclasses.replace(_step_cfg(), spsa=S.SpsaConfig(n_pert=4, pert_chunk=chunk,
+                                                             signs_together=False))
+    state = _state(2)
+    for _ in range(2):
+      state, _ = step(state, batch, jnp.arange(2), cfg=cfg)
+    states.append(state)
+  equal_to_rounding((states[1].body, states[1].head), (states[0].body, states[0].head))

@@ -79,7 +79,7 @@ def step_config(s: Settings, pert_chunk: int | None = None, seed_as_data: bool =
   argument, so every seed of a shape runs one compiled program (what training does)."""
   chunk = pert_chunk or s.pert_chunk
   if chunk == "auto":  # the job's experts on one device, as `plan_chunk` counts them
-    chunk = memory.cpu_chunk(s.n_pert, s.n_local, s.signs_together)
+    chunk = memory.cpu_chunk(s.n_pert, s.n_local, s.signs_together, s.data.batch)
   return spsa.StepConfig(
       model=s.model,
       spsa=spsa.SpsaConfig(n_pert=s.n_pert, accum=s.data.accum, probe=s.probe,

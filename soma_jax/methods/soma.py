@@ -42,7 +42,8 @@ def plan_chunk(s: lstm.Settings, n_local: int, mesh=None, step_config=lstm.step_
     chunk = min(s.pert_chunk, k_dev)
     return memory.ChunkChoice(chunk, plan_at(chunk), limit, "fixed")
   return memory.choose_pert_chunk(plan_at, k_dev, jax.default_backend(), limit,
-                                  n_experts=n_dev, signs_together=base.spsa.signs_together)
+                                  n_experts=n_dev, signs_together=base.spsa.signs_together,
+                                  batch=s.data.batch)
 
 
 def sharded_step(cfg, mesh, donate: bool = True):
