@@ -153,6 +153,12 @@ def materialise(against: str, scratch: str) -> str:
   return dest
 
 
+# Runs this file in a child whose imports (soma_jax, benchmarks) come from its working folder,
+# the checkout compared (first on sys.path under `-c`), even one older than this file.
+_RUN_THIS_FILE = [sys.executable, "-c", "import runpy, sys; sys.argv = sys.argv[1:]; "
+                  "runpy.run_path(sys.argv[0], run_name='__main__')", os.path.abspath(__file__)]
+
+
 def child_run(checkout: str, rows: list[str], size: str, reps: int, sets: list[str],
               xla_flags: str | None, scratch: str) -> dict:
   """This file's --child mode in its own process on `checkout`'s library and configs."""
@@ -162,7 +168,7 @@ def child_run(checkout: str, rows: list[str], size: str, reps: int, sets: list[s
   env = dict(os.environ, PYTHONPATH=checkout)
   if xla_flags is not None:
     env["XLA_FLAGS"] = xla_flags
-  cmd = [sys.executable, os.path.abspath(__file__), "--child", f"--rows={','.join(rows)}",
+  cmd = [*_RUN_THIS_FILE, "--child", f"--rows={','.join(rows)}",
          f"--size={size}", f"--reps={reps}", f"--json={path}", *[f"--set={s}" for s in sets]]
   load = os.getloadavg()[0]
   proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True,
@@ -229,7 +235,7 @@ class Server:
     env = dict(os.environ, PYTHONPATH=checkout)
     if xla_flags is not None:
       env["XLA_FLAGS"] = xla_flags
-    cmd = [sys.executable, os.path.abspath(__file__), "--serve", f"--rows={','.join(rows)}",
+    cmd = [*_RUN_THIS_FILE, "--serve", f"--rows={','.join(rows)}",
            f"--size={size}", *[f"--set={s}" for s in sets]]
     self.proc = subprocess.Popen(cmd, cwd=checkout, env=env, stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
@@ -367,7 +373,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  if __package__ in (None, ""):  # run by path (a --child): the checkout's own `benchmarks`
-    sys.path[0] = os.getcwd()
   from soma_jax import cli as _cli
   _cli.run(main)
