@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from soma_jax.errors import UserError
-from soma_jax.studies import fig16, fig17
+from soma_jax.studies import driver, fig16, fig17
 from tests.test_compare import load_config
 from tests.test_fig16 import expert_logprobs, tiny_config, val_set
 
@@ -19,7 +19,7 @@ def paired(tmp_path_factory, data_textdir):
   """fig16 at one seed, fig17 reading it, and fig17 training the same ensembles itself."""
   root = tmp_path_factory.mktemp("fig17")
   out16, read, trained = (str(root / name) for name in ("fig16", "read", "trained"))
-  fig16.run(tiny_config("fig16", data_textdir, seeds=1), out16, "test")
+  driver.run(fig16.STUDY, tiny_config("fig16", data_textdir, seeds=1), out16, "test")
   config = tiny_config("fig17", data_textdir, seeds=1)
   config.ensembles_from = out16
   p_read = fig17.run(config, read, "test")

@@ -28,7 +28,7 @@ import numpy as np
 
 from soma_jax import evaluate as eval_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import fig16, protocol, report
+from soma_jax.studies import driver, fig16, planning, recipes, report, results
 
 PAPER = {
     "item": "Figure 17",
@@ -45,6 +45,20 @@ PAPER = {
 }
 
 
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=fig17 (the paper's Figure 17): every pair of experts of Figure 16's ensembles
+  averaged, loss reduction against error similarity.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig17,size=cpu --out=runs/fig17 \
+        --config.ensembles_from=runs/fig16
+  """
+  c = fig16.config(arg)
+  cpu = recipes.args(arg, seeds=0)["size"] == "cpu"
+  c.ensembles_from = ""  # a finished study=fig16 --out with these settings; "" = train here
+  c.bins = 10 if cpu else 2  # equal-count bins of each ensemble's pairs (the paper: ~25)
+  return c
+
+
 @dataclasses.dataclass(frozen=True)
 class PairStudy:
   """The study's own fields (`check`): Figure 16's ensembles, where to read them, the bins."""
@@ -55,9 +69,9 @@ class PairStudy:
 
 def check(config: ml_collections.ConfigDict) -> PairStudy:
   """Figure 16's fields (`fig16.check`), the bins and the folder to read ensembles from."""
-  ens = fig16.check(config)
-  protocol.check_fields(config, {
-      "bins": protocol.whole(1),
+  ens = driver.checked(fig16.STUDY, config)[1]
+  planning.check_fields(config, {
+      "bins": planning.whole(1),
       "ensembles_from": ("a string (a fig16 --out folder, or empty)",
                          lambda v: isinstance(v, str))})
   where = config.ensembles_from.strip()
@@ -122,7 +136,7 @@ def readout(study: PairStudy, per_seed: dict, tokens: int, windows: int) -> dict
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
   """Figure 16's ensembles (read from `ensembles_from`, else trained here), every pair of
   each scored on every window; OUT/results.json, table.md, fig17.png, OUT/pairs/*.csv."""
-  begun = protocol.started(executor)
+  begun = results.started(executor)
   os.makedirs(out, exist_ok=True)
   study = check(config)
   ens, plan = study.ensembles, study.ensembles.plan
@@ -135,20 +149,20 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
     sc, step = fig16.scores(r.workdir, trained.scored[r.n_experts][0], pairs=True)
     rows = sc.pairs.rows()
     per_seed[r.name].append({"seed": r.seed, "step": step,
-                             "workdir": protocol.shown(r.workdir, out), "pairs": rows})
+                             "workdir": planning.shown(r.workdir, out), "pairs": rows})
     eval_lib.write_pairs(rows, os.path.join(out, "pairs", f"{r.name}_seed{r.seed}.csv"))
   windows = int(val.windows.shape[0])
   measured = readout(study, per_seed, windows * val.score, windows)
-  payload = protocol.results(
+  payload = results.results(
       "fig17", "paper Figure 17 (pairs of experts averaged), scaled down by SPEC 9.6", plan,
       command, begun,
       {"unit": "updates", "per": "ensemble and seed", "seed_updates": plan.seed_updates},
       (val, test), trained.dirs[ens.ns[-1]], out, trained.seeds, paper=PAPER,
       measured=measured, ensembles_from=trained.folder if study.ensembles_from else "",
       ensemble_settings=ens.settings,
-      data_dirs={n: protocol.shown(d, out) for n, d in trained.dirs.items()})
+      data_dirs={n: planning.shown(d, out) for n, d in trained.dirs.items()})
   plot(payload, os.path.join(out, "fig17.png"))
-  return protocol.write(out, payload, table)
+  return results.write(out, payload, table)
 
 
 def plot(p: dict, path: str) -> None:
