@@ -15,6 +15,8 @@ results.json and table.md. `compare.STUDIES` maps each name to its Study, in one
                            gathered; a multi-stage study (Table 7's lr-then-eps search)
                            decides its next stage from the last one's curves
   data(grid, plan, specs, out)     its data dirs and sets per N (None: one data dir)
+  setup(grid, plan, out, executor) its own setup, where it reads another study's runs (None:
+                           the driver's: sizing, data, seed runs)
   measure(grid, setup, gathered)   the study's own results.json fields and its `budget`
                            fields (pure: no run is trained or read)
   table(payload)           table.md
@@ -83,6 +85,9 @@ class Study(NamedTuple):
   ops_tolerance: Callable[[Any, planning.StudyPlan], float] = plan_ops
   # Its data per N (grid, plan, specs, out) -> Data; None: one data dir (`driver.one_dir`).
   data: Callable[..., Data] | None = None
+  # Its own setup (grid, plan, out, executor) -> Setup, for a study that may read another
+  # study's finished runs instead of training (fig17); None: the driver's (`driver.setup`).
+  setup: Callable[..., Setup] | None = None
   plot: Callable[[dict, str], None] | None = None
   paper_row: Callable[[dict], Any] | None = None
   run: Callable[..., dict] | None = None

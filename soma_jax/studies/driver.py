@@ -62,7 +62,8 @@ def measured(study: base.Study, config: ml_collections.ConfigDict, out: str, exe
   its `budget`)."""
   plan, grid = checked(study, config)  # every field, and every run resolved, before data
   os.makedirs(out, exist_ok=True)
-  ready = setup(study, grid, plan, out, executor, scorers)
+  ready = (setup(study, grid, plan, out, executor, scorers) if study.setup is None
+           else study.setup(grid, plan, out, executor))
   gathered = through(study.stages(grid, ready), executor)
   return ready, study.measure(grid, ready, gathered)
 
