@@ -1,11 +1,13 @@
 """The one driver of the studies (`base.Study`): start, the plan's checks, sizing, the data
 sets, the seed runs, each stage's runs through the executor, the study's measure, results.json,
-table.md and figures. Only `run`, `measured` and `checked` take a raw config (the study's `check` reads
-it once into its typed grid)."""
+table.md and figures. Only `run`, `measured` and `checked` take a raw config (the study's
+`check` reads it once into its typed grid)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import ml_collections
 
@@ -21,6 +23,17 @@ def one_dir(plan: planning.StudyPlan, specs: dict, out: str,
   data_dir = datasets.ensure_data(plan.data_dir, out, n)
   sets = scorers or datasets.eval_sets(plan.eval, data_dir, [s.seq_len for s in specs.values()])
   return base.Data({n: data_dir}, {n: sets}, n, n)
+
+
+def per_n(main: Callable[[Any], int] = lambda grid: 1) -> Callable[..., base.Data]:
+  """The `data` hook of a study whose rows differ in N: each N's data dir prepared from the
+  grid's corpus (grid.source, grid.prepare) into N shards under OUT, all scored on the same
+  windows (`datasets.per_n_sets`); the seeds train on N = 1's; results.json records the
+  dir and sets of N = main(grid)."""
+  def data(grid, plan: planning.StudyPlan, specs: dict, out: str) -> base.Data:
+    dirs, sets = datasets.per_n_sets(plan.eval, specs, grid.source, grid.prepare, out)
+    return base.Data(dirs, sets, main(grid), 1)
+  return data
 
 
 def setup(study: base.Study, grid, plan: planning.StudyPlan, out: str, executor=None,

@@ -26,7 +26,7 @@ import numpy as np
 from soma_jax.errors import UserError
 from soma_jax.studies import (
   base,
-  datasets,
+  driver,
   planning,
   recipes,
   report,
@@ -122,13 +122,6 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Alloca
   planning.check_source(config)
   return Allocations(names, ns.pop(), fractions, config.source,
                      dict(config.get("prepare", {}).items()))
-
-
-def data(alloc: Allocations, plan: planning.StudyPlan, specs: dict, out: str) -> base.Data:
-  """Each N's data dir (the allocations' and N = 1's, for the seed), scored on the same
-  windows; results.json records the allocations' N."""
-  dirs, sets = datasets.per_n_sets(plan.eval, specs, alloc.source, alloc.prepare, out)
-  return base.Data(dirs, sets, alloc.n_experts, 1)
 
 
 def stages(alloc: Allocations, ready: base.Setup) -> base.Stages:
@@ -276,4 +269,5 @@ def table(p: dict) -> str:
 
 STUDY = base.Study(spec="paper Figure 13 with Tables 10 and 11 (App. M allocations), scaled down "
                         "by SPEC 9.6", config=config, check=check, stages=stages,
-                   measure=measure, table=table, data=data, plot=figures)
+                   measure=measure, table=table, plot=figures,
+                   data=driver.per_n(lambda alloc: alloc.n_experts))

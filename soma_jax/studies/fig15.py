@@ -38,7 +38,7 @@ from soma_jax import inference, runs
 from soma_jax.errors import UserError
 from soma_jax.studies import (
   base,
-  datasets,
+  driver,
   planning,
   recipes,
   report,
@@ -199,13 +199,6 @@ def check_sizes(params: dict, reference: str, tolerance: float) -> None:
                     f"{reference}'s {target:,} parameters by more than params_tolerance="
                     f"{tolerance:g}; fix: --config.params_tolerance= a larger fraction, or "
                     "widths whose sizes match")
-
-
-def data(rows: Rows, plan: planning.StudyPlan, specs: dict, out: str) -> base.Data:
-  """Each N's data dir, prepared from the corpus into N shards under OUT, all scored on the
-  same windows; the seeds train on N = 1's, results.json records N = 1's."""
-  dirs, sets = datasets.per_n_sets(plan.eval, specs, rows.source, rows.prepare, out)
-  return base.Data(dirs, sets, 1, 1)
 
 
 def stages(rows: Rows, ready: base.Setup) -> base.Stages:
@@ -424,5 +417,5 @@ def table(p: dict) -> str:
 
 STUDY = base.Study(spec="paper Figure 15 with Tables 12 and 13 (equal-size inference), scaled "
                         "down by SPEC 9.6", config=config, check=check, stages=stages,
-                   measure=measure, table=table, data=data, plot=figures,
+                   measure=measure, table=table, data=driver.per_n(), plot=figures,
                    ops_tolerance=base.any_ops)

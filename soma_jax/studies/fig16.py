@@ -151,13 +151,6 @@ def where(out: str, seed: int, name: str) -> str:
   return os.path.join(out, "runs", f"seed{seed}", name)
 
 
-def data(ens: Ensembles, plan: planning.StudyPlan, specs: dict, out: str) -> base.Data:
-  """Each N's data dir (the ensembles' and N = 1's, for the seed) under OUT, all scored on
-  the same windows; results.json records the largest N's."""
-  dirs, sets = datasets.per_n_sets(plan.eval, specs, ens.source, ens.prepare, out)
-  return base.Data(dirs, sets, ens.ns[-1], 1)
-
-
 def ensembles(ens: Ensembles, ready: base.Setup) -> base.Stages:
   """Every ensemble at every optimisation seed (one stage), each continuing the seed's state
   on its own N-shard data dir under OUT; the Trained."""
@@ -360,4 +353,5 @@ def table(p: dict) -> str:
 
 STUDY = base.Study(spec="paper Figure 16 (top-k routing on saved ensembles), scaled down by "
                         "SPEC 9.6", config=config, check=check, stages=stages, measure=measure,
-                   table=table, data=data, plot=figures, ops_tolerance=base.any_ops)
+                   table=table, data=driver.per_n(lambda ens: ens.ns[-1]), plot=figures,
+                   ops_tolerance=base.any_ops)

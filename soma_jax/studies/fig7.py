@@ -32,7 +32,7 @@ import numpy as np
 from soma_jax.errors import UserError
 from soma_jax.studies import (
   base,
-  datasets,
+  driver,
   planning,
   recipes,
   report,
@@ -176,13 +176,6 @@ def check_setting(c: ml_collections.ConfigDict, panel: str) -> int:
   if panel == "n_pert":
     return int(c.spsa.n_pert)
   return int(c.spsa.batch * c.spsa.accum)
-
-
-def data(sweep: Sweep, plan: planning.StudyPlan, specs: dict, out: str) -> base.Data:
-  """Each N's data dir, prepared from the corpus into N shards under OUT, all scored on the
-  same windows; the seed trains on N = 1's, results.json records N = 1's."""
-  dirs, sets = datasets.per_n_sets(plan.eval, specs, sweep.source, sweep.prepare, out)
-  return base.Data(dirs, sets, 1, 1)
 
 
 def stages(sweep: Sweep, ready: base.Setup) -> base.Stages:
@@ -458,4 +451,4 @@ def table(p: dict) -> str:
 
 STUDY = base.Study(spec="paper Figures 7, 8 and 14 (App. M sweeps), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
-                   data=data, plot=figures, ops_tolerance=base.any_ops)
+                   data=driver.per_n(), plot=figures, ops_tolerance=base.any_ops)

@@ -1,4 +1,4 @@
-"""What the comparisons here share (SPEC 9.1, 9.2, 9.6): seeds, budgets, scoring, statistics.
+"""A study's plan (seeds, budgets, fields) and the protocol the comparisons share (SPEC 9.6).
 
 - Starts (SPEC 9.6): every architecture starts from a seed run of its own (an N = 1 run at
   the SOMA expert's width for SOMA, one at the monolith's width for the monoliths, one GRU
@@ -9,9 +9,8 @@
   counter, so its first update is the seed's last + 1. Every optimisation seed of a row
   starts from that one state; the optimisation seed changes only the batches and directions.
   A study whose config sets `own_starts` (SPEC 9.8) gives each optimisation seed s seed runs
-  of its own instead, trained at seed_run_seed + s (`train_seed_sets`), so where a start lands
-  enters every interval over seeds; `interval_kind` names which the intervals hold.
-  The seeds' cost is reported apart and counted for no row.
+  of its own instead, trained at seed_run_seed + s (`training.train_seed_sets`), so where a
+  start lands enters every interval (`interval_kind`). Seeds' cost: apart, counted for no row.
 - The budget (`budget`, in `budget_unit`): "updates" where the compared models do equal
   operations per update (Table 7's equal-size pair: `check_equal_ops`), else "cpu_seconds"
   (the process's CPU time of training updates, all threads) on a CPU and "device_seconds"
@@ -21,17 +20,17 @@
 - Scoring: the routed top-min(4, N) mixture on an evaluation split cut into pieces of
   route + score + 1 bytes (`evaluate.cut_windows`), so every scored target lies inside
   the trained context; the paper scores whole 1,025-byte windows (route 256, score 768).
-  Where a study passes its validation set to `budgeted` (`score`), training scores it at
-  every checkpoint from the state in memory (config.checkpoint_eval, `checkpoint_scores`)
-  and `curve` / `final_losses` read those losses, the same bit for bit, instead of
-  restoring each checkpoint; any other set (test) is restored and scored once, as before.
+  Where a study passes its validation set to `training.budgeted` (`score`), training
+  scores it at every checkpoint from the state in memory (config.checkpoint_eval,
+  `checkpoint_scores`) and `scores.curve` / `scores.final_losses` read those losses, the
+  same bit for bit; any other set (test) is restored and scored once.
 - What is reported (SPEC 9.6): each row's start, end and gain (start - end) on validation
   and test, and the reference's gain minus each other row's gain with a 95% t interval
-  across optimisation seeds (`gain_difference`) and, per seed, a paired document bootstrap
-  of the same difference (end gap - start gap: document noise only, around one start);
+  across optimisation seeds (`statistics.gain_difference`) and, per seed, a paired document
+  bootstrap of the same difference (end gap - start gap: document noise only);
   `seeds_and_documents` carries both noises (the t interval widened by the documents'
-  variance: `widened_t_interval`, SPEC 9.8). The evaluation windows are spread across the
-  split's documents (`pipeline.spread_windows`; `describe_span` counts them).
+  variance: `statistics.widened_t_interval`, SPEC 9.8). The evaluation windows are spread
+  over the split's documents (`pipeline.spread_windows`; `datasets.describe_span` counts).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import numpy as np
 from soma_jax.errors import UserError
 from soma_jax.studies import (
   base,
-  datasets,
+  driver,
   planning,
   recipes,
   results,
@@ -120,13 +120,6 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Grid:
   return Grid(rows, fractions, config.source, dict(config.get("prepare", {}).items()))
 
 
-def data(grid: Grid, plan: planning.StudyPlan, specs: dict, out: str) -> base.Data:
-  """Each N's data dir, prepared from the corpus into N shards under OUT, all scored on the
-  same windows; the seeds train on N = 1's, results.json records N = 1's."""
-  dirs, sets = datasets.per_n_sets(plan.eval, specs, grid.source, grid.prepare, out)
-  return base.Data(dirs, sets, 1, 1)
-
-
 def stages(grid: Grid, ready: base.Setup) -> base.Stages:
   """Every row at every optimisation seed (one stage), each at the operations of `budget` of
   the reference's updates, from its N's seed run; their validation curves."""
@@ -165,8 +158,8 @@ def measure(grid: Grid, ready: base.Setup, gathered: tuple) -> dict:
                      "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
                      "fractions": list(grid.fractions)},
           "paper": PAPER,
-          "measured": rows_and_cells(grid, plan, ready.methods, ready.specs, planned, curves, starts,
-                              ops_budget),
+          "measured": rows_and_cells(grid, plan, ready.methods, ready.specs, planned, curves,
+                                     starts, ops_budget),
           "data_dirs": {n: planning.shown(d, ready.out) for n, d in ready.data.dirs.items()},
           "how": "each row's ensemble-validation curve (start and checkpoints) interpolated "
                  "linearly in operations at each fraction of the budget; mean +- sample sd "
@@ -243,4 +236,4 @@ def table(p: dict) -> str:
 
 STUDY = base.Study(spec="paper Table 5 (SOMA against BPTT at N = 1, 2, 8), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
-                   ops_tolerance=base.any_ops, data=data)
+                   ops_tolerance=base.any_ops, data=driver.per_n())
