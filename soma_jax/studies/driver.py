@@ -90,6 +90,8 @@ def run(study: base.Study, config: ml_collections.ConfigDict, out: str, command:
   begun = results.started(executor)
   os.makedirs(out, exist_ok=True)
   ready, fields = measured(study, config, out, executor, scorers)
+  if len(ready.data.dirs) > 1:  # a study whose rows differ in N: each N's data dir
+    fields["data_dirs"] = {n: planning.shown(d, out) for n, d in ready.data.dirs.items()}
   payload = results.results(config.study, study.spec, ready.plan, command, begun,
                             fields.pop("budget"), ready.scored, ready.data_dir, out, ready.seeds,
                             **fields)

@@ -170,8 +170,7 @@ def measure(alloc: Allocations, ready: base.Setup, gathered: tuple) -> dict:
                                  plan.bootstrap_draws)}
   return {"budget": {"unit": "updates", "per": "allocation and seed",
                      "seed_updates": plan.seed_updates},
-          "paper": PAPER, "measured": measured,
-          "data_dirs": {n: planning.shown(d, ready.out) for n, d in ready.data.dirs.items()}}
+          "paper": PAPER, "measured": measured}
 
 
 def figures(p: dict, out: str) -> None:

@@ -237,7 +237,6 @@ def measure(rows: Rows, ready: base.Setup, gathered: tuple) -> dict:
   return {"budget": {"unit": "ops", "amount": ops_budget, "per": "row and seed",
                      "reference_updates": plan.budget, "seed_updates": plan.seed_updates},
           "paper": PAPER, "measured": measured,
-          "data_dirs": {n: planning.shown(d, ready.out) for n, d in ready.data.dirs.items()},
           "how": "test: each row's routed top-min(4, N) mixture on its own data dir's router "
                  "(the same held-out documents for every N), per-window losses averaged over "
                  "seeds, 95% document bootstrap; inference: soma_jax.inference on the first "

@@ -288,7 +288,6 @@ def measure(ens: Ensembles, ready: base.Setup, gathered: tuple) -> dict:
                      "seed_updates": ready.plan.seed_updates},
           "paper": PAPER, "measured": readout(ens, trained, per_seed),
           "ensemble_settings": ens.settings,
-          "data_dirs": {n: planning.shown(d, out) for n, d in trained.dirs.items()},
           "runs": [{"seed": r.seed, "name": r.name, "n_experts": r.n_experts,
                     "workdir": planning.shown(r.workdir, out)} for r in trained.runs],
           "scoring": "each window's own router ranks all N experts on its first route_bytes; "

@@ -167,14 +167,13 @@ def stages(study: PairStudy, ready: base.Setup) -> base.Stages:
 def measure(study: PairStudy, ready: base.Setup, gathered: tuple) -> dict:
   """Each ensemble's pairs binned by error similarity (`readout`)."""
   trained, per_seed = gathered
-  val, out = ready.scored[0], ready.out
+  val = ready.scored[0]
   windows = int(val.windows.shape[0])
   return {"budget": {"unit": "updates", "per": "ensemble and seed",
                      "seed_updates": ready.plan.seed_updates},
           "paper": PAPER, "measured": readout(study, per_seed, windows * val.score, windows),
           "ensembles_from": trained.folder if study.ensembles_from else "",
-          "ensemble_settings": study.ensembles.settings,
-          "data_dirs": {n: planning.shown(d, out) for n, d in trained.dirs.items()}}
+          "ensemble_settings": study.ensembles.settings}
 
 
 def figures(p: dict, out: str) -> None:

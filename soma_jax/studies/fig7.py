@@ -220,7 +220,6 @@ def measure(sweep: Sweep, ready: base.Setup, settings: dict) -> dict:
   return {"budget": {"unit": "updates", "per": "setting and seed",
                      "seed_updates": ready.plan.seed_updates},
           "paper": PAPER, "measured": readouts(sweep, settings),
-          "data_dirs": {n: planning.shown(d, ready.out) for n, d in ready.data.dirs.items()},
           "time": "update_seconds: wall seconds of training updates (Figure 7); "
                   "device_seconds: SPEC 7's charged device-seconds (Figure 8's aggregate "
                   "compute); both exclude the seed run, compilation, evaluation and "

@@ -160,7 +160,6 @@ def measure(grid: Grid, ready: base.Setup, gathered: tuple) -> dict:
           "paper": PAPER,
           "measured": rows_and_cells(grid, plan, ready.methods, ready.specs, planned, curves,
                                      starts, ops_budget),
-          "data_dirs": {n: planning.shown(d, ready.out) for n, d in ready.data.dirs.items()},
           "how": "each row's ensemble-validation curve (start and checkpoints) interpolated "
                  "linearly in operations at each fraction of the budget; mean +- sample sd "
                  "over seeds"}
