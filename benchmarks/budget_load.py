@@ -36,7 +36,7 @@ from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.config import BUDGET_UNITS
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol
+from soma_jax.studies import datasets, planning, training
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/compare.py:study=table4,size=cpu",
@@ -66,7 +66,7 @@ def stop_busy(procs: list[subprocess.Popen]) -> None:
 
 
 def one_run(spec: spec_lib.RunSpec, busy: int, warmup: float) -> dict:
-  """Trains a budgeted run (`protocol.budgeted`: a fresh init, to its budget of one unit)
+  """Trains a budgeted run (`training.budgeted`: a fresh init, to its budget of one unit)
   beside `busy` spinning processes."""
   unit = spec.budget.unit
   procs = start_busy(busy)
@@ -116,7 +116,7 @@ def measure(specs: dict[str, spec_lib.RunSpec], row: str, busy: int, warmup: flo
          "d_t": s.method.model.d_t, "budget": s.budget.amount, "busy_processes": busy,
          "busy_command": SPIN, "warmup_seconds": warmup, "tolerance": tolerance,
          "platform": jax.default_backend(), "usable_cores": host_devices.usable_cores(),
-         "devices": jax.device_count(), "layout": protocol.layout_of(s),
+         "devices": jax.device_count(), "layout": training.layout_of(s),
          "load_average_start": list(os.getloadavg()), "runs": [], "units": {}}
   for unit, spec in specs.items():
     runs = []
@@ -136,10 +136,10 @@ def main(argv):
   config = _CONFIG.value
   check_flags(list(config.methods.keys()), _ROW.value, _UNITS.value, _BUDGET.value,
               _BUSY.value, _REPEATS.value)
-  c = protocol.sized(config)[_ROW.value]
+  c = planning.sized(config)[_ROW.value]
   with tempfile.TemporaryDirectory() as tmp:
-    data_dir = _DATA_DIR.value or protocol.ensure_data(config.data_dir, tmp, 2)
-    specs = {unit: protocol.budgeted(c, data_dir, 0, None, unit, _BUDGET.value, 1)
+    data_dir = _DATA_DIR.value or datasets.ensure_data(config.data_dir, tmp, 2)
+    specs = {unit: training.budgeted(c, data_dir, 0, None, unit, _BUDGET.value, 1)
              for unit in _UNITS.value}
     result = measure(specs, _ROW.value, _BUSY.value, _WARMUP.value, _REPEATS.value,
                      _TOLERANCE.value)

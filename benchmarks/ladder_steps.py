@@ -44,7 +44,7 @@ from soma_jax import plan as plan_lib
 from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
-from soma_jax.studies import ladder, protocol
+from soma_jax.studies import datasets, ladder, planning, scores, training
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "experiments/configs/compare.py:study=ladder,size=cpu|tiny[,rungs=...]",
@@ -69,11 +69,11 @@ def step_seconds(spec: spec_lib.RunSpec, reps: int) -> dict:
 
 
 def update_seconds(spec: spec_lib.RunSpec, scratch: str) -> dict:
-  """Wall seconds per update of a budgeted run from a fresh init (`protocol.budgeted` in
+  """Wall seconds per update of a budgeted run from a fresh init (`training.budgeted` in
   updates; training's clock: compilation, evaluation and checkpoints apart)."""
   workdir = tempfile.mkdtemp(dir=scratch)
   train_lib.train(plan_lib.place(spec), workdir)
-  done = protocol.summary(workdir, spec, 0)
+  done = scores.summary(workdir, spec, 0)
   units = host_devices.charged_units(jax.device_count())  # device-seconds per wall second
   return {"update_seconds": done["device_seconds"] / units / done["updates"],
           "train_updates": done["updates"], "compile_seconds": done["compile_seconds"] / units}
@@ -120,14 +120,14 @@ def rung(ls: ladder.LadderSpec, width: int, reps: int, mechanism: bool, data_dir
   cfgs = ladder.sized(ls, width)
   ref, mono = ls.reference, ls.other
   pair = ladder.rung_config(ls, width, control=False)
-  seed_cfgs = protocol.seed_configs(pair, protocol.sized(pair))
+  seed_cfgs = planning.seed_configs(pair, planning.sized(pair))
   every = {**cfgs, **{f"seed_{name}": c for name, c in seed_cfgs.items()}}
   specs = {name: spec_lib.resolve(c) for name, c in every.items()}
   timed = {name: step_seconds(spec, reps) for name, spec in specs.items()}
   key = "isolated_step_seconds"
   if _TRAIN_UPDATES.value > 0:
     for name, c in every.items():
-      run = protocol.budgeted(c, data_dir, 0, None, "updates", _TRAIN_UPDATES.value, 1)
+      run = training.budgeted(c, data_dir, 0, None, "updates", _TRAIN_UPDATES.value, 1)
       timed[name].update(update_seconds(run, scratch))
     key = "update_seconds"
   out = {**ladder.sizes(ls, width), "steps": timed, "projected_from": key}
@@ -152,7 +152,7 @@ def main(argv):
     if data_dir:
       pipeline.check_data_dir(data_dir, 2)
     elif _TRAIN_UPDATES.value > 0:
-      data_dir = protocol.ensure_data(config.data_dir, scratch, 2)  # or the built-in corpus
+      data_dir = datasets.ensure_data(config.data_dir, scratch, 2)  # or the built-in corpus
     rungs = [rung(ls, w, _REPS.value, _MECHANISM.value, data_dir, scratch) for w in ls.widths]
   result = {"benchmark": "ladder_steps", "command": "python -m benchmarks.ladder_steps " +
             " ".join(sys.argv[1:]), "backend": jax.default_backend(),

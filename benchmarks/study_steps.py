@@ -109,8 +109,11 @@ def row_config(name: str, size: str, sets: list[tuple[str, str]]):
   file, arg, _ = ROWS[name]
   c = load_config_file(os.path.join("experiments", "configs", file), arg.format(size=size))
   if file == "compare.py":
-    from soma_jax.studies import protocol
-    c = protocol.sized(c)[name]  # the width the study trains it at
+    try:
+      from soma_jax.studies.planning import sized
+    except ImportError:  # a checkout compared from before protocol.py was split
+      from soma_jax.studies.protocol import sized
+    c = sized(c)[name]  # the width the study trains it at
   for key, value in sets:
     *path, last = key.split(".")
     node = c

@@ -33,7 +33,7 @@ import numpy as np
 from soma_jax import cli
 from soma_jax.config import load_config_file
 from soma_jax.errors import UserError, check_output_args, exit_on_user_error
-from soma_jax.studies import ladder, protocol
+from soma_jax.studies import datasets, ladder, results, statistics
 
 # Relative difference under which a recomputed rho or r counts as the recorded one: float32
 # rounding of reordered sums. A start that differed would move rho by about its SE (1e-2).
@@ -79,10 +79,10 @@ def rung(ls: ladder.LadderSpec, width: int, out: str, data_dir: str, val, rec: d
   print(f"[ladder_mechanism] rung {width}: rho summed {mech['summed']['rho']:.4g} (r "
         f"{mech['summed']['r']:.3g}), predicted vs summed {mech['predicted_vs_summed']:.3f} ± "
         f"{mech['predicted_vs_summed_se']:.3f}, measured vs summed "
-        f"{protocol.ci(protocol.t_interval(vs_summed))}; recorded rho equal: "
+        f"{results.ci(statistics.t_interval(vs_summed))}; recorded rho equal: "
         f"{check['equal_within_tolerance']}", file=sys.stderr, flush=True)
   return {"width": width, "mechanism": mech,
-          "measured_vs_summed": protocol.t_interval(vs_summed),
+          "measured_vs_summed": statistics.t_interval(vs_summed),
           "measured_vs_summed_per_seed": vs_summed,
           "recorded_measured_ratio": rec["measured_ratio"],
           "recorded_measured_ratio_per_seed": rec["measured_ratio_per_seed"],
@@ -113,8 +113,8 @@ def remeasure(config, out: str, results: dict, data_dir: str = "", command: str 
   ls = ladder.check(config)
   recorded = recorded_rungs(ls, results)
   os.makedirs(out, exist_ok=True)
-  data_dir = protocol.ensure_data(data_dir or ls.plan.data_dir, out, 2)
-  val, _ = protocol.eval_sets(ls.plan.eval, data_dir, [ls.seq_len])
+  data_dir = datasets.ensure_data(data_dir or ls.plan.data_dir, out, 2)
+  val, _ = datasets.eval_sets(ls.plan.eval, data_dir, [ls.seq_len])
   rungs = [rung(ls, w, out, data_dir, val, recorded[w]) for w in ls.widths]
   return {"script": "ladder_mechanism", "spec": ladder.SPEC, "command": command,
           "recorded_command": results.get("command"), "mechanism": ls.mechanism.record(),

@@ -19,7 +19,7 @@ from soma_jax import cli
 from soma_jax import spec as spec_lib
 from soma_jax.config import load_config_file
 from soma_jax.errors import check_output_args
-from soma_jax.studies import ladder, protocol
+from soma_jax.studies import ladder, planning
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "experiments", "configs", "compare.py")
@@ -32,7 +32,7 @@ def study(name: str) -> dict:
   config = load_config_file(CONFIG, f"study={name},size=cpu")
   out = {k: config.to_dict()[k] for k in KEYS if k in config}
   out["eval"] = config.eval.to_dict()
-  rows = protocol.sized(config) if name != "ladder" else {}
+  rows = planning.sized(config) if name != "ladder" else {}
   out["rows"] = {n: {"method": c.method, "d_t": c.model.d_t, "n_experts": c.n_experts,
                      "n_pert": c.spsa.n_pert, "batch": c.spsa.batch, "seq_len": c.data.seq_len,
                      "params": spec_lib.resolve(c).method.ensemble_params,

@@ -11,7 +11,7 @@ from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
 from soma_jax.studies import executor as executor_lib
-from soma_jax.studies import protocol
+from soma_jax.studies import planning, scores
 from tests.test_train import tiny_config
 
 
@@ -26,7 +26,7 @@ def test_budget_in_updates_stops_at_exactly_that_count(data_prepared, tmp_path):
   assert summary["status"] == "done"
   assert summary["step"] == 6 and summary["updates"] == 6
   assert summary["budget_unit"] == "updates" and summary["budget_before_last_update"] == 5
-  assert protocol.checkpoints(w) == [2, 4, 6]
+  assert scores.checkpoints(w) == [2, 4, 6]
   assert train_lib.run(c, w)["step"] == 6
 
 
@@ -39,7 +39,7 @@ def test_budget_marks_place_the_checkpoints(data_prepared, tmp_path):
   c.budget_marks, c.ckpt.keep = (0.125, 0.25, 0.5, 1.0), 5
   w = str(tmp_path / "run")
   assert train_lib.run(c, w)["step"] == 8
-  assert protocol.checkpoints(w) == [1, 2, 4, 8]
+  assert scores.checkpoints(w) == [1, 2, 4, 8]
   c.budget_marks = (0.5, 0.25)
   with pytest.raises(UserError, match="budget_marks"):
     spec_lib.resolve(c)
@@ -83,7 +83,7 @@ def test_continued_run_starts_from_the_seeds_last_state(data_prepared, tmp_path)
   w = str(tmp_path / "continued")
   summary = train_lib.run(c, w)
   assert summary["step"] == 7 and summary["updates"] == 3
-  assert protocol.checkpoints(w)[0] > 4  # no checkpoint at or before the seed's step
+  assert scores.checkpoints(w)[0] > 4  # no checkpoint at or before the seed's step
 
 
 def test_budget_in_ops_stops_after_the_update_that_reaches_it(data_prepared, tmp_path):
@@ -104,8 +104,8 @@ def test_every_budget_unit_is_described_for_results():
   run in ops trained every row, then failed writing its results on a missing description)."""
   from soma_jax import config as config_lib
 
-  assert set(config_lib.BUDGET_UNITS) <= set(protocol.COUNTS)
-  assert set(protocol.UNITS) - set(protocol.COUNTS) == {"auto"}
+  assert set(config_lib.BUDGET_UNITS) <= set(planning.COUNTS)
+  assert set(planning.UNITS) - set(planning.COUNTS) == {"auto"}
 
 
 def test_a_study_run_given_a_relative_data_dir_resumes(data_prepared, tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """Issue 39 item 4: a budgeted run scores the study's validation set at every checkpoint from
 the state in memory (config.checkpoint_eval); the saved losses are bit for bit what restoring
-the checkpoint and scoring it gives, `protocol.curve` / `final_losses` read them instead of
+the checkpoint and scoring it gives, `scores.curve` / `final_losses` read them instead of
 restoring, and never for another set, a half-written file or a missing one."""
 
 import json
@@ -17,7 +17,7 @@ from soma_jax import evaluate as eval_lib
 from soma_jax import runs
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import executor, protocol
+from soma_jax.studies import executor, planning, scores, training
 
 ROUTE, SCORE = 8, 24  # pieces of 33 bytes inside the tiny preset's T = 32
 
@@ -32,7 +32,7 @@ def scored_run(tmp_path_factory, data_two_shards):
   """A tiny N = 2 budgeted run of 6 updates with 3 checkpoints, scored on validation."""
   c = config_lib.base_config(n=2, size="tiny")
   val = val_set(data_two_shards)
-  spec = protocol.budgeted(c, data_two_shards, 0, None, "updates", 6, 3, score=val)
+  spec = training.budgeted(c, data_two_shards, 0, None, "updates", 6, 3, score=val)
   workdir = str(tmp_path_factory.mktemp("scored") / "run")
   executor.train(spec, workdir, "scored run")
   return spec, workdir, val
@@ -40,7 +40,7 @@ def scored_run(tmp_path_factory, data_two_shards):
 
 def restored_scores(workdir: str, step: int, spec, scorer) -> tuple[np.ndarray, dict]:
   _, state, data_state, _ = runs.restore_state(workdir, step=step)
-  return protocol._score(scorer, spec, state.body, state.head), data_state
+  return scores._score(scorer, spec, state.body, state.head), data_state
 
 
 def count_restores(monkeypatch) -> list:
@@ -56,7 +56,7 @@ def copy_without(workdir: str, dest: str, drop=("checkpoint_scores",)) -> str:
 
 def test_saved_losses_are_the_restored_checkpoints_scores(scored_run):
   spec, workdir, val = scored_run
-  steps = protocol.checkpoints(workdir)
+  steps = scores.checkpoints(workdir)
   assert steps == [2, 4, 6]
   for step in steps:
     saved = scores_lib.read(workdir, step, val.settings())
@@ -65,18 +65,18 @@ def test_saved_losses_are_the_restored_checkpoints_scores(scored_run):
     expected, data_state = restored_scores(workdir, step, spec, val)
     assert losses.dtype == expected.dtype and np.array_equal(losses, expected)
     assert counters == {k: data_state[k] for k in counters}
-    assert set(counters) >= set(protocol.budget_lib.TRAINING_TIMERS)
+    assert set(counters) >= set(planning.budget_lib.TRAINING_TIMERS)
 
 
 def test_curve_is_the_same_with_and_without_the_files(scored_run, tmp_path, monkeypatch):
   spec, workdir, val = scored_run
   bare = copy_without(workdir, str(tmp_path / "bare"))
   calls = count_restores(monkeypatch)
-  points, last = protocol.curve(workdir, spec, val, 0, 5.0)
-  end = protocol.final_losses(workdir, spec, val)
+  points, last = scores.curve(workdir, spec, val, 0, 5.0)
+  end = scores.final_losses(workdir, spec, val)
   assert calls == []  # every checkpoint read from its saved scores
-  points_bare, last_bare = protocol.curve(bare, spec, val, 0, 5.0)
-  end_bare = protocol.final_losses(bare, spec, val)
+  points_bare, last_bare = scores.curve(bare, spec, val, 0, 5.0)
+  end_bare = scores.final_losses(bare, spec, val)
   assert len(calls) == 4  # three checkpoints and the newest again, restored and scored
   assert points == points_bare and [p["step"] for p in points] == [0, 2, 4, 6]
   assert np.array_equal(last, last_bare) and np.array_equal(end, end_bare)
@@ -87,9 +87,9 @@ def test_summary_reads_the_saved_counters(scored_run, tmp_path, monkeypatch):
   spec, workdir, _ = scored_run
   bare = copy_without(workdir, str(tmp_path / "bare"))
   calls = count_restores(monkeypatch)
-  done = protocol.summary(workdir, spec, 0)
+  done = scores.summary(workdir, spec, 0)
   assert calls == []  # the newest checkpoint's counters, from its saved scores
-  assert protocol.summary(bare, spec, 0) == done and len(calls) == 1  # restored instead
+  assert scores.summary(bare, spec, 0) == done and len(calls) == 1  # restored instead
   assert done["step"] == done["updates"] == 6 and done["update_seconds"] > 0
   assert scores_lib.counters(workdir, 4) is not None and scores_lib.counters(workdir, 5) is None
 
@@ -101,11 +101,11 @@ def test_scores_of_another_set_are_not_used(scored_run, monkeypatch, other):
   scorer = val_set(spec.data_dir, **other)
   assert scores_lib.read(workdir, 6, scorer.settings()) is None
   calls = count_restores(monkeypatch)
-  points, last = protocol.curve(workdir, spec, scorer, 0, 5.0)
+  points, last = scores.curve(workdir, spec, scorer, 0, 5.0)
   assert len(calls) == 3
   for point, step in zip(points[1:], (2, 4, 6), strict=True):
     assert point["loss"] == float(restored_scores(workdir, step, spec, scorer)[0].mean())
-  assert np.array_equal(protocol.final_losses(workdir, spec, scorer), last)
+  assert np.array_equal(scores.final_losses(workdir, spec, scorer), last)
 
 
 def test_a_file_naming_other_settings_is_not_read(scored_run, tmp_path):
@@ -140,9 +140,9 @@ def test_a_half_written_file_is_ignored(scored_run, tmp_path, monkeypatch):
   assert scores_lib.read(half, 6, val.settings()) is None
   assert scores_lib.read(half, 4, val.settings()) is None
   calls = count_restores(monkeypatch)
-  points, _ = protocol.curve(half, spec, val, 0, 5.0)
+  points, _ = scores.curve(half, spec, val, 0, 5.0)
   assert len(calls) == 2  # steps 4 and 6 restored, 2 read
-  assert points == protocol.curve(workdir, spec, val, 0, 5.0)[0]
+  assert points == scores.curve(workdir, spec, val, 0, 5.0)[0]
 
 
 def test_a_write_cut_short_leaves_nothing_readable(scored_run, tmp_path, monkeypatch):

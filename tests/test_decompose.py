@@ -11,7 +11,7 @@ import pytest
 
 from soma_jax.data import prepare
 from soma_jax.errors import UserError
-from soma_jax.studies import decompose, protocol
+from soma_jax.studies import decompose, statistics
 from tests.test_compare import load_config
 
 # --------------------------------------------------------------------- speed-up math
@@ -20,10 +20,10 @@ from tests.test_compare import load_config
 def test_crossing_interpolates_the_running_minimum():
   ops = np.array([0.0, 10.0, 20.0, 30.0])
   loss = np.array([3.0, 2.0, 2.5, 1.0])  # the rise at 20 does not count: the running min is 2
-  assert decompose.crossing(ops, loss, 3.0) == 0.0
-  assert decompose.crossing(ops, loss, 2.5) == pytest.approx(5.0)
-  assert decompose.crossing(ops, loss, 1.5) == pytest.approx(20.0 + 10.0 * 0.5 / 1.0)
-  assert decompose.crossing(ops, loss, 0.9) is None
+  assert statistics.crossing(ops, loss, 3.0) == 0.0
+  assert statistics.crossing(ops, loss, 2.5) == pytest.approx(5.0)
+  assert statistics.crossing(ops, loss, 1.5) == pytest.approx(20.0 + 10.0 * 0.5 / 1.0)
+  assert statistics.crossing(ops, loss, 0.9) is None
 
 
 def test_log_speedup_over_the_common_range():
@@ -31,10 +31,10 @@ def test_log_speedup_over_the_common_range():
   to 1.5, which a covers in 5 ops and b in 40, so b needs 8x a's operations."""
   a = (np.array([0.0, 10.0]), np.array([3.0, 1.0]))
   b = (np.array([100.0, 140.0]), np.array([2.5, 1.5]))
-  assert decompose.log_speedup(a, b) == pytest.approx(math.log(8.0))
-  assert decompose.log_speedup(b, a) == pytest.approx(-math.log(8.0))
+  assert statistics.log_speedup(a, b) == pytest.approx(math.log(8.0))
+  assert statistics.log_speedup(b, a) == pytest.approx(-math.log(8.0))
   c = (np.array([0.0, 10.0]), np.array([1.4, 1.0]))  # entirely below b: no common range
-  assert decompose.log_speedup(b, c) is None
+  assert statistics.log_speedup(b, c) is None
 
 
 def test_speedup_effect_without_documents_is_the_seed_t_interval():
@@ -45,12 +45,12 @@ def test_speedup_effect_without_documents_is_the_seed_t_interval():
     wa = np.array([[3.0], [2.0], [1.0]])
     wb_ops = ops * k
     pairs.append(({"compared": (ops, wa)}, {"compared": (wb_ops, wa)}))
-  got = decompose.speedup_effect(pairs, np.arange(1), 0, "compared")
+  got = statistics.speedup_effect(pairs, np.arange(1), 0, "compared")
   logs = [math.log(k) for k in (2.0, 4.0, 8.0)]
   assert got["per_seed"] == pytest.approx(logs)
   assert got["mean"] == pytest.approx(np.mean(logs))
   assert got["speedup"] == pytest.approx(4.0)
-  want = protocol.t_interval(logs)
+  want = statistics.t_interval(logs)
   assert got["ci95"] == pytest.approx(want["ci95"])
 
 

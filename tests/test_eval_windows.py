@@ -13,7 +13,7 @@ from scipy import stats as scipy_stats
 
 from soma_jax import evaluate as eval_lib
 from soma_jax.data import pipeline
-from soma_jax.studies import protocol
+from soma_jax.studies import datasets, statistics
 
 # Windows per document, split order: the built-in corpus's first five ensemble-validation
 # documents hold 28, 32, 8, 4 and 56 windows, so its first 128 windows come from 5 of them.
@@ -127,7 +127,7 @@ def test_test_set_takes_windows_spread_across_documents(eval_dir):
 def test_describe_span_counts_windows_and_documents(eval_dir):
   val = eval_lib.TestSet(eval_dir, 50, "ensemble_val", route=64, score=192)
   test = eval_lib.TestSet(eval_dir, 10, "test", route=64, score=192)
-  span = protocol.describe_span(val, test)
+  span = datasets.describe_span(val, test)
   assert span == {
       "route_bytes": 64, "score_bytes": 192, "window_bytes": 257,
       "windows_per_1025_byte_window": 4,
@@ -143,28 +143,28 @@ def test_describe_span_counts_windows_and_documents(eval_dir):
 def test_widened_t_interval_by_hand():
   """values 1, 2, 4 and a document variance 0.25: mean 7/3, sd^2 = 7/3, so the half width
   is t_{0.975, 2} sqrt(7/9 + 1/4) with t_{0.975, 2} = 4.302652729749462."""
-  got = protocol.widened_t_interval([1.0, 2.0, 4.0], 0.25)
+  got = statistics.widened_t_interval([1.0, 2.0, 4.0], 0.25)
   half = 4.302652729749462 * np.sqrt(7 / 9 + 0.25)
   assert got["mean"] == pytest.approx(7 / 3) and got["sd"] == pytest.approx(np.sqrt(7 / 3))
   assert got["document_sd"] == pytest.approx(0.5) and got["n"] == 3
   np.testing.assert_allclose(got["ci95"], [7 / 3 - half, 7 / 3 + half], rtol=1e-12)
   # No document variance: the plain t interval across seeds.
-  np.testing.assert_allclose(protocol.widened_t_interval([1.0, 2.0, 4.0], 0.0)["ci95"],
-                             protocol.t_interval([1.0, 2.0, 4.0])["ci95"], rtol=1e-12)
-  assert protocol.widened_t_interval([1.5], 0.25)["ci95"] is None  # one seed: no seed noise
+  np.testing.assert_allclose(statistics.widened_t_interval([1.0, 2.0, 4.0], 0.0)["ci95"],
+                             statistics.t_interval([1.0, 2.0, 4.0])["ci95"], rtol=1e-12)
+  assert statistics.widened_t_interval([1.5], 0.25)["ci95"] is None  # one seed: no seed noise
 
 
 def test_document_variance_matches_numpy_references():
   rng = np.random.default_rng(1)
   # One window per document: the bootstrap variance of the mean is var(x) / D (ddof 0).
   x_SxD = rng.normal(size=(3, 60)) + rng.normal(size=60)
-  got = protocol.document_variance(x_SxD, np.arange(60), draws=40_000, seed=3)
+  got = statistics.document_variance(x_SxD, np.arange(60), draws=40_000, seed=3)
   assert got == pytest.approx(x_SxD.mean(axis=0).var() / 60, rel=0.05)
   # Unequal windows per document: an explicit resample of document indices (the ratio mean).
   counts = rng.integers(1, 9, size=40)
   doc_ids = np.repeat(np.arange(40), counts)
   x_SxN = rng.normal(size=(2, doc_ids.size)) + rng.normal(size=40)[doc_ids]
-  got = protocol.document_variance(x_SxN, doc_ids, draws=40_000, seed=4)
+  got = statistics.document_variance(x_SxN, doc_ids, draws=40_000, seed=4)
   sums_D = np.array([x_SxN.mean(axis=0)[doc_ids == d].sum() for d in range(40)])
   pick_BxD = np.random.default_rng(5).integers(0, 40, size=(40_000, 40))
   ref = (sums_D[pick_BxD].sum(axis=1) / counts[pick_BxD].sum(axis=1)).var(ddof=1)
@@ -189,13 +189,13 @@ def noisy_gains(seeds: int = 3, docs: int = 30, per_doc: int = 4, seed: int = 0)
 
 def test_gain_difference_interval_carries_document_noise():
   ref, other, gains_w, doc_ids = noisy_gains()
-  g = protocol.gain_difference(ref, other, gains_w, doc_ids, draws=2_000)
+  g = statistics.gain_difference(ref, other, gains_w, doc_ids, draws=2_000)
   diffs = [a["gain"]["test"] - b["gain"]["test"] for a, b in zip(ref, other, strict=True)]
-  assert g["ci95"] == protocol.t_interval(diffs)["ci95"]  # the old keys, unchanged
+  assert g["ci95"] == statistics.t_interval(diffs)["ci95"]  # the old keys, unchanged
   assert {"split", "mean", "sd", "n", "ci95", "per_seed", "validation", "how"} < set(g)
   both = g["seeds_and_documents"]
   diff_SxN = np.stack([r - o for r, o in gains_w])
-  doc_var = protocol.document_variance(diff_SxN, doc_ids, 2_000, ref[0]["seed"])
+  doc_var = statistics.document_variance(diff_SxN, doc_ids, 2_000, ref[0]["seed"])
   assert both["document_sd"] == pytest.approx(np.sqrt(doc_var))
   half = scipy_stats.t.ppf(0.975, 2) * np.sqrt(np.var(diffs, ddof=1) / 3 + doc_var)
   np.testing.assert_allclose(both["ci95"], [np.mean(diffs) - half, np.mean(diffs) + half])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from soma_jax.errors import UserError
-from soma_jax.studies import fig13
+from soma_jax.studies import driver, fig13
 from tests.conftest import STUDY_PREPARE as PREPARE
 from tests.test_compare import load_config
 
@@ -20,12 +20,12 @@ def allocated(tmp_path_factory, data_textdir):
   config.prepare.update(PREPARE)
   config.bootstrap_draws = 50
   out = str(tmp_path_factory.mktemp("fig13") / "out")
-  return config, out, fig13.run(config, out, "python experiments/compare.py --test")
+  return config, out, driver.run(fig13.STUDY, config, out, "python experiments/compare.py --test")
 
 
 def test_the_cpu_allocations_hold_the_product():
   config = load_config("compare", "study=fig13,size=cpu")
-  alloc = fig13.check(config)
+  alloc = driver.checked(fig13.STUDY, config)[1]
   got = [(config.methods[n].spsa.n_pert, config.methods[n].spsa.batch * config.methods[n].spsa.accum)
          for n in alloc.names]
   assert got == [(4, 64), (16, 16), (64, 4)] and alloc.n_experts == 8
@@ -35,7 +35,7 @@ def test_unequal_products_are_refused():
   config = load_config("compare", "study=fig13,size=tiny")
   config.methods[config.allocations[0]].spsa.n_pert = 3
   with pytest.raises(UserError, match="n_pert x B"):
-    fig13.check(config)
+    driver.checked(fig13.STUDY, config)[1]
 
 
 def test_allocations_run_equal_operations_from_one_start(allocated):

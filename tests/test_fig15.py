@@ -12,7 +12,7 @@ from soma_jax import evaluate as eval_lib
 from soma_jax import inference, runs, sizing
 from soma_jax import model as model_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import fig15
+from soma_jax.studies import driver, fig15
 from tests.conftest import STUDY_PREPARE as PREPARE
 from tests.test_compare import load_config
 
@@ -28,11 +28,11 @@ def compared(tmp_path_factory, data_textdir):
   config.prepare.update(PREPARE)
   config.bootstrap_draws = 50
   out = str(tmp_path_factory.mktemp("fig15") / "out")
-  return config, out, fig15.run(config, out, "python experiments/compare.py --test")
+  return config, out, driver.run(fig15.STUDY, config, out, "python experiments/compare.py --test")
 
 
 def test_the_cpu_rows_are_the_papers():
-  rows = fig15.check(load_config("compare", "study=fig15,size=cpu"))
+  rows = driver.checked(fig15.STUDY, load_config("compare", "study=fig15,size=cpu"))[1]
   assert rows.n_experts == {"mono": 1, "soma_n2": 2, "soma_n8": 8, "soma_n32": 32}
   assert rows.plan.reference == "soma_n32" and rows.methods["soma_n32"].model.shared_head
   assert [rows.methods[n].model.d_t for n in rows.n_experts] == [180, 127, 61, 32]
@@ -56,7 +56,7 @@ def test_bad_fields_are_refused(field, value, match):
     where = where[p]
   where[key] = value
   with pytest.raises(UserError, match=match):
-    fig15.check(config)
+    driver.checked(fig15.STUDY, config)[1]
 
 
 def test_results_carry_the_papers_items_and_ours(compared):

@@ -13,7 +13,7 @@ from scipy.special import logsumexp
 from soma_jax import evaluate as eval_lib
 from soma_jax import runs
 from soma_jax.errors import UserError
-from soma_jax.studies import fig16
+from soma_jax.studies import driver, fig16
 from tests.conftest import STUDY_PREPARE as PREPARE
 from tests.test_compare import load_config
 
@@ -33,7 +33,7 @@ def tiny_config(study: str = "fig16", textdir: str = "", seeds: int = 2):
 def swept(tmp_path_factory, data_textdir):
   config = tiny_config(textdir=data_textdir)
   out = str(tmp_path_factory.mktemp("fig16") / "out")
-  return config, out, fig16.run(config, out, "python experiments/compare.py --test")
+  return config, out, driver.run(fig16.STUDY, config, out, "python experiments/compare.py --test")
 
 
 def val_set(config, out: str, n: int) -> eval_lib.TestSet:
@@ -60,7 +60,7 @@ def expert_logprobs(workdir: str, val: eval_lib.TestSet) -> np.ndarray:
 
 def test_the_cpu_ensembles_are_the_papers_at_this_scale():
   config = load_config("compare", "study=fig16,size=cpu")
-  ens = fig16.check(config)
+  ens = driver.checked(fig16.STUDY, config)[1]
   assert ens.ns == (8, 32) and ens.mark_k == 4 and ens.plan.seeds == (0, 1)
   assert {config.methods[n].model.d_t for n in ens.names} == {32}
   assert ens.plan.budget == 500 and ens.plan.unit == "updates"
@@ -74,14 +74,14 @@ def test_bad_fields_are_refused(field, value, match):
   config = load_config("compare", "study=fig16,size=tiny")
   config[field] = value
   with pytest.raises(UserError, match=match):
-    fig16.check(config)
+    driver.checked(fig16.STUDY, config)[1]
 
 
 def test_other_widths_are_refused():
   config = load_config("compare", "study=fig16,size=tiny")
   config.methods.n6.model.d_t = 16
   with pytest.raises(UserError, match="one width"):
-    fig16.check(config)
+    driver.checked(fig16.STUDY, config)[1]
 
 
 def test_every_ensemble_sweeps_k_after_its_budget(swept):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from soma_jax.errors import UserError
-from soma_jax.studies import fig16, fig17
+from soma_jax.studies import driver, fig16, fig17
 from tests.test_compare import load_config
 from tests.test_fig16 import expert_logprobs, tiny_config, val_set
 
@@ -19,12 +19,12 @@ def paired(tmp_path_factory, data_textdir):
   """fig16 at one seed, fig17 reading it, and fig17 training the same ensembles itself."""
   root = tmp_path_factory.mktemp("fig17")
   out16, read, trained = (str(root / name) for name in ("fig16", "read", "trained"))
-  fig16.run(tiny_config("fig16", data_textdir, seeds=1), out16, "test")
+  driver.run(fig16.STUDY, tiny_config("fig16", data_textdir, seeds=1), out16, "test")
   config = tiny_config("fig17", data_textdir, seeds=1)
   config.ensembles_from = out16
-  p_read = fig17.run(config, read, "test")
+  p_read = driver.run(fig17.STUDY, config, read, "test")
   config = tiny_config("fig17", data_textdir, seeds=1)
-  return config, out16, read, p_read, fig17.run(config, trained, "test")
+  return config, out16, read, p_read, driver.run(fig17.STUDY, config, trained, "test")
 
 
 def test_every_pair_is_scored_on_every_window(paired):
@@ -108,15 +108,15 @@ def test_a_fig16_folder_of_other_settings_is_refused(paired, tmp_path):
   other.update(source=config.source, seeds=1, ensembles_from=out16, budget=4.0)
   other.prepare.update(config.prepare)
   with pytest.raises(UserError, match="budget"):
-    fig17.run(other, str(tmp_path / "a"))
+    driver.run(fig17.STUDY, other, str(tmp_path / "a"))
   other.budget, other.ensembles_from = config.budget, read  # a fig17 folder, not fig16
   with pytest.raises(UserError, match="not fig16"):
-    fig17.run(other, str(tmp_path / "b"))
+    driver.run(fig17.STUDY, other, str(tmp_path / "b"))
   other.ensembles_from = str(tmp_path / "missing")
   with pytest.raises(UserError, match="not a folder"):
-    fig17.check(other)
+    driver.checked(fig17.STUDY, other)
   other.ensembles_from, other.bins = "", 0
   with pytest.raises(UserError, match="bins"):
-    fig17.check(other)
+    driver.checked(fig17.STUDY, other)
   with open(os.path.join(out16, "results.json")) as f:
     assert json.load(f)["study"] == "fig16"  # nothing above wrote into the fig16 folder

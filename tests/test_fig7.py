@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from soma_jax.errors import UserError
-from soma_jax.studies import fig7, protocol
+from soma_jax.studies import datasets, driver, fig7
 from tests.conftest import STUDY_PREPARE as PREPARE
 from tests.test_compare import load_config
 
@@ -20,13 +20,13 @@ def swept(tmp_path_factory, data_textdir):
   config.prepare.update(PREPARE)
   config.seeds = 1
   out = str(tmp_path_factory.mktemp("fig7") / "out")
-  return config, out, fig7.run(config, out, "python experiments/compare.py --test")
+  return config, out, driver.run(fig7.STUDY, config, out, "python experiments/compare.py --test")
 
 
 def test_the_cpu_panels_are_the_papers_at_this_scale():
   config = load_config("compare", "study=fig7,size=cpu")
-  sweep = fig7.check(config)
-  values = {p: [fig7.setting(config.methods[n], p) for n in names]
+  sweep = driver.checked(fig7.STUDY, config)[1]
+  values = {p: [fig7.check_setting(config.methods[n], p) for n in names]
             for p, names in sweep.panels.items()}
   assert values == {"experts": [1, 2, 8, 32], "n_pert": [1, 4, 16, 64], "batch": [1, 4, 16, 64]}
   for name in sweep.panels["batch"][2:]:  # the two largest by accumulating batches of 4
@@ -39,15 +39,15 @@ def test_bad_panels_are_refused():
   config = load_config("compare", "study=fig7,size=tiny")
   config.panels.experts = ("n2", "n1")  # not growing along the panel
   with pytest.raises(UserError, match="must grow"):
-    fig7.check(config)
+    driver.checked(fig7.STUDY, config)[1]
   config = load_config("compare", "study=fig7,size=tiny")
   config.panels.n_pert = ("n2", "nope")
   with pytest.raises(UserError, match="panels.n_pert"):
-    fig7.check(config)
+    driver.checked(fig7.STUDY, config)[1]
   config = load_config("compare", "study=fig7,size=tiny")
   config.match_params = True
   with pytest.raises(UserError, match="match_params"):
-    fig7.check(config)
+    driver.checked(fig7.STUDY, config)[1]
 
 
 def test_every_setting_continues_the_seed_on_its_own_shards(swept):
@@ -119,5 +119,5 @@ def test_other_held_out_windows_are_refused():
     def __init__(self, w):
       self.windows = np.asarray(w)
   with pytest.raises(UserError, match="other ensemble-validation windows"):
-    protocol.same_windows({1: (Set([[1, 2]]), None), 2: (Set([[1, 3]]), None)})
-  protocol.same_windows({1: (Set([[1, 2]]), None), 2: (Set([[1, 2]]), None)})
+    datasets.same_windows({1: (Set([[1, 2]]), None), 2: (Set([[1, 3]]), None)})
+  datasets.same_windows({1: (Set([[1, 2]]), None), 2: (Set([[1, 2]]), None)})

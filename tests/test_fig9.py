@@ -15,7 +15,7 @@ from soma_jax import model as model_lib
 from soma_jax import runs
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.studies import fig9
+from soma_jax.studies import fig9, statistics
 from tests.conftest import STUDY_PREPARE as PREPARE
 from tests.test_compare import load_config
 
@@ -186,7 +186,7 @@ def test_contrasts_are_per_seed_differences_against_the_better(ablated):
 
 
 def test_speedups_are_spec_9_8s_on_each_seeds_curves(ablated):
-  """Each contrast's per-seed log speed-up is decompose.log_speedup of the two conditions'
+  """Each contrast's per-seed log speed-up is statistics.log_speedup of the two conditions'
   saved validation curves in updates; None where the loss ranges do not meet."""
   _, out, p = ablated
   m = p["measured"]
@@ -197,7 +197,7 @@ def test_speedups_are_spec_9_8s_on_each_seeds_curves(ablated):
     s = d["speedup"]
     assert len(s["per_seed"]) == len(p["seeds"])
     for i, got in enumerate(s["per_seed"]):
-      want = fig9.decompose.log_speedup(curve(d["a"], i), curve(d["b"], i))
+      want = statistics.log_speedup(curve(d["a"], i), curve(d["b"], i))
       assert (got is None) == (want is None)
       if got is not None:
         assert got == pytest.approx(want, rel=1e-9, abs=1e-12)

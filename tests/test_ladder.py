@@ -46,7 +46,7 @@ def test_arguments():
   config = load_config("compare", "study=ladder,size=tiny,rungs=4/8/16,seeds=3")
   assert ladder.widths(config.rungs) == [4, 8, 16] and config.seeds == 3
   assert load_config("compare", "study=ladder,size=cpu").seeds == 3
-  assert compare._module("ladder") is ladder
+  assert compare._study("ladder").run is ladder.run
   for bad in ("4/x", "8/8", "0/4", ""):
     config.rungs = bad
     with pytest.raises(UserError, match="rungs="):

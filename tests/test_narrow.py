@@ -12,7 +12,7 @@ import pytest
 
 from soma_jax import runs as runs_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import narrow, narrow_readouts, protocol
+from soma_jax.studies import datasets, narrow, narrow_readouts, planning, statistics, training
 from tests.test_compare import load_config
 
 
@@ -56,13 +56,13 @@ def test_shared_seed_runs_fail_the_own_start_check(data_two_shards, tmp_path):
   config = load_config("compare", "study=narrow,size=tiny")
   config.data_dir, config.own_starts = data_two_shards, False
   study = narrow.check(config)
-  val, _ = protocol.eval_sets(study.plan.eval, data_two_shards,
+  val, _ = datasets.eval_sets(study.plan.eval, data_two_shards,
                               [s.seq_len for s in study.specs.values()])
   only = {"soma": study.methods["soma"]}
-  sets = protocol.train_seed_sets(study.plan, only, data_two_shards, str(tmp_path), val)
+  sets = training.train_seed_sets(study.plan, only, data_two_shards, str(tmp_path), val)
   shown = {f"seed{s}": {n: {k: v for k, v in r.items() if not k.startswith("_")}
                         for n, r in runs.items()} for s, runs in sets.items()}
-  assert protocol.interval_kind(study.plan)["kind"] == "seeds_shared_start"
+  assert planning.interval_kind(study.plan)["kind"] == "seeds_shared_start"
   with pytest.raises(AssertionError):
     assert_own_starts(shown, str(tmp_path), list(study.plan.seeds), config.seed_run_seed)
 
@@ -165,7 +165,7 @@ def test_slope_trend_and_interval():
         for k, f in enumerate((0.25, 0.5, 1.0))]
   s = narrow_readouts.slope(at, 8.0)
   assert s["per_seed"] == pytest.approx([0.01, 0.03])
-  assert s["ci95"] == pytest.approx(protocol.t_interval([0.01, 0.03])["ci95"])
+  assert s["ci95"] == pytest.approx(statistics.t_interval([0.01, 0.03])["ci95"])
   assert s["trend"].startswith("no measurable trend")
   at = [{"budget_fraction": f, "per_seed": [0.02 * k, 0.021 * k]}
         for k, f in enumerate((0.25, 0.5, 1.0))]
@@ -230,11 +230,11 @@ def test_config_declares_the_cpu_study():
   assert set(c.test_fractions) <= set(c.curve_fractions) and c.curve_fractions[0] == 2.0 ** -8
   assert (c.row_base_lr.soma, c.row_base_lr.one_expert, c.row_base_lr.mono) == (
       0.0025, 0.00125, 0.000625)
-  sized = protocol.sized(c)
+  sized = planning.sized(c)
   assert [(sized[n].n_experts, sized[n].model.d_t) for n in ("soma", "one_expert", "mono")] == [
       (2, 32), (1, 32), (1, 47)]
   assert (sized["soma"].spsa.n_pert, sized["soma"].spsa.batch, sized["soma"].data.seq_len) == (
       4, 4, 256)
-  narrow16 = protocol.sized(load_config("compare", "study=narrow,size=cpu,width=16"))
+  narrow16 = planning.sized(load_config("compare", "study=narrow,size=cpu,width=16"))
   assert [narrow16[n].model.d_t for n in ("soma", "one_expert", "one_expert_bptt")] == [16] * 3
   assert load_config("compare", "study=narrow,size=cpu,corpus=man").corpus == "man"

@@ -14,7 +14,16 @@ from soma_jax import runs
 from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol, table4, table7
+from soma_jax.studies import (
+  datasets,
+  driver,
+  planning,
+  scores,
+  statistics,
+  table4,
+  table7,
+  training,
+)
 from tests.test_compare import _spec7_ops_per_update, load_config
 
 
@@ -89,9 +98,10 @@ def assert_common_fields(payload: dict, config) -> None:
 def table7_run(tmp_path_factory, data_two_shards):
   config = tiny("table7", data_two_shards)
   out = str(tmp_path_factory.mktemp("table7") / "out")
-  val, _ = protocol.eval_sets(protocol.check_plan(config).eval, data_two_shards, [32])
+  val, _ = datasets.eval_sets(planning.check_plan(config).eval, data_two_shards, [32])
   test = Reversed(val)
-  payload = table7.run(config, out, "python experiments/compare.py --test", scorers=(val, test))
+  payload = driver.run(table7.STUDY, config, out, "python experiments/compare.py --test",
+                       scorers=(val, test))
   return config, out, payload, test
 
 
@@ -153,7 +163,7 @@ def test_table7_rows_report_gains(table7_run):
   config, out, payload, _ = table7_run
   assert_common_fields(payload, config)
   r, o = payload["methods"]["soma_n2"], payload["methods"]["mono"]
-  assert r["ops_per_update"] == spec_lib.resolve(protocol.sized(config)["soma_n2"]).total_ops_per_update
+  assert r["ops_per_update"] == spec_lib.resolve(planning.sized(config)["soma_n2"]).total_ops_per_update
   for a, b in zip(r["per_seed"], o["per_seed"], strict=True):
     for q in (a, b):
       assert_gains(q)
@@ -179,7 +189,7 @@ def test_table7_continues_the_seeds_state(table7_run):
   """Every compared run starts from its seed's whole train state: parameters, Adam moments
   and count, and the step counter, bit for bit, whatever the optimisation seed."""
   config, out, payload, _ = table7_run
-  methods = protocol.sized(config)
+  methods = planning.sized(config)
   for name, m in payload["methods"].items():
     seed = payload["seed_runs"][config.start[name]]
     assert m["start"] == f"{seed['workdir']}@{seed['step']}"
@@ -189,7 +199,7 @@ def test_table7_continues_the_seeds_state(table7_run):
     assert firsts[0]["loss"] == seed["ensemble_val_nats_per_byte"], name
     seed_dir = os.path.join(out, seed["workdir"])
     record = {**seed, "_path": seed_dir}
-    configs = [protocol.budgeted(methods[name], config.data_dir, s, record, "updates", 1, 1)
+    configs = [training.budgeted(methods[name], config.data_dir, s, record, "updates", 1, 1)
                for s in payload["seeds"]]
     first = [runs.initial_state(c) for c in configs]  # what the first compared update reads
     assert leaves_equal(first[0], first[1]), name  # bit for bit, whatever the seed
@@ -217,7 +227,7 @@ def table4_run(tmp_path_factory, data_two_shards):
   config.fresh_optimizer = tuple(n for n in config.fresh_optimizer if n in config.methods)
   config.eval.val_windows = 2  # not test_windows: the record must tell the two sets apart
   out = str(tmp_path_factory.mktemp("table4") / "out")
-  return config, out, table4.run(config, out, "python experiments/compare.py --test")
+  return config, out, driver.run(table4.STUDY, config, out, "python experiments/compare.py --test")
 
 
 def test_table4_rows_budget_and_starts(table4_run):
@@ -225,7 +235,7 @@ def test_table4_rows_budget_and_starts(table4_run):
   methods = payload["methods"]
   assert list(methods) == ["soma_n2", "mono_k4", "eggroll", "head_only", "soma_n2_summed"]
   assert_common_fields(payload, config)
-  val, test = protocol.eval_sets(protocol.check_plan(config).eval, config.data_dir, [32])  # the seeds' and the rows'
+  val, test = datasets.eval_sets(planning.check_plan(config).eval, config.data_dir, [32])  # the seeds' and the rows'
   assert (payload["eval"]["val_windows"], payload["eval"]["test_windows"]) == (
       val.windows.shape[0], test.windows.shape[0])
   for name, m in methods.items():
@@ -278,26 +288,26 @@ def test_study_plans_refused(data_two_shards):
   """The seed run's seed may not be an optimisation seed; an update budget needs equal
   operations per update (Table 7's pair); the lr grid must be able to show an edge."""
   config = tiny("table7", data_two_shards)
-  assert protocol.check_plan(config).unit == "updates"
+  assert planning.check_plan(config).unit == "updates"
   config.seed_run_seed = config.first_seed + 1
   with pytest.raises(UserError, match="seed_run_seed"):
-    protocol.check_plan(config)
+    planning.check_plan(config)
   config = tiny("table7", data_two_shards)
   config.budget = 2.5
   with pytest.raises(UserError, match="whole number"):
-    protocol.check_plan(config)
+    planning.check_plan(config)
   config = tiny("table7", data_two_shards)
   config.budget_unit = "seconds"
   with pytest.raises(UserError, match="budget_unit"):
-    protocol.check_plan(config)
+    planning.check_plan(config)
   config = tiny("table7", data_two_shards)
-  cfgs = protocol.sized(config)
+  cfgs = planning.sized(config)
   tol = config.ops_tolerance
-  assert protocol.check_equal_ops(_specs(cfgs), tol, "updates")  # the equal-size pair passes
+  assert planning.check_equal_ops(_specs(cfgs), tol, "updates")  # the equal-size pair passes
   cfgs["mono"].spsa.n_pert *= 2  # twice the directions: twice the operations per update
   with pytest.raises(UserError, match="operations per update"):
-    protocol.check_equal_ops(_specs(cfgs), tol, "updates")
-  protocol.check_equal_ops(_specs(cfgs), tol, "cpu_seconds")  # a time budget: printed, not refused
+    planning.check_equal_ops(_specs(cfgs), tol, "updates")
+  planning.check_equal_ops(_specs(cfgs), tol, "cpu_seconds")  # a time budget: printed, not refused
   config.lr_factors = (1.0, 2.0)
   with pytest.raises(UserError, match="lr_factors"):
     table7.check_grid(config)
@@ -307,11 +317,11 @@ def test_lr_grid_extends_past_an_edge_and_t_intervals():
   assert table7.extended([1.0, 2.0, 4.0], 1.0) == 0.5
   assert table7.extended([1.0, 2.0, 4.0], 4.0) == 8.0
   assert table7.extended([1.0, 2.0, 4.0], 2.0) is None
-  t = protocol.t_interval([1.0, 2.0, 3.0])  # sd 1, t(0.975, 2) = 4.303
+  t = statistics.t_interval([1.0, 2.0, 3.0])  # sd 1, t(0.975, 2) = 4.303
   assert t["mean"] == 2.0 and t["sd"] == 1.0
   np.testing.assert_allclose(t["ci95"], [2.0 - 4.302653 / np.sqrt(3), 2.0 + 4.302653 / np.sqrt(3)],
                              rtol=1e-6)
-  assert protocol.t_interval([1.5])["ci95"] is None
+  assert statistics.t_interval([1.5])["ci95"] is None
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -329,7 +339,7 @@ def test_time_budget_stops_after_the_update_that_reaches_it(data_prepared, tmp_p
   assert_budget_met({"device_seconds": summary["device_seconds"], "device_seconds_before_last_update":
                      summary["budget_before_last_update"]}, 0.3)
   marks = []
-  for s in protocol.checkpoints(w):
+  for s in scores.checkpoints(w):
     _, _, data_state, _ = runs.restore_state(w, step=s)
     marks.append(data_state["device_seconds"])
   assert 1 <= len(marks) <= 3 and marks[-1] >= 0.3  # one slow update may pass two marks
@@ -407,17 +417,17 @@ def test_span_must_lie_inside_the_trained_context(data_two_shards):
   config = tiny("table7", data_two_shards)
   config.eval.score_bytes = 32  # 8 + 32 > T = 32
   with pytest.raises(UserError, match="trained context"):
-    protocol.check_plan(config)
-  span = protocol.EvalSpan(route=8, score=32, val_windows=4, test_windows=4)
+    planning.check_plan(config)
+  span = planning.EvalSpan(route=8, score=32, val_windows=4, test_windows=4)
   with pytest.raises(UserError, match="trained context"):
-    protocol.eval_sets(span, data_two_shards, [32])
+    datasets.eval_sets(span, data_two_shards, [32])
 
 
 def test_cpu_scale_rows_and_sizes():
   """The cpu presets: SOMA N = 2 of width 32, the monolith of the same total size, the
   monoliths on SOMA's batch with 1x / 4x / 16x its directions, every row started warm."""
-  t4 = protocol.sized(load_config("compare", "study=table4,size=cpu"))
-  t7 = protocol.sized(load_config("compare", "study=table7,size=cpu"))
+  t4 = planning.sized(load_config("compare", "study=table4,size=cpu"))
+  t7 = planning.sized(load_config("compare", "study=table7,size=cpu"))
   soma = t4["soma_n2"]
   assert (soma.n_experts, soma.model.d_t, soma.spsa.n_pert, soma.spsa.batch,
           soma.data.seq_len) == (2, 32, 4, 4, 256)
@@ -438,12 +448,12 @@ def test_cpu_scale_rows_and_sizes():
   # operations (process CPU time moved by 12.8% under load: docs/results/budget_load.json);
   # 1,000-update seeds at a seed no row uses; 5 seeds; the lr grid 0.25x .. 4x the preset lr.
   c4, c7 = load_config("compare", "study=table4,size=cpu"), load_config("compare", "study=table7,size=cpu")
-  assert protocol.check_plan(c7).unit == "updates" and c7.budget == 1000
-  assert protocol.check_equal_ops(_specs(t7), c7.ops_tolerance, "updates")
-  assert protocol.check_plan(c4).unit == "ops" and c4.budget == 1.6e12
+  assert planning.check_plan(c7).unit == "updates" and c7.budget == 1000
+  assert planning.check_equal_ops(_specs(t7), c7.ops_tolerance, "updates")
+  assert planning.check_plan(c4).unit == "ops" and c4.budget == 1.6e12
   for c in (c4, c7):
     assert c.seeds == 5 and c.seed_updates == 1000
-    assert c.seed_run_seed not in protocol.check_plan(c).seeds
+    assert c.seed_run_seed not in planning.check_plan(c).seeds
   assert [f * c7.base_lr for f in c7.lr_factors] == [0.000625, 0.00125, 0.0025, 0.005, 0.01]
 
 

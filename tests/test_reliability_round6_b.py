@@ -40,16 +40,16 @@ def test_prepare_negative_seed_on_the_command_line(data_textdir, tmp_path):
 def test_fig16_mark_k_beyond_the_smallest_ensemble_refused():
   """Item 11: mark_k = 100 was clamped to N and the sentence still said "k = 4 captures
   most"; now refused, naming the range 1..N of the smallest ensemble."""
-  from soma_jax.studies import fig16
+  from soma_jax.studies import driver, fig16
   from tests.test_fig16 import load_config
 
   config = load_config("compare", "study=fig16,size=tiny")
   smallest = min(config.methods[n].n_experts for n in config.ensembles)
   config.mark_k = smallest + 1
   with pytest.raises(UserError, match=rf"mark_k={smallest + 1}.*1\.\.{smallest}"):
-    fig16.check(config)
+    driver.checked(fig16.STUDY, config)[1]
   config.mark_k = smallest
-  assert fig16.check(config).mark_k == smallest
+  assert driver.checked(fig16.STUDY, config)[1].mark_k == smallest
 
 
 def test_fig16_sentence_names_the_mark_it_measured():
@@ -70,8 +70,8 @@ def test_fig16_sentence_names_the_mark_it_measured():
 
 def test_a_million_seeds_refused_in_a_short_line(data_two_shards, tmp_path):
   """Item 15: seeds=1000000 was refused with a 7.9 MB line listing every seed; now the
-  count is capped (protocol.MAX_SEEDS) and the message names the count, not the seeds."""
-  from soma_jax.studies import compare, protocol
+  count is capped (planning.MAX_SEEDS) and the message names the count, not the seeds."""
+  from soma_jax.studies import compare, planning
   from tests.test_reliability_studies import tiny
 
   config = tiny("table7", data_two_shards)
@@ -80,10 +80,10 @@ def test_a_million_seeds_refused_in_a_short_line(data_two_shards, tmp_path):
     compare.run(config, str(tmp_path / "out"))
   assert "seeds=1000000" in str(e.value) and len(str(e.value)) < 500
   # a seed_run_seed among many seeds names their range, not each one
-  config.seeds, config.seed_run_seed = protocol.MAX_SEEDS, 7
+  config.seeds, config.seed_run_seed = planning.MAX_SEEDS, 7
   with pytest.raises(UserError) as e:
     compare.run(config, str(tmp_path / "out2"))
-  assert f"0..{protocol.MAX_SEEDS - 1}" in str(e.value) and len(str(e.value)) < 500
+  assert f"0..{planning.MAX_SEEDS - 1}" in str(e.value) and len(str(e.value)) < 500
 
 
 def test_every_error_line_is_capped(tmp_path):
@@ -105,26 +105,26 @@ def test_every_error_line_is_capped(tmp_path):
 
 def test_cells_that_differ_past_six_digits_get_their_own_folders():
   """Item 13: lr factors 1.0 and 1.0000001 shared the folder lr1x_eps1x (:g); names are now
-  exact (`protocol.exact`) where :g is not, and unchanged where it is (old folders resume)."""
-  from soma_jax.studies import protocol, table6
+  exact (`planning.exact`) where :g is not, and unchanged where it is (old folders resume)."""
+  from soma_jax.studies import planning, table6
 
   a, b = (1.0, 1.0), (1.0000001, 1.0)
   assert table6.cell_name(a) != table6.cell_name(b)
   assert table6.cell_name(a) == "lr1x_eps1x" and table6.cell_name((0.5, 2.0)) == "lr0.5x_eps2x"
   for x in (1.0000001, 0.1 + 0.2, 1e-7 * 3.0000001, 0.0025, 12345678.9):
-    assert float(protocol.exact(x)) == x
-  names = {protocol.exact(1 + k * 1e-12) for k in range(50)}
+    assert float(planning.exact(x)) == x
+  names = {planning.exact(1 + k * 1e-12) for k in range(50)}
   assert len(names) == 50
 
 
 def test_two_runs_of_a_stage_in_one_folder_refused_before_training(tmp_path):
   """Item 13, the class: a stage whose runs would share a folder is refused before any of
   them trains (it failed after training, with a fix that led to the same clash)."""
-  from soma_jax.studies import protocol
+  from soma_jax.studies import training
 
   w = str(tmp_path / "runs" / "x")
   with pytest.raises(UserError, match="share the folder"):
-    protocol.train_all([(None, w, "a"), (None, w, "b")])
+    training.train_all([(None, w, "a"), (None, w, "b")])
   assert not os.path.exists(w)
 
 
@@ -142,12 +142,12 @@ def test_a_nan_validation_loss_is_never_the_best_cell():
 
 def test_results_json_holds_no_bare_nan(tmp_path):
   """Note: the tiny ladder's results.json held bare NaN (not JSON); every study's
-  results.json is written through protocol.dump_json: non-finite numbers as null."""
-  from soma_jax.studies import protocol
+  results.json is written through results.dump_json: non-finite numbers as null."""
+  from soma_jax.studies import results
 
   payload = {"study": "x", "rho": float("nan"), "r": [np.float32("inf"), 1.0],
              "n": np.int64(3), "a": np.array([np.nan, 2.0])}
-  protocol.write(str(tmp_path), payload, lambda p: "table\n")
+  results.write(str(tmp_path), payload, lambda p: "table\n")
 
   def refuse(name):
     raise ValueError(f"bare {name} in results.json")
@@ -197,12 +197,12 @@ def test_a_study_with_runs_keeps_its_mark(tmp_path):
 def scored(tmp_path_factory, data_two_shards):
   """A tiny N = 2 budgeted run of 6 updates, 3 checkpoints, scored on validation by training."""
   from soma_jax import config as config_lib
-  from soma_jax.studies import executor, protocol
+  from soma_jax.studies import executor, training
   from tests.test_checkpoint_scores import val_set
 
   c = config_lib.base_config(n=2, size="tiny")
   val = val_set(data_two_shards)
-  spec = protocol.budgeted(c, data_two_shards, 0, None, "updates", 6, 3, score=val)
+  spec = training.budgeted(c, data_two_shards, 0, None, "updates", 6, 3, score=val)
   workdir = str(tmp_path_factory.mktemp("scored") / "run")
   executor.train(spec, workdir, "scored run")
   return spec, workdir, val
@@ -231,7 +231,7 @@ def test_score_files_copied_from_another_run_are_not_read(scored, tmp_path, monk
   import shutil
 
   from soma_jax import checkpoint_scores as scores_lib
-  from soma_jax.studies import protocol
+  from soma_jax.studies import scores
   from tests.test_checkpoint_scores import count_restores
 
   spec, workdir, val = scored
@@ -241,7 +241,7 @@ def test_score_files_copied_from_another_run_are_not_read(scored, tmp_path, monk
   assert scores_lib.read(other, 6, val.settings()) is None
   assert scores_lib.counters(other, 6) is None
   calls = count_restores(monkeypatch)
-  protocol.final_losses(other, spec, val)
+  scores.final_losses(other, spec, val)
   assert len(calls) == 1  # restored, not read
   whole = shutil.copytree(workdir, str(tmp_path / "moved"))
   assert scores_lib.read(whole, 6, val.settings()) is not None
@@ -254,7 +254,7 @@ def test_a_tampered_counter_falls_back_to_the_checkpoint(scored, tmp_path, value
   import shutil
 
   from soma_jax import checkpoint_scores as scores_lib
-  from soma_jax.studies import protocol
+  from soma_jax.studies import scores
 
   spec, workdir, val = scored
   w = shutil.copytree(workdir, str(tmp_path / "w"))
@@ -265,21 +265,21 @@ def test_a_tampered_counter_falls_back_to_the_checkpoint(scored, tmp_path, value
   with open(path, "w") as f:
     json.dump(meta, f)
   assert scores_lib.counters(w, 6) is None and scores_lib.read(w, 6, val.settings()) is None
-  assert protocol.summary(w, spec, 0) == protocol.summary(workdir, spec, 0)
+  assert scores.summary(w, spec, 0) == scores.summary(workdir, spec, 0)
 
 
 def test_a_truncated_summary_is_no_traceback(scored, tmp_path):
-  """Item 17: a truncated summary.json of a run is read as none (protocol.read_summary)."""
+  """Item 17: a truncated summary.json of a run is read as none (results.read_summary)."""
   import shutil
 
-  from soma_jax.studies import protocol
+  from soma_jax.studies import results, scores
 
   spec, workdir, _ = scored
   w = shutil.copytree(workdir, str(tmp_path / "w"))
   with open(os.path.join(w, "summary.json"), "r+") as f:
     f.truncate(10)
-  assert protocol.read_summary(w) is None
-  assert protocol.summary(w, spec, 0)["budget_before_last_update"] is None
+  assert results.read_summary(w) is None
+  assert scores.summary(w, spec, 0)["budget_before_last_update"] is None
 
 
 def test_table3_runs_from_with_a_truncated_summary_is_one_line(scored, tmp_path):
@@ -317,26 +317,26 @@ def test_table3_runs_from_with_a_truncated_summary_is_one_line(scored, tmp_path)
 def test_cost_counts_only_the_studys_runs(scored, tmp_path):
   """Item 12: results.json `cost` summed every summary.json under --out, another study's or
   a user's runs included; now only the runs the study trained or found finished
-  (protocol.own, through train_all)."""
+  (results.own, through train_all)."""
   import shutil
 
-  from soma_jax.studies import protocol
+  from soma_jax.studies import results
 
   _, workdir, _ = scored
   out = tmp_path / "out"
   mine = str(shutil.copytree(workdir, out / "runs" / "seed0" / "mine"))
   shutil.copytree(workdir, out / "elsewhere" / "not_mine")  # under --out, not the study's
-  outside = protocol.started()
-  protocol.own(str(tmp_path / "before"))  # an earlier study's run in this process
-  begun = protocol.started()
-  protocol.own(mine)
-  protocol.own(mine)  # a run resumed twice is one run
-  cost = protocol.cost(str(out), begun)
+  outside = results.started()
+  results.own(str(tmp_path / "before"))  # an earlier study's run in this process
+  begun = results.started()
+  results.own(mine)
+  results.own(mine)  # a run resumed twice is one run
+  cost = results.cost(str(out), begun)
   with open(os.path.join(workdir, "summary.json")) as f:
     done = json.load(f)
   assert cost["runs"] == 1
   assert cost["update_seconds"] == pytest.approx(done["update_seconds"])
-  assert protocol.cost(str(out), outside)["runs"] == 1  # "before" has no summary
+  assert results.cost(str(out), outside)["runs"] == 1  # "before" has no summary
 
 
 # ----------------------------------------------------------------------------- item 3
@@ -366,23 +366,23 @@ def test_physical_total_is_the_runs_own_and_survives_reruns(data_two_shards, tmp
   from soma_jax import config as config_lib
   from soma_jax import runs
   from soma_jax import train as train_lib
-  from soma_jax.studies import protocol, table3
+  from soma_jax.studies import results, table3, training
 
   c = config_lib.base_config(n=2, size="tiny")
   w = str(tmp_path / "run")
-  train_lib.train_to_end(protocol.budgeted(c, data_two_shards, 0, None, "updates", 4, 2), w,
+  train_lib.train_to_end(training.budgeted(c, data_two_shards, 0, None, "updates", 4, 2), w,
                          "first call")
   first = float(runs.restore_state(w)[2]["physical_seconds"])
   assert first > 0
-  spec = protocol.budgeted(c, data_two_shards, 0, None, "updates", 6, 2)
+  spec = training.budgeted(c, data_two_shards, 0, None, "updates", 6, 2)
   t0 = time.perf_counter()
   train_lib.train_to_end(spec, w, "the resume")  # as after a kill: on from step 4
   second = time.perf_counter() - t0
-  done = protocol.read_summary(w)
+  done = results.read_summary(w)
   units = done["device_seconds"] / done["update_seconds"]
   assert first < done["physical_seconds"] <= first + second * units + 1e-6
   train_lib.train_to_end(spec, w, "a rerun")  # finished: nothing to do
-  assert protocol.read_summary(w) == done
+  assert results.read_summary(w) == done
   rows = table3.account(done, done, 0.001, 2)  # whatever this call's wall was
   assert rows["device_seconds"]["physical"] == done["physical_seconds"]
   old = {k: v for k, v in done.items() if k != "physical_seconds"}  # a run from before
@@ -399,23 +399,23 @@ def study_folder(tmp_path_factory, data_two_shards):
   import shutil
 
   from soma_jax import config as config_lib
-  from soma_jax.studies import executor, protocol
+  from soma_jax.studies import executor, training
 
   out = tmp_path_factory.mktemp("study") / "out"
   data = str(shutil.copytree(data_two_shards, out / "data"))
   c = config_lib.base_config(n=2, size="tiny")
   seed = str(out / "seeds" / "s")
-  executor.train(protocol.budgeted(c, data, 5, None, "updates", 2, 1), seed, "seed")
+  executor.train(training.budgeted(c, data, 5, None, "updates", 2, 1), seed, "seed")
   run = str(out / "runs" / "seed0" / "r")
-  executor.train(protocol.budgeted(c, data, 0, {"_path": seed}, "updates", 2, 1), run, "row")
+  executor.train(training.budgeted(c, data, 0, {"_path": seed}, "updates", 2, 1), run, "row")
   return str(out), c
 
 
 def _row(out: str, c):
-  from soma_jax.studies import protocol
+  from soma_jax.studies import training
 
   data = os.path.join(out, "data")
-  return protocol.budgeted(c, data, 0, {"_path": os.path.join(out, "seeds", "s")}, "updates",
+  return training.budgeted(c, data, 0, {"_path": os.path.join(out, "seeds", "s")}, "updates",
                            2, 1)
 
 
@@ -424,15 +424,15 @@ def test_a_moved_study_folder_reruns(study_folder, tmp_path):
   with the fix "delete that folder"; paths that moved with the folder are the same run."""
   import shutil
 
-  from soma_jax.studies import executor, protocol
+  from soma_jax.studies import executor, results
 
   out, c = study_folder
   moved = str(shutil.copytree(out, tmp_path / "elsewhere" / "renamed"))
   spec, run = _row(moved, c), os.path.join(moved, "runs", "seed0", "r")
   executor.check_existing(run, spec)
-  before = protocol.read_summary(run)
+  before = results.read_summary(run)
   executor.train(spec, run, "the moved row")  # finished: read, not retrained
-  assert protocol.read_summary(run) == before
+  assert results.read_summary(run) == before
 
 
 def test_moved_along_without_a_recorded_place():
@@ -452,12 +452,12 @@ def test_another_seed_is_still_refused_without_delete_advice(study_folder, tmp_p
   the finished run."""
   import shutil
 
-  from soma_jax.studies import executor, protocol
+  from soma_jax.studies import executor, training
 
   out, c = study_folder
   moved = str(shutil.copytree(out, tmp_path / "m"))
   shutil.copytree(os.path.join(moved, "seeds", "s"), os.path.join(moved, "seeds", "other"))
-  spec = protocol.budgeted(c, os.path.join(moved, "data"), 0,
+  spec = training.budgeted(c, os.path.join(moved, "data"), 0,
                            {"_path": os.path.join(moved, "seeds", "other")}, "updates", 2, 1)
   with pytest.raises(UserError, match="init_from") as e:
     executor.check_existing(os.path.join(moved, "runs", "seed0", "r"), spec)
@@ -487,16 +487,16 @@ def test_study_data_refusals_name_compare_options(data_two_shards, tmp_path):
   """Item 7, the note: a data dir of another N said "re-run prepare_data.py with
   --num_clusters=3 or set n=3", a bad corpus named prepare_data's --source; a study's
   refusal names its own --config fields."""
-  from soma_jax.studies import protocol
+  from soma_jax.studies import datasets
 
   with pytest.raises(UserError) as e:
-    protocol.ensure_data(data_two_shards, str(tmp_path), 3)
+    datasets.ensure_data(data_two_shards, str(tmp_path), 3)
   assert "set n=" not in str(e.value) and "--config.data_dir=" in str(e.value)
   with pytest.raises(UserError) as e:
-    protocol.prepared_dirs(f"textdir:{tmp_path / 'none'}", {"min_df": 2}, [2], str(tmp_path))
+    datasets.prepared_dirs(f"textdir:{tmp_path / 'none'}", {"min_df": 2}, [2], str(tmp_path))
   assert "--config.source" in str(e.value) and " --source" not in str(e.value)
   with pytest.raises(UserError) as e:
-    protocol.prepare_data("pystdlib", 2, str(tmp_path / "d"), {"val_fraction": 2.0})
+    datasets.prepare_data("pystdlib", 2, str(tmp_path / "d"), {"val_fraction": 2.0})
   assert "--config.prepare.val_fraction=2.0" in str(e.value)
 
 

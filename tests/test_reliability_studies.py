@@ -13,7 +13,7 @@ from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.config import load_config_file
 from soma_jax.errors import UserError
-from soma_jax.studies import compare, protocol
+from soma_jax.studies import compare, planning
 from soma_jax.studies import executor as executor_lib
 from tests.test_compare import ROOT
 from tests.test_robustness import cli, one_error_line
@@ -70,12 +70,12 @@ def accepted(config, out: str) -> None:
 
 def _cap(config) -> int:
   """The updates a compared run may take: it continues its seed's step counter."""
-  return protocol.MAX_UPDATES - config.seed_updates
+  return planning.MAX_UPDATES - config.seed_updates
 
 
 def _budget_rows(config) -> list[int]:
   """Operations per update of every run the study's budget stops."""
-  cfgs = protocol.sized(config)
+  cfgs = planning.sized(config)
   return [spec_lib.resolve(c).total_ops_per_update for n, c in cfgs.items()
           if n not in config.match_updates]
 
@@ -90,7 +90,7 @@ def test_budget_the_step_cap_cuts_off_refused(study, data_two_shards, tmp_path, 
   largest budget the cap does not cut off is accepted."""
   config = tiny(study, data_two_shards)
   cap, ops = _cap(config), min(_budget_rows(config))
-  slow = cap * protocol.SLOW_UPDATE_SECONDS  # the longest time budget
+  slow = cap * planning.SLOW_UPDATE_SECONDS  # the longest time budget
   units = {"updates": (cap + 1, cap), "ops": (cap * ops + 1, cap * ops),
            "cpu_seconds": (slow * 1.001, 3600.0), "device_seconds": (slow * 1.001, 3600.0)}
   for unit, (over, ok) in units.items():
@@ -99,7 +99,7 @@ def test_budget_the_step_cap_cuts_off_refused(study, data_two_shards, tmp_path, 
       config.budget_unit, config.budget = unit, amount
       msg = refusal(config, str(tmp_path / f"{unit}{amount:g}"))
       assert "step cap" in msg and "--config.budget=" in msg, msg
-      assert f"{protocol.MAX_UPDATES:,}" in msg, msg
+      assert f"{planning.MAX_UPDATES:,}" in msg, msg
     config = tiny(study, data_two_shards)
     config.budget_unit, config.budget = unit, float(ok)
     accepted(config, str(tmp_path / f"{unit}_ok"))
@@ -145,7 +145,7 @@ TABLE7 = [
     ("seed_run_seed", 1, "--config.seed_run_seed="),  # an optimisation seed
     ("seeds", 0, "--config.seeds="),
     ("seed_updates", 0, "--config.seed_updates="),
-    ("seed_updates", protocol.MAX_UPDATES, "--config.seed_updates="),
+    ("seed_updates", planning.MAX_UPDATES, "--config.seed_updates="),
     ("curve_points", 0, "--config.curve_points="),
     ("bootstrap_draws", 0, "--config.bootstrap_draws="),
     ("ops_tolerance", math.nan, "--config.ops_tolerance="),
@@ -225,4 +225,4 @@ def test_cpu_plans_pass_the_plan_checks(study):
   """The size=cpu configs' plans (budget, seeds, spans) pass: the step cap does not cut off
   Table 4's 1.6e12 operations or Table 7's 1,000 updates."""
   config = load_config_file(CONFIG, f"study={study},size=cpu")
-  assert protocol.check_plan(config).unit == ("ops" if study == "table4" else "updates")
+  assert planning.check_plan(config).unit == ("ops" if study == "table4" else "updates")

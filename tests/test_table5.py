@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from soma_jax.errors import UserError
-from soma_jax.studies import table5
+from soma_jax.studies import driver, table5
 from tests.conftest import STUDY_PREPARE as PREPARE
 from tests.test_compare import load_config
 
@@ -18,12 +18,12 @@ def tabled(tmp_path_factory, data_textdir):
   config.source = f"textdir:{data_textdir}"
   config.prepare.update(PREPARE)
   out = str(tmp_path_factory.mktemp("table5") / "out")
-  return config, out, table5.run(config, out, "python experiments/compare.py --test")
+  return config, out, driver.run(table5.STUDY, config, out, "python experiments/compare.py --test")
 
 
 def test_the_cpu_rows_are_the_papers():
   config = load_config("compare", "study=table5,size=cpu")
-  grid = table5.check(config)
+  grid = driver.checked(table5.STUDY, config)[1]
   assert sorted(grid.rows.values()) == [(1, "bptt"), (1, "soma"), (2, "bptt"), (2, "soma"),
                                         (8, "bptt"), (8, "soma")]
   assert grid.fractions == (0.5, 0.75, 1.0)
@@ -33,11 +33,11 @@ def test_bad_fields_are_refused():
   config = load_config("compare", "study=table5,size=tiny")
   config.budget_fractions = (1.0, 0.5)
   with pytest.raises(UserError, match="budget_fractions"):
-    table5.check(config)
+    driver.checked(table5.STUDY, config)[1]
   config = load_config("compare", "study=table5,size=tiny")
   config.fresh_optimizer = ()
   with pytest.raises(UserError, match="fresh Adam"):
-    table5.check(config)
+    driver.checked(table5.STUDY, config)[1]
 
 
 def test_rows_run_equal_operations_from_their_seeds(tabled):

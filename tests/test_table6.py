@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from soma_jax.errors import UserError
-from soma_jax.studies import table6
+from soma_jax.studies import driver, table6
 from tests.test_compare import load_config
 
 CELLS = ((0.5, 1.0), (1.0, 1.0), (0.5, 2.0))  # three of the paper's five, to stay tiny
@@ -20,7 +20,7 @@ def tabled(tmp_path_factory, data_two_shards):
   config = load_config("compare", "study=table6,size=tiny")
   config.data_dir, config.cells, config.bootstrap_draws = data_two_shards, CELLS, 50
   out = str(tmp_path_factory.mktemp("table6") / "out")
-  return config, out, table6.run(config, out, "python experiments/compare.py --test")
+  return config, out, driver.run(table6.STUDY, config, out, "python experiments/compare.py --test")
 
 
 def test_the_cpu_config_holds_the_papers_five_cells():

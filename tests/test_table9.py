@@ -14,7 +14,7 @@ from soma_jax.data import pipeline
 from soma_jax.data import windows as windows_lib
 from soma_jax.data.router import Router
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol, table9
+from soma_jax.studies import driver, scores, table9
 from tests.test_compare import load_config
 
 WORDS = ("the river valley was settled by farmers who built a stone bridge over the ford in "
@@ -90,10 +90,10 @@ def studied(tmp_path_factory, data_two_shards, corpora):
   config = load_config("compare", "study=table9,size=tiny")
   config.data_dir, config.bootstrap_draws, config.wikitext = data_two_shards, 50, wiki
   out = str(tmp_path_factory.mktemp("table9") / "out")
-  on_wiki = table9.run(config, out, "python experiments/compare.py --test")
+  on_wiki = driver.run(table9.STUDY, config, out, "python experiments/compare.py --test")
   wiki_md = open(os.path.join(out, "table.md")).read()
   config.wikitext, config.external = "", f"textdir:{texts}"
-  on_texts = table9.run(config, out, "python experiments/compare.py --test")
+  on_texts = driver.run(table9.STUDY, config, out, "python experiments/compare.py --test")
   return config, out, on_wiki, wiki_md, on_texts
 
 
@@ -154,7 +154,7 @@ def test_checkpoints_are_chosen_first_and_scored_as_chosen(studied, corpora):
     chosen = json.load(f)["chosen"]
   assert len(chosen) == len(config.order) * config.seeds
   for c in chosen:
-    steps = protocol.checkpoints(os.path.join(out, c["workdir"]))
+    steps = scores.checkpoints(os.path.join(out, c["workdir"]))
     assert len(steps) >= 2 and c["step"] == steps[-1]  # a choice among several: the newest
     rows = on_wiki["measured"]["rows"][c["row"]]["per_seed"]
     assert [q["checkpoint_step"] for q in rows if q["seed"] == c["seed"]] == [c["step"]]
@@ -229,7 +229,7 @@ def test_bad_fields_are_refused(field, value, match):
     node = node[part]
   node[key] = value
   with pytest.raises(UserError, match=match):
-    table9.check(config)
+    driver.checked(table9.STUDY, config)
 
 
 def test_a_wikitext_folder_without_its_test_file_is_refused(tmp_path):
@@ -243,5 +243,5 @@ def test_the_training_corpus_is_refused_before_anything_trains(tmp_path, data_tw
   config = load_config("compare", "study=table9,size=tiny")
   config.data_dir, config.external = data_two_shards, f"textdir:{data_textdir}"
   with pytest.raises(UserError, match="the one the rows train on"):
-    table9.run(config, str(tmp_path / "out"))
+    driver.run(table9.STUDY, config, str(tmp_path / "out"))
   assert not os.path.exists(tmp_path / "out" / "seeds")

@@ -45,7 +45,7 @@
 
 Every row continues its architecture's own seed run, optimizer state included (`protocol`,
 SPEC 9.6); every study field and run config is checked before anything trains
-(`protocol.check_plan`, `protocol.check_runs`). `run(config, out)` writes OUT/results.json
+(`planning.check_plan`, `training.check_runs`). `run(config, out)` writes OUT/results.json
 and OUT/table.md; the runs live in OUT/seeds and OUT/runs/seedS/NAME (the ladder's in
 OUT/rungW/) and resume like any training run.
 """
@@ -53,6 +53,7 @@ OUT/rungW/) and resume like any training run.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 
@@ -61,7 +62,9 @@ import ml_collections
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax.errors import UserError, writable_dir
 from soma_jax.studies import (
+  base,
   decompose,
+  driver,
   fig7,
   fig9,
   fig13,
@@ -80,25 +83,29 @@ from soma_jax.studies import (
   table9,
 )
 
-# The one list of compare.py's studies: config.study -> its module (`run`, `table`). The
-# config file, the entry point's --help and --list all read it.
-STUDIES = {"table4": table4, "table7": table7, "ladder": ladder, "decompose": decompose,
-           "table5": table5, "table6": table6, "fig7": fig7, "fig13": fig13, "fig9": fig9,
-           "fig15": fig15, "fig16": fig16, "fig17": fig17,
-           "table8": table8, "table9": table9, "table3": table3, "narrow": narrow,
-           "spsa15": spsa15}
+# The one list of compare.py's studies: config.study -> its Study (`base.Study`). The config
+# file, the entry point's --help and --list all read it. A study the driver does not run yet
+# runs itself (`base.own_run`).
+STUDIES = {"table4": table4.STUDY, "table7": table7.STUDY,
+           "ladder": base.own_run(ladder), "decompose": base.own_run(decompose),
+           "table5": table5.STUDY, "table6": table6.STUDY,
+           "fig7": fig7.STUDY, "fig13": fig13.STUDY, "fig9": base.own_run(fig9),
+           "fig15": fig15.STUDY, "fig16": fig16.STUDY,
+           "fig17": fig17.STUDY, "table8": base.own_run(table8),
+           "table9": table9.STUDY, "table3": base.own_run(table3),
+           "narrow": base.own_run(narrow), "spsa15": base.own_run(spsa15)}
 
 
-def _module(study: object):
-  if study not in STUDIES:
-    raise UserError(f"study={study!r}; use one of {', '.join(STUDIES)}")
-  return STUDIES[study]
+def _study(name: object) -> base.Study:
+  if name not in STUDIES:
+    raise UserError(f"study={name!r}; use one of {', '.join(STUDIES)}")
+  return STUDIES[name]
 
 
 def listing() -> str:
   """One line per study: its name and its module docstring's first paragraph."""
-  first = lambda m: " ".join(m.__doc__.strip().split("\n\n")[0].split())
-  return "\n".join(f"{name:8s} {first(module)}" for name, module in STUDIES.items())
+  first = lambda s: " ".join(inspect.getmodule(s.config).__doc__.strip().split("\n\n")[0].split())
+  return "\n".join(f"{name:8s} {first(study)}" for name, study in STUDIES.items())
 
 
 STUDY_FILE = "study.json"  # OUT's study, written first: another study is refused there
@@ -147,10 +154,12 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   """Runs config.study into `out`, each stage's runs by `executor` (`executor.make`; None:
   one after another in this process); returns its results.json payload. A study refused
   before any run began leaves no study.json of its own behind (`release_out`)."""
-  module = _module(config.study)
+  study = _study(config.study)
   created = claim_out(config.study, out)
   try:
-    return module.run(config, out, command, executor=executor)
+    if study.run is not None:
+      return study.run(config, out, command, executor=executor)
+    return driver.run(study, config, out, command, executor)
   except BaseException:
     if created:
       release_out(out)
@@ -159,4 +168,4 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
 
 def table(payload: dict) -> str:
   """The markdown table of a study's results.json payload."""
-  return _module(payload.get("study")).table(payload)
+  return _study(payload.get("study")).table(payload)

@@ -20,8 +20,8 @@ else base_lr), selection on ensemble validation, test scored once for the select
 
 Read out (results.json `effects`, each over the optimisation seeds with document noise:
 the seed t interval widened by the documents' bootstrap variance of the seed mean,
-`protocol.widened_t_interval`): for each pair of `effects` (a, b), a's gain minus b's
-(`protocol.gain_difference`), b's end loss minus a's, and the log matched-loss speed-up of a
+`statistics.widened_t_interval`): for each pair of `effects` (a, b), a's gain minus b's
+(`statistics.gain_difference`), b's end loss minus a's, and the log matched-loss speed-up of a
 over b (`speedup`) read two ways: over the compared phase (the common loss range of the two
 validation curves, each from its own start) and along the whole trajectory from
 initialisation in operations, the seed runs included (what training from scratch pays);
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import math
 import os
 
 import ml_collections
@@ -42,101 +41,20 @@ import numpy as np
 from soma_jax import evaluate as eval_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol, report, table7
+from soma_jax.studies import (
+  datasets,
+  planning,
+  recipes,
+  report,
+  results,
+  scores,
+  statistics,
+  table7,
+  training,
+)
 
-SPEEDUP_DRAWS = 2000  # document resamples of the speed-ups (each redoes every crossing)
 SPEC = "SPEC 9.8 (the decomposition: sharding under SPSA and backprop, random shards, summed loss)"
 DATA_KINDS = ("semantic", "random")  # row_data values: the data dir a row trains and is scored on
-
-
-# ------------------------------------------------------------------------- speed-ups
-
-
-def crossing(ops: np.ndarray, loss: np.ndarray, level: float) -> float | None:
-  """The operations at which the running minimum of `loss` (over `ops`, ascending) first
-  reaches `level`, linear between points; None if it never does."""
-  best = np.minimum.accumulate(np.asarray(loss, np.float64))
-  hit = np.nonzero(best <= level)[0]
-  if hit.size == 0:
-    return None
-  i = int(hit[0])
-  if i == 0:
-    return float(ops[0])
-  l0, l1 = best[i - 1], best[i]
-  t = 0.0 if l0 == l1 else (l0 - level) / (l0 - l1)
-  return float(ops[i - 1] + t * (ops[i] - ops[i - 1]))
-
-
-def log_speedup(a: tuple, b: tuple) -> float | None:
-  """log(cost_b / cost_a) over the two curves' common loss range: each curve (ops, loss) from
-  the lower of the two starts down to the higher of the two best losses; cost = the
-  operations a curve spends between them. > 0: a covers it in fewer operations. None when
-  the ranges do not overlap or a cost is 0."""
-  hi = min(float(a[1][0]), float(b[1][0]))
-  lo = max(float(np.min(a[1])), float(np.min(b[1])))
-  if not hi > lo:
-    return None
-  cost = [crossing(*c, lo) - crossing(*c, hi) for c in (a, b)]
-  if min(cost) <= 0:
-    return None
-  return math.log(cost[1] / cost[0])
-
-
-def _curve_means(windows_PxN: np.ndarray, doc_ids: np.ndarray, draws: int, seed: int):
-  """The curve's point means, and the same on `draws` document resamples [draws, P]."""
-  means = windows_PxN.mean(axis=1)
-  if draws < 2:
-    return means, None
-  return means, eval_lib.bootstrap_means(windows_PxN.T, doc_ids, draws, seed)
-
-
-def speedup_effect(pairs: list[tuple[dict, dict]], doc_ids: np.ndarray, draws: int,
-                   key: str) -> dict:
-  """The log speed-up of a over b on curve `key` ("compared" or "from_init") per seed, and
-  across seeds widened by the validation documents' bootstrap variance of the seed mean (every
-  seed's curves resampled with the same documents in a draw; a draw without a common range
-  is dropped). `pairs`: per seed (a's curves, b's curves), each {key: (ops_P, windows_PxN)}."""
-  per_seed, boot = [], []
-  for a, b in pairs:  # one bootstrap seed: draw k resamples the same documents everywhere
-    (oa, wa), (ob, wb) = a[key], b[key]
-    ma, ba = _curve_means(np.asarray(wa), doc_ids, draws, 0)
-    mb, bb = _curve_means(np.asarray(wb), doc_ids, draws, 0)
-    per_seed.append(log_speedup((oa, ma), (ob, mb)))
-    if ba is not None:
-      boot.append([log_speedup((oa, x), (ob, y)) for x, y in zip(ba, bb, strict=True)])
-  got = [v for v in per_seed if v is not None]
-  if len(got) < len(per_seed):
-    return {"per_seed": per_seed, "mean": None, "ci95": None,
-            "why": "no common loss range in some seed"}
-  doc_var, mean_B = 0.0, None
-  if boot:  # a draw where some seed has no common range is dropped (NaN)
-    mean_B = np.array([[np.nan if v is None else v for v in row] for row in boot]).mean(axis=0)
-    doc_var = float(np.var(mean_B[np.isfinite(mean_B)], ddof=1))
-  out = protocol.widened_t_interval(per_seed, doc_var)
-  return {**out, "per_seed": per_seed, "_boot": mean_B, "speedup": math.exp(out["mean"]),
-          "speedup_ci95": None if out["ci95"] is None else [math.exp(x) for x in out["ci95"]]}
-
-
-def difference_effect(values: list[float], windows_SxN: np.ndarray, doc_ids: np.ndarray,
-                      draws: int, seed: int) -> dict:
-  """Per-seed values (each the window mean of a row of `windows_SxN`) across seeds, widened
-  by the documents' bootstrap variance of their mean."""
-  return {**protocol.widened_t_interval(values, protocol.document_variance(
-      windows_SxN, doc_ids, draws, seed)), "per_seed": values}
-
-
-def interaction_effect(s1: dict, s2: dict, key: str) -> dict:
-  """Speed-up `key` of effect 1 minus effect 2 per seed, across seeds, widened by the
-  documents' variance of the difference (both drew the same validation documents)."""
-  a, b = s1[key], s2[key]
-  if a["mean"] is None or b["mean"] is None:
-    return {"mean": None, "ci95": None, "why": "a speed-up without a common loss range"}
-  values = [x - y for x, y in zip(a["per_seed"], b["per_seed"], strict=True)]
-  doc_var = 0.0
-  if a.get("_boot") is not None and b.get("_boot") is not None:
-    d = a["_boot"] - b["_boot"]
-    doc_var = float(np.var(d[np.isfinite(d)], ddof=1))
-  return {**protocol.widened_t_interval(values, doc_var), "per_seed": values}
 
 
 # ----------------------------------------------------------------------------- checks
@@ -145,12 +63,75 @@ def interaction_effect(s1: dict, s2: dict, key: str) -> dict:
 FIELDS = {"data_dir_random": ("a string", lambda v: isinstance(v, str))}
 
 
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=decompose (SPEC 9.8): where SOMA's lead comes from. Table 7's seeds, scoring and
+  statistics; every row at the operations of `budget` of SOMA's updates, each with its own
+  lr grid (no eps stage), selection on validation.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=decompose,size=cpu --out=runs/decompose
+    ...:study=decompose,size=cpu,seeds=5   (the headline's seed count)
+  """
+  a = recipes.args(arg, seeds=0)
+  size, cpu = a["size"], a["size"] == "cpu"
+  c = recipes.pair(a["study"], size)
+  c.seeds = a["seeds"] or (3 if cpu else 2)
+  # One lr grid per row around its own centre (row_base_lr, else base_lr), grown past an
+  # edge at most lr_extend times; eps stays at base_lr (Table 7's eps stage moved the selected
+  # validation loss by 0.0026 at most, its lr grid by 0.068 to 0.159).
+  c.lr_factors = (0.5, 1.0, 2.0)
+  c.lr_extend = 2 if cpu else 0  # tiny: the grid alone (the tests check rows, not the search)
+  c.eps_factors, c.eps_extend = (1.0,), 0
+  rows = _config_rows(c.methods.soma_n2, c.methods.mono, size, c.base_lr)
+  recipes.rows(c, rows)
+  c.reference = "soma"
+  c.order = tuple(rows)
+  c.keep_width = ("one_expert",)  # at SOMA's expert width; the others match SOMA's params
+  c.fresh_optimizer = ("soma_bptt", "mono_bptt")  # the SPSA seed's parameters, fresh Adam
+  c.row_base_lr = ml_collections.ConfigDict({"soma_bptt": 3e-3, "mono_bptt": 3e-3})  # bptt.py's
+  c.row_data = ml_collections.ConfigDict({"soma_random": "random"})  # else the semantic shards
+  c.data_dir_random = ""  # prepared with --assignment=random; "" = the built-in one under OUT
+  c.effects = ml_collections.ConfigDict({  # name: (a, b), read as a against b
+      "sharding_spsa": ("soma", "mono"), "sharding_bptt": ("soma_bptt", "mono_bptt"),
+      "semantic_vs_random": ("soma", "soma_random"),
+      "independent_vs_summed": ("soma", "soma_summed"),
+      "sharding_at_width": ("soma", "one_expert"), "narrow_vs_wide": ("one_expert", "mono")})
+  # name: (effect 1, effect 2), effect 1 minus effect 2: the zero-order-specific part
+  c.interactions = ml_collections.ConfigDict({"interaction": ("sharding_spsa", "sharding_bptt")})
+  return c
+
+
+def _config_rows(soma: ml_collections.ConfigDict, mono: ml_collections.ConfigDict, size: str,
+          lr: float) -> dict:
+  """The decomposition's rows from Table 7's pair (`soma`, `mono`): {name: (training
+  config, what it is, seed run)}."""
+  rows = {"soma": (soma, "SOMA N = 2 by SPSA, semantic shards", "soma_expert"),
+          "mono": (mono, "the monolith of the same total size by SPSA", "monolith")}
+  summed = recipes.copy(soma)
+  summed.method = "soma_summed"
+  rows["soma_summed"] = (summed, "SOMA N = 2 with the N losses summed before each difference",
+                         "soma_expert")
+  random = recipes.copy(soma)
+  # Its seed trained on the semantic dir: the same windows (only the shard labels differ,
+  # prepare --assignment=random), so its manifest's hash differs but the seed is the same start.
+  random.init_from_other_data = True
+  rows["soma_random"] = (random, "SOMA N = 2 on random shards of the semantic shards' sizes",
+                         "soma_expert")
+  rows["one_expert"] = (recipes.recipe("soma.py", f"n=1,size={size}", size, lr),
+                        "one expert of SOMA's width on all the data (N = 1)", "soma_expert")
+  for name, n, seed in (("soma_bptt", 2, "soma_expert"), ("mono_bptt", 1, "monolith")):
+    bptt = recipes.recipe("bptt.py", f"n={n},size={size}", size, lr)
+    bptt.method = "bptt"
+    what = "SOMA N = 2" if n == 2 else "the monolith"
+    rows[name] = (bptt, f"{what} by backprop, fresh Adam", seed)
+  return rows
+
+
 @dataclasses.dataclass(frozen=True)
 class Study:
   """The decomposition's fields, checked once (`check`): Table 7's plan and grid, each row's
   training config (`methods`, the study's config space) and resolved run at the first seed
   (`specs`), and per row what it stands for, its data kind and its lr grid's centre."""
-  plan: protocol.StudyPlan
+  plan: planning.StudyPlan
   grid: table7.Grid
   methods: dict
   specs: dict
@@ -171,16 +152,16 @@ class Study:
 def check(config: ml_collections.ConfigDict) -> Study:
   """Every field and run before anything trains: Table 7's plan and lr grid, the rows' data
   kinds and lr bases, the effects' rows and the interactions' effects."""
-  plan = protocol.check_plan(config)
+  plan = planning.check_plan(config)
   grid = table7.check_grid(config)
-  protocol.check_fields(config, FIELDS)
-  methods = protocol.sized(config)
+  planning.check_fields(config, FIELDS)
+  methods = planning.sized(config)
   for name, kind in config.row_data.items():
     if name not in methods or kind not in DATA_KINDS:
       raise UserError(f"row_data.{name}={kind!r}: a method's data must be one of "
                       f"{', '.join(DATA_KINDS)}; fix: --config.row_data.{name}=semantic")
   for name, base in config.row_base_lr.items():
-    if name not in methods or not protocol.positive()[1](base):
+    if name not in methods or not planning.positive()[1](base):
       raise UserError(f"row_base_lr.{name}={base!r}: a method's lr grid centre must be a "
                       f"finite number > 0; fix: --config.row_base_lr.{name}=0.003")
   for effect, pair in config.effects.items():
@@ -191,7 +172,7 @@ def check(config: ml_collections.ConfigDict) -> Study:
     if len(pair) != 2 or any(e not in config.effects for e in pair):
       raise UserError(f"interactions.{name}={tuple(pair)!r} must name two effects of "
                       f"{', '.join(config.effects)}")
-  return Study(plan, grid, methods, protocol.check_runs(plan, methods),
+  return Study(plan, grid, methods, training.check_runs(plan, methods),
                {n: config.rows.get(n, "") for n in methods}, dict(config.row_data),
                dict(config.row_base_lr), {k: tuple(v) for k, v in config.effects.items()},
                {k: tuple(v) for k, v in config.interactions.items()}, config.data_dir_random)
@@ -209,8 +190,8 @@ def random_data(study: Study, out: str) -> str:
                       "--config.data_dir_random=DIR")
     path = os.path.join(out, "data_random")
     if not os.path.isfile(os.path.join(path, "manifest.json")):
-      protocol.prepare_data("pystdlib", 2, path, assignment="random")
-  protocol.check_data(path, 2, "data_dir_random" if study.data_dir_random else None)
+      datasets.prepare_data("pystdlib", 2, path, assignment="random")
+  datasets.check_data(path, 2, "data_dir_random" if study.data_dir_random else None)
   kind = pipeline.load_manifest(path).get("assignment", {})
   if not (isinstance(kind, dict) and kind.get("kind") == "random"):
     raise UserError(f"data_dir_random={path!r} was not prepared with --assignment=random; fix: "
@@ -233,9 +214,9 @@ def seed_curve(record: dict, val: eval_lib.TestSet) -> tuple[np.ndarray, np.ndar
   """A seed run's validation curve from its initialisation: (ops_P, per-window losses PxN)
   at its fresh init and each of its checkpoints."""
   spec = record["_spec"]
-  init = protocol.start_losses(spec, {"validation": val})["validation"]
+  init = scores.start_losses(spec, {"validation": val})["validation"]
   keep = [init]
-  points, _ = protocol.curve(record["_path"], spec, val, 0, float(init.mean()), keep)
+  points, _ = scores.curve(record["_path"], spec, val, 0, float(init.mean()), keep)
   return np.array([p["ops"] for p in points], np.float64), np.stack(keep)
 
 
@@ -248,12 +229,12 @@ def searches(study: Study, where: dict, seeds: dict, starts: dict, ops_budget: f
   for seed in plan.seeds:
     for name, c in study.methods.items():
       s = seeds[plan.start[name]]
-      spec = protocol.budgeted(c, where[name][0], seed, s, "ops", ops_budget, plan.curve_points,
+      spec = training.budgeted(c, where[name][0], seed, s, "ops", ops_budget, plan.curve_points,
                                fresh=name in plan.fresh_optimizer, score=where[name][1][0])
       out_searches[(seed, name)] = table7.Search(
           spec, study.grid, os.path.join(out, "runs", f"seed{seed}", name),
           f"seed {seed} {name}",
-          {"step": protocol.start_step(spec, s), "val": starts[name]["validation"].mean()},
+          {"step": training.start_step(spec, s), "val": starts[name]["validation"].mean()},
           base=study.base(name), scorer=where[name][1][0])
   return out_searches
 
@@ -268,12 +249,12 @@ def row_record(search: table7.Search, test: eval_lib.TestSet, start_w: dict,
   windows = np.stack([start_w["validation"], *search.windows[point]])
   ops = np.array([p["ops"] for p in chosen["val_curve"]], np.float64)
   seed_ops, seed_w = seed_path
-  end_test = protocol.final_losses(chosen["workdir"], search.spec, test)
+  end_test = scores.final_losses(chosen["workdir"], search.spec, test)
   ends = {"validation": windows[-1], "test": end_test}
   return {"seed": search.spec.config.seed, "lr": chosen["lr"], "eps": chosen["eps"], **grid,
           "updates": chosen["updates"], "ops": chosen["ops"],
-          **protocol.row_losses(start_w, ends), "val_curve": chosen["val_curve"],
-          "configurations": [{"lr": r["lr"], "eps": r["eps"], "workdir": protocol.shown(
+          **statistics.row_losses(start_w, ends), "val_curve": chosen["val_curve"],
+          "configurations": [{"lr": r["lr"], "eps": r["eps"], "workdir": planning.shown(
               r["workdir"], out), "val_nats_per_byte": r["val_nats_per_byte"]} for r in tried],
           "_curves": {"compared": (ops, windows),
                       "from_init": (np.concatenate([seed_ops, seed_ops[-1] + ops[1:]]),
@@ -289,7 +270,7 @@ def describe(name: str, spec, study: Study, seed: dict) -> dict:
           "data": study.data(name),
           "optimizer_state": ("fresh (the seed's parameters only)"
                               if name in study.plan.fresh_optimizer else "the seed's, continued"),
-          "start": protocol.start_of(seed), "lr_base": study.base(name), "per_seed": []}
+          "start": training.start_of(seed), "lr_base": study.base(name), "per_seed": []}
 
 
 # ----------------------------------------------------------------------------- effects
@@ -305,15 +286,15 @@ def effect(rows: dict, a: str, b: str, scored: tuple, draws: int) -> dict:
   gains_w = [(start(rows[a]) - x["_test_w"], start(rows[b]) - y["_test_w"])
              for x, y in zip(ra, rb, strict=True)]
   end_w = np.stack([y["_test_w"] - x["_test_w"] for x, y in zip(ra, rb, strict=True)])
-  gain = protocol.gain_difference(ra, rb, gains_w, test.doc_ids, draws)
+  gain = statistics.gain_difference(ra, rb, gains_w, test.doc_ids, draws)
   gain_w = np.stack([np.asarray(g, np.float64) - np.asarray(h, np.float64) for g, h in gains_w])
   pairs = [(x["_curves"], y["_curves"]) for x, y in zip(ra, rb, strict=True)]
-  sp_draws = min(draws, SPEEDUP_DRAWS)
+  sp_draws = min(draws, statistics.SPEEDUP_DRAWS)
   out = {"a": a, "b": b,
          "gain_difference": {**gain, "_windows": gain_w},
-         "end_loss_difference": {**difference_effect(
+         "end_loss_difference": {**statistics.difference_effect(
              [float(w.mean()) for w in end_w], end_w, test.doc_ids, draws, 0), "_windows": end_w},
-         "log_speedup": {k: speedup_effect(pairs, val.doc_ids, sp_draws, k)
+         "log_speedup": {k: statistics.speedup_effect(pairs, val.doc_ids, sp_draws, k)
                          for k in ("compared", "from_init")},
          "_doc_ids": test.doc_ids, "_draws": draws}
   return out
@@ -325,9 +306,9 @@ def interaction(e1: dict, e2: dict) -> dict:
   out = {"of": [f"{e1['a']} vs {e1['b']}", f"{e2['a']} vs {e2['b']}"]}
   for key in ("gain_difference", "end_loss_difference"):
     w = e1[key]["_windows"] - e2[key]["_windows"]
-    out[key] = difference_effect([float(x) for x in w.mean(axis=1)], w, e1["_doc_ids"],
+    out[key] = statistics.difference_effect([float(x) for x in w.mean(axis=1)], w, e1["_doc_ids"],
                                  e1["_draws"], 0)
-  out["log_speedup"] = {k: interaction_effect(e1["log_speedup"], e2["log_speedup"], k)
+  out["log_speedup"] = {k: statistics.interaction_effect(e1["log_speedup"], e2["log_speedup"], k)
                         for k in ("compared", "from_init")}
   return out
 
@@ -338,11 +319,11 @@ def interaction(e1: dict, e2: dict) -> dict:
 def _prepare(study: Study, out: str) -> dict:
   """{row: (data dir, (validation, test))}: semantic rows on data_dir, random-shard rows on
   the random-shard dir, scored on the same windows (each routed by its own dir's router)."""
-  dirs = {"semantic": protocol.ensure_data(study.plan.data_dir, out, 2)}
+  dirs = {"semantic": datasets.ensure_data(study.plan.data_dir, out, 2)}
   seq = [s.seq_len for s in study.specs.values()]
   if "random" in study.row_data.values():
     dirs["random"] = random_data(study, out)
-  scored = {k: protocol.eval_sets(study.plan.eval, d, seq) for k, d in dirs.items()}
+  scored = {k: datasets.eval_sets(study.plan.eval, d, seq) for k, d in dirs.items()}
   for k in dirs:
     for what, a, b in zip(("validation", "test"), scored["semantic"], scored[k], strict=True):
       same_windows(a, b, what)
@@ -355,10 +336,10 @@ def _rows(study: Study, where: dict, seeds: dict, ops_budget: float) -> dict:
   plan, rows = study.plan, {}
   for name, c in study.methods.items():
     s = seeds[plan.start[name]]
-    first = protocol.budgeted(c, where[name][0], plan.seeds[0], s, "ops", ops_budget, 1,
+    first = training.budgeted(c, where[name][0], plan.seeds[0], s, "ops", ops_budget, 1,
                               fresh=name in plan.fresh_optimizer)
     v, t = where[name][1]
-    start_w = protocol.start_losses(first, {"validation": v, "test": t})
+    start_w = scores.start_losses(first, {"validation": v, "test": t})
     rows[name] = {**describe(name, first, study, s), "_start_w": start_w}
   return rows
 
@@ -366,14 +347,14 @@ def _rows(study: Study, where: dict, seeds: dict, ops_budget: float) -> dict:
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
   """Seeds, then every row at every optimisation seed searched on its lr grid (each stage by
   `executor`); the effects; OUT/results.json, table.md, effects.csv and curves.png."""
-  begun = protocol.started(executor)
+  begun = results.started(executor)
   os.makedirs(out, exist_ok=True)
   study = check(config)
   plan, specs, ref = study.plan, study.specs, study.plan.reference
   ops_budget = plan.budget * specs[ref].total_ops_per_update
   where = _prepare(study, out)
   val, test = where[ref][1]
-  seeds = protocol.train_seeds(plan, study.methods, where[ref][0], out, val, executor,
+  seeds = training.train_seeds(plan, study.methods, where[ref][0], out, val, executor,
                                checkpoints=plan.curve_points)
   seed_paths = {name: seed_curve(r, val) for name, r in seeds.items()}
   rows = _rows(study, where, seeds, ops_budget)
@@ -388,19 +369,19 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   effects = {k: effect(rows, a, b, (val, test), plan.bootstrap_draws)
              for k, (a, b) in study.effects.items()}
   inter = {k: interaction(effects[e1], effects[e2]) for k, (e1, e2) in study.interactions.items()}
-  payload = protocol.results(
+  payload = results.results(
       "decompose", SPEC, plan, command, begun,
       {"unit": "ops", "amount": ops_budget, "per": "row and seed",
        "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
        "ops_per_update": {n: s.total_ops_per_update for n, s in specs.items()}},
-      (val, test), where[ref][0], out, seeds, rows=protocol.public(rows),
-      effects=protocol.public(effects), interactions=protocol.public(inter), how=HOW,
+      (val, test), where[ref][0], out, seeds, rows=results.public(rows),
+      effects=results.public(effects), interactions=results.public(inter), how=HOW,
       tuning={**study.grid.record(), "row_base_lr": study.row_base_lr})
   random = [where[n][0] for n in study.specs if study.data(n) == "random"]
-  payload["data_dir_random"] = protocol.shown(random[0], out) if random else None
+  payload["data_dir_random"] = planning.shown(random[0], out) if random else None
   write_effects_csv(payload, os.path.join(out, "effects.csv"))
   plot(rows, os.path.join(out, "curves.png"))
-  return protocol.write(out, payload, table)
+  return results.write(out, payload, table)
 
 
 HOW = ("effects: a against b per seed (a's gain minus b's, test; b's end loss minus a's, test; "
@@ -415,23 +396,23 @@ HOW = ("effects: a against b per seed (a's gain minus b's, test; b's end loss mi
 def _aggregate(r: dict) -> None:
   per = r["per_seed"]
   r["start_loss"] = per[0]["start_loss"]
-  r["gain"] = {s: protocol.t_interval([p["gain"][s] for p in per]) for s in ("validation", "test")}
-  r["end_loss"] = {s: protocol.t_interval([p["end_loss"][s] for p in per])
+  r["gain"] = {s: statistics.t_interval([p["gain"][s] for p in per]) for s in ("validation", "test")}
+  r["end_loss"] = {s: statistics.t_interval([p["end_loss"][s] for p in per])
                    for s in ("validation", "test")}
-  r["updates"] = protocol.across_seeds([p["updates"] for p in per])
+  r["updates"] = statistics.across_seeds([p["updates"] for p in per])
 
 
 # ----------------------------------------------------------------------------- output
 
 
 def _ci(stat: dict, digits: int = 4) -> str:
-  return "-" if stat.get("mean") is None else protocol.ci(stat, digits)
+  return "-" if stat.get("mean") is None else results.ci(stat, digits)
 
 
 def _both(stat: dict, digits: int = 4) -> str:
   """Mean [seeds-and-documents interval] of a gain difference (its own `seeds_and_documents`)."""
   ci95 = stat.get("seeds_and_documents", {}).get("ci95")
-  return protocol.ci({"mean": stat["mean"], "ci95": ci95}, digits)
+  return results.ci({"mean": stat["mean"], "ci95": ci95}, digits)
 
 
 def _speed(stat: dict) -> str:
@@ -451,7 +432,7 @@ def table(p: dict) -> str:
       f"per row and seed on validation, test once. {len(p['seeds'])} seeds; evaluation: route "
       f"{ev['route_bytes']} bytes, score {ev['score_bytes']}, {ev['val_windows']} validation "
       f"pieces from {ev['val_documents']} documents, {ev['test_windows']} test pieces from "
-      f"{ev['test_documents']} documents. " + protocol.load_line(p), "",
+      f"{ev['test_documents']} documents. " + results.load_line(p), "",
       "| row | what | N x d_t | optimizer state | updates | test start → end | test gain [95% t] |",
       "|---|---|---|---|---|---|---|"]
   for name, r in p["rows"].items():

@@ -24,7 +24,17 @@ import ml_collections
 import numpy as np
 
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol, report
+from soma_jax.studies import (
+  base,
+  driver,
+  planning,
+  recipes,
+  report,
+  results,
+  scores,
+  statistics,
+  training,
+)
 
 PAPER = {
     "item": "Figure 13, Tables 10 and 11",
@@ -46,9 +56,45 @@ PAPER = {
 }
 
 
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=fig13 (the paper's Figure 13 with Tables 10 and 11): SOMA N = 8 of width 32 at
+  n_pert x B = 256 split three ways, from one seed run.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig13,size=cpu --out=runs/fig13
+  """
+  c, a = recipes.paper_study(arg)
+  size, cpu = a["size"], a["size"] == "cpu"
+  c.seeds = a["seeds"] or 2  # the paper's two paired seeds
+  # 256 updates per allocation (the paper: 512 further updates): each does 16x the N = 8
+  # base's operations per update, about 1 s here
+  c.budget = 256.0 if cpu else 3.0
+  c.curve_points = 4
+  c.match_params = False
+  c.table10_fractions = (0.25, 0.5, 1.0)  # of the final operations (the paper: 2, 4, 8e18)
+  c.source = "pystdlib"
+  c.prepare = ml_collections.ConfigDict()
+  n = 8 if cpu else 2
+  # (n_pert, windows per batch, accumulated batches): the paper's (64, 1024), (256, 256),
+  # (1024, 64) over 16, here n_pert x B = 256 (tiny: 8); B above the base by accumulation
+  splits = ((4, 4, 16), (16, 4, 4), (64, 4, 1)) if cpu else ((2, 2, 2), (4, 2, 1), (8, 1, 1))
+  rows = {}
+  for k, b, acc in splits:
+    cfg = recipes.recipe("soma.py", f"n={n},size={size}", size, c.base_lr)
+    cfg.spsa.update(n_pert=k, batch=b, accum=acc)
+    rows[f"npert{k}_b{b * acc}"] = (cfg, f"SOMA N = {n}, n_pert {k}, B {b * acc}" + (
+        f" ({acc} accumulated batches of {b})" if acc > 1 else ""), "soma_expert")
+  recipes.rows(c, rows)
+  c.allocations = tuple(rows)  # n_pert growing
+  c.order = c.allocations
+  c.reference = c.allocations[0]
+  c.seed_runs = ml_collections.ConfigDict({"soma_expert": c.seed_runs.soma_expert})
+  return c
+
+
 @dataclasses.dataclass(frozen=True)
 class Allocations:
-  plan: protocol.StudyPlan
+  """The study's own fields (`check`): the allocations, their N, Table 10's fractions and the
+  corpus."""
   names: tuple[str, ...]
   n_experts: int
   fractions: tuple[float, ...]
@@ -56,9 +102,8 @@ class Allocations:
   prepare: dict
 
 
-def check(config: ml_collections.ConfigDict) -> Allocations:
-  """The plan; allocations at one N and one n_pert x B (equal operations per update)."""
-  plan = protocol.check_plan(config)
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Allocations:
+  """Allocations at one N and one n_pert x B (equal operations per update)."""
   if plan.unit != "updates" or config.match_params:
     raise UserError("fig13 runs every allocation for the same updates at its own width; fix: "
                     "--config.budget_unit=updates --config.match_params=False")
@@ -73,38 +118,29 @@ def check(config: ml_collections.ConfigDict) -> Allocations:
   if len(ns) != 1 or len(products) != 1:
     raise UserError(f"allocations {names} must share N and n_pert x B (have N {sorted(ns)}, "
                     f"n_pert x B {sorted(products)}): the figure holds the product fixed")
-  fractions = protocol.check_fractions(config, "table10_fractions", "(0.25, 0.5, 1.0)")
-  protocol.check_source(config)
-  return Allocations(plan, names, ns.pop(), fractions, config.source,
+  fractions = planning.check_fractions(config, "table10_fractions", "(0.25, 0.5, 1.0)")
+  planning.check_source(config)
+  return Allocations(names, ns.pop(), fractions, config.source,
                      dict(config.get("prepare", {}).items()))
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """The seed, every allocation at every seed (one stage, by `executor`); OUT/results.json,
-  table.md and fig13.png."""
-  begun = protocol.started(executor)
-  os.makedirs(out, exist_ok=True)
-  alloc = check(config)
-  plan = alloc.plan
-  methods = {n: config.methods[n] for n in alloc.names}
-  specs = protocol.check_runs(plan, methods)
-  protocol.check_equal_ops(specs, plan.ops_tolerance, plan.unit)
-  dirs, scored = protocol.per_n_sets(plan.eval, specs, alloc.source, alloc.prepare, out)
-  val, test = scored[alloc.n_experts]
-  seeds = protocol.train_seeds(plan, methods, dirs[1], out, scored[1][0], executor)
+def stages(alloc: Allocations, ready: base.Setup) -> base.Stages:
+  """Every allocation at every seed (one stage) from the seed run; each one's validation
+  curve and final test losses: (rows, ends)."""
+  plan, seeds, out, (val, test) = ready.plan, ready.seeds, ready.out, ready.scored
   planned, starts = {}, {}
-  for name, c in methods.items():
+  for name, c in ready.methods.items():
     c = ml_collections.ConfigDict(c.to_dict())
     c.init_from_other_data = alloc.n_experts != 1
     for seed in plan.seeds:
-      planned[(seed, name)] = protocol.budgeted(
-          c, dirs[alloc.n_experts], seed, seeds[plan.start[name]], "updates", plan.budget,
+      planned[(seed, name)] = training.budgeted(
+          c, ready.data_dir, seed, seeds[plan.start[name]], "updates", plan.budget,
           plan.curve_points, f"methods.{name}.", score=val)
-    starts[name] = protocol.start_losses(planned[(plan.seeds[0], name)],
-                                         {"validation": val, "test": test})
+    starts[name] = scores.start_losses(planned[(plan.seeds[0], name)],
+                                       {"validation": val, "test": test})
   where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
-  walls = protocol.train_all([(spec, where(*key), f"{key[1]} (seed {key[0]})")
-                              for key, spec in planned.items()], executor)
+  walls = yield [(spec, where(*key), f"{key[1]} (seed {key[0]})")
+                 for key, spec in planned.items()]
   rows, ends = {}, {}
   for (key, spec), wall in zip(planned.items(), walls, strict=True):
     seed, name = key
@@ -115,25 +151,31 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
                            "params": spec.method.ensemble_params,
                            "start_loss": {k: float(v.mean()) for k, v in starts[name].items()},
                            "per_seed": []})
-    first = protocol.start_step(spec, seeds[plan.start[name]])
-    points, _ = protocol.curve(where(*key), spec, val, first,
-                               starts[name]["validation"].mean())
-    ends[key] = protocol.final_losses(where(*key), spec, test)
+    first = training.start_step(spec, seeds[plan.start[name]])
+    points, _ = scores.curve(where(*key), spec, val, first, starts[name]["validation"].mean())
+    ends[key] = scores.final_losses(where(*key), spec, test)
     rows[name]["per_seed"].append({"seed": seed, "curve": points,
                                    "test_nats_per_byte": float(ends[key].mean()),
                                    "wall_seconds_this_call": wall,
-                                   "workdir": protocol.shown(where(*key), out)})
+                                   "workdir": planning.shown(where(*key), out)})
+  return rows, ends
+
+
+def measure(alloc: Allocations, ready: base.Setup, gathered: tuple) -> dict:
+  """Tables 10 and 11 from the allocations' curves and test losses."""
+  rows, ends = gathered
+  plan = ready.plan
   measured = {"allocations": rows, "table10": table10(rows, alloc.fractions),
-              "table11": table11(rows, ends, alloc.names, plan.seeds, test,
+              "table11": table11(rows, ends, alloc.names, plan.seeds, ready.scored[1],
                                  plan.bootstrap_draws)}
-  payload = protocol.results(
-      "fig13", "paper Figure 13 with Tables 10 and 11 (App. M allocations), scaled down by "
-      "SPEC 9.6", plan, command, begun,
-      {"unit": "updates", "per": "allocation and seed", "seed_updates": plan.seed_updates},
-      (val, test), dirs[alloc.n_experts], out, seeds, paper=PAPER, measured=measured,
-      data_dirs={n: protocol.shown(d, out) for n, d in dirs.items()})
-  plot(payload, os.path.join(out, "fig13.png"))
-  return protocol.write(out, payload, table)
+  return {"budget": {"unit": "updates", "per": "allocation and seed",
+                     "seed_updates": plan.seed_updates},
+          "paper": PAPER, "measured": measured}
+
+
+def figures(p: dict, out: str) -> None:
+  """OUT/fig13.png (`plot`)."""
+  plot(p, os.path.join(out, "fig13.png"))
 
 
 def _mean_curve(r: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -170,10 +212,10 @@ def table11(rows: dict, ends: dict, names: tuple, seeds: tuple, test, draws: int
   out = {"reference": ref, "rows": {}}
   for name in names:
     per = [q["test_nats_per_byte"] for q in rows[name]["per_seed"]]
-    diffs = [protocol.paired(ends[(s, ref)], ends[(s, name)], test.doc_ids, draws, s)
+    diffs = [statistics.paired(ends[(s, ref)], ends[(s, name)], test.doc_ids, draws, s)
              for s in seeds]
-    out["rows"][name] = {"test": protocol.across_seeds(per), "per_seed": per,
-                         "minus_ref": protocol.t_interval([d["diff"] for d in diffs]),
+    out["rows"][name] = {"test": statistics.across_seeds(per), "per_seed": per,
+                         "minus_ref": statistics.t_interval([d["diff"] for d in diffs]),
                          "minus_ref_per_seed": diffs}
   return out
 
@@ -206,7 +248,7 @@ def table(p: dict) -> str:
   lines = [f"Figure 13 / Tables 10-11 at this scale: N = {first['n_experts']}, n_pert x B = "
            f"{first['n_pert'] * first['batch']}, every allocation {b['amount']:g} updates "
            f"({first['ops_per_update']:.3g} ops each) from one seed run ({b['seed_updates']} "
-           f"updates, state continued), seeds {p['seeds']}. " + protocol.load_line(p), "",
+           f"updates, state continued), seeds {p['seeds']}. " + results.load_line(p), "",
            "Table 10 (estimated ensemble-validation loss, linear to log interpolation):", "",
            "| allocation | " + " | ".join(f"{x:.3g} ops" for x in t10["ops"]) + " |",
            "|---|" + "---|" * len(t10["ops"])]
@@ -219,6 +261,12 @@ def table(p: dict) -> str:
             "| allocation | test | minus first |", "|---|---|---|"]
   for name, r in t11["rows"].items():
     a = rows[name]
-    lines.append(f"| n_pert {a['n_pert']}, B {a['batch']} | {protocol.pm(r['test'], digits=6)} | "
-                 f"{protocol.ci(r['minus_ref'], digits=4)} |")
+    lines.append(f"| n_pert {a['n_pert']}, B {a['batch']} | {results.pm(r['test'], digits=6)} | "
+                 f"{results.ci(r['minus_ref'], digits=4)} |")
   return "\n".join(lines) + "\n"
+
+
+STUDY = base.Study(spec="paper Figure 13 with Tables 10 and 11 (App. M allocations), scaled down "
+                        "by SPEC 9.6", config=config, check=check, stages=stages,
+                   measure=measure, table=table, plot=figures,
+                   data=driver.per_n(lambda alloc: alloc.n_experts))

@@ -36,7 +36,16 @@ import numpy as np
 from soma_jax import evaluate as eval_lib
 from soma_jax import inference, runs
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol, report
+from soma_jax.studies import (
+  base,
+  driver,
+  planning,
+  recipes,
+  report,
+  scores,
+  statistics,
+  training,
+)
 
 PAPER = {
     "item": "Figure 15, Tables 12 and 13",
@@ -83,15 +92,58 @@ PAPER = {
 }
 PAPER_NS = (1, 2, 8, 256)  # the paper's rows; our largest N stands for its N = 256
 
-FIELDS = {"params_tolerance": protocol.positive(strict=False),
-          "inference.repeats": protocol.whole(1)}
+FIELDS = {"params_tolerance": planning.positive(strict=False),
+          "inference.repeats": planning.whole(1)}
+
+
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=fig15 (the paper's Figure 15 with Tables 12 and 13): the monolith and SOMA at
+  growing N of about equal total size, each continuing its width's seed run for one
+  operations budget; test loss, complete warm inference and its cost per token.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig15,size=cpu --out=runs/fig15
+  """
+  c, a = recipes.paper_study(arg)
+  size, cpu = a["size"], a["size"] == "cpu"
+  c.seeds = a["seeds"] or 1  # the paper: one trained model per setting, bars over test documents
+  # Every row's total size is the largest N's: SOMA N = 32 of width 32 sharing one frozen head
+  # (the paper's N = 256 recipe), 1,061,888 parameters at size=cpu (the monolith is width 180,
+  # N = 2 width 127, N = 8 width 61, each with its own delta-rule heads); every row runs the
+  # operations of `budget` updates of the N = 32 row (150-188 updates each). At ~100 GFLOP/s,
+  # the recorded table5 seeds trained at on 2 idle cores (60 under load): seeds 2.9e13 ops,
+  # about 5 min (width 180's 1,000 updates 3 of them), rows 1.3e13, about 2 min, data,
+  # compilation, scoring and timing about 3 min: about 10 min (15 at 60 GFLOP/s).
+  c.budget = 150.0 if cpu else 3.0
+  c.curve_points = 1  # each row's end is what the figure reads (start and end on validation)
+  c.params_tolerance = 0.02 if cpu else 0.1  # |params - reference's| / reference's (tiny: 5.2%)
+  c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  c.inference = ml_collections.ConfigDict()  # complete warm inference (soma_jax/inference.py)
+  c.inference.batches = (8, 32, 128) if cpu else (2, 8)  # requests per batch; the fastest wins
+  c.inference.repeats = 7  # timed batches after the warm-up; medians (the paper's seven)
+  lr = c.base_lr
+  seed = c.seed_runs.soma_expert
+  c.methods, c.rows, c.start, c.seed_runs = (ml_collections.ConfigDict() for _ in range(4))
+  n_list = (1, 2, 8, 32) if cpu else (1, 2, 6)  # the paper's 1, 2, 8, 256 (tiny: 6 > 4)
+  for n in n_list:
+    name = "mono" if n == 1 else f"soma_n{n}"
+    c.seed_runs[f"seed_{name}"] = ml_collections.ConfigDict(seed.to_dict())  # at its width
+    c.methods[name] = recipes.recipe("soma.py", f"n={n},size={size}", size, lr)
+    c.rows[name] = ("monolithic SPSA" if n == 1 else f"SOMA N = {n}") + ", equal total size"
+    c.start[name] = f"seed_{name}"
+  widest = c.methods[f"soma_n{n_list[-1]}"]  # width d_E: one head, the seed's, frozen, shared
+  widest.model.shared_head, widest.opt.train_head = True, False
+  widest.opt.weight_decay = 0.0  # the paper's width-32 recipe (wide controls: 1e-4)
+  c.reference = f"soma_n{n_list[-1]}"  # every row's params match it; the budget: its updates
+  c.order = tuple("mono" if n == 1 else f"soma_n{n}" for n in n_list)  # rows, growing N
+  return c
 
 
 @dataclasses.dataclass(frozen=True)
 class Rows:
   """The study's own fields (`check`): the plan, each row's sized config and N, the timed
   batches and repetitions, the corpus."""
-  plan: protocol.StudyPlan
+  plan: planning.StudyPlan
   methods: dict  # {name: training config at its matched width}, by growing N
   n_experts: dict  # {name: N}
   batches: tuple[int, ...]
@@ -111,19 +163,18 @@ def check_batches(batches: object) -> tuple[int, ...]:
   return tuple(batches)
 
 
-def check(config: ml_collections.ConfigDict) -> Rows:
-  """The plan, the fields, one zero-order row per N, every row's total parameters within
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Rows:
+  """The fields, one zero-order row per N, every row's total parameters within
   `params_tolerance` of the reference's after sizing."""
-  plan = protocol.check_plan(config)
-  protocol.check_fields(config, FIELDS)
+  planning.check_fields(config, FIELDS)
   if plan.unit != "updates" or not config.match_params:
     raise UserError("fig15's rows are of equal total size and run the operations of `budget` "
                     "reference updates; fix: --config.budget_unit=updates "
                     "--config.match_params=True")
   batches = check_batches(config.inference.batches)
-  protocol.check_source(config)
-  methods = protocol.sized(config)
-  specs = {name: protocol.resolved(c, f"methods.{name}.") for name, c in methods.items()}
+  planning.check_source(config)
+  methods = planning.sized(config)
+  specs = {name: planning.resolved(c, f"methods.{name}.") for name, c in methods.items()}
   for name, spec in specs.items():
     gradient = spec.method.describe["gradient"]
     if gradient != "zero-order":
@@ -150,81 +201,81 @@ def check_sizes(params: dict, reference: str, tolerance: float) -> None:
                     "widths whose sizes match")
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """Seeds, every row at every seed (one stage, by `executor`), test losses, then the timed
-  inference; OUT/results.json, table.md and fig15.png."""
-  begun = protocol.started(executor)
-  os.makedirs(out, exist_ok=True)
-  rows = check(config)
-  plan = rows.plan
-  specs = protocol.check_runs(plan, rows.methods)
-  ops_budget = plan.budget * specs[plan.reference].total_ops_per_update
-  dirs, scored = protocol.per_n_sets(plan.eval, specs, rows.source, rows.prepare, out)
-  seeds = protocol.train_seeds(plan, rows.methods, dirs[1], out, scored[1][0], executor)
+def stages(rows: Rows, ready: base.Setup) -> base.Stages:
+  """Every row at every seed (one stage), each at the operations of `budget` reference
+  updates; each row's test losses, then the timed inference of the first seed's models."""
+  plan, seeds, out, (dirs, sets) = ready.plan, ready.seeds, ready.out, ready.data[:2]
+  ops_budget = plan.budget * ready.specs[plan.reference].total_ops_per_update
   planned = {}
   for name, c in rows.methods.items():
     c = ml_collections.ConfigDict(c.to_dict())
     c.init_from_other_data = rows.n_experts[name] != 1  # the seed's windows, cut into N shards
     for seed in plan.seeds:
-      planned[(seed, name)] = protocol.budgeted(
+      planned[(seed, name)] = training.budgeted(
           c, dirs[rows.n_experts[name]], seed, seeds[plan.start[name]], "ops", ops_budget,
-          plan.curve_points, f"methods.{name}.", score=scored[rows.n_experts[name]][0])
+          plan.curve_points, f"methods.{name}.", score=sets[rows.n_experts[name]][0])
   where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
-  walls = protocol.train_all([(spec, where(*key), f"{key[1]} (seed {key[0]})")
-                              for key, spec in planned.items()], executor)
+  walls = yield [(spec, where(*key), f"{key[1]} (seed {key[0]})")
+                 for key, spec in planned.items()]
   wall = dict(zip(planned, walls, strict=True))
   measured = {"rows": {}}
   for name in rows.methods:
-    val, test = scored[rows.n_experts[name]]
+    val, test = sets[rows.n_experts[name]]
     measured["rows"][name] = trained_row(
         plan, [(s, planned[(s, name)], where(s, name), wall[(s, name)]) for s in plan.seeds],
         seeds[plan.start[name]], val, test, out)
   measured["inference"] = timed_rows(rows, {n: where(plan.seeds[0], n) for n in rows.methods},
-                                     scored)
+                                     sets)
+  return measured, ops_budget
+
+
+def measure(rows: Rows, ready: base.Setup, gathered: tuple) -> dict:
+  """The trained rows and their inference (measured in `stages`), the paper's rows beside."""
+  measured, ops_budget = gathered
+  plan = ready.plan
   measured["paper_rows"] = paper_rows(rows.n_experts)
-  val, test = scored[1]
-  payload = protocol.results(
-      "fig15", "paper Figure 15 with Tables 12 and 13 (equal-size inference), scaled down by "
-      "SPEC 9.6", plan, command, begun,
-      {"unit": "ops", "amount": ops_budget, "per": "row and seed",
-       "reference_updates": plan.budget, "seed_updates": plan.seed_updates},
-      (val, test), dirs[1], out, seeds, paper=PAPER, measured=measured,
-      data_dirs={n: protocol.shown(d, out) for n, d in dirs.items()},
-      how="test: each row's routed top-min(4, N) mixture on its own data dir's router (the same "
-          "held-out documents for every N), per-window losses averaged over seeds, 95% document "
-          "bootstrap; inference: soma_jax.inference on the first seed's model")
-  plot(payload, os.path.join(out, "fig15.png"))
-  return protocol.write(out, payload, table)
+  return {"budget": {"unit": "ops", "amount": ops_budget, "per": "row and seed",
+                     "reference_updates": plan.budget, "seed_updates": plan.seed_updates},
+          "paper": PAPER, "measured": measured,
+          "how": "test: each row's routed top-min(4, N) mixture on its own data dir's router "
+                 "(the same held-out documents for every N), per-window losses averaged over "
+                 "seeds, 95% document bootstrap; inference: soma_jax.inference on the first "
+                 "seed's model"}
 
 
-def trained_row(plan: protocol.StudyPlan, ran: list[tuple], start: dict,
+def figures(p: dict, out: str) -> None:
+  """OUT/fig15.png (`plot`)."""
+  plot(p, os.path.join(out, "fig15.png"))
+
+
+def trained_row(plan: planning.StudyPlan, ran: list[tuple], start: dict,
                 val: eval_lib.TestSet, test: eval_lib.TestSet, out: str) -> dict:
   """One row after training (`ran`: per seed (seed, spec, workdir, wall)): its size and
   costs, each seed's validation curve, updates and seconds, and the test loss of the
   seed-mean per-window losses with its 95% document-bootstrap interval (and at the start)."""
   spec = ran[0][1]
-  first = protocol.start_step(spec, start)
-  begin = protocol.start_losses(spec, {"validation": val, "test": test})
+  first = training.start_step(spec, start)
+  begin = scores.start_losses(spec, {"validation": val, "test": test})
   per_seed, ends = [], []
   for seed, spec_s, workdir, wall in ran:
-    points, _ = protocol.curve(workdir, spec_s, val, first, begin["validation"].mean())
-    ends.append(protocol.final_losses(workdir, spec_s, test))
-    per_seed.append({"seed": seed, "curve": points, **protocol.summary(workdir, spec_s, first),
+    points, _ = scores.curve(workdir, spec_s, val, first, begin["validation"].mean())
+    ends.append(scores.final_losses(workdir, spec_s, test))
+    per_seed.append({"seed": seed, "curve": points, **scores.summary(workdir, spec_s, first),
                      "test_nats_per_byte": float(ends[-1].mean()),
-                     "wall_seconds_this_call": wall, "workdir": protocol.shown(workdir, out)})
+                     "wall_seconds_this_call": wall, "workdir": planning.shown(workdir, out)})
   draws, boot_seed = plan.bootstrap_draws, plan.seeds[0]
   c = spec.config
   return {"n_experts": spec.n_experts, "d_t": c.model.d_t, "shared_head": spec.shared_head,
           "train_head": c.opt.train_head, "method": spec.method.name,
           "params": spec.method.ensemble_params, "flops_per_token": spec.method.flops_per_token,
           "ops_per_update": spec.total_ops_per_update, "lr": spec.lr, "eps": spec.eps,
-          "start": protocol.start_of(start), "per_seed": per_seed,
-          "updates": protocol.across_seeds([q["updates"] for q in per_seed]),
-          **{k: protocol.across_seeds([q[k] for q in per_seed])
+          "start": training.start_of(start), "per_seed": per_seed,
+          "updates": statistics.across_seeds([q["updates"] for q in per_seed]),
+          **{k: statistics.across_seeds([q[k] for q in per_seed])
              for k in ("update_seconds", "device_seconds", "cpu_seconds")},
           "start_test": eval_lib.summary(begin["test"], test.doc_ids, draws, boot_seed),
           "test": eval_lib.summary(np.mean(ends, axis=0), test.doc_ids, draws, boot_seed),
-          "test_sd_across_seeds": protocol.across_seeds(
+          "test_sd_across_seeds": statistics.across_seeds(
               [q["test_nats_per_byte"] for q in per_seed])["sd"]}
 
 
@@ -361,3 +412,9 @@ def table(p: dict) -> str:
                  f"[{lo:.4f}, {hi:.4f}] (start {r['start_test']['nats_per_byte']:.4f}) | "
                  f"{_paper13(paper_n.get(name))} |")
   return "\n".join(lines) + "\n"
+
+
+STUDY = base.Study(spec="paper Figure 15 with Tables 12 and 13 (equal-size inference), scaled "
+                        "down by SPEC 9.6", config=config, check=check, stages=stages,
+                   measure=measure, table=table, data=driver.per_n(), plot=figures,
+                   ops_tolerance=base.any_ops)

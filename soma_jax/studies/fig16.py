@@ -29,7 +29,7 @@ import numpy as np
 from soma_jax import evaluate as eval_lib
 from soma_jax import runs as runs_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol, report
+from soma_jax.studies import base, datasets, driver, planning, recipes, report, results, training
 
 PAPER = {
     "item": "Figure 16",
@@ -47,11 +47,44 @@ SETTINGS = ("methods", "seed_runs", "start", "seeds", "first_seed", "seed_run_se
             "seed_updates", "budget", "budget_unit", "source", "prepare", "eval", "ensembles")
 
 
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=fig16 (the paper's Figure 16): top-k routing, k = 1..N, on saved SOMA ensembles of
+  fixed-width experts (Figure 7's experts panel), each continuing one seed run; also
+  fig17's ensembles.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig16,size=cpu --out=runs/fig16
+  """
+  c, a = recipes.paper_study(arg)
+  size, cpu = a["size"], a["size"] == "cpu"
+  c.seeds = a["seeds"] or 2  # the paper's figure shows one ensemble per N
+  # 500 updates per ensemble and seed (the paper: 4M; 1,000 would not fit 12 min): N = 8 ran
+  # 5.9 updates/s and N = 32 2.9 on 2 cores (docs/results/fig7_cpu.json), so 2 seeds x
+  # (85 + 175) s of training: about 11-12 min with the seed run, the three data dirs' preparation
+  # and the k sweeps
+  c.budget = 500.0 if cpu else 3.0
+  c.curve_points = 1  # the final checkpoint is the saved ensemble the figure scores
+  c.ops_tolerance = 1.0  # the ensembles differ in cost per update (N)
+  c.match_params = False  # fixed-width experts: more experts, more parameters
+  c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  # the figure's dashed line (the paper's top-4 routing), in 1..N of every ensemble
+  c.mark_k = 4 if cpu else 2
+  n_list = (8, 32) if cpu else (2, 6)  # the paper's 8 and 256
+  recipes.rows(c, {f"n{n}": (recipes.recipe("soma.py", f"n={n},size={size}", size, c.base_lr),
+                             f"SOMA N = {n}, fixed-width experts", "soma_expert")
+                   for n in n_list})
+  c.ensembles = tuple(f"n{n}" for n in n_list)  # N growing
+  c.reference = c.ensembles[0]
+  c.order = c.ensembles
+  c.seed_runs = ml_collections.ConfigDict({"soma_expert": c.seed_runs.soma_expert})
+  return c
+
+
 @dataclasses.dataclass(frozen=True)
 class Ensembles:
   """The study's own fields (`check`); `settings`: what fixes the trained ensembles and
   their scoring (fig17 reads a fig16 folder only under the same)."""
-  plan: protocol.StudyPlan
+  plan: planning.StudyPlan
   names: tuple[str, ...]  # the ensembles' methods, N growing
   ns: tuple[int, ...]
   mark_k: int
@@ -82,10 +115,9 @@ class Trained:
   folder: str
 
 
-def check(config: ml_collections.ConfigDict) -> Ensembles:
-  """The plan; the ensembles (methods that exist, N >= 2 growing, one expert width); the
-  mark; the corpus: every field checked before anything trains."""
-  plan = protocol.check_plan(config)
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Ensembles:
+  """The ensembles (methods that exist, N >= 2 growing, one expert width); the mark; the
+  corpus: every field checked before anything trains."""
   if plan.unit != "updates" or config.match_params:
     raise UserError(f"{config.study} trains every ensemble for the same updates at one expert "
                     "width; fix: --config.budget_unit=updates --config.match_params=False")
@@ -99,12 +131,12 @@ def check(config: ml_collections.ConfigDict) -> Ensembles:
     raise UserError(f"ensembles={names} have N = {list(ns)}: each needs N >= 2 (k = 1 .. N), "
                     "growing strictly; fix: --config.ensembles in increasing N")
   # k = mark_k must exist in every ensemble (k = 1 .. N): never clamped to a smaller N
-  protocol.check_fields(config, {"mark_k": protocol.whole(1, min(ns))})
+  planning.check_fields(config, {"mark_k": planning.whole(1, min(ns))})
   widths = {int(config.methods[n].model.d_t) for n in names}
   if len(widths) != 1:
     raise UserError(f"ensembles={names} have expert widths {sorted(widths)}: the figure's "
                     "experts share one width; fix: the same model.d_t for each")
-  protocol.check_source(config)
+  planning.check_source(config)
   settings = json.loads(json.dumps({k: _plain(config[k]) for k in SETTINGS}))
   return Ensembles(plan, names, ns, config.mark_k, config.source,
                    dict(config.get("prepare", {}).items()),
@@ -119,27 +151,30 @@ def where(out: str, seed: int, name: str) -> str:
   return os.path.join(out, "runs", f"seed{seed}", name)
 
 
-def train(ens: Ensembles, out: str, executor=None) -> Trained:
-  """The seed run, then every ensemble at every optimisation seed (one stage, by
-  `executor`), each continuing the seed's state on its own N-shard data dir under OUT."""
-  plan = ens.plan
-  methods = {n: cfg for n, cfg in protocol.sized(plan.config).items() if n in ens.names}
-  specs = protocol.check_runs(plan, methods)
-  dirs, scored = protocol.per_n_sets(plan.eval, specs, ens.source, ens.prepare, out)
-  seeds = protocol.train_seeds(plan, methods, dirs[1], out, scored[1][0], executor)
+def ensembles(ens: Ensembles, ready: base.Setup) -> base.Stages:
+  """Every ensemble at every optimisation seed (one stage), each continuing the seed's state
+  on its own N-shard data dir under OUT; the Trained."""
+  plan, seeds, out, (dirs, sets) = ready.plan, ready.seeds, ready.out, ready.data[:2]
   planned = {}
   for name in ens.names:
-    run_c = ml_collections.ConfigDict(methods[name].to_dict())
+    run_c = ml_collections.ConfigDict(ready.methods[name].to_dict())
     run_c.init_from_other_data = True  # the seed's windows, N shards
     for seed in plan.seeds:
-      planned[(seed, name)] = protocol.budgeted(
-          run_c, dirs[specs[name].n_experts], seed, seeds[plan.start[name]], "updates",
+      planned[(seed, name)] = training.budgeted(
+          run_c, dirs[ready.specs[name].n_experts], seed, seeds[plan.start[name]], "updates",
           plan.budget, plan.curve_points, f"methods.{name}.")
-  walls = protocol.train_all([(spec, where(out, *key), f"{key[1]} (seed {key[0]})")
-                              for key, spec in planned.items()], executor)
+  walls = yield [(spec, where(out, *key), f"{key[1]} (seed {key[0]})")
+                 for key, spec in planned.items()]
   done = tuple(Run(seed, name, spec.n_experts, where(out, seed, name), wall)
                for ((seed, name), spec), wall in zip(planned.items(), walls, strict=True))
-  return Trained(dirs, scored, seeds, done, out)
+  return Trained(dirs, sets, seeds, done, out)
+
+
+def train(ens: Ensembles, out: str, executor=None) -> Trained:
+  """The seed run, then every ensemble at every seed (`ensembles`), each stage by
+  `executor` (fig17 trains its ensembles so)."""
+  ready = driver.setup(STUDY, ens, ens.plan, out, executor)
+  return driver.through(ensembles(ens, ready), executor)
 
 
 def trained_in(ens: Ensembles, folder: str) -> Trained:
@@ -149,7 +184,7 @@ def trained_in(ens: Ensembles, folder: str) -> Trained:
   folder = os.path.abspath(folder)
   fix = ("fix: run study=fig16 with the same settings there first, or "
          "--config.ensembles_from= (train here)")
-  theirs = protocol.finished_study(folder, "fig16", "ensembles_from", fix)
+  theirs = results.finished_study(folder, "fig16", "ensembles_from", fix)
   got = theirs.get("ensemble_settings") or {}
   differ = [k for k in SETTINGS if got.get(k) != ens.settings[k]]
   if differ:
@@ -163,8 +198,8 @@ def trained_in(ens: Ensembles, folder: str) -> Trained:
                          *(r.workdir for r in done)] if not os.path.exists(p)]
   if lacking or {(r.seed, r.name) for r in done} != wanted:
     raise UserError(f"ensembles_from={folder!r} lacks {', '.join(lacking) or 'runs'}; {fix}")
-  scored = {n: protocol.eval_sets(ens.plan.eval, d, list(ens.seq_lens)) for n, d in dirs.items()}
-  protocol.same_windows(scored)
+  scored = {n: datasets.eval_sets(ens.plan.eval, d, list(ens.seq_lens)) for n, d in dirs.items()}
+  datasets.same_windows(scored)
   return Trained(dirs, scored, theirs["seed_runs"], done, folder)
 
 
@@ -230,36 +265,39 @@ def readout(ens: Ensembles, trained: Trained, per_seed: dict) -> dict:
           "mark_captures_most": all(x is not None and x > 0.5 for x in f)}
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """The seed, every ensemble at every seed, the k sweeps; OUT/results.json, table.md,
-  fig16.png and OUT/k_sweep/NAME_seedS.csv."""
-  begun = protocol.started(executor)
-  os.makedirs(out, exist_ok=True)
-  ens = check(config)
-  plan = ens.plan
-  trained = train(ens, out, executor)
-  val, test = trained.scored[ens.ns[-1]]  # every N's holds the same windows (its own router)
-  per_seed = {name: [] for name in ens.names}
+def stages(ens: Ensembles, ready: base.Setup) -> base.Stages:
+  """The ensembles (`ensembles`), then each one's k sweep on its validation set, written to
+  OUT/k_sweep/NAME_seedS.csv; (the Trained, {ensemble: per-seed sweeps})."""
+  trained = yield from ensembles(ens, ready)
+  out, per_seed = ready.out, {name: [] for name in ens.names}
   os.makedirs(os.path.join(out, "k_sweep"), exist_ok=True)
   for r in trained.runs:
-    swept = k_sweep(r, trained.scored[r.n_experts][0], plan.bootstrap_draws)
-    per_seed[r.name].append({**swept, "workdir": protocol.shown(r.workdir, out),
+    swept = k_sweep(r, trained.scored[r.n_experts][0], ready.plan.bootstrap_draws)
+    per_seed[r.name].append({**swept, "workdir": planning.shown(r.workdir, out),
                              "wall_seconds_this_call": r.wall})
     eval_lib.write_k_sweep(swept["k_sweep"], os.path.join(out, "k_sweep",
                                                           f"{r.name}_seed{r.seed}.csv"))
-  payload = protocol.results(
-      "fig16", "paper Figure 16 (top-k routing on saved ensembles), scaled down by SPEC 9.6",
-      plan, command, begun,
-      {"unit": "updates", "per": "ensemble and seed", "seed_updates": plan.seed_updates},
-      (val, test), trained.dirs[ens.ns[-1]], out, trained.seeds, paper=PAPER,
-      measured=readout(ens, trained, per_seed), ensemble_settings=ens.settings,
-      data_dirs={n: protocol.shown(d, out) for n, d in trained.dirs.items()},
-      runs=[{"seed": r.seed, "name": r.name, "n_experts": r.n_experts,
-             "workdir": protocol.shown(r.workdir, out)} for r in trained.runs],
-      scoring="each window's own router ranks all N experts on its first route_bytes; the "
-              "top-k experts' next-byte probabilities averaged uniformly (float64), k = 1..N")
-  plot(payload, os.path.join(out, "fig16.png"))
-  return protocol.write(out, payload, table)
+  return trained, per_seed
+
+
+def measure(ens: Ensembles, ready: base.Setup, gathered: tuple) -> dict:
+  """Each ensemble's loss against k and the gain captured at the mark (`readout`)."""
+  trained, per_seed = gathered
+  out = ready.out
+  return {"budget": {"unit": "updates", "per": "ensemble and seed",
+                     "seed_updates": ready.plan.seed_updates},
+          "paper": PAPER, "measured": readout(ens, trained, per_seed),
+          "ensemble_settings": ens.settings,
+          "runs": [{"seed": r.seed, "name": r.name, "n_experts": r.n_experts,
+                    "workdir": planning.shown(r.workdir, out)} for r in trained.runs],
+          "scoring": "each window's own router ranks all N experts on its first route_bytes; "
+                     "the top-k experts' next-byte probabilities averaged uniformly (float64), "
+                     "k = 1..N"}
+
+
+def figures(p: dict, out: str) -> None:
+  """OUT/fig16.png (`plot`)."""
+  plot(p, os.path.join(out, "fig16.png"))
 
 
 def plot(p: dict, path: str) -> None:
@@ -293,7 +331,7 @@ def table(p: dict) -> str:
   lines = [f"Figure 16 at this scale: every ensemble {b['amount']:g} updates from one seed run "
            f"({b['seed_updates']} updates, state continued), seeds {p['seeds']}; ensemble "
            f"validation ({p['eval']['val_windows']} windows of {p['eval']['score_bytes']} scored "
-           f"targets from {p['eval']['val_documents']} documents). " + protocol.load_line(p), ""]
+           f"targets from {p['eval']['val_documents']} documents). " + results.load_line(p), ""]
   for r in m["ensembles"].values():
     f = r["fraction_captured_at_mark"]
     lines += [f"**SOMA N = {r['n_experts']}**: k = {r['mark_k']} captures "
@@ -310,3 +348,9 @@ def table(p: dict) -> str:
   lines.append(f"k = {mark} captures most (> 50%) of the gain in every ensemble: "
                f"{'yes' if m['mark_captures_most'] else 'no'} (the paper: {PAPER['claim']}).")
   return "\n".join(lines) + "\n"
+
+
+STUDY = base.Study(spec="paper Figure 16 (top-k routing on saved ensembles), scaled down by "
+                        "SPEC 9.6", config=config, check=check, stages=stages, measure=measure,
+                   table=table, data=driver.per_n(lambda ens: ens.ns[-1]), plot=figures,
+                   ops_tolerance=base.any_ops)

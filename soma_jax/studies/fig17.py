@@ -28,7 +28,7 @@ import numpy as np
 
 from soma_jax import evaluate as eval_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import fig16, protocol, report
+from soma_jax.studies import base, driver, fig16, planning, recipes, report
 
 PAPER = {
     "item": "Figure 17",
@@ -45,6 +45,20 @@ PAPER = {
 }
 
 
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=fig17 (the paper's Figure 17): every pair of experts of Figure 16's ensembles
+  averaged, loss reduction against error similarity.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig17,size=cpu --out=runs/fig17 \
+        --config.ensembles_from=runs/fig16
+  """
+  c = fig16.config(arg)
+  cpu = recipes.args(arg, seeds=0)["size"] == "cpu"
+  c.ensembles_from = ""  # a finished study=fig16 --out with these settings; "" = train here
+  c.bins = 10 if cpu else 2  # equal-count bins of each ensemble's pairs (the paper: ~25)
+  return c
+
+
 @dataclasses.dataclass(frozen=True)
 class PairStudy:
   """The study's own fields (`check`): Figure 16's ensembles, where to read them, the bins."""
@@ -53,11 +67,11 @@ class PairStudy:
   bins: int
 
 
-def check(config: ml_collections.ConfigDict) -> PairStudy:
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> PairStudy:
   """Figure 16's fields (`fig16.check`), the bins and the folder to read ensembles from."""
-  ens = fig16.check(config)
-  protocol.check_fields(config, {
-      "bins": protocol.whole(1),
+  ens = fig16.check(plan, config)
+  planning.check_fields(config, {
+      "bins": planning.whole(1),
       "ensembles_from": ("a string (a fig16 --out folder, or empty)",
                          lambda v: isinstance(v, str))})
   where = config.ensembles_from.strip()
@@ -119,36 +133,52 @@ def readout(study: PairStudy, per_seed: dict, tokens: int, windows: int) -> dict
       name: r["negative_slope"] for name, r in out.items()}}
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """Figure 16's ensembles (read from `ensembles_from`, else trained here), every pair of
-  each scored on every window; OUT/results.json, table.md, fig17.png, OUT/pairs/*.csv."""
-  begun = protocol.started(executor)
-  os.makedirs(out, exist_ok=True)
-  study = check(config)
-  ens, plan = study.ensembles, study.ensembles.plan
-  trained = (fig16.trained_in(ens, study.ensembles_from) if study.ensembles_from
-             else fig16.train(ens, out, executor))
-  val, test = trained.scored[ens.ns[-1]]  # every N's holds the same windows
+def setup(study: PairStudy, plan: planning.StudyPlan, out: str, executor=None) -> base.Setup:
+  """Figure 16's ensembles read from `ensembles_from` (nothing trained: data.extra holds
+  them), else Figure 16's setup here (its data and seed run, `driver.setup`)."""
+  ens = study.ensembles
+  if not study.ensembles_from:
+    return driver.setup(fig16.STUDY, ens, plan, out, executor)
+  trained = fig16.trained_in(ens, study.ensembles_from)
+  n = ens.ns[-1]  # every N's sets hold the same windows
+  data = base.Data(trained.dirs, trained.scored, n, n, extra=trained)
+  return base.Setup(plan, {}, {}, {}, trained.dirs[n], trained.scored[n], trained.seeds, out,
+                    data)
+
+
+def stages(study: PairStudy, ready: base.Setup) -> base.Stages:
+  """Figure 16's ensembles (read, or trained here: `fig16.ensembles`), every pair of each
+  scored on every window, written to OUT/pairs/NAME_seedS.csv; (the Trained, {ensemble:
+  per-seed pairs})."""
+  ens, out = study.ensembles, ready.out
+  trained = (ready.data.extra if study.ensembles_from
+             else (yield from fig16.ensembles(ens, ready)))
   per_seed = {name: [] for name in ens.names}
   os.makedirs(os.path.join(out, "pairs"), exist_ok=True)
   for r in trained.runs:
     sc, step = fig16.scores(r.workdir, trained.scored[r.n_experts][0], pairs=True)
     rows = sc.pairs.rows()
     per_seed[r.name].append({"seed": r.seed, "step": step,
-                             "workdir": protocol.shown(r.workdir, out), "pairs": rows})
+                             "workdir": planning.shown(r.workdir, out), "pairs": rows})
     eval_lib.write_pairs(rows, os.path.join(out, "pairs", f"{r.name}_seed{r.seed}.csv"))
+  return trained, per_seed
+
+
+def measure(study: PairStudy, ready: base.Setup, gathered: tuple) -> dict:
+  """Each ensemble's pairs binned by error similarity (`readout`)."""
+  trained, per_seed = gathered
+  val = ready.scored[0]
   windows = int(val.windows.shape[0])
-  measured = readout(study, per_seed, windows * val.score, windows)
-  payload = protocol.results(
-      "fig17", "paper Figure 17 (pairs of experts averaged), scaled down by SPEC 9.6", plan,
-      command, begun,
-      {"unit": "updates", "per": "ensemble and seed", "seed_updates": plan.seed_updates},
-      (val, test), trained.dirs[ens.ns[-1]], out, trained.seeds, paper=PAPER,
-      measured=measured, ensembles_from=trained.folder if study.ensembles_from else "",
-      ensemble_settings=ens.settings,
-      data_dirs={n: protocol.shown(d, out) for n, d in trained.dirs.items()})
-  plot(payload, os.path.join(out, "fig17.png"))
-  return protocol.write(out, payload, table)
+  return {"budget": {"unit": "updates", "per": "ensemble and seed",
+                     "seed_updates": ready.plan.seed_updates},
+          "paper": PAPER, "measured": readout(study, per_seed, windows * val.score, windows),
+          "ensembles_from": trained.folder if study.ensembles_from else "",
+          "ensemble_settings": study.ensembles.settings}
+
+
+def figures(p: dict, out: str) -> None:
+  """OUT/fig17.png (`plot`)."""
+  plot(p, os.path.join(out, "fig17.png"))
 
 
 def plot(p: dict, path: str) -> None:
@@ -199,3 +229,8 @@ def table(p: dict) -> str:
     lines.append("")
   lines.append(f"The paper: {PAPER['claim']}.")
   return "\n".join(lines) + "\n"
+
+
+STUDY = base.Study(spec="paper Figure 17 (pairs of experts averaged), scaled down by SPEC 9.6",
+                   config=config, check=check, stages=stages, measure=measure, table=table,
+                   plot=figures, setup=setup)

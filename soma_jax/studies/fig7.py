@@ -30,7 +30,17 @@ import ml_collections
 import numpy as np
 
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol, report
+from soma_jax.studies import (
+  base,
+  driver,
+  planning,
+  recipes,
+  report,
+  results,
+  scores,
+  statistics,
+  training,
+)
 
 PAPER = {
     "item": "Figures 7, 8 and 14",
@@ -59,26 +69,88 @@ PAPER = {
 PANEL_KEYS = {"experts": "n_experts", "n_pert": "n_pert", "batch": "batch"}
 
 
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=fig7 (the paper's Figures 7 and 8): SOMA with fixed-width experts as N, n_pert and
+  B grow, every setting continuing one seed run.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig7,size=cpu --out=runs/fig7
+  """
+  c, a = recipes.paper_study(arg)
+  size, cpu = a["size"], a["size"] == "cpu"
+  # The paper's figure shows one run per setting; two seeds here, at 300 updates per setting
+  # to fit about 45 min on 2 cores (its costliest settings, n_pert 64 and B 64 at N = 8, run
+  # 16x the base's operations per update).
+  c.seeds = a["seeds"] or 2
+  c.budget = 300.0 if cpu else 3.0  # updates per setting and seed
+  c.curve_points = 5 if cpu else 2  # checkpoints along each curve
+  c.ops_tolerance = 1.0  # the settings differ in cost per update: that is the sweep
+  c.match_params = False  # fixed-width experts: more experts, more parameters
+  c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  base = lambda n: recipes.recipe("soma.py", f"n={n},size={size}", size, c.base_lr)
+  n_list = (1, 2, 8, 32) if cpu else (1, 2, 4)  # the paper's 1, 2, 8, 32, 256
+  panel_n = 8 if cpu else 2  # the n_pert and batch panels' N (the paper's 8)
+  rows = {f"n{n}": base(n) for n in n_list}
+  mults = (0.25, 1, 4, 16) if cpu else (0.5, 1, 2)  # of the base: the paper's 16 ... 1,024 / 64
+  panels = _allocations(lambda: base(panel_n), mults)
+  recipes.rows(c, {name: (cfg, what, "soma_expert") for name, (cfg, what) in {
+      **{f"n{n}": (rows[f"n{n}"], f"SOMA N = {n}, fixed-width experts") for n in n_list},
+      **panels.pop("_rows")}.items()})
+  c.panels = ml_collections.ConfigDict({"experts": tuple(f"n{n}" for n in n_list), **panels})
+  c.reference = f"n{panel_n}"
+  c.order = tuple(c.methods.keys())
+  c.seed_runs = ml_collections.ConfigDict({"soma_expert": c.seed_runs.soma_expert})
+  return c
+
+
+def _allocations(base, mults: tuple) -> dict:
+  """Figure 7's n_pert and batch panels at N = the base's: each multiple of the base n_pert
+  and B (the base itself is the experts panel's run at that N); B above the base by
+  accumulated batches of the base B, each with its own directions (`spsa.accum`). The
+  panels, and under "_rows" {name: (training config, what it is)} of the runs they add."""
+  ref = base()
+  n, k, b = ref.n_experts, ref.spsa.n_pert, ref.spsa.batch  # the paper's 8, 64 and 64
+  panels, rows = {"n_pert": [], "batch": []}, {}
+  for m in mults:
+    if m == 1:
+      panels["n_pert"].append(f"n{n}")
+      panels["batch"].append(f"n{n}")
+      continue
+    cfg = base()
+    cfg.spsa.n_pert = max(1, int(k * m))
+    rows[f"npert{cfg.spsa.n_pert}"] = (cfg, f"SOMA N = {n}, n_pert {cfg.spsa.n_pert}")
+    panels["n_pert"].append(f"npert{cfg.spsa.n_pert}")
+    cfg = base()
+    if m < 1:
+      cfg.spsa.batch = max(1, int(b * m))
+    else:
+      cfg.spsa.accum = int(m)
+    eff = cfg.spsa.batch * cfg.spsa.accum
+    rows[f"b{eff}"] = (cfg, f"SOMA N = {n}, B {eff}" + (
+        f" ({cfg.spsa.accum} accumulated batches of {b})" if m > 1 else ""))
+    panels["batch"].append(f"b{eff}")
+  return {**{k: tuple(v) for k, v in panels.items()}, "_rows": rows}
+
+
 @dataclasses.dataclass(frozen=True)
 class Sweep:
   """The study's own fields (`check`): the checked plan, the panels and the corpus."""
-  plan: protocol.StudyPlan
+  plan: planning.StudyPlan
   panels: dict  # {panel: (method, ...)} in the order of the setting
   source: str
   prepare: dict  # prepare.prepare's keyword settings
 
 
-def check(config: ml_collections.ConfigDict) -> Sweep:
-  """Every field checked before anything trains: the plan (every method resolved), the
-  panels (methods that exist, one setting each, in increasing order), the corpus."""
-  plan = protocol.check_plan(config)
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Sweep:
+  """Every field checked before anything trains: the panels (methods that exist, one
+  setting each, in increasing order), the corpus."""
   if config.match_params:
     raise UserError("match_params=True would resize the experts; Figure 7's experts keep one "
                     "width; fix: --config.match_params=False")
   if plan.unit != "updates":
     raise UserError(f"budget_unit={plan.unit!r}: every setting of a sweep runs the same "
                     "updates (time is what the figure reads); fix: --config.budget_unit=updates")
-  protocol.check_source(config)
+  planning.check_source(config)
   panels = {}
   for panel in config.panels:
     if panel not in PANEL_KEYS:
@@ -89,15 +161,16 @@ def check(config: ml_collections.ConfigDict) -> Sweep:
     if missing or len(names) < 2:
       raise UserError(f"panels.{panel}={tuple(names)} must name at least 2 methods of "
                       f"{', '.join(config.methods)}; fix: --config.panels.{panel}=a tuple of them")
-    values = [setting(config.methods[n], panel) for n in names]
+    values = [check_setting(config.methods[n], panel) for n in names]
     if values != sorted(set(values)):
       raise UserError(f"panels.{panel}: its settings {values} must grow strictly along the panel")
     panels[panel] = tuple(names)
   return Sweep(plan, panels, config.source, dict(config.get("prepare", {}).items()))
 
 
-def setting(c: ml_collections.ConfigDict, panel: str) -> int:
-  """A method's value on a panel's axis: N, n_pert, or the effective batch B x accum."""
+def check_setting(c: ml_collections.ConfigDict, panel: str) -> int:
+  """A method's value on a panel's axis (`check` reads it to order the panel): N, n_pert,
+  or the effective batch B x accum."""
   if panel == "experts":
     return int(c.n_experts)
   if panel == "n_pert":
@@ -105,60 +178,59 @@ def setting(c: ml_collections.ConfigDict, panel: str) -> int:
   return int(c.spsa.batch * c.spsa.accum)
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """The seed, then every setting at every optimisation seed (one stage, by `executor`);
-  OUT/results.json, table.md, fig7.png and fig8.png."""
-  begun = protocol.started(executor)
-  os.makedirs(out, exist_ok=True)
-  sweep = check(config)
-  plan = sweep.plan
-  methods = protocol.sized(config)  # match_params off: every method as configured
-  specs = protocol.check_runs(plan, methods)
-  dirs, scored = protocol.per_n_sets(plan.eval, specs, sweep.source, sweep.prepare, out)
-  seeds = protocol.train_seeds(plan, methods, dirs[1], out, scored[1][0], executor)
+def stages(sweep: Sweep, ready: base.Setup) -> base.Stages:
+  """Every setting at every optimisation seed (one stage) from the seed run, on its N's
+  shards; each one's validation curve: {setting: its record}."""
+  plan, seeds, out, specs, (dirs, sets) = (ready.plan, ready.seeds, ready.out, ready.specs,
+                                           ready.data[:2])
   planned, starts = {}, {}
-  for name, c in methods.items():
+  for name, c in ready.methods.items():
     c = ml_collections.ConfigDict(c.to_dict())
     c.init_from_other_data = specs[name].n_experts != 1  # the seed's windows, N shards
     s = seeds[plan.start[name]]
     for seed in plan.seeds:
-      planned[(seed, name)] = protocol.budgeted(c, dirs[specs[name].n_experts], seed, s,
+      planned[(seed, name)] = training.budgeted(c, dirs[specs[name].n_experts], seed, s,
                                                 "updates", plan.budget, plan.curve_points,
                                                 f"methods.{name}.",
-                                                score=scored[specs[name].n_experts][0])
+                                                score=sets[specs[name].n_experts][0])
     first = planned[(plan.seeds[0], name)]
-    starts[name] = protocol.start_losses(first, {"validation": scored[first.n_experts][0]})
+    starts[name] = scores.start_losses(first, {"validation": sets[first.n_experts][0]})
   where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
-  walls = protocol.train_all([(spec, where(*key), f"{key[1]} (seed {key[0]})")
-                              for key, spec in planned.items()], executor)
+  walls = yield [(spec, where(*key), f"{key[1]} (seed {key[0]})")
+                 for key, spec in planned.items()]
   settings = {}
   for (key, spec), wall in zip(planned.items(), walls, strict=True):
     seed, name = key
     if name not in settings:
       settings[name] = describe(spec, seeds[plan.start[name]], starts[name])
-    first = protocol.start_step(spec, seeds[plan.start[name]])
-    points, _ = protocol.curve(where(*key), spec, scored[spec.n_experts][0], first,
-                               starts[name]["validation"].mean())
+    first = training.start_step(spec, seeds[plan.start[name]])
+    points, _ = scores.curve(where(*key), spec, sets[spec.n_experts][0], first,
+                             starts[name]["validation"].mean())
     settings[name]["per_seed"].append({"seed": seed, "curve": points,
                                        "end_loss": points[-1]["loss"],
                                        "wall_seconds_this_call": wall,
-                                       "workdir": protocol.shown(where(*key), out)})
+                                       "workdir": planning.shown(where(*key), out)})
+  return settings
+
+
+def measure(sweep: Sweep, ready: base.Setup, settings: dict) -> dict:
+  """Each setting's end loss over seeds, the panels and Figures 8 and 14 (`readouts`)."""
   for r in settings.values():
-    r["end_loss"] = protocol.across_seeds([q["end_loss"] for q in r["per_seed"]])
-  measured = readouts(sweep, settings)
-  val, test = scored[1]
-  payload = protocol.results(
-      "fig7", "paper Figures 7, 8 and 14 (App. M sweeps), scaled down by SPEC 9.6", plan, command,
-      begun, {"unit": "updates", "per": "setting and seed", "seed_updates": plan.seed_updates},
-      (val, test), dirs[1], out, seeds, paper=PAPER, measured=measured,
-      data_dirs={n: protocol.shown(d, out) for n, d in dirs.items()},
-      time="update_seconds: wall seconds of training updates (Figure 7); device_seconds: "
-           "SPEC 7's charged device-seconds (Figure 8's aggregate compute); both exclude the "
-           "seed run, compilation, evaluation and checkpoints")
-  plot(payload, os.path.join(out, "fig7.png"), os.path.join(out, "fig8.png"))
-  if "figure14" in measured:
-    plot_map(measured["figure14"], os.path.join(out, "fig14.png"))
-  return protocol.write(out, payload, table)
+    r["end_loss"] = statistics.across_seeds([q["end_loss"] for q in r["per_seed"]])
+  return {"budget": {"unit": "updates", "per": "setting and seed",
+                     "seed_updates": ready.plan.seed_updates},
+          "paper": PAPER, "measured": readouts(sweep, settings),
+          "time": "update_seconds: wall seconds of training updates (Figure 7); "
+                  "device_seconds: SPEC 7's charged device-seconds (Figure 8's aggregate "
+                  "compute); both exclude the seed run, compilation, evaluation and "
+                  "checkpoints"}
+
+
+def figures(p: dict, out: str) -> None:
+  """OUT/fig7.png, fig8.png and (with the experts panel) fig14.png."""
+  plot(p, os.path.join(out, "fig7.png"), os.path.join(out, "fig8.png"))
+  if "figure14" in p["measured"]:
+    plot_map(p["measured"]["figure14"], os.path.join(out, "fig14.png"))
 
 
 def readouts(sweep: Sweep, settings: dict) -> dict:
@@ -177,7 +249,7 @@ def describe(spec, seed: dict, start: dict) -> dict:
           "n_pert": c.spsa.n_pert, "batch": c.spsa.batch, "accum": c.spsa.accum,
           "effective_batch": c.spsa.batch * c.spsa.accum,
           "params": spec.method.ensemble_params, "ops_per_update": spec.total_ops_per_update,
-          "lr": spec.lr, "eps": spec.eps, "start": protocol.start_of(seed),
+          "lr": spec.lr, "eps": spec.eps, "start": training.start_of(seed),
           "start_loss": float(start["validation"].mean()), "per_seed": []}
 
 
@@ -338,7 +410,7 @@ def table(p: dict) -> str:
   lines = [f"Figures 7 and 8 at this scale: every setting {b['amount']:g} updates from one seed "
            f"run ({b['seed_updates']} updates, state continued), {len(p['seeds'])} seed(s); "
            f"ensemble validation ({p['eval']['val_windows_scored']} windows from "
-           f"{p['eval']['val_documents']} documents). " + protocol.load_line(p), ""]
+           f"{p['eval']['val_documents']} documents). " + results.load_line(p), ""]
   for panel, r in m["panels"].items():
     lines += [f"**{panel}** ({r['axis']}): end loss falls monotonically: "
               f"{'yes' if r['falls_monotonically'] else 'no'} (in "
@@ -354,7 +426,7 @@ def table(p: dict) -> str:
           f"({s['accum']}) | {s['params']:,} | {s['ops_per_update']:.3g} | "
           f"{np.mean([q['update_seconds'] for q in last]):.3g} | "
           f"{np.mean([q['device_seconds'] for q in last]):.3g} | {s['start_loss']:.4f} | "
-          f"{protocol.pm(s['end_loss'], digits=4)} |")
+          f"{results.pm(s['end_loss'], digits=4)} |")
     lines.append("")
   f8 = m.get("figure8")
   f14 = m.get("figure14")
@@ -374,3 +446,8 @@ def table(p: dict) -> str:
                                                                f8["lowest"], strict=True))
                  + f" ({f8['how']}).")
   return "\n".join(lines) + "\n"
+
+
+STUDY = base.Study(spec="paper Figures 7, 8 and 14 (App. M sweeps), scaled down by SPEC 9.6",
+                   config=config, check=check, stages=stages, measure=measure, table=table,
+                   data=driver.per_n(), plot=figures, ops_tolerance=base.any_ops)

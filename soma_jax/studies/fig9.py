@@ -9,7 +9,7 @@ optimisation seed, with `curve_points` checkpoints scored on the ensemble-valida
   --assignment=random`: the nearest-centroid labels permuted; OUT/data_nN_random, or
   `data_dir_random`), scored on the same windows (`row_data` names the random-shard rows);
 - panel (b) `start`: continuing the N = 1 seed run (its whole state, SPEC 9.6) against a cold
-  start from a fresh init at the optimisation seed (`cold`: `protocol.budgeted(start=None)`),
+  start from a fresh init at the optimisation seed (`cold`: `training.budgeted(start=None)`),
   the same updates, the seed's cost excluded (as the paper's);
 - panel (c) `head`: each expert's own tied head updated by the delta rule (SPEC 3.2: the
   decoder-side gradient with h held fixed; `opt.train_head`, this project's CPU default),
@@ -35,7 +35,17 @@ import numpy as np
 from soma_jax import runs
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.studies import decompose, protocol, report
+from soma_jax.studies import (
+  datasets,
+  decompose,
+  planning,
+  recipes,
+  report,
+  results,
+  scores,
+  statistics,
+  training,
+)
 
 PAPER = {
     "item": "Figure 9",
@@ -76,11 +86,65 @@ INTERPRETATION = (
     "each 1/curve_points of the budget; its standard errors ours, sd / sqrt(seeds) with ddof 1.")
 
 
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=fig9 (the paper's Figure 9): ablations of SOMA N = 2 at width 32 (Table 7's
+  soma_n2): semantic vs random shards, warm vs cold start, and the head (own delta-rule
+  heads, the seed's head frozen and shared, a frozen random head).
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=fig9,size=cpu --out=runs/fig9
+  """
+  c, a = recipes.paper_study(arg)
+  cpu = a["size"] == "cpu"
+  c.seeds = a["seeds"] or (3 if cpu else 2)  # the paper's three
+  # 5 conditions x 3 seeds x 1,000 updates of N = 2 (about 40-60 updates/s on 2 cores) and two
+  # 1,000-update seed runs: about 9 minutes with the data preparation
+  c.budget = 1000.0 if cpu else 4.0  # updates per condition and seed
+  c.curve_points = 4 if cpu else 2  # checkpoints scored: the figure's shown steps
+  c.match_params = False  # one width: an ablation changes one factor, not the size
+  c.source = "pystdlib"  # the semantic, random and N = 1 data dirs: this corpus under OUT
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  c.data_dir_random = ""  # prepared with --assignment=random; "" = source's under OUT
+  soma = c.methods.soma_n2  # own delta-rule heads (SPEC 3.2), this project's CPU default
+  copy = lambda: ml_collections.ConfigDict(soma.to_dict())
+  shared = copy()
+  shared.model.shared_head, shared.opt.train_head = True, False  # SPEC 3.4's width-32 recipe
+  rows = {"soma": (soma, "semantic shards, warm, own delta-rule heads (the default)",
+                   "soma_expert"),
+          "random_shards": (copy(), "random shards of the semantic sizes", "soma_expert"),
+          "cold": (copy(), "a fresh init (cold start), the same updates", None),
+          "shared_head": (shared, "the seed's head frozen and shared", "soma_expert"),
+          "random_head": (ml_collections.ConfigDict(shared.to_dict()),
+                          "a random head, never trained, frozen and shared", "random_head")}
+  c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
+  for name, (cfg, what, seed) in rows.items():
+    c.methods[name], c.rows[name] = cfg, what
+    if seed:
+      c.start[name] = seed
+  c.reference = "soma"
+  c.order = tuple(rows)
+  c.cold = ("cold",)  # conditions from a fresh init (training.budgeted(start=None))
+  c.row_data = ml_collections.ConfigDict({"random_shards": "random"})  # else semantic
+  c.panels = ml_collections.ConfigDict({"shards": ("soma", "random_shards"),
+                                        "start": ("soma", "cold"),
+                                        "head": ("soma", "shared_head", "random_head")})
+  # name: (a, b, ...): a's final loss minus the better of b, ... (the paper's +0.029 is
+  # delta_minus_shared)
+  c.contrasts = ml_collections.ConfigDict({
+      "random_minus_semantic": ("random_shards", "soma"), "cold_minus_warm": ("cold", "soma"),
+      "delta_minus_shared": ("soma", "shared_head"),
+      "random_head_minus_best": ("random_head", "soma", "shared_head")})
+  seed = c.seed_runs.soma_expert  # N = 1 at the experts' width, its own delta-rule head
+  never = ml_collections.ConfigDict(seed.to_dict())
+  never.model.shared_head, never.opt.train_head = True, False  # its head stays the random init
+  c.seed_runs = ml_collections.ConfigDict({"soma_expert": seed, "random_head": never})
+  return c
+
+
 @dataclasses.dataclass(frozen=True)
 class Ablation:
   """The study's fields, checked once (`check`): the plan, each condition's training config
   (the config space) and resolved run at the first seed, the panels and the data."""
-  plan: protocol.StudyPlan
+  plan: planning.StudyPlan
   methods: dict  # {condition: training config}, the reference first
   specs: dict  # {condition: RunSpec at the first seed}
   rows: dict  # {condition: what it stands for}
@@ -103,7 +167,7 @@ FIELDS = {"data_dir_random": ("a string", lambda v: isinstance(v, str))}
 def check(config: ml_collections.ConfigDict) -> Ablation:
   """Every field and run before anything trains: the plan (in updates, no resizing), the
   panels, the cold conditions, the rows' data kinds, the contrasts, one N and one width."""
-  plan = protocol.check_plan(config)
+  plan = planning.check_plan(config)
   if plan.unit != "updates" or config.match_params:
     raise UserError("fig9 runs every condition for the same updates at one width; fix: "
                     "--config.budget_unit=updates --config.match_params=False")
@@ -111,9 +175,9 @@ def check(config: ml_collections.ConfigDict) -> Ablation:
     raise UserError(f"data_dir={plan.data_dir!r}: fig9 prepares its semantic and random shards "
                     "from config.source under OUT (one corpus, one set of settings); fix: "
                     "--config.data_dir='' --config.source=textdir:FOLDER")
-  protocol.check_fields(config, FIELDS)
-  source = protocol.check_source(config)
-  methods = protocol.sized(config)  # match_params off: every condition as configured
+  planning.check_fields(config, FIELDS)
+  source = planning.check_source(config)
+  methods = planning.sized(config)  # match_params off: every condition as configured
   names = ", ".join(methods)
   cold = tuple(config.cold)
   if any(n not in methods for n in cold) or plan.reference in cold:
@@ -133,9 +197,9 @@ def check(config: ml_collections.ConfigDict) -> Ablation:
     if len(v) < 2 or any(n not in methods for n in v) or v[0] in v[1:]:
       raise UserError(f"contrasts.{k}={v!r} must name a condition and at least one other of "
                       f"{names}; fix: --config.contrasts.{k}='(\"cold\", \"soma\")'")
-  specs = protocol.check_runs(plan, {n: c for n, c in methods.items() if n not in cold})
+  specs = training.check_runs(plan, {n: c for n, c in methods.items() if n not in cold})
   for n in cold:  # a fresh init: no seed run
-    specs[n] = protocol.budgeted(methods[n], plan.data_dir, plan.seeds[0], None, "updates",
+    specs[n] = training.budgeted(methods[n], plan.data_dir, plan.seeds[0], None, "updates",
                                  plan.budget, plan.curve_points, f"methods.{n}.")
   n_experts = one_architecture(specs)
   panels = {p: panels[p] for p in PANELS if p in panels}  # the paper's left to right
@@ -167,8 +231,8 @@ def random_dir(study: Ablation, out: str) -> str:
   n = study.n_experts
   path = study.data_dir_random or os.path.join(out, f"data_n{n}_random")
   if not study.data_dir_random and not os.path.isfile(os.path.join(path, "manifest.json")):
-    protocol.prepare_data(study.source, n, path, study.prepare, assignment="random")
-  protocol.check_data(path, n, "data_dir_random" if study.data_dir_random else None)
+    datasets.prepare_data(study.source, n, path, study.prepare, assignment="random")
+  datasets.check_data(path, n, "data_dir_random" if study.data_dir_random else None)
   kind = pipeline.load_manifest(path).get("assignment", {})
   if not (isinstance(kind, dict) and kind.get("kind") == "random"):
     raise UserError(f"data_dir_random={path!r} was not prepared with --assignment=random; fix: "
@@ -181,12 +245,12 @@ def data_sets(study: Ablation, out: str) -> tuple[dict, tuple]:
   semantic shards and N = 1 (the seed runs') from `source` under OUT, the random shards
   where a condition asks; every dir scored on the same windows."""
   plan = study.plan
-  dirs, scored = protocol.per_n_sets(plan.eval, study.specs, study.source, study.prepare, out)
+  dirs, scored = datasets.per_n_sets(plan.eval, study.specs, study.source, study.prepare, out)
   n = study.n_experts
   where = {"semantic": (dirs[n], scored[n])}
   if "random" in study.row_data.values():
     path = random_dir(study, out)
-    sets = protocol.eval_sets(plan.eval, path, [s.seq_len for s in study.specs.values()])
+    sets = datasets.eval_sets(plan.eval, path, [s.seq_len for s in study.specs.values()])
     for what, a, b in zip(("validation", "test"), scored[n], sets, strict=True):
       decompose.same_windows(a, b, what)
     where["random"] = (path, sets)
@@ -205,7 +269,7 @@ def planned_runs(study: Ablation, where: dict, seeds: dict) -> dict:
     start = None if name in study.cold else seeds[plan.start[name]]
     cfg.init_from_other_data = start is not None
     for seed in plan.seeds:
-      out[(seed, name)] = protocol.budgeted(cfg, where[name][0], seed, start, "updates",
+      out[(seed, name)] = training.budgeted(cfg, where[name][0], seed, start, "updates",
                                             plan.budget, plan.curve_points, f"methods.{name}.",
                                             score=where[name][1][0])
   return out
@@ -226,12 +290,12 @@ def run_record(study: Ablation, key: tuple, spec, seeds: dict, where: dict, work
   ensemble-validation windows, and whether its head moved."""
   seed, name = key
   val = where[name][1][0]
-  start_w = protocol.start_losses(spec, {"validation": val})["validation"]
+  start_w = scores.start_losses(spec, {"validation": val})["validation"]
   start_loss = start_w.mean()
   start_head = runs.initial_params(spec)[1]
-  first = protocol.start_step(spec, seeds[study.plan.start[name]]) if spec.init_from else 0
+  first = training.start_step(spec, seeds[study.plan.start[name]]) if spec.init_from else 0
   keep = [start_w]
-  points, _ = protocol.curve(workdir, spec, val, first, float(start_loss), keep)
+  points, _ = scores.curve(workdir, spec, val, first, float(start_loss), keep)
   windows = (np.array([p["update"] for p in points], np.float64), np.stack(keep))
   return {"seed": seed, "start_step": first, "start_loss": float(start_loss), "curve": points,
           "_windows": windows,
@@ -246,47 +310,47 @@ def describe(study: Ablation, name: str, spec, seeds: dict) -> dict:
           "d_t": c.model.d_t, "shared_head": spec.shared_head, "train_head": spec.train_head,
           "params": spec.method.ensemble_params, "ops_per_update": spec.total_ops_per_update,
           "start": "fresh init at the optimisation seed" if seed is None
-          else protocol.start_of(seed), "per_seed": []}
+          else training.start_of(seed), "per_seed": []}
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
   """The seed runs, then every condition at every optimisation seed (one stage, by
   `executor`); OUT/results.json, table.md and fig9.png."""
-  begun = protocol.started(executor)
+  begun = results.started(executor)
   os.makedirs(out, exist_ok=True)
   study = check(config)
   plan = study.plan
   where, (seed_dir, seed_val) = data_sets(study, out)
   warm = {n: c for n, c in study.methods.items() if n not in study.cold}
-  seeds = protocol.train_seeds(plan, warm, seed_dir, out, seed_val, executor)
+  seeds = training.train_seeds(plan, warm, seed_dir, out, seed_val, executor)
   planned = planned_runs(study, where, seeds)
   folder = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
-  walls = protocol.train_all([(spec, folder(*key), f"{key[1]} (seed {key[0]})")
+  walls = training.train_all([(spec, folder(*key), f"{key[1]} (seed {key[0]})")
                               for key, spec in planned.items()], executor)
   conditions = {}
   for (key, spec), wall in zip(planned.items(), walls, strict=True):
     r = conditions.setdefault(key[1], describe(study, key[1], spec, seeds))
     r["per_seed"].append({**run_record(study, key, spec, seeds, where, folder(*key), wall),
-                          "workdir": protocol.shown(folder(*key), out)})
+                          "workdir": planning.shown(folder(*key), out)})
   for r in conditions.values():
     r["steps"] = step_stats(r["per_seed"])
   measured = {"conditions": conditions,
               "panels": {p: {"title": PANELS[p], "conditions": list(v)}
                          for p, v in study.panels.items()},
               "contrasts": {k: contrast(conditions, v, where[plan.reference][1][0].doc_ids,
-                                        min(plan.bootstrap_draws, decompose.SPEEDUP_DRAWS))
+                                        min(plan.bootstrap_draws, statistics.SPEEDUP_DRAWS))
                             for k, v in study.contrasts.items()}}
   for r in conditions.values():  # the per-window curves stay out of results.json
     for q in r["per_seed"]:
       del q["_windows"]
   val, test = where[plan.reference][1]
-  payload = protocol.results(
+  payload = results.results(
       "fig9", "paper Figure 9 (ablations: shards, start, head), scaled down by SPEC 9.6", plan,
       command, begun, {"unit": "updates", "per": "condition and seed",
                        "seed_updates": plan.seed_updates},
       (val, test), where[plan.reference][0], out, seeds, paper=PAPER, measured=measured,
       interpretation=INTERPRETATION, cold=list(study.cold),
-      data_dirs={study.data(n): protocol.shown(where[n][0], out) for n in study.methods},
+      data_dirs={study.data(n): planning.shown(where[n][0], out) for n in study.methods},
       how="per condition and checkpoint: mean over seeds and standard error sd / sqrt(S) "
           "(sample sd, ddof 1); contrasts: a's final ensemble-validation loss minus the "
           "lowest-mean other condition's, per seed, 95% Student-t interval across seeds; "
@@ -294,7 +358,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
           "loss range (> 1: a covers it in fewer updates), its interval across seeds widened "
           "by the validation documents' bootstrap variance")
   plot(payload, os.path.join(out, "fig9.png"))
-  return protocol.write(out, payload, table)
+  return results.write(out, payload, table)
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -310,7 +374,7 @@ def step_stats(per_seed: list[dict]) -> list[dict]:
                     "the settings that trained them, or another --out")
   out = []
   for i, u in enumerate(updates):
-    s = protocol.across_seeds([q["curve"][i]["loss"] for q in per_seed])
+    s = statistics.across_seeds([q["curve"][i]["loss"] for q in per_seed])
     se = None if s["sd"] is None else s["sd"] / np.sqrt(len(per_seed))
     out.append({"update": u, **s, "se": se, "n": len(per_seed)})
   return out
@@ -319,7 +383,7 @@ def step_stats(per_seed: list[dict]) -> list[dict]:
 def contrast(conditions: dict, names: tuple, doc_ids: np.ndarray, draws: int) -> dict:
   """names[0]'s final loss minus the lowest-mean final loss of names[1:], per seed (the
   seeds each ran), with its 95% t interval across seeds; beside it SPEC 9.8's matched-loss
-  speed-up of a over that b in updates (`decompose.speedup_effect`: over their common loss
+  speed-up of a over that b in updates (`statistics.speedup_effect`: over their common loss
   range, seeds and the validation documents' noise; None where the ranges do not meet)."""
   a, others = names[0], names[1:]
   best = min(others, key=lambda n: conditions[n]["steps"][-1]["mean"])
@@ -328,12 +392,12 @@ def contrast(conditions: dict, names: tuple, doc_ids: np.ndarray, draws: int) ->
   diffs = [ends[a][s] - ends[best][s] for s in seeds]
   curves = {n: {q["seed"]: {"compared": q["_windows"]} for q in conditions[n]["per_seed"]}
             for n in (a, best)}
-  speed = decompose.speedup_effect([(curves[a][s], curves[best][s]) for s in seeds], doc_ids,
+  speed = statistics.speedup_effect([(curves[a][s], curves[best][s]) for s in seeds], doc_ids,
                                    draws, "compared")
   speed.pop("_boot", None)
   return {"a": a, "b": best, "among": list(others), "update": conditions[a]["steps"][-1]["update"],
           "speedup": speed,
-          **protocol.t_interval(diffs), "per_seed": [{"seed": s, "diff": d}
+          **statistics.t_interval(diffs), "per_seed": [{"seed": s, "diff": d}
                                                      for s, d in zip(seeds, diffs, strict=True)]}
 
 
@@ -408,6 +472,6 @@ def table(p: dict) -> str:
             "faster; 95%, seeds and documents) beside the paper:", "",
             "| contrast | a − b | ours | speed-up of a over b | paper |", "|---|---|---|---|---|"]
   for k, d in m["contrasts"].items():
-    lines.append(f"| {k} | {d['a']} − {d['b']} | {protocol.ci(d, digits=4)} | "
+    lines.append(f"| {k} | {d['a']} − {d['b']} | {results.ci(d, digits=4)} | "
                  f"{_speed(d['speedup'])} | {paper.get(k, '-')} |")
   return "\n".join(lines) + "\n\n" + p["interpretation"] + "\n"

@@ -41,7 +41,7 @@ from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 from soma_jax.loop import Loop
 from soma_jax.methods import Method
-from soma_jax.studies import protocol, report, variance
+from soma_jax.studies import datasets, report, results, variance
 
 PyTree = jax.typing.ArrayLike
 VARIANTS = ("independent", "summed")
@@ -120,7 +120,7 @@ def ensemble_workdir(st: Settings, out: str) -> str:
   s, e = (ml_collections.ConfigDict(x.to_dict()) for x in (st.seed_run, st.ensemble_run))
   if s.n_experts != 1:
     raise UserError(f"seed_run.n_experts={s.n_experts}; the seed is one expert (SPEC 3.4)")
-  data_dir = protocol.ensure_data(st.data_dir, out, e.n_experts)
+  data_dir = datasets.ensure_data(st.data_dir, out, e.n_experts)
   seed_dir, ens_dir = os.path.join(out, "seed"), os.path.join(out, "ensemble")
   s.data.dir = e.data.dir = data_dir
   e.init_from = seed_dir
@@ -320,7 +320,7 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
       per_seed[seed] = _seed_result(curves, final, doc_ids, st.bootstrap_draws, seed)
   payload = _payload(st, out, workdir, ckpt_step, run, data_dir, seeds, checkpoints,
                      per_seed, variances, windows.shape[0], vc)
-  protocol.dump_json(os.path.join(out, "results.json"), payload)
+  results.dump_json(os.path.join(out, "results.json"), payload)
   _write_csv(payload, os.path.join(out, "curves.csv"))
   _plot(payload, os.path.join(out, "figure4.png"))
   return payload

@@ -2,8 +2,8 @@
 measured estimator noise predict it?
 
 At each rung (SOMA N = 2 experts of width w, against the monolith of equal total
-parameters, `protocol.sized`; SOMA and the monolith then do equal operations per update):
-1. the seed runs of Table 7's protocol (`protocol.train_seeds`: equal updates), then the
+parameters, `planning.sized`; SOMA and the monolith then do equal operations per update):
+1. the seed runs of Table 7's protocol (`training.train_seeds`: equal updates), then the
    mechanism at the rung's start, before any compared update: for each expert (the SOMA
    seed on its own shard's expert-validation windows) and for the monolith (its seed on the
    same windows, both shards'), the descent ratio rho (`descent.measure`, by
@@ -13,7 +13,7 @@ parameters, `protocol.sized`; SOMA and the monolith then do equal operations per
    control's, `summed_descent`): one SPSA direction over both experts' bodies, the N losses
    summed (a block-diagonal Hessian, r_summed ~ r_1 + r_2), predicting SOMA against the
    control by mean_e rho_e / rho_summed (SPEC 9.7: the pair the variance argument separates);
-2. Table 7's comparison at that width (`table7.compare_pair`: the lr-then-eps grid,
+2. Table 7's comparison at that width (`driver.measured(table7.STUDY)`: the lr-then-eps grid,
    selection on ensemble validation, test scored once, per optimisation seed);
 3. the summed-loss control (config.control) from SOMA's start, at SOMA's selected lr and eps
    and SOMA's number of updates in each seed (as Table 4's controls run).
@@ -42,12 +42,60 @@ from soma_jax import model as model_lib
 from soma_jax import spec as spec_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol, report, table7
+from soma_jax.studies import (
+  datasets,
+  driver,
+  planning,
+  recipes,
+  report,
+  results,
+  scores,
+  statistics,
+  table7,
+  training,
+)
 
 SPEC = "SPEC 9.7 (this project's width ladder: Table 7's protocol at each width)"
 
 
 # ------------------------------------------------------------------------------ rungs
+
+
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=ladder (SPEC 9.7): Table 7's config (its seeds, budget, grid and scoring) run at
+  each rung, SOMA N = 2 experts of width w against the monolith of equal total parameters,
+  with the summed-loss control at SOMA's selected settings.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=ladder,size=cpu --out=runs/ladder
+    ...:study=ladder,size=cpu,rungs=16/32/64,seeds=3   (the first pass; rungs split by /)
+  """
+  a = recipes.args(arg, seeds=0, rungs="")
+  cpu = a["size"] == "cpu"
+  c = recipes.pair(a["study"], a["size"])
+  # SOMA's expert widths, one rung each (the monolith's width is matched at each rung)
+  c.rungs = a["rungs"] or ("16/32/64/128" if cpu else "4/8")
+  c.seeds = a["seeds"] or (3 if cpu else 2)
+  if cpu:  # to fit the first pass's 3 rungs in about an hour: Table 7's lr grid without its
+    # 4x point (never selected there: SOMA took 1x in 5 of 5 seeds, the monolith 0.25x or
+    # 0.5x; an edge choice still grows it twice, to 4x and 8x or 0.125x and 0.0625x), and no
+    # eps stage: in Table 7's 10 searches (docs/results/table7_cpu.json) eps 0.5x..2x moved
+    # the selected run's validation loss by 0.0026 at most, the lr grid by 0.068 to 0.159
+    c.lr_factors = (0.25, 0.5, 1.0, 2.0)
+    c.eps_factors = (1.0,)
+  summed = recipes.copy(c.methods.soma_n2)
+  summed.method = "soma_summed"  # every expert's estimate from the N losses summed
+  c.methods.soma_n2_summed = summed
+  c.rows.soma_n2_summed = "control: SOMA N = 2 with the N losses summed before each difference"
+  c.start.soma_n2_summed = "soma_expert"
+  c.order = ("soma_n2", "mono", "soma_n2_summed")
+  c.control = "soma_n2_summed"  # run at SOMA's selected lr / eps for SOMA's updates, per seed
+  c.mechanism = ml_collections.ConfigDict()  # rho and r at each rung's start (soma_jax.descent)
+  c.mechanism.rho_by = "line_search"  # rho by line_search (forward only) or hvp
+  c.mechanism.batches = 4 if cpu else 1  # expert-validation batches per expert (B x A windows)
+  c.mechanism.repeats = 16 if cpu else 2  # SPSA estimates per batch (update steps 0..R-1)
+  c.mechanism.hutchinson = 16 if cpu else 1  # Hutchinson vectors per batch for tr(H)
+  c.mechanism.seed = 0  # the probes' base key of the measurement
+  return c
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +119,7 @@ class LadderSpec:
   grid. `config` stays the config space each rung's runs are built from (`rung_config`) and
   what results.json records; everything else is read from the fields."""
   config: ml_collections.ConfigDict
-  plan: protocol.StudyPlan
+  plan: planning.StudyPlan
   grid: table7.Grid
   widths: tuple[int, ...]  # SOMA's expert widths, one rung each
   reference: str  # SOMA
@@ -95,7 +143,7 @@ def widths(rungs: object) -> list[int]:
 
 def rung_config(ls: LadderSpec, width: int, control: bool = True) -> ml_collections.ConfigDict:
   """The study's config at one rung: SOMA (and the control) at expert width `width`, the
-  monolith matched by `protocol.sized`; without the control, Table 7's pair."""
+  monolith matched by `planning.sized`; without the control, Table 7's pair."""
   c = ml_collections.ConfigDict(ls.config.to_dict())
   for name in (ls.reference, ls.control):
     c.methods[name].model.d_t = width
@@ -108,7 +156,7 @@ def rung_config(ls: LadderSpec, width: int, control: bool = True) -> ml_collecti
 
 def sized(ls: LadderSpec, width: int) -> dict[str, ml_collections.ConfigDict]:
   """Every method's training config at the rung, the reference first."""
-  return protocol.sized(rung_config(ls, width))
+  return planning.sized(rung_config(ls, width))
 
 
 def sizes(ls: LadderSpec, width: int) -> dict:
@@ -126,18 +174,18 @@ def sizes(ls: LadderSpec, width: int) -> dict:
           "ops_difference": (ops[mono] - ops[ref]) / ops[ref]}
 
 
-MECHANISM_FIELDS = {"mechanism.rho_by": protocol.one_of(*descent.RHO_BY),
-                    "mechanism.batches": protocol.whole(1), "mechanism.repeats": protocol.whole(2),
-                    "mechanism.hutchinson": protocol.whole(1), "mechanism.seed": protocol.whole(0)}
+MECHANISM_FIELDS = {"mechanism.rho_by": planning.one_of(*descent.RHO_BY),
+                    "mechanism.batches": planning.whole(1), "mechanism.repeats": planning.whole(2),
+                    "mechanism.hutchinson": planning.whole(1), "mechanism.seed": planning.whole(0)}
 
 
 def check(config: ml_collections.ConfigDict) -> LadderSpec:
   """Every field of the ladder checked and every rung's runs resolved before any rung trains:
   Table 7's plan and grid, the control, the mechanism, and at each rung its seed runs and
-  methods (`protocol.check_runs`) and the monolith's operations within ops_tolerance of
+  methods (`training.check_runs`) and the monolith's operations within ops_tolerance of
   SOMA's; the ladder's fields, typed."""
   ws = widths(config.rungs)
-  plan = protocol.check_plan(config)
+  plan = planning.check_plan(config)
   grid = table7.check_grid(config)
   ref, control, methods = plan.reference, config.control, list(config.methods)
   if control not in methods or control == ref:
@@ -145,13 +193,13 @@ def check(config: ml_collections.ConfigDict) -> LadderSpec:
                     f"{ref!r}; fix: --config.control= one of "
                     f"{', '.join(n for n in methods if n != ref)}")
   other = _other(methods, ref, control)
-  protocol.check_fields(config, MECHANISM_FIELDS)
+  planning.check_fields(config, MECHANISM_FIELDS)
   m = config.mechanism
   ls = LadderSpec(config=config, plan=plan, grid=grid, widths=tuple(ws), reference=ref,
                   other=other, control=control, seq_len=config.methods[ref].data.seq_len,
                   mechanism=Mechanism(m.rho_by, m.batches, m.repeats, m.hutchinson, m.seed))
   for w in ws:
-    protocol.check_runs(protocol.check_plan(rung_config(ls, w)), sized(ls, w), (control,))
+    training.check_runs(planning.check_plan(rung_config(ls, w)), sized(ls, w), (control,))
     s = sizes(ls, w)
     if abs(s["ops_difference"]) > plan.ops_tolerance:
       raise UserError(f"rung {w}: the monolith's operations per update differ from SOMA's by "
@@ -341,25 +389,25 @@ def run_control(ls: LadderSpec, cfgs: dict, pair: dict, data_dir: str, out: str,
   ref, name = ls.reference, ls.control
   start = pair["seed_records"][ls.plan.start[name]]
   somas = pair["methods"][ref]["per_seed"]
-  planned = [(table7.grid_point(protocol.budgeted(
+  planned = [(table7.grid_point(training.budgeted(
       cfgs[name], data_dir, soma["seed"], start, "updates", soma["updates"], 1),
       soma["selected"]["lr"], soma["selected"]["eps"]),
       os.path.join(out, "runs", f"seed{soma['seed']}", name),
       f"seed {soma['seed']} {name} lr={soma['selected']['lr']:g} eps={soma['selected']['eps']:g}")
       for soma in somas]
-  protocol.train_all(planned, executor)
+  training.train_all(planned, executor)
   per_seed = []
   for soma, (run_spec, workdir, _) in zip(somas, planned, strict=True):
     lr, eps = soma["selected"]["lr"], soma["selected"]["eps"]
-    ends = {s: float(protocol.final_losses(workdir, run_spec, sc).mean())
+    ends = {s: float(scores.final_losses(workdir, run_spec, sc).mean())
             for s, sc in zip(("validation", "test"), scored, strict=True)}
     gain = {s: soma["start_loss"][s] - ends[s] for s in ends}
     per_seed.append({"seed": soma["seed"], "lr": lr, "eps": eps, "updates": soma["updates"],
-                     "end_loss": ends, "gain": gain, "workdir": protocol.shown(workdir, out),
+                     "end_loss": ends, "gain": gain, "workdir": planning.shown(workdir, out),
                      "soma_minus_control_gain": soma["gain"]["test"] - gain["test"]})
   return {"method": name, "per_seed": per_seed,
-          "gain": protocol.t_interval([r["gain"]["test"] for r in per_seed]),
-          "soma_minus_control_gain": protocol.t_interval(
+          "gain": statistics.t_interval([r["gain"]["test"] for r in per_seed]),
+          "soma_minus_control_gain": statistics.t_interval(
               [r["soma_minus_control_gain"] for r in per_seed])}
 
 
@@ -368,7 +416,7 @@ def run_control(ls: LadderSpec, cfgs: dict, pair: dict, data_dir: str, out: str,
 
 def rung_seeds(ls: LadderSpec, width: int, out: str, data_dir: str, val: eval_lib.TestSet,
                executor=None) -> tuple[ml_collections.ConfigDict, dict, dict]:
-  """A rung's equal-update seed runs in OUT/seeds (`protocol.train_seeds`; finished ones
+  """A rung's equal-update seed runs in OUT/seeds (`training.train_seeds`; finished ones
   resume as they are): (Table 7's pair config at the rung, every method's config, the seed
   records)."""
   pair_config = rung_config(ls, width, control=False)
@@ -377,7 +425,7 @@ def rung_seeds(ls: LadderSpec, width: int, out: str, data_dir: str, val: eval_li
   ref, mono = ls.reference, ls.other
   print(f"[ladder] rung {width}: {ref} d_t={cfgs[ref].model.d_t} x {cfgs[ref].n_experts}, "
         f"{mono} d_t={cfgs[mono].model.d_t}", flush=True)
-  seeds = protocol.train_seeds(protocol.check_plan(pair_config), protocol.sized(pair_config),
+  seeds = training.train_seeds(planning.check_plan(pair_config), planning.sized(pair_config),
                                data_dir, out, val, executor)
   return pair_config, cfgs, seeds
 
@@ -401,22 +449,23 @@ def run_rung(ls: LadderSpec, width: int, out: str, data_dir: str,
         f"{mech['monolith']['rho']:.4g}, summed {mech['summed']['rho']:.4g}, predicted ratio "
         f"{mech['predicted_ratio']:.3f} ± {mech['predicted_ratio_se']:.3f}, vs summed "
         f"{mech['predicted_vs_summed']:.3f} ± {mech['predicted_vs_summed_se']:.3f}", flush=True)
-  pair = table7.compare_pair(pair_config, out, scored, executor)
+  ready, pair = driver.measured(table7.STUDY, pair_config, out, executor, scored)
+  pair["seed_records"] = ready.seeds
   control = run_control(ls, cfgs, pair, data_dir, out, scored, executor)
   somas = pair["methods"][ref]["per_seed"]
   ratios = gain_ratios(somas, pair["methods"][mono]["per_seed"])
-  measured = protocol.t_interval(ratios)
+  measured = statistics.t_interval(ratios)
   vs_summed = gain_ratios(somas, control["per_seed"])
   print(f"[ladder] rung {width}: predicted ratio {mech['predicted_ratio']:.3f} ± "
-        f"{mech['predicted_ratio_se']:.3f}, measured gain ratio {protocol.ci(measured)}; vs "
+        f"{mech['predicted_ratio_se']:.3f}, measured gain ratio {results.ci(measured)}; vs "
         f"summed predicted {mech['predicted_vs_summed']:.3f}, measured "
-        f"{protocol.ci(protocol.t_interval(vs_summed))}", flush=True)
+        f"{results.ci(statistics.t_interval(vs_summed))}", flush=True)
   return {**sizes(ls, width), "folder": os.path.basename(out), "mechanism": mech,
-          "seed_runs": protocol.public(pair["seed_records"]),
+          "seed_runs": results.public(pair["seed_records"]),
           "methods": pair["methods"], "gain_difference": pair["gain_difference"],
           "control": control, "measured_ratio": measured,
           "measured_ratio_per_seed": ratios,
-          "measured_vs_summed": protocol.t_interval(vs_summed),
+          "measured_vs_summed": statistics.t_interval(vs_summed),
           "measured_vs_summed_per_seed": vs_summed, "wall_seconds": time.perf_counter() - t0}
 
 
@@ -425,22 +474,22 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "",
         executor=None) -> dict:
   """Every rung into OUT/rungW (each stage's runs by `executor`); OUT/results.json, table.md
   and ladder.png after each rung."""
-  begun = protocol.started(executor)
+  begun = results.started(executor)
   os.makedirs(out, exist_ok=True)
   ls = check(config)  # every field and every rung's runs, before anything trains
   plan = ls.plan
-  data_dir = protocol.ensure_data(plan.data_dir, out, 2)
-  scored = scorers or protocol.eval_sets(plan.eval, data_dir, [ls.seq_len])
+  data_dir = datasets.ensure_data(plan.data_dir, out, 2)
+  scored = scorers or datasets.eval_sets(plan.eval, data_dir, [ls.seq_len])
   rungs = []
   for w in ls.widths:
     rungs.append(run_rung(ls, w, os.path.join(out, f"rung{w}"), data_dir, scored, executor))
-    payload = protocol.results(
+    payload = results.results(
         "ladder", SPEC, plan, command, begun,
         {"unit": plan.unit, "per": "configuration, at every rung",
          "seed_updates": plan.seed_updates},
         scored, data_dir, out, {}, rungs_asked=list(ls.widths), mechanism=ls.mechanism.record(),
         other=ls.other, control=ls.control, rungs=rungs)
-    protocol.write(out, payload, table)
+    results.write(out, payload, table)
     plot(payload, os.path.join(out, "ladder.png"))
   return payload
 
@@ -473,12 +522,12 @@ def table(p: dict) -> str:
         f"| {r['width']} | {r['d_t'][mono]} | {r['params'][ref]:,} / {r['params'][mono]:,} | "
         f"{r['ops_difference']:+.2%} | {m['rho_expert']:.4g} | {m['monolith']['rho']:.4g} | "
         f"{r_e:.3g} | {m['monolith']['r']:.3g} | {m['predicted_ratio']:.3f} ± "
-        f"{m['predicted_ratio_se']:.3f} | {protocol.ci(r['measured_ratio'])} | "
-        f"{protocol.ci(r['methods'][ref]['gain']['test'], 4)} | "
-        f"{protocol.ci(r['methods'][mono]['gain']['test'], 4)} | "
-        f"{protocol.ci(r['control']['soma_minus_control_gain'], 4)} | "
+        f"{m['predicted_ratio_se']:.3f} | {results.ci(r['measured_ratio'])} | "
+        f"{results.ci(r['methods'][ref]['gain']['test'], 4)} | "
+        f"{results.ci(r['methods'][mono]['gain']['test'], 4)} | "
+        f"{results.ci(r['control']['soma_minus_control_gain'], 4)} | "
         f"{m['summed']['rho']:.4g} | {m['summed']['r']:.3g} | {m['predicted_vs_summed']:.3f} ± "
-        f"{m['predicted_vs_summed_se']:.3f} | {protocol.ci(r['measured_vs_summed'])} | "
+        f"{m['predicted_vs_summed_se']:.3f} | {results.ci(r['measured_vs_summed'])} | "
         f"{r['wall_seconds']:.0f} |")
   se_by = sorted({r["mechanism"]["predicted_ratio_se_by"] for r in p["rungs"]})
   se_summed = sorted({r["mechanism"]["predicted_vs_summed_se_by"] for r in p["rungs"]})

@@ -7,7 +7,7 @@ SPSA; and the same three by backprop with fresh Adam (`*_bptt`, `fresh_optimizer
 `row_fraction` of the budget, a capacity reference.
 
 Protocol: every optimisation seed s continues its own seed runs, trained at seed_run_seed + s
-(`own_starts`, `protocol.train_seed_sets`); every row runs `budget` of SOMA's updates in
+(`own_starts`, `training.train_seed_sets`); every row runs `budget` of SOMA's updates in
 operations (SPEC 7's count: one_expert runs twice SOMA's updates), times its row_fraction,
 with checkpoints at `curve_fractions` of it (log-spaced), each scored on the spread
 validation set inside the run. lr: a grid of lr_factors around each row's centre
@@ -37,23 +37,134 @@ from soma_jax import metrics as metrics_lib
 from soma_jax import runs as runs_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
+from soma_jax.studies import (
+  datasets,
+  narrow_report,
+  planning,
+  recipes,
+  results,
+  scores,
+  table7,
+  training,
+)
 from soma_jax.studies import narrow_readouts as readouts
-from soma_jax.studies import narrow_report, protocol, table7
 
 SPEC = ("SPEC 9.8 (sharding or a narrower model: SOMA against one expert of its width as the "
         "budget grows, every seed with its own start)")
 FIELDS = {"select_fraction": ("a number in (0, 1]", lambda v: isinstance(v, int | float)
                               and not isinstance(v, bool) and 0 < v <= 1),
-          "corpus": protocol.one_of("builtin", "man"),
+          "corpus": planning.one_of("builtin", "man"),
           "man_root": ("a string", lambda v: isinstance(v, str)),
           "man_sections": ("a tuple of section numbers", lambda v: isinstance(v, tuple | list)
                            and len(v) > 0 and all(isinstance(x, int) for x in v))}
 
 
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=narrow (SPEC 9.8): SOMA N = 2 x width 32 against one width-32 expert on all the
+  data and the width-47 monolith as the budget grows to 16x decompose's compared phase,
+  every optimisation seed with its own seed runs; backprop rows at 1x as a capacity
+  reference. Readouts declared here, before anything trains.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=narrow,size=cpu --out=runs/narrow
+    python experiments/compare.py --config=experiments/configs/compare.py:study=narrow,size=cpu,corpus=man --out=runs/narrow_man
+    ...:study=narrow,size=cpu,width=16   (a narrower rung: 2 x 16 against 1 x 16 and the monolith
+                                          matched in parameters, width 28)
+  """
+  a = recipes.args(arg, seeds=0, corpus="builtin", width=0)
+  if a["corpus"] not in ("builtin", "man"):
+    raise UserError(f"compare.py:study=narrow,size={a['size']},corpus={a['corpus']}: use "
+                    "size=cpu or tiny and corpus=builtin or man")
+  size, cpu = a["size"], a["size"] == "cpu"
+  c = recipes.pair(a["study"], size)
+  c.seeds = a["seeds"] or (5 if cpu else 2)
+  c.own_starts = True  # seed s continues its own seed runs, trained at seed_run_seed + s
+  # The corpus: "builtin" (pystdlib, prepared under OUT/data) or "man" (this machine's man
+  # pages of man_sections under man_root, linked under OUT/man and prepared into OUT/data, as
+  # decompose_man's); data_dir, when set, is used as it is.
+  c.corpus = a["corpus"]
+  c.man_root = "/usr/share/man"
+  c.man_sections = (2, 3, 5, 7, 8)
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  # The budget: `budget` of SOMA's updates in operations per row and seed (16x decompose's
+  # 1,000: 2.15e13 ops after the seed at size=cpu; one_expert runs twice SOMA's updates).
+  # Cost on 2 idle cores (SOMA 0.0158 s, one_expert 0.0092 s, mono 0.0163 s per update, the
+  # backprop rows about 0.011 / 0.006 / 0.011): per seed 808 s of SPSA updates and 75 s of
+  # backprop, the grid 660 s, the seed runs 130 s: about 87 min of updates, 1.7 h with
+  # compilation and scoring per corpus (the man pages' preparation adds a few minutes)
+  c.budget = 16000.0 if cpu else 16.0
+  # Checkpoints, scored on validation inside the run: log-spaced fractions of each row's
+  # budget (powers of 2, so one_expert's update u and 2u and SOMA's u fall on checkpoints)
+  c.curve_fractions = tuple(2.0 ** -k for k in range(8 if cpu else 4, -1, -1))
+  # Declared before anything trains: the budgets each row's test loss is scored at, once
+  c.test_fractions = (1 / 16, 1 / 4, 1 / 2, 1.0)
+  # lr: a grid of lr_factors around each row's centre on the first seed at select_fraction
+  # of its budget, selected on validation, then fixed for every seed (eps at the centre)
+  c.lr_factors, c.lr_extend = (0.5, 1.0, 2.0), 0
+  c.eps_factors, c.eps_extend = (1.0,), 0
+  c.select_fraction = 0.25
+  rows = _config_rows(c.methods.soma_n2, c.methods.mono, size, c.base_lr, a["width"])
+  recipes.rows(c, rows)
+  c.reference = "soma"
+  c.order = tuple(rows)
+  c.keep_width = ("one_expert", "one_expert_bptt")  # width 32; the others match SOMA's params
+  c.fresh_optimizer = ("soma_bptt", "one_expert_bptt", "mono_bptt")
+  # lr grid centres: decompose's selections at size=cpu (docs/results/decompose_cpu.json)
+  c.row_base_lr = ml_collections.ConfigDict({
+      "soma": 0.0025, "one_expert": 0.00125, "mono": 0.000625,
+      "soma_bptt": 0.006, "one_expert_bptt": 0.006, "mono_bptt": 0.003})
+  # each row's budget as a fraction of `budget`: the backprop rows at 1x (decompose's)
+  c.row_fraction = ml_collections.ConfigDict(
+      {"soma_bptt": 1 / 16, "one_expert_bptt": 1 / 16, "mono_bptt": 1 / 16})
+  for key, value in _readouts().items():
+    c[key] = value
+  return c
+
+
+def _readouts() -> dict:
+  """study=narrow's readouts, declared before the run (SPEC 9.8)."""
+  return {
+      # contrasts: name -> (b, a), b's test end loss minus a's at each test fraction (> 0: a
+      # lower, the paper's direction for a = soma)
+      "contrasts": ml_collections.ConfigDict({
+          "one_expert_minus_soma": ("one_expert", "soma"), "mono_minus_soma": ("mono", "soma"),
+          "one_expert_bptt_minus_soma_bptt": ("one_expert_bptt", "soma_bptt"),
+          "mono_bptt_minus_soma_bptt": ("mono_bptt", "soma_bptt")}),
+      # primary: the contrasts whose end-loss differences carry a verdict (SPEC 9.8), and
+      # those whose slope against log2 budget does; every other readout is secondary
+      "primary": ("one_expert_minus_soma", "mono_minus_soma"),
+      "primary_slopes": ("one_expert_minus_soma",),
+      # D(u) = one_expert(u) - soma(u), G(u) = one(u) - one(2u)
+      "mechanism": ("one_expert", "soma")}
+
+
+def _config_rows(soma: ml_collections.ConfigDict, mono: ml_collections.ConfigDict, size: str,
+          lr: float, width: int) -> dict:
+  """study=narrow's rows from Table 7's pair (`soma`, `mono`): SOMA, one expert of its width
+  and the monolith by SPSA, and the same three by backprop with fresh Adam (the capacity
+  reference); SOMA's expert width `width` (0: the size's), the monoliths matched in
+  parameters. {name: (training config, what it is, seed run)}."""
+  one = recipes.recipe("soma.py", f"n=1,size={size}", size, lr)
+  rows = {"soma": (soma, "SOMA N = 2 by SPSA", "soma_expert"),
+          "one_expert": (one, "one expert of SOMA's width on all the data (N = 1) by SPSA, "
+                         "continuing SOMA's seed run", "soma_expert"),
+          "mono": (mono, "the monolith of SOMA's total size by SPSA", "monolith")}
+  for name, n, seed, what in (
+      ("soma_bptt", 2, "soma_expert", "SOMA N = 2"),
+      ("one_expert_bptt", 1, "soma_expert", "one expert of SOMA's width (N = 1)"),
+      ("mono_bptt", 1, "monolith", "the monolith")):
+    bptt = recipes.recipe("bptt.py", f"n={n},size={size}", size, lr)
+    bptt.method = "bptt"
+    rows[name] = (bptt, f"{what} by backprop, fresh Adam", seed)
+  for cfg, _, seed in rows.values():
+    if width and seed == "soma_expert":
+      cfg.model.d_t = width
+  return rows
+
+
 @dataclasses.dataclass(frozen=True)
 class Study:
   """The study's fields, checked once (`check`)."""
-  plan: protocol.StudyPlan
+  plan: planning.StudyPlan
   grid: table7.Grid
   methods: dict  # {row: its training config}
   specs: dict  # {row: its run resolved at the first seed}
@@ -94,14 +205,14 @@ def _pair(value, field: str, names) -> tuple:
 def check(config: ml_collections.ConfigDict) -> Study:
   """Every field and run before anything trains: the plan (own starts), the lr grid, the
   declared budgets (each a checkpoint), the rows' lr centres and budgets, the readouts."""
-  plan = protocol.check_plan(config)
+  plan = planning.check_plan(config)
   grid = table7.check_grid(config)
-  protocol.check_fields(config, FIELDS)
-  curve = protocol.check_fractions(config, "curve_fractions", "(0.25, 0.5, 1.0)")
-  tests = protocol.check_fractions(config, "test_fractions", "(0.0625, 0.25, 0.5, 1.0)")
-  methods = protocol.sized(config)
+  planning.check_fields(config, FIELDS)
+  curve = planning.check_fractions(config, "curve_fractions", "(0.25, 0.5, 1.0)")
+  tests = planning.check_fractions(config, "test_fractions", "(0.0625, 0.25, 0.5, 1.0)")
+  methods = planning.sized(config)
   for name, f in [*config.row_base_lr.items(), *config.row_fraction.items()]:
-    if name not in methods or not protocol.positive()[1](f):
+    if name not in methods or not planning.positive()[1](f):
       raise UserError(f"{name}={f!r}: row_base_lr and row_fraction name rows ({', '.join(methods)})"
                       " with finite numbers > 0")
   fractions = {n: float(config.row_fraction.get(n, 1.0)) for n in methods}
@@ -117,7 +228,7 @@ def check(config: ml_collections.ConfigDict) -> Study:
     if not set(config[field]) <= set(contrasts):
       raise UserError(f"{field}={tuple(config[field])!r} must name contrasts of "
                       f"{', '.join(contrasts)}")
-  return Study(plan, grid, methods, protocol.check_runs(plan, methods),
+  return Study(plan, grid, methods, training.check_runs(plan, methods),
                {n: config.rows.get(n, "") for n in methods}, dict(config.row_base_lr),
                fractions, curve, tests, float(config.select_fraction), contrasts,
                tuple(config.primary), tuple(config.primary_slopes),
@@ -132,7 +243,7 @@ def corpus_dir(study: Study, out: str) -> tuple[str, dict]:
   """(the prepared 2-shard data dir, what it holds): data_dir as given, else the built-in
   corpus or the man pages of man_sections (linked under OUT/man), prepared under OUT/data."""
   if study.plan.data_dir:
-    return protocol.ensure_data(study.plan.data_dir, out, 2), {"what": "data_dir as given"}
+    return datasets.ensure_data(study.plan.data_dir, out, 2), {"what": "data_dir as given"}
   data = os.path.join(out, "data")
   source, what = "pystdlib", "the built-in corpus (this Python's standard library)"
   if study.corpus == "man":
@@ -166,7 +277,7 @@ def row_spec(study: Study, name: str, seed: int, start: dict, data: tuple, share
   """Row `name` at optimisation seed `seed` from seed record `start`, for `share` of its
   budget (in operations), scored on validation at each checkpoint (`data` = (dir, val))."""
   ops = study.plan.budget * study.specs[study.plan.reference].total_ops_per_update
-  return protocol.budgeted(study.methods[name], data[0], seed, start, "ops",
+  return training.budgeted(study.methods[name], data[0], seed, start, "ops",
                            ops * study.fraction(name) * share, 1,
                            fresh=name in study.plan.fresh_optimizer, score=data[1], marks=marks)
 
@@ -180,7 +291,7 @@ def select(study: Study, starts: dict, seed_sets: dict, data: tuple, out: str, e
     spec = row_spec(study, name, seed, s, data, study.select_fraction)
     found[name] = table7.Search(
         spec, study.grid, os.path.join(out, "runs", "select", name), f"select {name}",
-        {"step": protocol.start_step(spec, s), "val": starts[(seed, name)]["validation"].mean()},
+        {"step": training.start_step(spec, s), "val": starts[(seed, name)]["validation"].mean()},
         base=study.base(name), scorer=data[1])
   table7.run_searches(list(found.values()), data[1], executor)
   return found
@@ -218,15 +329,15 @@ def record(study: Study, name: str, spec, start: dict, start_w: dict, workdir: s
   """One row and seed: its start, validation curve, test at each declared budget it reaches
   (scored once each), lr trace and, for N > 1 by SPSA, the experts alone."""
   val, test = scored
-  step0 = protocol.start_step(spec, start)
-  points, _ = protocol.curve(workdir, spec, val, step0, float(start_w["validation"].mean()))
+  step0 = training.start_step(spec, start)
+  points, _ = scores.curve(workdir, spec, val, step0, float(start_w["validation"].mean()))
   amount, test_w = spec.budget.amount, {}
   for f in study.declared(name):
     mark = amount * (f / study.fraction(name))
     at = next(p for p in points[1:] if p["ops"] >= mark * (1 - 1e-12))
-    test_w[readouts.fraction_key(f)] = protocol.scored_at(workdir, at["step"], spec, test)[0]
-  rec = {"seed": spec.config.seed, "seed_run": protocol.start_of(start),
-         "workdir": protocol.shown(workdir, out), "lr": spec.lr, "eps": spec.eps,
+    test_w[readouts.fraction_key(f)] = scores.scored_at(workdir, at["step"], spec, test)[0]
+  rec = {"seed": spec.config.seed, "seed_run": training.start_of(start),
+         "workdir": planning.shown(workdir, out), "lr": spec.lr, "eps": spec.eps,
          "updates": points[-1]["update"], "ops": points[-1]["ops"],
          "start_loss": {k: float(v.mean()) for k, v in start_w.items()},
          "val_curve": points, "test": {k: float(v.mean()) for k, v in test_w.items()},
@@ -246,7 +357,7 @@ def train_rows(study: Study, chosen: dict, starts: dict, seed_sets: dict, data: 
       spec = table7.grid_point(row_spec(study, name, seed, s, data, 1.0, study.curve),
                                *chosen[name])
       jobs[(seed, name)] = (spec, os.path.join(out, "runs", f"seed{seed}", name), s)
-  protocol.train_all([(spec, w, f"seed {k[0]} {k[1]}") for k, (spec, w, _) in jobs.items()],
+  training.train_all([(spec, w, f"seed {k[0]} {k[1]}") for k, (spec, w, _) in jobs.items()],
                      executor)
   rows = {n: {"what": study.rows[n], "n_experts": study.specs[n].n_experts,
               "d_t": study.methods[n].model.d_t, "params": study.specs[n].method.ensemble_params,
@@ -269,7 +380,7 @@ def readout(study: Study, rows: dict, test: eval_lib.TestSet, draws: int, ops: f
   """Primary and secondary readouts, as declared (`narrow_readouts`), the primary first in
   their declared order."""
   primary, secondary = {}, {"contrasts": {}, "slopes": {}}
-  kind = protocol.interval_kind(study.plan)["kind"]
+  kind = planning.interval_kind(study.plan)["kind"]
   names = [*study.primary, *(n for n in study.contrasts if n not in study.primary)]
   for name in names:
     b, a = study.contrasts[name]
@@ -303,25 +414,25 @@ def readout(study: Study, rows: dict, test: eval_lib.TestSet, draws: int, ops: f
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
   """Seed runs per seed, the lr grid on the first seed, every row at every seed, the
   readouts; OUT/results.json, table.md and curves.png."""
-  begun = protocol.started(executor)
+  begun = results.started(executor)
   os.makedirs(out, exist_ok=True)
   study = check(config)
   plan = study.plan
   data_dir, corpus = corpus_dir(study, out)
-  val, test = protocol.eval_sets(plan.eval, data_dir, [s.seq_len for s in study.specs.values()])
-  seed_sets = protocol.train_seed_sets(plan, study.methods, data_dir, out, val, executor)
+  val, test = datasets.eval_sets(plan.eval, data_dir, [s.seq_len for s in study.specs.values()])
+  seed_sets = training.train_seed_sets(plan, study.methods, data_dir, out, val, executor)
   starts = {}
   for seed in plan.seeds:
     for name in study.methods:
       spec = row_spec(study, name, seed, seed_sets[seed][plan.start[name]], (data_dir, val), 1.0)
-      starts[(seed, name)] = protocol.start_losses(spec, {"validation": val, "test": test})
+      starts[(seed, name)] = scores.start_losses(spec, {"validation": val, "test": test})
   found = select(study, starts, seed_sets, (data_dir, val), out, executor)
   chosen = {n: (s.result()[0]["lr"], s.result()[0]["eps"]) for n, s in found.items()}
   rows = train_rows(study, chosen, starts, seed_sets, (data_dir, val), (val, test), out,
                     executor)
   ops = plan.budget * study.specs[plan.reference].total_ops_per_update
   got = readout(study, rows, test, plan.bootstrap_draws, ops)
-  payload = protocol.results(
+  payload = results.results(
       "narrow", SPEC, plan, command, begun,
       {"unit": "ops", "amount": ops, "per": "row and seed (times its row_fraction)",
        "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
@@ -331,10 +442,10 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
       {f"seed{s}": runs for s, runs in seed_sets.items()},
       corpus=corpus, intervals=narrow_report.intervals(plan),
       declared=narrow_report.declared(study), selection=narrow_report.selection(found, out),
-      rows=protocol.public(rows), readouts=protocol.public(got),
+      rows=results.public(rows), readouts=results.public(got),
       intervals_printed=narrow_report.count_intervals(got))
   narrow_report.plot(payload, os.path.join(out, "curves.png"))
-  return protocol.write(out, payload, narrow_report.table)
+  return results.write(out, payload, narrow_report.table)
 
 
 table = narrow_report.table  # compare.py's STUDIES entry: run and table

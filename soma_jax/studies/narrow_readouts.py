@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from soma_jax.studies import protocol
+from soma_jax.studies import statistics
 
 PAPER_DIRECTION = ("b minus a > 0: a (SOMA) lower, the direction the paper's claim for "
                    "sharding implies")
@@ -22,18 +22,18 @@ def contrast(rows: dict, b: str, a: str, fraction: float, doc_ids: np.ndarray, d
              kind: str = "seeds_own_starts") -> dict:
   """b's test end loss minus a's at one declared budget `fraction`, per seed and across seeds:
   the t interval over seeds widened by the test documents' bootstrap variance of the seed mean
-  (`protocol.widened_t_interval`), and the seeds-only t interval beside it. `kind`: what the
-  seeds' interval holds (`protocol.interval_kind`), recorded as `interval`."""
+  (`statistics.widened_t_interval`), and the seeds-only t interval beside it. `kind`: what the
+  seeds' interval holds (`planning.interval_kind`), recorded as `interval`."""
   key = fraction_key(fraction)
   pairs = list(zip(rows[b]["per_seed"], rows[a]["per_seed"], strict=True))
   diff_SxN = np.stack([np.asarray(y["_test_w"][key], np.float64)
                        - np.asarray(x["_test_w"][key], np.float64) for y, x in pairs])
   values = [float(d.mean()) for d in diff_SxN]
-  both = protocol.widened_t_interval(values, protocol.document_variance(
+  both = statistics.widened_t_interval(values, statistics.document_variance(
       diff_SxN, doc_ids, draws, int(pairs[0][1]["seed"])))
   return {"budget_fraction": fraction, "interval": f"{kind} + test documents", **both,
           "per_seed": values,
-          "seeds_only_ci95": protocol.t_interval(values)["ci95"]}
+          "seeds_only_ci95": statistics.t_interval(values)["ci95"]}
 
 
 def fraction_key(fraction: float) -> str:
@@ -48,7 +48,7 @@ def slope(by_fraction: list[dict], ops_budget: float, kind: str = "seeds_own_sta
   x = np.log2([c["budget_fraction"] * ops_budget for c in by_fraction])
   y_SxF = np.array([c["per_seed"] for c in by_fraction], np.float64).T
   per_seed = [float(np.polyfit(x, y, 1)[0]) for y in y_SxF]
-  stat = protocol.t_interval(per_seed)
+  stat = statistics.t_interval(per_seed)
   lo, hi = stat["ci95"] or (None, None)
   trend = ("grows" if lo is not None and lo > 0 else "shrinks" if hi is not None and hi < 0
            else "no measurable trend" + ("" if lo is None else
@@ -113,8 +113,8 @@ def mechanism(rows: dict, b: str, a: str) -> dict:
     if len(got) != len(rows[a]["per_seed"]):
       continue  # a seed whose curve does not reach u and 2u there
     d, g = [p[1] for p in got], [p[2] for p in got]
-    table.append({"update": u, "D": protocol.t_interval(d), "G": protocol.t_interval(g),
-                  "D_minus_G": protocol.t_interval([x - y for x, y in zip(d, g, strict=True)])})
+    table.append({"update": u, "D": statistics.t_interval(d), "G": statistics.t_interval(g),
+                  "D_minus_G": statistics.t_interval([x - y for x, y in zip(d, g, strict=True)])})
   return {"a": a, "b": b, "points": table, "crossing_update": crossing(table),
           "interval": "t over seeds, validation (no documents' noise)",
           "how": f"D(u) = {b}(u) - {a}(u) at equal updates, G(u) = {b}(u) - {b}(2u), on the "
@@ -152,12 +152,12 @@ def experts_alone(rows: dict, soma: str, one: str) -> list[dict]:
       gain.append(alone[-1] - mix[-1])
       if lo is not None:
         edge.append(lo - alone[-1])
-    out.append({"update": point["update"], "mixture": protocol.t_interval(mix),
-                "experts_alone_mean": protocol.t_interval(alone),
-                "each_expert": [protocol.across_seeds([s[0]["experts_alone"][i]["experts"][e]
+    out.append({"update": point["update"], "mixture": statistics.t_interval(mix),
+                "experts_alone_mean": statistics.t_interval(alone),
+                "each_expert": [statistics.across_seeds([s[0]["experts_alone"][i]["experts"][e]
                                                        for s in seeds])
                                 for e in range(len(point["experts"]))],
-                "ensemble_gain": protocol.t_interval(gain),
-                "per_expert_edge": protocol.t_interval(edge) if len(edge) == len(seeds)
+                "ensemble_gain": statistics.t_interval(gain),
+                "per_expert_edge": statistics.t_interval(edge) if len(edge) == len(seeds)
                 else None})
   return out

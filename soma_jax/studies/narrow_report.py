@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from soma_jax.studies import protocol, report
+from soma_jax.studies import planning, report, results
 
 HOW = ("end-loss differences: b minus a per seed on the same test windows, across seeds mean "
        "+- t_{0.975, S-1} * sqrt(sd^2 / S + document_sd^2), document_sd the test-document "
@@ -15,9 +15,9 @@ HOW = ("end-loss differences: b minus a per seed on the same test windows, acros
        "t intervals over seeds on validation")
 
 
-def intervals(plan: protocol.StudyPlan) -> dict:
+def intervals(plan: planning.StudyPlan) -> dict:
   """What every interval over seeds holds: the starts (own or shared) and the documents."""
-  return {**protocol.interval_kind(plan), "documents": HOW}
+  return {**planning.interval_kind(plan), "documents": HOW}
 
 
 def declared(study) -> dict:
@@ -43,7 +43,7 @@ def selection(found: dict, out: str) -> dict:
                  "updates": chosen["updates"],
                  "configurations": [{"lr": r["lr"], "eps": r["eps"],
                                      "val_nats_per_byte": r["val_nats_per_byte"],
-                                     "workdir": protocol.shown(r["workdir"], out)} for r in tried]}
+                                     "workdir": planning.shown(r["workdir"], out)} for r in tried]}
   return got
 
 
@@ -57,7 +57,7 @@ def count_intervals(x) -> int:
 
 
 def _ci(stat: dict | None, digits: int = 4) -> str:
-  return "-" if not stat or stat.get("mean") is None else protocol.ci(stat, digits)
+  return "-" if not stat or stat.get("mean") is None else results.ci(stat, digits)
 
 
 def _rows(p: dict) -> list[str]:
@@ -119,7 +119,7 @@ def table(p: dict) -> str:
       f"{p['corpus']['what']}. Evaluation: route {ev['route_bytes']} bytes, score "
       f"{ev['score_bytes']}, {ev['val_windows']} validation pieces from {ev['val_documents']} "
       f"documents, {ev['test_windows']} test pieces from {ev['test_documents']} documents. "
-      + protocol.load_line(p), "", *_rows(p),
+      + results.load_line(p), "", *_rows(p),
       "", "lr: selected on the first seed at "
       f"{p['declared']['select_fraction']:g} of each row's budget from a grid around "
       "its centre (results.json selection), then fixed for every seed; * = at the grid's edge.",

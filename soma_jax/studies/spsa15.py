@@ -27,16 +27,59 @@ import os
 import ml_collections
 
 from soma_jax.errors import UserError
-from soma_jax.studies import decompose, protocol
+from soma_jax.studies import decompose, planning, recipes, results
 
 SPEC = "issue 56 (1.5-SPSA against SPSA, on the decomposition's protocol of SPEC 9.8)"
 
 FIELDS = {
     "alphas": ("a non-empty tuple of finite numbers >= 0", lambda v: (
         isinstance(v, tuple | list) and len(v) > 0
-        and all(protocol.positive(strict=False)[1](x) for x in v))),
-    "alpha_seed": protocol.whole(0),
+        and all(planning.positive(strict=False)[1](x) for x in v))),
+    "alpha_seed": planning.whole(0),
 }
+
+
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=spsa15 (issue 56, docs/spsa15.md): SOMA N = 2 and the monolith of the same total
+  size, each by SPSA and by 1.5-SPSA (method=soma15), every row at the operations of `budget`
+  of SOMA's updates from its own seed run, each on its own lr grid (no eps stage); alpha in
+  `alphas` chosen per 1.5-SPSA row on seed `alpha_seed`, then fixed.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=spsa15,size=cpu --out=runs/spsa15
+  """
+  a = recipes.args(arg, seeds=0)
+  cpu = a["size"] == "cpu"
+  c = recipes.pair(a["study"], a["size"])
+  c.seeds = a["seeds"] or (5 if cpu else 2)
+  c.lr_factors = (0.5, 1.0, 2.0)  # one grid per row and seed around base_lr, grown past an
+  c.lr_extend = 2 if cpu else 0  # edge at most lr_extend times (tiny: the grid alone)
+  c.eps_factors, c.eps_extend = (1.0,), 0
+  rows = {"soma": (c.methods.soma_n2, "SOMA N = 2 by SPSA", "soma_expert"),
+          "mono": (c.methods.mono, "the monolith of the same total size by SPSA", "monolith")}
+  for name, (cfg, what, seed) in list(rows.items()):
+    curved = recipes.copy(cfg)
+    curved.method = "soma15"  # the same run with 1.5-SPSA's estimate (spsa15.alpha, .lam)
+    rows[name + "15"] = (curved, what.replace("by SPSA", "by 1.5-SPSA"), seed)
+  recipes.rows(c, rows)
+  c.reference, c.order = "soma", tuple(rows)
+  c.keep_width, c.fresh_optimizer = (), ()
+  c.row_base_lr, c.row_data = ml_collections.ConfigDict(), ml_collections.ConfigDict()
+  c.data_dir_random = ""
+  c.alphas = (0.1, 0.3)  # 1.5-SPSA's exponent, chosen per row on alpha_seed by validation
+  c.alpha_seed = c.first_seed
+  c.alpha_rows = ("soma15", "mono15")
+  c.effects = ml_collections.ConfigDict({  # name: (a, b), read as a against b
+      "spsa15_on_soma": ("soma15", "soma"), "spsa15_on_mono": ("mono15", "mono"),
+      "sharding_spsa": ("soma", "mono"), "sharding_spsa15": ("soma15", "mono15")})
+  # effect 1 minus effect 2: > 0 where 1.5-SPSA helps the monolith more than SOMA
+  c.interactions = ml_collections.ConfigDict(
+      {"helps_mono_more": ("spsa15_on_mono", "spsa15_on_soma")})
+  # The primary readouts, declared before anything trains: test end loss at the budget of
+  # these effects / interactions (does it help SOMA; the monolith more; SOMA's sign under it)
+  c.primary = ("spsa15_on_soma", "helps_mono_more", "sharding_spsa15")
+  # Does SOMA against the monolith keep its sign from SPSA to 1.5-SPSA (both intervals)?
+  c.sign_kept = ("sharding_spsa", "sharding_spsa15")
+  return c
 
 
 def _alpha_name(row: str, alpha: float) -> str:
@@ -46,12 +89,12 @@ def _alpha_name(row: str, alpha: float) -> str:
 def check(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, dict]:
   """The study's own fields, then both stages' decompose configs checked before anything
   trains (stage 2 at each row's first alpha); returns (stage 1's config, the first alphas)."""
-  protocol.check_fields(config, FIELDS)
+  planning.check_fields(config, FIELDS)
   for row in config.alpha_rows:
     if row not in config.methods:
       raise UserError(f"alpha_rows names {row!r}, which is not a row of "
                       f"{', '.join(config.methods)}; fix: --config.alpha_rows='(\"soma15\",)'")
-  if config.alpha_seed not in protocol.optimisation_seeds(config.first_seed, config.seeds):
+  if config.alpha_seed not in planning.optimisation_seeds(config.first_seed, config.seeds):
     raise UserError(f"alpha_seed={config.alpha_seed} is not one of the study's seeds; fix: "
                     f"--config.alpha_seed={config.first_seed}")
   if len(config.sign_kept) != 2 or any(e not in config.effects for e in config.sign_kept):
@@ -154,7 +197,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   payload["primary"] = primary(payload, tuple(config.primary))
   e1, e2 = (payload["effects"][e]["end_loss_difference"] for e in config.sign_kept)
   payload["sign_kept"] = {"effects": list(config.sign_kept), "verdict": sign_kept(e1, e2)}
-  return protocol.write(out, payload, table)
+  return results.write(out, payload, table)
 
 
 def primary(payload: dict, names: tuple) -> dict:

@@ -32,7 +32,7 @@ import os
 import ml_collections
 
 from soma_jax.errors import UserError
-from soma_jax.studies import fig7, protocol
+from soma_jax.studies import driver, fig7, planning, recipes, results, statistics, training
 
 PAPER = {
     "item": "Table 3",
@@ -52,6 +52,25 @@ SAME = ("n_experts", "d_t", "n_pert", "batch", "accum")  # what runs_from must s
 OWN_FIELDS = ("solo", "ensemble", "runs_from")  # table3's; the rest is fig7's config
 
 
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=table3 (the paper's Table 3): Figure 7's largest N and one expert alone, each
+  seed's checkpoint accounted by the paper's conventions.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=table3,size=cpu --out=runs/table3
+    ... --config.runs_from=runs/fig7   (a finished study=fig7: read its runs, train nothing)
+  """
+  c = fig7.config(arg)
+  n_max = max(m.n_experts for m in c.methods.values())
+  keep = ("n1", f"n{n_max}")  # the solo and the checkpoint accounted (the paper's N = 256)
+  recipes.rows(c, {n: (c.methods[n], c.rows[n], c.start[n]) for n in keep})
+  c.panels = ml_collections.ConfigDict({"experts": keep})
+  c.reference = keep[0]
+  c.order = keep
+  c.solo, c.ensemble = keep  # one expert alone (its step gives the fixed rate), the checkpoint
+  c.runs_from = ""  # a finished study=fig7 --out with these settings; "" = train them here
+  return c
+
+
 @dataclasses.dataclass(frozen=True)
 class Accounting:
   """The study's own fields (`check`): the fig7 sweep it reads, its two settings and where
@@ -65,10 +84,10 @@ class Accounting:
 
 
 def check(config: ml_collections.ConfigDict) -> Accounting:
-  """Every field before anything trains: fig7's (`fig7.check` on the config without this
+  """Every field before anything trains: fig7's (fig7's `check` on the config without this
   study's fields), the two settings (an N = 1 solo and a larger N of the same expert shape)
   and `runs_from`."""
-  protocol.check_fields(config, {
+  planning.check_fields(config, {
       "runs_from": ("a string (a fig7 --out folder, or empty)", lambda v: isinstance(v, str)),
       "solo": ("a method of config.methods", lambda v: v in config.methods),
       "ensemble": (f"a method of config.methods other than solo ({config.solo!r})",
@@ -77,8 +96,8 @@ def check(config: ml_collections.ConfigDict) -> Accounting:
   for key in OWN_FIELDS:
     del sub[key]
   sub.study = "fig7"
-  sweep = fig7.check(sub)
-  specs = protocol.check_runs(sweep.plan, protocol.sized(sub))
+  sweep = driver.checked(fig7.STUDY, sub)[1]
+  specs = training.check_runs(sweep.plan, planning.sized(sub))
   solo, ens = specs[config.solo], specs[config.ensemble]
   if solo.n_experts != 1 or ens.n_experts < 2:
     raise UserError(f"solo={config.solo!r} has N = {solo.n_experts} and ensemble="
@@ -108,7 +127,7 @@ def sweep_in(study: Accounting, folder: str) -> dict:
   of the same shape, budget and seeds, and every run's summary.json; else a UserError."""
   fix = ("fix: run study=fig7 with these settings there first, or --config.runs_from= "
          "(train here)")
-  theirs = protocol.finished_study(folder, "fig7", "runs_from", fix)
+  theirs = results.finished_study(folder, "fig7", "runs_from", fix)
   plan = study.sweep.plan
   settings = theirs.get("measured", {}).get("settings", {})
   for name in (study.solo, study.ensemble):
@@ -119,8 +138,8 @@ def sweep_in(study: Accounting, folder: str) -> dict:
                       f"; {fix}")
     seeds = [q["seed"] for q in got["per_seed"]]
     if seeds != list(plan.seeds):
-      raise UserError(f"runs_from={folder!r}: {name} ran seeds {protocol.seed_list(seeds)}, not "
-                      f"{protocol.seed_list(plan.seeds)}; "
+      raise UserError(f"runs_from={folder!r}: {name} ran seeds {planning.seed_list(seeds)}, not "
+                      f"{planning.seed_list(plan.seeds)}; "
                       f"{fix}")
     for q in got["per_seed"]:
       if _summary(folder, q["workdir"]) is None:
@@ -135,7 +154,7 @@ COUNTED = ("updates", "ops", "device_seconds", "update_seconds")  # what `accoun
 def _summary(folder: str, workdir: str) -> dict | None:
   """A run's summary.json with every counter `account` reads a finite number (updates and
   update_seconds > 0), or None (missing, truncated, tampered)."""
-  done = protocol.read_summary(os.path.join(folder, workdir))
+  done = results.read_summary(os.path.join(folder, workdir))
   if done is None or any(not isinstance(done.get(k), int | float) or isinstance(done.get(k), bool)
                          or not math.isfinite(done[k]) for k in COUNTED):
     return None
@@ -185,7 +204,7 @@ def readout(sweep: dict, folder: str, solo: str, ensemble: str) -> dict:
     rows = account(*done, q_ens["wall_seconds_this_call"], n)
     per_seed.append({"seed": q_ens["seed"], "workdirs": [q_ens["workdir"], q_solo["workdir"]],
                      **rows})
-  over = lambda key, row: protocol.across_seeds([s[key][row] for s in per_seed])
+  over = lambda key, row: statistics.across_seeds([s[key][row] for s in per_seed])
   paper = PAPER["gpu_hours"]
   return {
       "n_experts": n, "ensemble": ensemble, "solo": solo,
@@ -198,7 +217,7 @@ def readout(sweep: dict, folder: str, solo: str, ensemble: str) -> dict:
                    "calculation": PAPER["calculation"][r]} for r in ROWS},
       "not_reproduced": {"fixed_normalization": "the paper's fixed 0.140-second "
                          "normalization names a constant without its measurement"},
-      "per_expert_step_seconds": {k: protocol.across_seeds(
+      "per_expert_step_seconds": {k: statistics.across_seeds(
           [s["per_expert_step_seconds"][k] for s in per_seed])
           for k in ("in_the_ensemble_step", "alone")}}
 
@@ -206,7 +225,7 @@ def readout(sweep: dict, folder: str, solo: str, ensemble: str) -> dict:
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
   """fig7's two settings (read from `runs_from`, else trained into OUT/fig7 by `executor`),
   then each seed's checkpoint accounted; OUT/results.json and table.md."""
-  begun = protocol.started(executor)
+  begun = results.started(executor)
   os.makedirs(out, exist_ok=True)
   study = check(config)
   if study.runs_from:
@@ -214,18 +233,18 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
     sweep = sweep_in(study, folder)
   else:
     folder = os.path.join(out, "fig7")
-    sweep = fig7.run(study.sweep_config, folder, command, executor)
+    sweep = driver.run(fig7.STUDY, study.sweep_config, folder, command, executor)
   measured = readout(sweep, folder, study.solo, study.ensemble)
   payload = {
       "study": "table3", "spec": "paper Table 3 (compute accounting), scaled down by SPEC 9.6",
       "command": command, "runs_from": study.runs_from,
-      "fig7_folder": study.runs_from or protocol.shown(folder, out), "load_average": {
+      "fig7_folder": study.runs_from or planning.shown(folder, out), "load_average": {
           "start": begun["load_average"], "end": list(os.getloadavg())},
       "sweep_load_average": sweep["load_average"], "platform": sweep["platform"],
       "budget": sweep["budget"], "seeds": sweep["seeds"], "seed_runs": sweep["seed_runs"],
-      "paper": PAPER, "measured": measured, "cost": protocol.cost(out, begun)}
+      "paper": PAPER, "measured": measured, "cost": results.cost(out, begun)}
   payload["wall_seconds"] = payload["cost"]["wall_seconds"]
-  return protocol.write(out, payload, table)
+  return results.write(out, payload, table)
 
 
 def table(p: dict) -> str:

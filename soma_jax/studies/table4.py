@@ -7,15 +7,15 @@ on SOMA's data and for SOMA's number of updates in each seed (`match_updates`):
 - `head_only`: SOMA N = 2 with its bodies frozen, only the delta-rule heads training;
 - `soma_n2_summed`: SOMA N = 2 with the N losses summed before every finite difference
   (the shared loss), the same directions.
-Every row continues the seed run of its own architecture (`protocol`: equal seed updates,
+Every row continues the seed run of its own architecture (`training`: equal seed updates,
 the seed's whole train state), the same for every optimisation seed, and trains for `budget`
 in `budget_unit` (the paper: GPU-hours; here SPEC 7's operations at size=cpu, 1.6e12 per row
 and seed on any machine, since the rows do unequal operations per update and no load moves
 an operation count; updates at size=tiny; any other unit with --config.budget_unit). A
-budget the step cap would cut off is refused before anything trains (`protocol.check_plan`).
+budget the step cap would cut off is refused before anything trains (`planning.check_plan`).
 Reported per row: operations, updates and the budget used; per seed the start, end and gain
 (start - end) on validation and test; SOMA's gain minus each row's gain with its 95% t
-interval across seeds (`protocol.gain_difference`); the end test loss with its paired CI
+interval across seeds (`statistics.gain_difference`); the end test loss with its paired CI
 against SOMA; and beside it, labelled as such, the ranking at equal operations (each row's
 test curve read at the smallest operation count any budget row reached).
 """
@@ -23,6 +23,7 @@ test curve read at the smallest operation count any budget row reached).
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import ml_collections
 import numpy as np
@@ -30,89 +31,126 @@ import numpy as np
 from soma_jax import evaluate as eval_lib
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol
+from soma_jax.studies import (
+  base,
+  driver,
+  planning,
+  recipes,
+  results,
+  scores,
+  statistics,
+  training,
+)
 
 
-def run_config(name: str, c: ml_collections.ConfigDict, plan: protocol.StudyPlan,
-               data_dir: str, seed: int, start: dict, ref_updates: int | None,
-               score: eval_lib.TestSet | None = None) -> spec_lib.RunSpec:
-  """The run of row `name` at one seed: to the budget, or (a control) to the reference's
-  updates in this seed. `score`: the set its curve is read on (the test set), scored by
-  training at each checkpoint (`protocol.budgeted`)."""
-  fresh = name in plan.fresh_optimizer  # its seed's parameters, fresh Adam moments
-  if name in plan.match_updates:
-    return protocol.budgeted(c, data_dir, seed, start, "updates", ref_updates,
-                             plan.curve_points, fresh=fresh, score=score)
-  return protocol.budgeted(c, data_dir, seed, start, plan.unit, plan.budget, plan.curve_points,
-                           fresh=fresh, score=score)
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=table4: the allocation rows and two controls, 1.6e12 of SPEC 7's operations per
+  row and seed at size=cpu (on a CPU and a GPU alike: the rows differ in cost per update).
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=table4,size=cpu --out=runs/table4
+  """
+  a = recipes.args(arg)
+  return recipes.allocation(a["study"], a["size"])
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """Seeds, then every row at every optimisation seed (each stage's runs by `executor`,
-  `protocol.train_all`); writes results.json and table.md."""
-  begun = protocol.started(executor)
-  os.makedirs(out, exist_ok=True)
-  plan = protocol.check_plan(config)  # every field, and every run resolved, before data
-  methods, unit = protocol.sized(config), plan.unit
+class Rows(NamedTuple):
+  """Table 4's own fields (`check`): what each row stands for in the paper's table."""
+  rows: dict[str, str]
+
+
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Rows:
+  """The controls match the reference's updates, and are methods."""
   ref = plan.reference
   for name, target in plan.match_updates.items():
-    if name not in methods or target != ref:
+    if name not in config.methods or target != ref:
       raise UserError(f"match_updates.{name}={target!r}: controls match the reference {ref!r}, "
                       f"and must be methods; fix: --config.match_updates.{name}={ref}")
-  specs = protocol.check_runs(plan, methods)
-  protocol.check_equal_ops(specs, 1.0, unit)  # printed; unequal costs are Table 4's point
-  data_dir = protocol.ensure_data(plan.data_dir, out, max(s.n_experts for s in specs.values()))
-  val, test = protocol.eval_sets(plan.eval, data_dir, [s.seq_len for s in specs.values()])
-  seeds = protocol.train_seeds(plan, methods, data_dir, out, val, executor)
-  starts, results = {}, {}
-  for n, c in methods.items():
-    first = protocol.budgeted(c, data_dir, plan.seeds[0], seeds[plan.start[n]], unit, 1, 1)
-    starts[n] = protocol.start_losses(first, {"validation": val, "test": test})
-    results[n] = describe(n, first, plan, seeds[plan.start[n]], protocol.layout_of(first))
-  rows, ends = train_rows(plan, methods, (data_dir, out), seeds, starts, (val, test), executor)
+  return Rows({n: config.rows.get(n, "") for n in config.methods})
+
+
+def run_config(name: str, methods: dict, plan: planning.StudyPlan, data_dir: str, seed: int,
+               start: dict, ref_updates: int | None,
+               score: eval_lib.TestSet | None = None) -> spec_lib.RunSpec:
+  """The run of row `name` (its training config in `methods`) at one seed: to the budget, or
+  (a control) to the reference's updates in this seed. `score`: the set its curve is read on
+  (the test set), scored by training at each checkpoint (`training.budgeted`)."""
+  fresh = name in plan.fresh_optimizer  # its seed's parameters, fresh Adam moments
+  if name in plan.match_updates:
+    return training.budgeted(methods[name], data_dir, seed, start, "updates", ref_updates,
+                             plan.curve_points, fresh=fresh, score=score)
+  return training.budgeted(methods[name], data_dir, seed, start, plan.unit, plan.budget,
+                           plan.curve_points, fresh=fresh, score=score)
+
+
+def stages(grid: Rows, ready: base.Setup) -> base.Stages:
+  """Each row's start scored, then every row at every seed (`rows_stages`); (described, per-seed
+  records, end test losses, starts)."""
+  plan, (val, test) = ready.plan, ready.scored
+  starts, described = {}, {}
+  for n, c in ready.methods.items():
+    start = ready.seeds[plan.start[n]]
+    first = training.budgeted(c, ready.data_dir, plan.seeds[0], start, plan.unit, 1, 1)
+    starts[n] = scores.start_losses(first, {"validation": val, "test": test})
+    described[n] = describe(n, first, plan, start, training.layout_of(first))
+  records, ends = yield from rows_stages(plan, ready.methods, (ready.data_dir, ready.out),
+                                         ready.seeds, starts, ready.scored)
+  return described, records, ends, starts
+
+
+def measure(grid: Rows, ready: base.Setup, gathered: tuple) -> dict:
+  """Each row's per-seed records with its end gap to the reference, aggregated; the gain
+  differences and the ranking at equal operations."""
+  described, records, ends, starts = gathered
+  plan, test, ref = ready.plan, ready.scored[1], ready.plan.reference
   for seed in plan.seeds:
-    for name in methods:
-      results[name]["per_seed"].append(rows[(seed, name)])
-    for name in methods:
-      results[name]["per_seed"][-1].update(_paired(ends, ref, name, seed, test,
-                                                   plan.bootstrap_draws))
-  for r in results.values():
+    for name in ready.methods:
+      described[name]["per_seed"].append(records[(seed, name)])
+    for name in ready.methods:
+      described[name]["per_seed"][-1].update(_paired(ends, ref, name, seed, test,
+                                                     plan.bootstrap_draws))
+  for r in described.values():
     aggregate(r)
-  payload = protocol.results(
-      "table4", "SPEC 9.1 (paper App. I.1, Table 4 / Figure 1), scaled down by SPEC 9.6", plan,
-      command, begun,
-      {"unit": unit, "per": "row and seed", "seed_updates": plan.seed_updates,
-       "controls": f"{', '.join(plan.match_updates)}: {ref}'s updates per seed, "
-                   "not the budget"},
-      (val, test), data_dir, out, seeds, layout={n: r["layout"] for n, r in results.items()},
-      rows={n: config.rows.get(n, "") for n in methods}, methods=results,
-      gain_difference=gain_differences(results, ends, starts, ref, test, plan.bootstrap_draws))
-  payload["equal_ops"] = equal_ops(payload, [n for n in methods if n not in plan.match_updates])
-  return protocol.write(out, payload, table)
+  fields = {"budget": {"unit": plan.unit, "per": "row and seed",
+                       "seed_updates": plan.seed_updates,
+                       "controls": f"{', '.join(plan.match_updates)}: {ref}'s updates per "
+                                   "seed, not the budget"},
+            "layout": {n: r["layout"] for n, r in described.items()}, "rows": grid.rows,
+            "methods": described,
+            "gain_difference": gain_differences(described, ends, starts, ref, test,
+                                                plan.bootstrap_draws)}
+  fields["equal_ops"] = equal_ops(fields, [n for n in ready.methods
+                                           if n not in plan.match_updates])
+  return fields
 
 
-def train_rows(plan: protocol.StudyPlan, methods: dict, where: tuple[str, str],
-               seeds: dict, starts: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet],
-               executor=None) -> tuple[dict, dict]:
-  """Every row at every optimisation seed in two stages, each trained by `executor`: the rows
-  on the budget, then the controls at the reference's updates in their seed. Returns
-  ({(seed, row): its per-seed record}, {(seed, row): its end per-window test losses})."""
+def rows_stages(plan: planning.StudyPlan, methods: dict, where: tuple[str, str],
+                seeds: dict, starts: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet]
+                ) -> base.Stages:
+  """Every row at every optimisation seed in two stages: the rows on the budget, then the
+  controls at the reference's updates in their seed. Returns ({(seed, row): its per-seed
+  record}, {(seed, row): its end per-window test losses})."""
   data_dir, out = where
   records, ends = {}, {}
   for stage in ([n for n in methods if n not in plan.match_updates],
                 [n for n in methods if n in plan.match_updates]):
     planned = {(seed, name): run_config(
-        name, methods[name], plan, data_dir, seed, seeds[plan.start[name]],
+        name, methods, plan, data_dir, seed, seeds[plan.start[name]],
         records[(seed, plan.reference)]["updates"] if name in plan.match_updates else None,
         score=scored[1])
         for seed in plan.seeds for name in stage}
-    walls = protocol.train_all([(row, os.path.join(out, "runs", f"seed{seed}", name),
-                                 f"{name} (seed {seed})") for (seed, name), row in planned.items()],
-                               executor)
+    walls = yield [(row, os.path.join(out, "runs", f"seed{seed}", name), f"{name} (seed {seed})")
+                   for (seed, name), row in planned.items()]
     for ((seed, name), row), wall in zip(planned.items(), walls, strict=True):
       records[(seed, name)], ends[(seed, name)] = row_record(
           row, out, seed, name, seeds[plan.start[name]], starts[name], scored, wall)
   return records, ends
+
+
+def train_rows(plan: planning.StudyPlan, methods: dict, where: tuple[str, str],
+               seeds: dict, starts: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet],
+               executor=None) -> tuple[dict, dict]:
+  """`rows_stages`, each stage trained by `executor` (`driver.through`)."""
+  return driver.through(rows_stages(plan, methods, where, seeds, starts, scored), executor)
 
 
 def row_record(row: spec_lib.RunSpec, out: str, seed: int, name: str, start: dict,
@@ -122,42 +160,42 @@ def row_record(row: spec_lib.RunSpec, out: str, seed: int, name: str, start: dic
   losses)."""
   val, test = scored
   workdir = os.path.join(out, "runs", f"seed{seed}", name)
-  first = protocol.start_step(row, start)
-  points, end_test = protocol.curve(workdir, row, test, first, start_w["test"].mean())
-  end_val = protocol.final_losses(workdir, row, val)
-  done = protocol.summary(workdir, row, first)
+  first = training.start_step(row, start)
+  points, end_test = scores.curve(workdir, row, test, first, start_w["test"].mean())
+  end_val = scores.final_losses(workdir, row, val)
+  done = scores.summary(workdir, row, first)
   print(f"[table4] seed {seed} {name}: {done['updates']} updates, "
-        f"{protocol.budget_used(done):.4g} {done['budget_unit']}, test "
+        f"{scores.budget_used(done):.4g} {done['budget_unit']}, test "
         f"{start_w['test'].mean():.4f} -> {end_test.mean():.4f}", flush=True)
-  return {"seed": seed, "start": protocol.start_of(start), **done,
-          "budget_used": protocol.budget_used(done), "wall_seconds_this_call": wall,
-          "workdir": protocol.shown(workdir, out), "curve": points, "curve_split": "test",
+  return {"seed": seed, "start": training.start_of(start), **done,
+          "budget_used": scores.budget_used(done), "wall_seconds_this_call": wall,
+          "workdir": planning.shown(workdir, out), "curve": points, "curve_split": "test",
           "test_nats_per_byte": float(end_test.mean()),
-          **protocol.row_losses(start_w, {"validation": end_val, "test": end_test})}, end_test
+          **statistics.row_losses(start_w, {"validation": end_val, "test": end_test})}, end_test
 
 
 def _paired(ends: dict, ref: str, name: str, seed: int, test: eval_lib.TestSet,
             draws: int) -> dict:
-  d = protocol.paired(ends[(seed, ref)], ends[(seed, name)], test.doc_ids, draws, seed)
+  d = statistics.paired(ends[(seed, ref)], ends[(seed, name)], test.doc_ids, draws, seed)
   return {"minus_ref": d["diff"], "minus_ref_ci95": d["ci95"]}
 
 
-def gain_differences(results: dict, ends: dict, starts: dict, ref: str,
+def gain_differences(described: dict, ends: dict, starts: dict, ref: str,
                      test: eval_lib.TestSet, draws: int) -> dict:
   """{row: the reference's gain minus the row's} for every row but the reference."""
   out = {}
-  for name, r in results.items():
+  for name, r in described.items():
     if name == ref:
       continue
     seeds = [q["seed"] for q in r["per_seed"]]
     gains_w = [(starts[ref]["test"] - ends[(s, ref)], starts[name]["test"] - ends[(s, name)])
                for s in seeds]
-    out[name] = protocol.gain_difference(results[ref]["per_seed"], r["per_seed"], gains_w,
+    out[name] = statistics.gain_difference(described[ref]["per_seed"], r["per_seed"], gains_w,
                                          test.doc_ids, draws)
   return out
 
 
-def describe(name: str, spec: spec_lib.RunSpec, plan: protocol.StudyPlan, seed: dict,
+def describe(name: str, spec: spec_lib.RunSpec, plan: planning.StudyPlan, seed: dict,
              layout: dict) -> dict:
   """What a row is (its Method's `describe`: model, directions per update) and its budget."""
   c = spec.config  # the row's settings as its config names them
@@ -167,7 +205,7 @@ def describe(name: str, spec: spec_lib.RunSpec, plan: protocol.StudyPlan, seed: 
           "d_t": c.model.d_t, "depth": c.model.depth, "params": spec.method.ensemble_params,
           "seq_len": spec.seq_len, "batch": c.spsa.batch, "accum": c.spsa.accum, "lr": spec.lr,
           "eps": spec.eps, "layout": layout,
-          "ops_per_update": spec.total_ops_per_update, "start": protocol.start_of(seed),
+          "ops_per_update": spec.total_ops_per_update, "start": training.start_of(seed),
           "budget": ("updates of " + plan.reference if name in plan.match_updates
                      else plan.unit),
           "per_seed": []}
@@ -177,9 +215,9 @@ def aggregate(r: dict) -> None:
   per = r["per_seed"]
   for key in ("test_nats_per_byte", "minus_ref", "updates", "ops", "device_seconds",
               "cpu_seconds", "budget_used"):
-    r[key] = protocol.across_seeds([p[key] for p in per])
+    r[key] = statistics.across_seeds([p[key] for p in per])
   r["start_loss"] = per[0]["start_loss"]  # the same for every seed
-  r["gain"] = {s: protocol.t_interval([p["gain"][s] for p in per]) for s in ("validation", "test")}
+  r["gain"] = {s: statistics.t_interval([p["gain"][s] for p in per]) for s in ("validation", "test")}
   r["ref_wins"] = int(sum(p["minus_ref"] > 0 for p in per))
   r["ref_wins_ci_excludes_zero"] = int(sum(p["minus_ref_ci95"][0] > 0 for p in per))
 
@@ -193,7 +231,7 @@ def equal_ops(payload: dict, names: list[str]) -> dict:
   for n in names:
     per = [float(np.interp(ops, [q["ops"] for q in p["curve"]], [q["loss"] for q in p["curve"]]))
            for p in methods[n]["per_seed"]]
-    at[n] = protocol.across_seeds(per)
+    at[n] = statistics.across_seeds(per)
   order = sorted(names, key=lambda n: at[n]["mean"])
   return {"ops": ops, "how": "each row's test curve (its start and its checkpoints) "
           "interpolated linearly in operations at the smallest final ops of any budget row",
@@ -216,9 +254,9 @@ def _line(name: str, r: dict, p: dict) -> str:
   return (f"| {name} | {r['budget']} | {r['n_experts']} | {r['d_t']} | {_fmt(r['params'])} | "
           f"{dirs} | {_fmt(r['ops_per_update'])} | {r['updates']['mean']:.0f} | "
           f"{r[unit]['mean']:.4g} | {r['start_loss']['test']:.4f} | "
-          f"{protocol.pm(r['test_nats_per_byte'], digits=4)} | {protocol.ci(r['gain']['test'])} | "
-          f"{protocol.ci(r['gain']['validation'])} | " + ("-" if g is None else protocol.ci(g))
-          + " | " + ("-" if name == ref else f"{protocol.pm(r['minus_ref'], True)} "
+          f"{results.pm(r['test_nats_per_byte'], digits=4)} | {results.ci(r['gain']['test'])} | "
+          f"{results.ci(r['gain']['validation'])} | " + ("-" if g is None else results.ci(g))
+          + " | " + ("-" if name == ref else f"{results.pm(r['minus_ref'], True)} "
                     f"({r['ref_wins']}/{n_seeds})") + " |")
 
 
@@ -263,3 +301,8 @@ def table(p: dict) -> str:
                 f"ensemble val {s['ensemble_val_nats_per_byte']:.3f}"
                 for k, s in p["seed_runs"].items()) + "."]
   return "\n".join(lines) + "\n"
+
+
+STUDY = base.Study(spec="SPEC 9.1 (paper App. I.1, Table 4 / Figure 1), scaled down by SPEC 9.6",
+                   config=config, check=check, stages=stages, measure=measure, table=table,
+                   ops_tolerance=base.any_ops)  # unequal costs per update are Table 4's point

@@ -24,7 +24,16 @@ import ml_collections
 import numpy as np
 
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol
+from soma_jax.studies import (
+  base,
+  driver,
+  planning,
+  recipes,
+  results,
+  scores,
+  statistics,
+  training,
+)
 
 PAPER = {
     "item": "Table 5",
@@ -39,29 +48,63 @@ PAPER = {
 }
 
 
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=table5 (the paper's Table 5): SOMA and BPTT at each N of n_list, equal total size,
+  each N's rows from one seed run of its width.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=table5,size=cpu --out=runs/table5
+  """
+  c, a = recipes.paper_study(arg)
+  size, cpu = a["size"], a["size"] == "cpu"
+  c.seeds = a["seeds"] or (3 if cpu else 2)
+  # Every row's total size is the largest N's at the experts' width (SOMA N = 8 of width 32:
+  # 329,920 parameters at size=cpu; at the comparisons' 82k, N = 8 would be width 7 and its
+  # heads 80% of it), and every row runs the operations of `budget` updates of that SOMA row;
+  # the paper's three GPU-hour budgets are read as fractions of it.
+  c.budget = 500.0 if cpu else 3.0
+  c.budget_fractions = (0.5, 0.75, 1.0)  # the paper's 50 / 75 / 100 GPU-hours
+  c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  lr = c.base_lr
+  seed = c.seed_runs.soma_expert
+  c.methods, c.rows, c.start, c.seed_runs = (ml_collections.ConfigDict() for _ in range(4))
+  n_list = (1, 2, 8) if cpu else (1, 2, 3)  # the paper's 1, 2, 8
+  for n in n_list:
+    c.seed_runs[f"seed_n{n}"] = recipes.copy(seed)  # at N's width
+    c.methods[f"soma_n{n}"] = recipes.recipe("soma.py", f"n={n},size={size}", size, lr)
+    bptt = recipes.recipe("bptt.py", f"n={n},size={size}", size, lr)
+    bptt.method, bptt.opt.lr = "bptt", 3e-3  # bptt.py's lr
+    c.methods[f"bptt_n{n}"] = bptt
+    for kind, what in (("soma", "SOMA (SPSA)"), ("bptt", "BPTT (backprop + Adam, fresh)")):
+      c.rows[f"{kind}_n{n}"] = f"{what}, N = {n}, each expert on its shard"
+      c.start[f"{kind}_n{n}"] = f"seed_n{n}"
+  c.reference = f"soma_n{n_list[-1]}"  # every row's params match it; the budget: its updates
+  c.order = tuple(c.methods.keys())
+  c.fresh_optimizer = tuple(n for n in c.methods if n.startswith("bptt"))
+  return c
+
+
 @dataclasses.dataclass(frozen=True)
 class Grid:
-  """The study's own fields (`check`): the plan, which rows are which (N, optimiser), the
-  budget fractions read, the corpus."""
-  plan: protocol.StudyPlan
+  """The study's own fields (`check`): which rows are which (N, optimiser), the budget
+  fractions read, the corpus."""
   rows: dict  # {method: (N, "soma" | "bptt")}
   fractions: tuple[float, ...]
   source: str
   prepare: dict
 
 
-def check(config: ml_collections.ConfigDict) -> Grid:
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Grid:
   """The plan (every method resolved), one SOMA and one BPTT row per N, the fractions."""
-  plan = protocol.check_plan(config)
   if plan.unit != "updates":
     raise UserError(f"budget_unit={plan.unit!r}: table5's budget is `budget` updates of the "
                     "reference, run as their operations by every row; fix: "
                     "--config.budget_unit=updates")
-  fractions = protocol.check_fractions(config, "budget_fractions", "(0.5, 0.75, 1.0)")
-  protocol.check_source(config)
+  fractions = planning.check_fractions(config, "budget_fractions", "(0.5, 0.75, 1.0)")
+  planning.check_source(config)
   rows = {}
   for name, c in config.methods.items():
-    gradient = protocol.resolved(c, f"methods.{name}.").method.describe["gradient"]
+    gradient = planning.resolved(c, f"methods.{name}.").method.describe["gradient"]
     kind = {"zero-order": "soma", "exact (backprop)": "bptt"}.get(gradient)
     if kind is None:
       raise UserError(f"methods.{name}: its gradient is {gradient!r}; table5 compares "
@@ -74,56 +117,52 @@ def check(config: ml_collections.ConfigDict) -> Grid:
   if sorted(set(pairs)) != pairs or any(
       sum(1 for n, _ in pairs if n == m) != 2 for m, _ in pairs):
     raise UserError(f"methods must hold one soma and one bptt row per N; have {rows}")
-  return Grid(plan, rows, fractions, config.source, dict(config.get("prepare", {}).items()))
+  return Grid(rows, fractions, config.source, dict(config.get("prepare", {}).items()))
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """Seeds (on the one-shard data dir), then every row at every optimisation seed (one stage,
-  by `executor`); OUT/results.json and OUT/table.md."""
-  begun = protocol.started(executor)
-  os.makedirs(out, exist_ok=True)
-  grid = check(config)
-  plan = grid.plan
-  methods = protocol.sized(config)
-  specs = protocol.check_runs(plan, methods)
-  ops_budget = plan.budget * specs[plan.reference].total_ops_per_update
-  dirs, scored = protocol.per_n_sets(plan.eval, specs, grid.source, grid.prepare, out)
-  seeds = protocol.train_seeds(plan, methods, dirs[1], out, scored[1][0], executor)
+def stages(grid: Grid, ready: base.Setup) -> base.Stages:
+  """Every row at every optimisation seed (one stage), each at the operations of `budget` of
+  the reference's updates, from its N's seed run; their validation curves."""
+  plan, seeds, out, (dirs, sets) = ready.plan, ready.seeds, ready.out, ready.data[:2]
+  ops_budget = plan.budget * ready.specs[plan.reference].total_ops_per_update
   planned, starts = {}, {}
-  for name, c in methods.items():
+  for name, c in ready.methods.items():
     c = ml_collections.ConfigDict(c.to_dict())
     n = grid.rows[name][0]
     c.init_from_other_data = n != 1  # the seed's windows, cut into N shards
     for seed in plan.seeds:
-      planned[(seed, name)] = protocol.budgeted(
+      planned[(seed, name)] = training.budgeted(
           c, dirs[n], seed, seeds[plan.start[name]], "ops", ops_budget, plan.curve_points,
-          f"methods.{name}.", fresh=name in plan.fresh_optimizer, score=scored[n][0])
-    starts[name] = protocol.start_losses(planned[(plan.seeds[0], name)],
-                                         {"validation": scored[n][0]})["validation"].mean()
+          f"methods.{name}.", fresh=name in plan.fresh_optimizer, score=sets[n][0])
+    starts[name] = scores.start_losses(planned[(plan.seeds[0], name)],
+                                       {"validation": sets[n][0]})["validation"].mean()
   where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
-  walls = protocol.train_all([(spec, where(*key), f"{key[1]} (seed {key[0]})")
-                              for key, spec in planned.items()], executor)
+  walls = yield [(spec, where(*key), f"{key[1]} (seed {key[0]})")
+                 for key, spec in planned.items()]
   curves = {}
   for (key, spec), wall in zip(planned.items(), walls, strict=True):
     seed, name = key
-    first = protocol.start_step(spec, seeds[plan.start[name]])
-    points, _ = protocol.curve(where(*key), spec, scored[grid.rows[name][0]][0], first,
-                               starts[name])
+    first = training.start_step(spec, seeds[plan.start[name]])
+    points, _ = scores.curve(where(*key), spec, sets[grid.rows[name][0]][0], first,
+                             starts[name])
     curves[key] = {"seed": seed, "curve": points, "wall_seconds_this_call": wall,
-                   "workdir": protocol.shown(where(*key), out)}
-  measured = measure(grid, methods, specs, planned, curves, starts, ops_budget)
-  val, test = scored[1]
-  payload = protocol.results(
-      "table5", "paper Table 5 (SOMA against BPTT at N = 1, 2, 8), scaled down by SPEC 9.6",
-      plan, command, begun,
-      {"unit": "ops", "amount": ops_budget, "per": "row and seed",
-       "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
-       "fractions": list(grid.fractions)},
-      (val, test), dirs[1], out, seeds, paper=PAPER, measured=measured,
-      data_dirs={n: protocol.shown(d, out) for n, d in dirs.items()},
-      how="each row's ensemble-validation curve (start and checkpoints) interpolated linearly "
-          "in operations at each fraction of the budget; mean +- sample sd over seeds")
-  return protocol.write(out, payload, table)
+                   "workdir": planning.shown(where(*key), out)}
+  return planned, curves, starts, ops_budget
+
+
+def measure(grid: Grid, ready: base.Setup, gathered: tuple) -> dict:
+  """The rows and cells (`rows_and_cells`), the budget and the data dirs."""
+  planned, curves, starts, ops_budget = gathered
+  plan = ready.plan
+  return {"budget": {"unit": "ops", "amount": ops_budget, "per": "row and seed",
+                     "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
+                     "fractions": list(grid.fractions)},
+          "paper": PAPER,
+          "measured": rows_and_cells(grid, plan, ready.methods, ready.specs, planned, curves,
+                                     starts, ops_budget),
+          "how": "each row's ensemble-validation curve (start and checkpoints) interpolated "
+                 "linearly in operations at each fraction of the budget; mean +- sample sd "
+                 "over seeds"}
 
 
 def at_budget(points: list[dict], ops: float) -> float:
@@ -133,11 +172,11 @@ def at_budget(points: list[dict], ops: float) -> float:
   return float(np.interp(ops, x, y))
 
 
-def measure(grid: Grid, methods: dict, specs: dict, planned: dict, curves: dict, starts: dict,
-            ops_budget: float) -> dict:
+def rows_and_cells(grid: Grid, plan: planning.StudyPlan, methods: dict, specs: dict, planned: dict,
+            curves: dict, starts: dict, ops_budget: float) -> dict:
   """{rows: each row's description and per-seed curves, cells: {N: {fraction: {soma, bptt,
   bptt_minus_soma}}}}."""
-  plan, rows = grid.plan, {}
+  rows = {}
   for name in methods:
     spec = planned[(plan.seeds[0], name)]
     per = [curves[(s, name)] for s in plan.seeds]
@@ -156,9 +195,9 @@ def measure(grid: Grid, methods: dict, specs: dict, planned: dict, curves: dict,
     cells[n] = {}
     for f in grid.fractions:
       soma, bptt = rows[by["soma"]]["at"][f], rows[by["bptt"]]["at"][f]
-      cells[n][f] = {"ops": f * ops_budget, "soma": protocol.across_seeds(soma),
-                     "bptt": protocol.across_seeds(bptt),
-                     "bptt_minus_soma": protocol.t_interval(
+      cells[n][f] = {"ops": f * ops_budget, "soma": statistics.across_seeds(soma),
+                     "bptt": statistics.across_seeds(bptt),
+                     "bptt_minus_soma": statistics.t_interval(
                          [b - a for a, b in zip(soma, bptt, strict=True)])}
   return {"rows": rows, "cells": {str(n): {str(f): v for f, v in c.items()}
                                   for n, c in cells.items()}}
@@ -173,7 +212,7 @@ def table(p: dict) -> str:
            f"operations per row and seed ({b['reference_updates']:g} updates of "
            f"{p['reference']}), {len(p['seeds'])} seeds; ensemble validation "
            f"({p['eval']['val_windows_scored']} windows from {p['eval']['val_documents']} "
-           f"documents), mean ± sample sd. " + protocol.load_line(p), "",
+           f"documents), mean ± sample sd. " + results.load_line(p), "",
            "| N | " + " | ".join(f"SOMA {f:g} | BPTT {f:g}" for f in fr)
            + " | paper SOMA / BPTT at 50 / 75 / 100 GPU-hours |",
            "|---|" + "---|---|" * len(fr) + "---|"]
@@ -182,8 +221,8 @@ def table(p: dict) -> str:
     theirs = ("-" if paper is None else " ; ".join(
         f"{a:.4f} / {z:.4f}" for a, z in zip(paper["soma"], paper["bptt"], strict=True)))
     lines.append(f"| {n} | " + " | ".join(
-        f"{protocol.pm(cells[str(f)]['soma'], digits=4)} | "
-        f"{protocol.pm(cells[str(f)]['bptt'], digits=4)}" for f in fr) + f" | {theirs} |")
+        f"{results.pm(cells[str(f)]['soma'], digits=4)} | "
+        f"{results.pm(cells[str(f)]['bptt'], digits=4)}" for f in fr) + f" | {theirs} |")
   lines += ["", "Budgets are fractions of the operations budget (columns); rows:", "",
             "| row | N | optimiser | width | params | lr | ops / update | start |",
             "|---|---|---|---|---|---|---|---|"]
@@ -192,3 +231,8 @@ def table(p: dict) -> str:
                  f"{r['params']:,} | {r['lr']:g} | {r['ops_per_update']:.3g} | "
                  f"{r['start_loss']:.4f} |")
   return "\n".join(lines) + "\n"
+
+
+STUDY = base.Study(spec="paper Table 5 (SOMA against BPTT at N = 1, 2, 8), scaled down by SPEC 9.6",
+                   config=config, check=check, stages=stages, measure=measure, table=table,
+                   ops_tolerance=base.any_ops, data=driver.per_n())

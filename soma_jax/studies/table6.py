@@ -6,7 +6,7 @@ equal-update seed run with its state) trained at each of the paper's five (lr, i
 cells, given as factors of `base_lr` (the paper's base is 0.0025, this project's CPU base
 too: 0.5x / 1x / 2x lr at 1x eps, then 0.5x lr at 0.5x and 2x eps). Every cell trains for
 `budget` in `budget_unit` (updates at CPU scale, where both do equal operations per update:
-equal compute, `protocol.check_equal_ops`), and all cells of a seed see the same batches and
+equal compute, `planning.check_equal_ops`), and all cells of a seed see the same batches and
 directions (lr and eps change no random draw). Reported per cell and architecture: the final
 ensemble-validation loss, mean +- sample sd over the optimisation seeds (the paper's
 entries), the monolith minus SOMA per cell with its t interval across seeds; per seed the
@@ -22,9 +22,17 @@ import os
 import ml_collections
 import numpy as np
 
-from soma_jax import evaluate as eval_lib
+from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol
+from soma_jax.studies import (
+  base,
+  planning,
+  recipes,
+  results,
+  scores,
+  statistics,
+  training,
+)
 
 # The paper's Table 6 (../shared/paper/figures-and-tables.txt): ensemble-validation loss,
 # mean +- sample sd over three optimisation seeds, nats/byte, at an equal aggregate GPU
@@ -45,6 +53,23 @@ PAPER = {
     ],
     "seeds": 3,
 }
+
+
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=table6 (the paper's Table 6): Table 7's pair, seeds, budget and scoring at the
+  paper's five (lr, initial eps) cells, no search.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=table6,size=cpu --out=runs/table6
+  """
+  c, a = recipes.paper_study(arg)
+  cpu = a["size"] == "cpu"
+  c.seeds = a["seeds"] or (3 if cpu else 2)  # the paper's three
+  c.curve_points = 1  # each cell's final checkpoint is all the table reads
+  # (lr factor, initial eps factor) of base_lr: the paper's cells over its base 0.0025, which
+  # is this project's CPU base_lr too (0.00125 / 0.0025, 0.0025 / 0.0025, 0.005 / 0.0025,
+  # 0.00125 / 0.00125, 0.00125 / 0.005)
+  c.cells = ((0.5, 1.0), (1.0, 1.0), (2.0, 1.0), (0.5, 0.5), (0.5, 2.0))
+  return c
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,109 +101,127 @@ def check_cells(config: ml_collections.ConfigDict) -> Cells:
 
 
 def cell_name(factors: tuple[float, float]) -> str:
-  """The run folder of a cell: lr0.5x_eps1x (each factor exact: `protocol.exact`)."""
-  return f"lr{protocol.exact(factors[0])}x_eps{protocol.exact(factors[1])}x"
+  """The run folder of a cell: lr0.5x_eps1x (each factor exact: `planning.exact`)."""
+  return f"lr{planning.exact(factors[0])}x_eps{planning.exact(factors[1])}x"
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """Seeds, then every architecture x seed x cell (one stage, by `executor`); writes
-  OUT/results.json and OUT/table.md."""
-  begun = protocol.started(executor)
-  os.makedirs(out, exist_ok=True)
-  plan = protocol.check_plan(config)  # every field, and every run resolved, before data
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Cells:
+  """The cells (`check_cells`), and exactly two architectures."""
+  del plan
   cells = check_cells(config)
-  methods = protocol.sized(config)
-  if len(methods) != 2:
-    raise UserError(f"study=table6 compares two architectures; config.methods has {len(methods)}")
-  specs = protocol.check_runs(plan, methods)
-  ops = protocol.check_equal_ops(specs, plan.ops_tolerance, plan.unit)
-  ref, other = list(methods)
-  data_dir = protocol.ensure_data(plan.data_dir, out, max(s.n_experts for s in specs.values()))
-  val, test = protocol.eval_sets(plan.eval, data_dir, [s.seq_len for s in specs.values()])
-  seeds = protocol.train_seeds(plan, methods, data_dir, out, val, executor)
-  starts, described = {}, {}
-  for name, c in methods.items():
-    first = protocol.budgeted(c, data_dir, plan.seeds[0], seeds[plan.start[name]], plan.unit,
-                              plan.budget, 1)
-    starts[name] = protocol.start_losses(first, {"validation": val, "test": test})
-    described[name] = {"method": first.method.name, "n_experts": first.n_experts,
-                       "d_t": first.config.model.d_t, "params": first.method.ensemble_params,
-                       "n_pert": first.config.spsa.n_pert, "batch": first.config.spsa.batch,
-                       "ops_per_update": first.total_ops_per_update,
-                       "start": protocol.start_of(seeds[plan.start[name]]),
-                       "start_loss": {k: float(v.mean()) for k, v in starts[name].items()}}
-  planned = {}
+  if len(config.methods) != 2:
+    raise UserError(f"study=table6 compares two architectures; config.methods has "
+                    f"{len(config.methods)}")
+  return cells
+
+
+def describe(first: spec_lib.RunSpec, seed: dict, start: dict) -> dict:
+  """An architecture's record: its shape, cost and start."""
+  return {"method": first.method.name, "n_experts": first.n_experts,
+          "d_t": first.config.model.d_t, "params": first.method.ensemble_params,
+          "n_pert": first.config.spsa.n_pert, "batch": first.config.spsa.batch,
+          "ops_per_update": first.total_ops_per_update, "start": training.start_of(seed),
+          "start_loss": {k: float(v.mean()) for k, v in start.items()}}
+
+
+def planned_cells(cells: Cells, ready: base.Setup) -> dict:
+  """{(seed, architecture, factors): the budgeted run of that cell}."""
+  plan, planned = ready.plan, {}
   for seed in plan.seeds:
-    for name, c in methods.items():
+    for name, c in ready.methods.items():
       for factors, (lr, eps) in zip(cells.factors, cells.settings(), strict=True):
         cell = ml_collections.ConfigDict(c.to_dict())
         cell.opt.lr, cell.spsa.eps = lr, eps
-        planned[(seed, name, factors)] = protocol.budgeted(
-            cell, data_dir, seed, seeds[plan.start[name]], plan.unit, plan.budget, 1,
-            f"methods.{name}.", score=val)
+        planned[(seed, name, factors)] = training.budgeted(
+            cell, ready.data_dir, seed, ready.seeds[plan.start[name]], plan.unit, plan.budget,
+            1, f"methods.{name}.", score=ready.scored[0])
+  return planned
+
+
+def stages(cells: Cells, ready: base.Setup) -> base.Stages:
+  """Each architecture's start scored, every architecture x seed x cell in one stage, their
+  final validation losses, then each seed's selected cell scored on test, once."""
+  plan, (val, test), seeds, out = ready.plan, ready.scored, ready.seeds, ready.out
+  starts, described = {}, {}
+  for name, c in ready.methods.items():
+    first = training.budgeted(c, ready.data_dir, plan.seeds[0], seeds[plan.start[name]],
+                              plan.unit, plan.budget, 1)
+    starts[name] = scores.start_losses(first, {"validation": val, "test": test})
+    described[name] = describe(first, seeds[plan.start[name]], starts[name])
+  planned = planned_cells(cells, ready)
   where = lambda seed, name, factors: os.path.join(out, "runs", f"seed{seed}", name,
                                                    cell_name(factors))
-  walls = protocol.train_all([(spec, where(*key), f"{key[1]} {cell_name(key[2])} (seed {key[0]})")
-                              for key, spec in planned.items()], executor)
+  walls = yield [(spec, where(*key), f"{key[1]} {cell_name(key[2])} (seed {key[0]})")
+                 for key, spec in planned.items()]
   finals = {}
   for (key, spec), wall in zip(planned.items(), walls, strict=True):
     workdir = where(*key)
-    first = protocol.start_step(spec, seeds[plan.start[key[1]]])
-    finals[key] = {"val": protocol.final_losses(workdir, spec, val), "wall": wall,
-                   "workdir": protocol.shown(workdir, out), "_path": workdir,
-                   **protocol.summary(workdir, spec, first)}
-  measured = measure(cells, plan.seeds, list(methods), finals, planned, test, starts,
-                     plan.bootstrap_draws)
-  payload = protocol.results(
-      "table6", "paper Table 6 (lr and initial eps sensitivity), scaled down by SPEC 9.6",
-      plan, command, begun,
-      {"unit": plan.unit, "per": "cell, architecture and seed", "seed_updates": plan.seed_updates,
-       "ops_per_update": ops},
-      (val, test), data_dir, out, seeds, paper=PAPER, other=other,
-      architectures=described, measured=measured,
-      selection="per seed and architecture, the cell with the lowest unrounded final "
-                "ensemble-validation loss; its final checkpoint scored on test once")
-  return protocol.write(out, payload, table)
+    first = training.start_step(spec, seeds[plan.start[key[1]]])
+    finals[key] = {"val": scores.final_losses(workdir, spec, val), "wall": wall,
+                   "workdir": planning.shown(workdir, out), "_path": workdir,
+                   **scores.summary(workdir, spec, first)}
+  rows = cell_rows(cells, plan.seeds, list(ready.methods), finals)
+  picks = picked(cells, plan.seeds, list(ready.methods), rows)
+  tests = {sn: scores.final_losses(finals[key]["_path"], planned[key], test)  # once
+           for sn, key in picks.items()}
+  return described, rows, picks, tests, starts
 
 
-def measure(cells: Cells, seeds: tuple[int, ...], names: list[str], finals: dict, planned: dict,
-            test: eval_lib.TestSet, starts: dict, draws: int) -> dict:
+def cell_rows(cells: Cells, seeds: tuple[int, ...], names: list[str], finals: dict) -> list:
   """Per cell: each architecture's per-seed final validation loss, mean +- sd, and the second
-  architecture minus the first; per seed and architecture: the selected cell and its test
-  loss (scored here, once)."""
+  architecture minus the first."""
   ref, other = names
   rows = []
   for factors, (lr, eps) in zip(cells.factors, cells.settings(), strict=True):
     per = {n: [float(finals[(s, n, factors)]["val"].mean()) for s in seeds] for n in names}
     rows.append({
         "lr": lr, "eps": eps, "lr_factor": factors[0], "eps_factor": factors[1],
-        "validation": {n: {**protocol.across_seeds(v), "per_seed": v} for n, v in per.items()},
-        "other_minus_ref": protocol.t_interval(
+        "validation": {n: {**statistics.across_seeds(v), "per_seed": v} for n, v in per.items()},
+        "other_minus_ref": statistics.t_interval(
             [b - a for a, b in zip(per[ref], per[other], strict=True)]),
         "updates": {n: [finals[(s, n, factors)]["updates"] for s in seeds] for n in names},
         "workdirs": {n: [finals[(s, n, factors)]["workdir"] for s in seeds] for n in names}})
-  selected = {n: [] for n in names}
-  tests = {}
+  return rows
+
+
+def picked(cells: Cells, seeds: tuple[int, ...], names: list[str], rows: list) -> dict:
+  """{(seed, architecture): the key of its selected cell (`best_cell`)}."""
+  return {(s, n): (s, n, cells.factors[best_cell(
+      [r["validation"][n]["per_seed"][seeds.index(s)] for r in rows], n, s)])
+      for s in seeds for n in names}
+
+
+def measure(cells: Cells, ready: base.Setup, gathered: tuple) -> dict:
+  """Per seed and architecture: the selected cell and its test loss; the second
+  architecture minus the first on test (paired per seed, t interval across seeds)."""
+  described, rows, picks, tests, starts = gathered
+  plan, test = ready.plan, ready.scored[1]
+  seeds, (ref, other) = plan.seeds, list(ready.methods)
+  selected = {n: [] for n in (ref, other)}
   for s in seeds:
-    for n in names:
-      i = best_cell([r["validation"][n]["per_seed"][seeds.index(s)] for r in rows], n, s)
-      key = (s, n, cells.factors[i])
-      tests[(s, n)] = protocol.final_losses(finals[key]["_path"], planned[key], test)
+    for n in (ref, other):
+      i = cells.factors.index(picks[(s, n)][2])
       selected[n].append({
           "seed": s, "lr": rows[i]["lr"], "eps": rows[i]["eps"], "cell": i,
           "val_nats_per_byte": rows[i]["validation"][n]["per_seed"][seeds.index(s)],
           "test_nats_per_byte": float(tests[(s, n)].mean()),
           "test_gain": float(starts[n]["test"].mean() - tests[(s, n)].mean())})
-  diff = [protocol.paired(tests[(s, ref)], tests[(s, other)], test.doc_ids, draws, s)
-          for s in seeds]
-  return {"cells": rows, "selected": selected,
-          "selected_test": {n: protocol.across_seeds([q["test_nats_per_byte"] for q in v])
-                            for n, v in selected.items()},
-          "selected_test_other_minus_ref": {
-              **protocol.t_interval([d["diff"] for d in diff]),
-              "per_seed": diff,
-              "how": "per seed, the selected cells' test losses on the same windows, other minus "
-                     "ref, with a paired document-bootstrap CI; across seeds a t interval"}}
+  diff = [statistics.paired(tests[(s, ref)], tests[(s, other)], test.doc_ids,
+                            plan.bootstrap_draws, s) for s in seeds]
+  measured = {"cells": rows, "selected": selected,
+              "selected_test": {n: statistics.across_seeds([q["test_nats_per_byte"] for q in v])
+                                for n, v in selected.items()},
+              "selected_test_other_minus_ref": {
+                  **statistics.t_interval([d["diff"] for d in diff]),
+                  "per_seed": diff,
+                  "how": "per seed, the selected cells' test losses on the same windows, other "
+                         "minus ref, with a paired document-bootstrap CI; across seeds a t "
+                         "interval"}}
+  return {"budget": {"unit": plan.unit, "per": "cell, architecture and seed",
+                     "seed_updates": plan.seed_updates, "ops_per_update": ready.ops},
+          "paper": PAPER, "other": other, "architectures": described, "measured": measured,
+          "selection": "per seed and architecture, the cell with the lowest unrounded final "
+                       "ensemble-validation loss; its final checkpoint scored on test once"}
 
 
 def best_cell(losses: list[float], name: str, seed: int) -> int:
@@ -206,19 +249,19 @@ def table(p: dict) -> str:
       f"windows, {p['eval']['val_windows']} pieces, from {p['eval']['val_documents']} documents; "
       f"starts: {other} {arch[other]['start_loss']['validation']:.4f}, {ref} "
       f"{arch[ref]['start_loss']['validation']:.4f}). Paper: 8.44M-parameter models, "
-      "an equal GPU budget, its own ensemble validation set. " + protocol.load_line(p), "",
+      "an equal GPU budget, its own ensemble validation set. " + results.load_line(p), "",
       "| lr | initial eps | N = 1 (ours) | N = 2 (ours) | N=1 − N=2 (ours, 95% t) | "
       "N = 1 (paper) | N = 2 (paper) | paper lr / eps |",
       "|---|---|---|---|---|---|---|---|"]
   paper = {(c["lr"] / PAPER["base_lr"], c["eps"] / PAPER["base_lr"]): c for c in PAPER["cells"]}
   for r in m["cells"]:
     q = paper.get((r["lr_factor"], r["eps_factor"]))
-    ours = {n: protocol.pm(r["validation"][n], digits=4) for n in (ref, other)}
+    ours = {n: results.pm(r["validation"][n], digits=4) for n in (ref, other)}
     theirs = ("- | - | -" if q is None else
               f"{q['n1'][0]:.4f} ± {q['n1'][1]:.4f} | {q['n2'][0]:.4f} ± {q['n2'][1]:.4f} | "
               f"{q['lr']:g} / {q['eps']:g}")
     lines.append(f"| {r['lr']:g} | {r['eps']:g} | {ours[other]} | {ours[ref]} | "
-                 f"{protocol.ci(r['other_minus_ref'], digits=4)} | {theirs} |")
+                 f"{results.ci(r['other_minus_ref'], digits=4)} | {theirs} |")
   sel = m["selected"]
   lines += ["", "Selected per seed (lowest unrounded validation), test scored once:", "",
             "| seed | " + f"{other} lr / eps | {other} test | {ref} lr / eps | {ref} test | "
@@ -229,5 +272,9 @@ def table(p: dict) -> str:
                  f"{b['lr']:g} / {b['eps']:g} | {b['test_nats_per_byte']:.4f} | "
                  f"{d['diff']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] |")
   lines += ["", f"Across seeds, {other} − {ref} on test at the selected cells: "
-            f"{protocol.ci(m['selected_test_other_minus_ref'], digits=4)} (95% t)."]
+            f"{results.ci(m['selected_test_other_minus_ref'], digits=4)} (95% t)."]
   return "\n".join(lines) + "\n"
+
+
+STUDY = base.Study(spec="paper Table 6 (lr and initial eps sensitivity), scaled down by SPEC 9.6",
+                   config=config, check=check, stages=stages, measure=measure, table=table)

@@ -11,17 +11,18 @@ equal seed updates, the seed's whole train state, the same start for every seed)
    see the same batches and directions (they share the optimisation seed; lr and eps
    change no random draw).
 Each configuration trains for `budget` in `budget_unit` ("updates" at CPU scale, where both
-architectures do equal operations per update: `protocol.check_equal_ops` prints both and
+architectures do equal operations per update: `planning.check_equal_ops` prints both and
 refuses a pair more than `ops_tolerance` apart), with checkpoints after each quarter scored
 on the ensemble-validation windows. The setting with the lowest final validation loss is
 selected, and only its final checkpoint is scored on the test set, once (the start, the
 same for every configuration, is scored on test once per architecture, before any run).
 Reported per seed: start, end and gain (start - end) on validation and test, the end test
 difference (monolith minus SOMA) with its document-bootstrap CI; across seeds: SOMA's gain
-minus the monolith's with its 95% t interval (`protocol.gain_difference`).
+minus the monolith's with its 95% t interval (`statistics.gain_difference`).
 
-`compare_pair` is one such comparison on given data and scorers, reusable at any width
-(the width ladder of SPEC 9.7 runs one per rung).
+`STUDY` runs through the driver (`driver.run`); `driver.measured(STUDY, ...)` is one such
+comparison on given data and scorers, reusable at any width (the width ladder of SPEC 9.7
+runs one per rung).
 """
 
 from __future__ import annotations
@@ -36,7 +37,17 @@ from soma_jax import budget as budget_lib
 from soma_jax import evaluate as eval_lib
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol
+from soma_jax.studies import base, driver, planning, recipes, results, scores, statistics, training
+
+
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=table7: SOMA N = 2 against the monolith with equal tuning (5 optimisation seeds,
+  1,000-update seeds and 1,000 updates per configuration at size=cpu; size=tiny: tests).
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=table7,size=cpu --out=runs/table7
+  """
+  a = recipes.args(arg)
+  return recipes.pair(a["study"], a["size"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +117,7 @@ class Search:
 
   def job(self, point: tuple[float, float]) -> tuple[spec_lib.RunSpec, str, str]:
     lr, eps = point
-    folder = f"lr{protocol.exact(lr)}_eps{protocol.exact(eps)}"  # exact: never two points'
+    folder = f"lr{planning.exact(lr)}_eps{planning.exact(eps)}"  # exact: never two points'
     return (grid_point(self.spec, lr, eps), os.path.join(self.root, folder),
             f"{self.what} lr={lr:g} eps={eps:g}")
 
@@ -114,11 +125,11 @@ class Search:
     """A trained point scored on validation (its curve) and kept."""
     run_spec, workdir, _ = self.job(point)
     self.windows[point] = []
-    points, last = protocol.curve(workdir, run_spec, self.scorer or val, self.start["step"],
+    points, last = scores.curve(workdir, run_spec, self.scorer or val, self.start["step"],
                                   self.start["val"], keep=self.windows[point])
     self.tried[point] = {"lr": point[0], "eps": point[1], "workdir": workdir,
                          "val_curve": points, "val_nats_per_byte": float(last.mean()),
-                         **protocol.summary(workdir, run_spec, self.start["step"]),
+                         **scores.summary(workdir, run_spec, self.start["step"]),
                          "wall_seconds_this_call": wall}
     print(f"[table7] {self.what} lr={point[0]:g} eps={point[1]:g}: "
           f"{self.tried[point]['updates']} updates, ensemble val {last.mean():.4f}", flush=True)
@@ -148,26 +159,31 @@ class Search:
         "eps_at_edge": len(epss) > 1 and extended(epss, self.chosen["eps"]) is not None}
 
 
-def run_searches(searches: list[Search], val: eval_lib.TestSet, executor) -> None:
+def searching(searches: list[Search], val: eval_lib.TestSet) -> base.Stages:
   """Every search to its end, a stage at a time: each stage's runs (all searches' wanted
-  points, independent of each other) trained by `executor`, then scored and recorded."""
+  points, independent of each other) yielded to be trained, then scored and recorded."""
   for search in searches:
     search.advance()
   while wanted := [(s, p) for s in searches for p in s.wanted()]:
-    walls = protocol.train_all([s.job(p) for s, p in wanted], executor)
+    walls = yield [s.job(p) for s, p in wanted]
     for (search, point), wall in zip(wanted, walls, strict=True):
       search.record(point, val, wall)
     for search in searches:
       search.advance()
 
 
-GRID_FIELDS = {"lr_factors": protocol.factors(), "lr_extend": protocol.whole(0),
-               "eps_factors": protocol.factors(), "eps_extend": protocol.whole(0)}
+def run_searches(searches: list[Search], val: eval_lib.TestSet, executor) -> None:
+  """`searching` with each stage trained by `executor` (`driver.through`)."""
+  driver.through(searching(searches, val), executor)
+
+
+GRID_FIELDS = {"lr_factors": planning.factors(), "lr_extend": planning.whole(0),
+               "eps_factors": planning.factors(), "eps_extend": planning.whole(0)}
 
 
 def check_grid(config: ml_collections.ConfigDict) -> Grid:
   """The lr and eps grids: positive factors, an lr edge that can be seen, eps = 1x in stage 2."""
-  protocol.check_fields(config, GRID_FIELDS)
+  planning.check_fields(config, GRID_FIELDS)
   if len(config.lr_factors) < 3:
     raise UserError(f"lr_factors={tuple(config.lr_factors)} needs at least 3 factors: an edge "
                     "choice must be detectable; fix: --config.lr_factors='(0.5, 1.0, 2.0)'")
@@ -182,71 +198,55 @@ def check_grid(config: ml_collections.ConfigDict) -> Grid:
               tuple(config.eps_factors), int(config.eps_extend))
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "",
-        scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None,
-        executor=None) -> dict:
-  """Seeds, then every architecture x seed x grid point; writes OUT/results.json, table.md.
-
-  `scorers` = (validation, test) replaces the data dir's own (tests use it to give the
-  test set a ranking opposite to validation's); `executor` runs each stage's runs
-  (`protocol.train_all`; None: one after another here).
-  """
-  begun = protocol.started(executor)
-  os.makedirs(out, exist_ok=True)
-  payload = compare_pair(config, out, scorers, executor)
-  payload = protocol.results(
-      "table7", "SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6",
-      payload.pop("plan"), command,
-      begun, payload.pop("budget"), payload.pop("scored"), payload.pop("data_dir"), out,
-      payload.pop("seed_records"), **payload)
-  return protocol.write(out, payload, table)
-
-
-def compare_pair(config: ml_collections.ConfigDict, out: str,
-                 scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None,
-                 executor=None) -> dict:
-  """One Table 7 comparison into OUT (seeds/, runs/): the study's own results fields, with
-  `budget`, `scored`, `data_dir` and `seed_records` for `protocol.results`."""
-  plan = protocol.check_plan(config)  # every field, and every run resolved, before data
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Grid:
+  """The grid (`check_grid`), and exactly two architectures."""
+  del plan
   grid = check_grid(config)
-  methods = protocol.sized(config)
-  if len(methods) != 2:
-    raise UserError(f"study=table7 compares two architectures; config.methods has {len(methods)}")
-  specs = protocol.check_runs(plan, methods)
-  unit = plan.unit
-  ops = protocol.check_equal_ops(specs, plan.ops_tolerance, unit)
-  ref, other = list(methods)
-  data_dir = protocol.ensure_data(plan.data_dir, out, max(s.n_experts for s in specs.values()))
-  val, test = scorers or protocol.eval_sets(plan.eval, data_dir, [s.seq_len for s in specs.values()])
-  seeds = protocol.train_seeds(plan, methods, data_dir, out, val, executor)
-  results, finals, starts = {}, {}, {}
-  for name, c in methods.items():
+  if len(config.methods) != 2:
+    raise UserError(f"study=table7 compares two architectures; config.methods has "
+                    f"{len(config.methods)}")
+  return grid
+
+
+def stages(grid: Grid, ready: base.Setup) -> base.Stages:
+  """Each architecture's start scored (test: once), then every architecture x seed's search
+  (`searching`), then each selected run's test losses (once); (described, finals, starts)."""
+  plan, (val, test), seeds, out = ready.plan, ready.scored, ready.seeds, ready.out
+  described, finals, starts = {}, {}, {}
+  for name, c in ready.methods.items():
     s = seeds[plan.start[name]]
-    first = protocol.budgeted(c, data_dir, plan.seeds[0], s, unit, plan.budget, 1)
-    starts[name] = protocol.start_losses(first, {"validation": val, "test": test})  # test: once
-    results[name] = describe(first, s, protocol.layout_of(first))
+    first = training.budgeted(c, ready.data_dir, plan.seeds[0], s, plan.unit, plan.budget, 1)
+    starts[name] = scores.start_losses(first, {"validation": val, "test": test})  # test: once
+    described[name] = describe(first, s, training.layout_of(first))
   searches = {(seed, name): Search(
-      protocol.budgeted(c, data_dir, seed, seeds[plan.start[name]], unit, plan.budget,
-                        plan.curve_points, score=val), grid, os.path.join(out, "runs", f"seed{seed}", name),
-      f"seed {seed} {name}", {"step": seeds[plan.start[name]]["step"],
-                              "val": starts[name]["validation"].mean()})
-      for seed in plan.seeds for name, c in methods.items()}
-  run_searches(list(searches.values()), val, executor)
+      training.budgeted(c, ready.data_dir, seed, seeds[plan.start[name]], plan.unit,
+                        plan.budget, plan.curve_points, score=val), grid,
+      os.path.join(out, "runs", f"seed{seed}", name), f"seed {seed} {name}",
+      {"step": seeds[plan.start[name]]["step"], "val": starts[name]["validation"].mean()})
+      for seed in plan.seeds for name, c in ready.methods.items()}
+  yield from searching(list(searches.values()), val)
   for (seed, name), search in searches.items():
     chosen, tried, grids = search.result()
-    finals[(seed, name)] = protocol.final_losses(chosen["workdir"], search.spec, test)  # once
-    results[name]["per_seed"].append(per_seed_record(
+    finals[(seed, name)] = scores.final_losses(chosen["workdir"], search.spec, test)  # once
+    described[name]["per_seed"].append(per_seed_record(
         seed, seeds[plan.start[name]], chosen, tried, grids, out, starts[name],
         finals[(seed, name)]))
-  gain_difference = differences(results, finals, starts, ref, other, test, plan.bootstrap_draws)
-  return {"budget": {"unit": unit, "per": "configuration", "seed_updates": plan.seed_updates,
-                     "ops_per_update": ops},
-          "scored": (val, test), "data_dir": data_dir, "seed_records": seeds, "plan": plan,
+  return described, finals, starts
+
+
+def measure(grid: Grid, ready: base.Setup, gathered: tuple) -> dict:
+  """The gain difference across seeds and the records (`differences`), the tuning."""
+  described, finals, starts = gathered
+  plan, (ref, other) = ready.plan, list(ready.methods)
+  gain_difference = differences(described, finals, starts, ref, other, ready.scored[1],
+                                plan.bootstrap_draws)
+  return {"budget": {"unit": plan.unit, "per": "configuration",
+                     "seed_updates": plan.seed_updates, "ops_per_update": ready.ops},
           "tuning": {**grid.record(),
                      "selection": "final ensemble-validation loss; test scored once, selected "
                                   "only (and the start once per architecture)"},
-          "layout": {n: r["layout"] for n, r in results.items()}, "other": other,
-          "methods": results, "gain_difference": gain_difference}
+          "layout": {n: r["layout"] for n, r in described.items()}, "other": other,
+          "methods": described, "gain_difference": gain_difference}
 
 
 def describe(spec: spec_lib.RunSpec, seed: dict, layout: dict) -> dict:
@@ -254,21 +254,21 @@ def describe(spec: spec_lib.RunSpec, seed: dict, layout: dict) -> dict:
   return {"method": spec.method.name, "n_experts": spec.n_experts, "d_t": c.model.d_t,
           "params": spec.method.ensemble_params, "n_pert": c.spsa.n_pert,
           "batch": c.spsa.batch, "seq_len": spec.seq_len, "weight_decay": spec.weight_decay,
-          "ops_per_update": spec.total_ops_per_update, "start": protocol.start_of(seed),
+          "ops_per_update": spec.total_ops_per_update, "start": training.start_of(seed),
           "layout": layout, "per_seed": []}
 
 
 def per_seed_record(seed: int, start: dict, chosen: dict, tried: list[dict], search: dict,
                     out: str, start_w: dict, test_w: np.ndarray) -> dict:
-  strip = lambda r: {k: (protocol.shown(v, out) if k == "workdir" else v) for k, v in r.items()}
+  strip = lambda r: {k: (planning.shown(v, out) if k == "workdir" else v) for k, v in r.items()}
   ends = {"validation": chosen["val_nats_per_byte"], "test": test_w}
   return {
-      "seed": seed, "start": protocol.start_of(start),
+      "seed": seed, "start": training.start_of(start),
       "selected": {"lr": chosen["lr"], "eps": chosen["eps"],
                    "val_nats_per_byte": chosen["val_nats_per_byte"]},
-      **search, **protocol.row_losses(start_w, ends),
+      **search, **statistics.row_losses(start_w, ends),
       "updates": chosen["updates"], "updates_per_expert": chosen["updates"],
-      "budget_used": protocol.budget_used(chosen),
+      "budget_used": scores.budget_used(chosen),
       **{k: chosen[k] for k in budget_lib.TRAINING_TIMERS},
       "curve": chosen["val_curve"], "curve_split": "ensemble_val",
       "test_nats_per_byte": float(test_w.mean()),
@@ -276,32 +276,32 @@ def per_seed_record(seed: int, start: dict, chosen: dict, tried: list[dict], sea
   }
 
 
-def differences(results: dict, finals: dict, starts: dict, ref: str, other: str,
+def differences(described: dict, finals: dict, starts: dict, ref: str, other: str,
                 test: eval_lib.TestSet, draws: int) -> dict:
   """Per seed: other minus ref on the same test windows at the end, paired CI; then across
   seeds. Returns {other: the reference's gain minus the other's} (`gain_difference`)."""
   diffs, gains_w = [], []
-  for i, rec in enumerate(results[other]["per_seed"]):
+  for i, rec in enumerate(described[other]["per_seed"]):
     seed = rec["seed"]
     end_ref, end_other = finals[(seed, ref)], finals[(seed, other)]
-    d = protocol.paired(end_ref, end_other, test.doc_ids, draws, seed)
+    d = statistics.paired(end_ref, end_other, test.doc_ids, draws, seed)
     rec.update({"minus_ref": d["diff"], "minus_ref_ci95": d["ci95"]})
-    results[ref]["per_seed"][i].update({"minus_ref": 0.0})
+    described[ref]["per_seed"][i].update({"minus_ref": 0.0})
     diffs.append(d["diff"])
     gains_w.append((starts[ref]["test"] - end_ref, starts[other]["test"] - end_other))
   for name in (ref, other):
-    per = results[name]["per_seed"]
-    results[name]["test_nats_per_byte"] = protocol.across_seeds(
+    per = described[name]["per_seed"]
+    described[name]["test_nats_per_byte"] = statistics.across_seeds(
         [r["test_nats_per_byte"] for r in per])
-    results[name]["start_loss"] = per[0]["start_loss"]  # the same for every seed
-    results[name]["gain"] = {s: protocol.t_interval([r["gain"][s] for r in per])
+    described[name]["start_loss"] = per[0]["start_loss"]  # the same for every seed
+    described[name]["gain"] = {s: statistics.t_interval([r["gain"][s] for r in per])
                              for s in ("validation", "test")}
-  results[other]["minus_ref"] = protocol.across_seeds(diffs)
-  results[other]["ref_wins"] = int(sum(d > 0 for d in diffs))
-  results[other]["ref_wins_ci_excludes_zero"] = int(
-      sum(r["minus_ref_ci95"][0] > 0 for r in results[other]["per_seed"]))
-  return {other: protocol.gain_difference(
-      results[ref]["per_seed"], results[other]["per_seed"], gains_w, test.doc_ids, draws)}
+  described[other]["minus_ref"] = statistics.across_seeds(diffs)
+  described[other]["ref_wins"] = int(sum(d > 0 for d in diffs))
+  described[other]["ref_wins_ci_excludes_zero"] = int(
+      sum(r["minus_ref_ci95"][0] > 0 for r in described[other]["per_seed"]))
+  return {other: statistics.gain_difference(
+      described[ref]["per_seed"], described[other]["per_seed"], gains_w, test.doc_ids, draws)}
 
 
 def _setting(q: dict) -> str:
@@ -358,15 +358,15 @@ def table(p: dict) -> str:
   n = len(o["per_seed"])
   start_gap = {s: o["start_loss"][s] - r["start_loss"][s] for s in ("validation", "test")}
   lines += [
-      "", f"**{ref}'s gain minus {other}'s gain, test: {protocol.ci(g, 4)}** (mean and 95% t "
+      "", f"**{ref}'s gain minus {other}'s gain, test: {results.ci(g, 4)}** (mean and 95% t "
       f"interval over {n} seeds, conditional on the test documents; with the documents' noise "
-      f"too {_both(g)}; validation {protocol.ci(g['validation'], 4)}). Gains (start − "
-      f"end), test: {ref} {protocol.ci(r['gain']['test'], 4)}, {other} "
-      f"{protocol.ci(o['gain']['test'], 4)}; validation: {ref} "
-      f"{protocol.ci(r['gain']['validation'], 4)}, {other} "
-      f"{protocol.ci(o['gain']['validation'], 4)}.",
+      f"too {_both(g)}; validation {results.ci(g['validation'], 4)}). Gains (start − "
+      f"end), test: {ref} {results.ci(r['gain']['test'], 4)}, {other} "
+      f"{results.ci(o['gain']['test'], 4)}; validation: {ref} "
+      f"{results.ci(r['gain']['validation'], 4)}, {other} "
+      f"{results.ci(o['gain']['validation'], 4)}.",
       "", f"Start gap ({other} minus {ref}): test {start_gap['test']:+.4f}, validation "
-      f"{start_gap['validation']:+.4f}; end gap, test: {protocol.pm(o['minus_ref'], True, 4)} "
+      f"{start_gap['validation']:+.4f}; end gap, test: {results.pm(o['minus_ref'], True, 4)} "
       f"({ref} lower in {o['ref_wins']} of {n} seeds). Byte unigram "
       f"{p['unigram_test_nats_per_byte']:.3f}."]
   edges = sum(q["lr_at_edge"] for q in r["per_seed"] + o["per_seed"])
@@ -374,3 +374,7 @@ def table(p: dict) -> str:
     lines += ["", f"{edges} of {2 * n} searches selected an lr at the edge of their grid "
               "(after extending it): the optimum may lie outside it."]
   return "\n".join(lines) + "\n"
+
+
+STUDY = base.Study(spec="SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6",
+                   config=config, check=check, stages=stages, measure=measure, table=table)

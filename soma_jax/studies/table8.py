@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol, trained_sizes, variance
+from soma_jax.studies import datasets, planning, recipes, results, trained_sizes, variance
 from soma_jax.variance_measure import (
   block_errors,
   exact_grads,
@@ -64,6 +64,30 @@ PAPER = {
 INDEPENDENT_STREAM = 8  # the independent batch's draws: np.random.default_rng([seed, 8])
 
 
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=table8 (the paper's Table 8): the experts variance study's jax.grad references
+  (Figure 10, left) against an independent batch of the same size, per N, at init and after
+  training; what each variance value changes by.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=table8,size=cpu --out=runs/table8
+  """
+  a = recipes.args(arg)
+  c = ml_collections.ConfigDict()
+  c.study = a["study"]
+  c.size = a["size"]  # the variance config's preset below
+  # The experts study as experiments/configs/variance.py:experts has it at this size (cpu:
+  # N = 1, 2, 8, 32 at about 2M parameters, fixed batch B = 4 windows of T = 64, sparse
+  # probes, n_pert 16, 8 repeats; its trained_dir names trained runs, "" = train them here).
+  c.variance = recipes.method("variance.py", f"experts,size={a['size']}")
+  # Updates of each N's run by the study's train_run recipe (n_pert 4, B 4, T = 256 at cpu)
+  # where variance.trained_dir is "": the paper measured at 10,000; about 1 s per update per
+  # N here at 2M parameters (the recipe's own 1,000 would take over an hour)
+  c.train_updates = 40 if a["size"] == "cpu" else 3
+  c.x64 = False  # measure in float64 (about 2x the measurement's time)
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  return c
+
+
 @dataclasses.dataclass(frozen=True)
 class Table8Spec:
   """The study's settings, read once from its config by `check`."""
@@ -75,16 +99,16 @@ class Table8Spec:
 
 
 FIELDS = {
-    "train_updates": protocol.whole(1), "x64": protocol.one_of(True, False),
-    "variance.batch": protocol.whole(1), "variance.seq_len": protocol.whole(1),
-    "variance.n_pert": protocol.whole(1), "variance.reps": protocol.whole(2),
-    "variance.seed": protocol.whole(0),
+    "train_updates": planning.whole(1), "x64": planning.one_of(True, False),
+    "variance.batch": planning.whole(1), "variance.seq_len": planning.whole(1),
+    "variance.n_pert": planning.whole(1), "variance.reps": planning.whole(2),
+    "variance.seed": planning.whole(0),
 }
 
 
 def check(config: ml_collections.ConfigDict) -> Table8Spec:
   """Every field of study=table8 checked before anything trains; its typed settings."""
-  protocol.check_fields(config, FIELDS)
+  planning.check_fields(config, FIELDS)
   v = config.variance
   if v.study != "experts":
     raise UserError(f"variance.study={v.study!r}: Table 8 reads the experts study's per-N "
@@ -227,7 +251,7 @@ def trained_runs(t: Table8Spec, out: str
   if not vs.trained_dir:
     where = os.path.join(out, "trained")
     vs = variance.with_changes(vs, trained_dir=where, train_run={"steps": t.train_updates})
-    protocol.prepared_dirs(vs.trained_source, t.prepare, list(vs.n_list), where)
+    datasets.prepared_dirs(vs.trained_source, t.prepare, list(vs.n_list), where)
     trained_sizes.train_all(vs, where)
     how = (f"the variance study names no trained runs at size={vs.size}: each N trained here "
            f"by its train_run recipe for {t.train_updates} updates (the paper: "
@@ -251,7 +275,7 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   """Trains (or reads) each N's run, then measures every N at init and trained; writes
   OUT/results.json and OUT/table.md. `executor` is unused: the runs train one after another
   in this process (`trained_sizes.train_all`)."""
-  begun = protocol.started(executor)
+  begun = results.started(executor)
   os.makedirs(out, exist_ok=True)
   t = check(config)
   vs_trained, trained, how = trained_runs(t, out)
@@ -275,8 +299,8 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
       "variance_value": "relative centred variance E||g_hat - q g||^2 / ||g||^2 (sums over "
                         "experts), with g = g_ref (the experts study's value) or g = g_indep, "
                         "from the same estimates; relative change = indep / ref - 1",
-      "variance_config": t.vs.config.to_dict(), "cost": protocol.cost(out, begun)}
-  return protocol.write(out, payload, table)
+      "variance_config": t.vs.config.to_dict(), "cost": results.cost(out, begun)}
+  return results.write(out, payload, table)
 
 
 def table(p: dict) -> str:

@@ -43,7 +43,18 @@ from soma_jax.data import pipeline, sources
 from soma_jax.data import windows as windows_lib
 from soma_jax.data.router import Router
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol, table4
+from soma_jax.studies import (
+  base,
+  datasets,
+  driver,
+  planning,
+  recipes,
+  results,
+  scores,
+  statistics,
+  table4,
+  training,
+)
 
 # The paper's Table 9 (../shared/paper/figures-and-tables.txt), nats/byte on WikiText-103
 # raw, and beside it the same checkpoints' in-domain test loss from its Table 4 (FineWeb-Edu
@@ -75,9 +86,36 @@ SELECTION_FILE = "selection.json"  # the chosen checkpoints, written before exte
 FIELDS = {
     "wikitext": ("a string (a WikiText-103 raw folder, or '')", lambda v: isinstance(v, str)),
     "external": ("a string (a SOURCE, or '')", lambda v: isinstance(v, str)),
-    "external_eval.val_windows": protocol.whole(0),
-    "external_eval.test_windows": protocol.whole(0),
+    "external_eval.val_windows": planning.whole(0),
+    "external_eval.test_windows": planning.whole(0),
 }
+
+
+def config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """study=table9 (the paper's Table 9): Table 4's SOMA and monolith rows (its config, seed
+  runs, budget and scoring), each row's final checkpoint chosen first, then scored frozen on
+  a corpus nobody trained on.
+
+    python experiments/compare.py --config=experiments/configs/compare.py:study=table9,size=cpu --out=runs/table9
+    ... --config.wikitext=FOLDER   (WikiText-103 raw: wiki.valid.raw, wiki.test.raw)
+  """
+  a = recipes.args(arg, seeds=0)
+  cpu = a["size"] == "cpu"
+  # the paper's four rows only: no controls, no search
+  c = recipes.allocation(a["study"], a["size"], search=False, controls=False)
+  c.seeds = a["seeds"] or 2  # table4 runs 5; two fit about 15 minutes here with the scoring
+  # The external corpus: a WikiText-103 raw folder (SPEC 4's protocol) when set, else any
+  # SOURCE prepare_data.py reads, its documents alternating validation / test. The default:
+  # this machine's Linux man pages of section 7 (9.5 MB of overviews and SQL references in
+  # troff), which no study trains on.
+  c.wikitext = ""
+  c.external = "textdir:/usr/share/man/man7"
+  c.external_eval = ml_collections.ConfigDict()
+  # The first this many 1,025-byte windows of each external split (0 = all), spread over its
+  # documents, each cut into the study's pieces (eval.route_bytes + eval.score_bytes + 1)
+  c.external_eval.val_windows = 512 if cpu else 0
+  c.external_eval.test_windows = 512 if cpu else 0
+  return c
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,24 +135,23 @@ class Corpus:
 
 @dataclasses.dataclass(frozen=True)
 class Study:
-  plan: protocol.StudyPlan
+  plan: planning.StudyPlan
   corpus: Corpus
-  methods: dict  # {name: its training config}, the reference first (`protocol.sized`)
+  methods: dict  # {name: its training config}, the reference first (`planning.sized`)
 
 
-def check(config: ml_collections.ConfigDict) -> Study:
-  """Every field and run before anything trains: the plan, the external corpus, and the rows
-  (the reference SOMA with N >= 2, every other row a monolith, no controls)."""
-  plan = protocol.check_plan(config)
-  protocol.check_fields(config, FIELDS)
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Study:
+  """Every field and run before anything trains: the external corpus, and the rows (the
+  reference SOMA with N >= 2, every other row a monolith, no controls)."""
+  planning.check_fields(config, FIELDS)
   corpus = check_corpus(config.wikitext, config.external, config.external_eval.val_windows,
                         config.external_eval.test_windows)
   if plan.match_updates or plan.fresh_optimizer:
     raise UserError("table9 scores Table 4's budget rows only (no controls, no fresh optimizer); "
                     "fix: --config.match_updates='{}' --config.fresh_optimizer='()'")
-  methods = protocol.sized(config)
+  methods = planning.sized(config)
   for name, cfg in methods.items():
-    n = protocol.resolved(cfg, f"methods.{name}.").n_experts
+    n = planning.resolved(cfg, f"methods.{name}.").n_experts
     if (name == plan.reference) != (n > 1):
       raise UserError(f"methods.{name}.n_experts={n}: table9 compares SOMA (the reference "
                       f"{plan.reference!r}, N >= 2) with monoliths (N = 1); fix: "
@@ -198,7 +235,7 @@ class ExternalSet(eval_lib.TestSet):
   bytes, routed by the data dir's router on each piece's first `route` bytes."""
 
   def __init__(self, windows_nx1025: np.ndarray, doc_ids_n: np.ndarray, data_dir: str,
-               split: str, span: protocol.EvalSpan, max_windows: int):
+               split: str, span: planning.EvalSpan, max_windows: int):
     if windows_nx1025.shape[0] == 0:
       raise UserError(f"the external corpus's {split} split has no complete 1,025-byte window; "
                       "fix: a corpus with documents of at least 1,025 bytes")
@@ -274,7 +311,7 @@ def check_not_drawn_from(corpus: Corpus, splits: dict, data_dir: str) -> dict:
                  f"windows; refused at {MAX_SHARED_DOCUMENTS:.0%} of them or more"}
 
 
-def external_sets(corpus: Corpus, data_dir: str, span: protocol.EvalSpan
+def external_sets(corpus: Corpus, data_dir: str, span: planning.EvalSpan
                   ) -> tuple[ExternalSet, ExternalSet]:
   """(validation, test) of the external corpus on the study's span; refused when it is drawn
   from the training corpus (`check_not_drawn_from`)."""
@@ -289,48 +326,57 @@ def external_sets(corpus: Corpus, data_dir: str, span: protocol.EvalSpan
 # ----------------------------------------------------------------------------- the study
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """Seeds, Table 4's rows at every seed, each row's final checkpoint chosen (selection.json),
-  then scored on the external corpus; writes results.json and table.md."""
-  begun = protocol.started(executor)
-  os.makedirs(out, exist_ok=True)
-  study = check(config)
-  plan, methods = study.plan, study.methods
-  specs = protocol.check_runs(plan, methods)
-  protocol.check_equal_ops(specs, 1.0, plan.unit)  # printed; unequal costs are Table 4's point
-  data_dir = protocol.ensure_data(plan.data_dir, out, max(s.n_experts for s in specs.values()))
-  trained_on = check_not_trained_on(study.corpus, data_dir)
-  val, test = protocol.eval_sets(plan.eval, data_dir, [s.seq_len for s in specs.values()])
-  ext = external_sets(study.corpus, data_dir, plan.eval)  # read (not scored) before training
-  seeds = protocol.train_seeds(plan, methods, data_dir, out, val, executor)
+def data(study: Study, plan: planning.StudyPlan, specs: dict, out: str) -> base.Data:
+  """The one data dir and its sets (`driver.one_dir`), the external corpus refused where the
+  rows train on it, and its sets read (not scored) before anything trains: extra =
+  (trained_on, (external validation, external test))."""
+  d = driver.one_dir(plan, specs, out)
+  trained_on = check_not_trained_on(study.corpus, d.dirs[d.main])
+  return d._replace(extra=(trained_on, external_sets(study.corpus, d.dirs[d.main], plan.eval)))
+
+
+def stages(study: Study, ready: base.Setup) -> base.Stages:
+  """Table 4's rows at every seed (`table4.rows_stages`), each row's final checkpoint chosen
+  (selection.json) before any external window is scored, then scored on the external
+  corpus."""
+  plan, (val, test), seeds, out = ready.plan, ready.scored, ready.seeds, ready.out
+  ext = ready.data.extra[1]
   starts, described, firsts = {}, {}, {}
-  for n, cfg in methods.items():
-    first = protocol.budgeted(cfg, data_dir, plan.seeds[0], seeds[plan.start[n]], plan.unit, 1, 1)
-    starts[n], firsts[n] = protocol.start_losses(first, {"validation": val, "test": test}), first
-    described[n] = table4.describe(n, first, plan, seeds[plan.start[n]], protocol.layout_of(first))
+  for n, cfg in study.methods.items():
+    first = training.budgeted(cfg, ready.data_dir, plan.seeds[0], seeds[plan.start[n]],
+                              plan.unit, 1, 1)
+    starts[n], firsts[n] = scores.start_losses(first, {"validation": val, "test": test}), first
+    described[n] = table4.describe(n, first, plan, seeds[plan.start[n]],
+                                   training.layout_of(first))
     described[n].update(n_pert=first.config.spsa.n_pert,
-                        paper_row=paper_row(n, specs, plan.reference))
-  rows, _ = table4.train_rows(plan, methods, (data_dir, out), seeds, starts, (val, test), executor)
+                        paper_row=paper_row(n, ready.specs, plan.reference))
+  rows, _ = yield from table4.rows_stages(plan, study.methods, (ready.data_dir, out), seeds,
+                                          starts, (val, test))
   chosen = select(rows, out)  # before any external score
-  scores = {key: external_losses(os.path.join(out, c["workdir"]), c["step"], ext)
-            for key, c in chosen.items()}
-  ext_starts = {n: protocol.start_losses(f, dict(zip(HALVES, ext, strict=True)))
+  external = {key: external_losses(os.path.join(out, c["workdir"]), c["step"], ext)
+              for key, c in chosen.items()}
+  ext_starts = {n: scores.start_losses(f, dict(zip(HALVES, ext, strict=True)))
                 for n, f in firsts.items()}
   for (_, name), r in rows.items():
     described[name]["per_seed"].append(r)
-  measured = measure(plan, list(methods), rows, chosen, scores, ext, ext_starts)
-  payload = protocol.results(
-      "table9", "paper Table 9 (frozen external evaluation of Table 4's rows), scaled down by "
-      "SPEC 9.6", plan, command, begun,
-      {"unit": plan.unit, "per": "row and seed", "seed_updates": plan.seed_updates},
-      (val, test), data_dir, out, seeds, paper=PAPER, trained_on=trained_on,
-      corpus={"kind": study.corpus.kind, "name": study.corpus.name,
-              "split": SPLIT_RULE[study.corpus.kind]},
-      external_eval=protocol.describe_span(*ext), methods=described,
-      selection={"rule": SELECTION_RULE, "file": SELECTION_FILE,
-                 "chosen": {f"{n} (seed {s})": c for (s, n), c in chosen.items()}},
-      measured=measured, interpretation=INTERPRETATION)
-  return protocol.write(out, payload, table)
+  return described, rows, chosen, external, ext_starts
+
+
+def measure(study: Study, ready: base.Setup, gathered: tuple) -> dict:
+  """Each row on the external corpus against the reference (`readout`), the corpus, the
+  selection."""
+  described, rows, chosen, external, ext_starts = gathered
+  plan, (trained_on, ext) = ready.plan, ready.data.extra
+  return {"budget": {"unit": plan.unit, "per": "row and seed", "seed_updates": plan.seed_updates},
+          "paper": PAPER, "trained_on": trained_on,
+          "corpus": {"kind": study.corpus.kind, "name": study.corpus.name,
+                     "split": SPLIT_RULE[study.corpus.kind]},
+          "external_eval": datasets.describe_span(*ext), "methods": described,
+          "selection": {"rule": SELECTION_RULE, "file": SELECTION_FILE,
+                        "chosen": {f"{n} (seed {s})": c for (s, n), c in chosen.items()}},
+          "measured": readout(plan, list(study.methods), rows, chosen, external, ext,
+                              ext_starts),
+          "interpretation": INTERPRETATION}
 
 
 INTERPRETATION = (
@@ -370,7 +416,7 @@ def select(rows: dict, out: str) -> dict:
   in-domain scores read; written to OUT/selection.json before anything external is scored."""
   chosen = {}
   for (seed, name), r in rows.items():
-    step = protocol.checkpoints(os.path.join(out, r["workdir"]))[-1]
+    step = scores.checkpoints(os.path.join(out, r["workdir"]))[-1]
     if step != r["step"]:
       raise UserError(f"{r['workdir']}: newest checkpoint {step} but the run ended at "
                       f"{r['step']} (a checkpoint saved after its summary; both are kept); fix: "
@@ -410,7 +456,7 @@ def per_seed(seed: int, name: str, ref: str, rows: dict, chosen: dict, scores: d
   for split, s in zip(HALVES, ext, strict=True):
     out[split] = _with_ci(mine[split], s.doc_ids, draws, seed)
     if name != ref:
-      out.setdefault("minus_ref", {})[split] = protocol.paired(theirs[split], mine[split],
+      out.setdefault("minus_ref", {})[split] = statistics.paired(theirs[split], mine[split],
                                                                s.doc_ids, draws, seed)
   if name != ref:
     out["minus_ref"]["in_domain_test"] = (r["end_loss"]["test"]
@@ -422,18 +468,18 @@ def minus_ref(name: str, ref: str, seeds: tuple, per: list[dict], scores: dict, 
               draws: int) -> dict:
   """The row minus the reference across seeds: a t interval per split (external validation,
   test, in-domain test); on external test also widened by the documents' variance."""
-  out = {split: protocol.t_interval([q["minus_ref"][split]["diff"] for q in per])
+  out = {split: statistics.t_interval([q["minus_ref"][split]["diff"] for q in per])
          for split in HALVES}
   diff_SxN = np.stack([scores[(s, name)]["test"] - scores[(s, ref)]["test"] for s in seeds])
-  both = protocol.widened_t_interval(
-      list(diff_SxN.mean(axis=1)), protocol.document_variance(diff_SxN, ext[1].doc_ids, draws,
+  both = statistics.widened_t_interval(
+      list(diff_SxN.mean(axis=1)), statistics.document_variance(diff_SxN, ext[1].doc_ids, draws,
                                                               seeds[0]))
   out["test"]["seeds_and_documents"] = {"ci95": both["ci95"], "document_sd": both["document_sd"]}
-  out["in_domain_test"] = protocol.t_interval([q["minus_ref"]["in_domain_test"] for q in per])
+  out["in_domain_test"] = statistics.t_interval([q["minus_ref"]["in_domain_test"] for q in per])
   return out
 
 
-def measure(plan: protocol.StudyPlan, names: list[str], rows: dict, chosen: dict,
+def readout(plan: planning.StudyPlan, names: list[str], rows: dict, chosen: dict,
             scores: dict, ext: tuple, ext_starts: dict) -> dict:
   """Per row: per seed, the means across seeds (t intervals), the row minus the reference;
   the rankings on external and in-domain test, ours and the paper's."""
@@ -443,8 +489,8 @@ def measure(plan: protocol.StudyPlan, names: list[str], rows: dict, chosen: dict
     out[name] = {
         "per_seed": per,
         "external_start": {k: float(v.mean()) for k, v in ext_starts[name].items()},
-        **{split: protocol.t_interval([q[split]["mean"] for q in per]) for split in HALVES},
-        "in_domain": {split: protocol.t_interval([q["in_domain"][split] for q in per])
+        **{split: statistics.t_interval([q[split]["mean"] for q in per]) for split in HALVES},
+        "in_domain": {split: statistics.t_interval([q["in_domain"][split] for q in per])
                       for split in HALVES}}
     if name != ref:
       out[name]["minus_ref"] = minus_ref(name, ref, plan.seeds, per, scores, ext, draws)
@@ -485,10 +531,10 @@ def _line(name: str, p: dict) -> str:
   label = "" if d["paper_row"] is None else f" ({PAPER['rows'][d['paper_row']]['label']})"
   return (f"| {name}{label} | {d['n_experts']} | {d['d_t']} | {table4._fmt(d['params'])} | "
           f"{d['n_pert']} | {np.mean([q['updates'] for q in m['per_seed']]):.0f} | "
-          f"{'/'.join(map(str, steps))} | {protocol.pm(m['validation'])} | "
-          f"{protocol.pm(m['test'])} | " + ("-" if g is None else protocol.ci(g["test"]) + both)
-          + f" | {protocol.pm(m['in_domain']['test'])} | "
-          + ("-" if g is None else protocol.ci(g["in_domain_test"]))
+          f"{'/'.join(map(str, steps))} | {results.pm(m['validation'])} | "
+          f"{results.pm(m['test'])} | " + ("-" if g is None else results.ci(g["test"]) + both)
+          + f" | {results.pm(m['in_domain']['test'])} | "
+          + ("-" if g is None else results.ci(g["in_domain_test"]))
           + f" | {_paper_cells(d['paper_row'])} |")
 
 
@@ -539,3 +585,8 @@ def table(p: dict) -> str:
 
 def _ci_cell(v: dict) -> str:
   return f"{v['mean']:.4f} [{v['ci95'][0]:.4f}, {v['ci95'][1]:.4f}]"
+
+
+STUDY = base.Study(spec="paper Table 9 (frozen external evaluation of Table 4's rows), scaled "
+                        "down by SPEC 9.6", config=config, check=check, stages=stages,
+                   measure=measure, table=table, data=data, ops_tolerance=base.any_ops)

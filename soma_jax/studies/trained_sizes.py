@@ -23,7 +23,7 @@ from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.studies import protocol, variance
+from soma_jax.studies import results, variance
 
 
 def workdir(out: str, n: int) -> str:
@@ -64,7 +64,7 @@ def train_all(spec: variance.VarianceSpec | ml_collections.ConfigDict, out: str)
     pipeline.check_data_dir(data_dir, n)
     run = run_config(vs, n, data_dir)
     t0 = time.perf_counter()
-    protocol.own(workdir(out, n))  # a run of the study in progress (its cost)
+    results.own(workdir(out, n))  # a run of the study in progress (its cost)
     train_lib.train_to_end(spec_lib.resolve(run), workdir(out, n), f"the N = {n} run")
     print(f"[train_sizes] N = {n}: width {run.model.d_t}, {run.steps} updates, "
           f"{time.perf_counter() - t0:.0f} s ({workdir(out, n)})", flush=True)
@@ -98,7 +98,7 @@ def _check_run(vs: variance.VarianceSpec, n: int, run: spec_lib.RunSpec,
 
 def _record(where: str, run: spec_lib.RunSpec, step: int) -> dict:
   """What the results say of one N's run: recipe, last expert-validation loss, seconds."""
-  summary = protocol.read_summary(where) or {}  # none, or unreadable: no numbers from it
+  summary = results.read_summary(where) or {}  # none, or unreadable: no numbers from it
   return {"workdir": os.path.normpath(where), "update": step, "n_experts": run.n_experts,
           "d_t": run.method.model.d_t, "n_pert": run.config.spsa.n_pert, "batch": run.batch,
           "seq_len": run.seq_len, "lr": run.lr, "eps": run.eps,
