@@ -49,6 +49,8 @@ import time
 
 from absl import flags
 
+from soma_jax import cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = {
     "soma": ("compare.py", "study=decompose,size={size}", "SOMA N = 2 width 32 (study shape)"),
@@ -74,7 +76,10 @@ _AGAINST_XLA_FLAGS = flags.DEFINE_string("against_xla_flags", None,
 _CHILD = flags.DEFINE_bool("child", False, "internal: time the rows' steps, print JSON")
 _SERVE = flags.DEFINE_bool("serve", False, "internal: compile the rows' steps, then time one "
                            "step of the row named on each stdin line")
-_JSON = flags.DEFINE_string("json", None, "write the results here")
+# cli.output_flag (checked writable before the work), or a plain flag in a child running on
+# a checkout compared from before output_flag existed
+_JSON = (cli.output_flag if hasattr(cli, "output_flag") else flags.DEFINE_string)(
+    "json", None, "write the results here")
 _TIMEOUT = flags.DEFINE_integer("child_timeout", 1800, "seconds allowed per child process")
 
 
@@ -376,5 +381,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from soma_jax import cli as _cli
-  _cli.run(main)
+  cli.run(main)
