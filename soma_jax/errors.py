@@ -141,19 +141,11 @@ def writable_dir(path: str, what: str, probe: bool = True) -> str:
   With `probe`, a file is written and removed there to prove it is writable.
   """
   path = os.path.abspath(os.path.expanduser(path))
-  ancestor = path
-  while not os.path.exists(ancestor):
-    ancestor = os.path.dirname(ancestor)
-  if not os.path.isdir(ancestor):
-    raise UserError(f"cannot make folder {path!r} for {what}: {ancestor!r} is a file, not a "
-                    f"folder; fix: choose a {what} that is not under a file")
+  _existing_folder_above(path, f"folder {path!r} for {what}", what)
   try:
     os.makedirs(path, exist_ok=True)
     if probe:
-      test_file = os.path.join(path, f".write_test.{os.getpid()}")
-      with open(test_file, "w"):
-        pass
-      os.remove(test_file)
+      _probe(path)
   except OSError as e:
     raise UserError(f"folder {path!r} for {what} is not writable ({e.strerror}); "
                     f"fix: choose a writable {what}") from None
@@ -182,12 +174,7 @@ def check_output(path: str, what: str, kind: str = "file") -> str:
   if kind == "folder" and os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"{what}={path!r} is a file, not a folder; fix: pass a folder name")
   folder = path if kind == "folder" else os.path.dirname(path)
-  ancestor = folder
-  while not os.path.exists(ancestor):
-    ancestor = os.path.dirname(ancestor)
-  if not os.path.isdir(ancestor):
-    raise UserError(f"{what}={path!r} cannot be made: {ancestor!r} is a file, not a folder; "
-                    f"fix: choose a {what} that is not under a file")
+  ancestor = _existing_folder_above(folder, f"{what}={path!r}", what)
   try:
     _probe(ancestor)
     if kind == "file" and os.path.exists(path):
@@ -199,6 +186,18 @@ def check_output(path: str, what: str, kind: str = "file") -> str:
     raise UserError(f"{what}={path!r} is not writable ({e.strerror or e}); fix: choose a "
                     f"writable {what}") from None
   return path
+
+
+def _existing_folder_above(path: str, named: str, what: str) -> str:
+  """The nearest existing path at or above `path`; a UserError when it is a file (nothing can
+  be made under it). `named` says what was asked for, `what` which flag to change."""
+  ancestor = path
+  while not os.path.exists(ancestor):
+    ancestor = os.path.dirname(ancestor)
+  if not os.path.isdir(ancestor):
+    raise UserError(f"{named} cannot be made: {ancestor!r} is a file, not a folder; fix: "
+                    f"choose a {what} that is not under a file")
+  return ancestor
 
 
 def _probe(folder: str) -> None:
