@@ -219,7 +219,7 @@ def test_the_raw_config_check_sees_one():
 
 
 # A study the driver runs (table4, table5, table6, table7, table9, fig7, fig13, fig15, fig16,
-# fig17, decompose) takes a raw config only by `_at_a_study_door`'s rule. The studies that still run
+# fig17, decompose, ladder) takes a raw config only by `_at_a_study_door`'s rule. The studies that still run
 # themselves take one only at these doors;
 # everything below a door holds its typed spec (planning.StudyPlan, table7.Grid,
 # ladder.LadderSpec, decompose.Rows, independent.Settings, variance.VarianceSpec).
@@ -227,7 +227,7 @@ def test_the_raw_config_check_sees_one():
 STUDY_DOORS = {
     "recipes.py": None,  # the configs the studies share: building configs is its whole job
     "driver.py": None,  # the one driver: `run` and `measured` hand the config to `check`
-    "compare.py": {"run"}, "ladder.py": {"check", "run"},
+    "compare.py": {"run"},
     "independent.py": {"settings", "variance_at", "run", "_payload", "_run_summary"},
     "planning.py": {"_field", "check_fields", "check_plan", "check_source", "check_fractions",
                     "resolved", "_leaves", "as_field", "seed_configs", "sized"},
@@ -271,10 +271,10 @@ def test_studies_take_a_raw_config_only_at_their_doors():
 
 
 def test_the_study_door_check_sees_one():
-  tree = {"soma_jax/studies/ladder.py": ast.parse(
+  tree = {"soma_jax/studies/narrow.py": ast.parse(
       "def run(config):\n  pass\ndef rung_config(config, width):\n  pass\n"
       "def sizes(ls, width):\n  pass\n")}
-  assert study_raw_config_functions(tree) == ["soma_jax/studies/ladder.py:3 rung_config"]
+  assert study_raw_config_functions(tree) == ["soma_jax/studies/narrow.py:3 rung_config"]
 
 
 METHOD_API = {"Method", "Seed", "MAKERS", "make"}  # what soma_jax.methods offers outside it
