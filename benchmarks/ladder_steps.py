@@ -44,7 +44,7 @@ from soma_jax import plan as plan_lib
 from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
-from soma_jax.studies import datasets, ladder, planning, scores, training
+from soma_jax.studies import datasets, driver, ladder, planning, scores, training
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "experiments/configs/compare.py:study=ladder,size=cpu|tiny[,rungs=...]",
@@ -145,7 +145,7 @@ def rung(ls: ladder.LadderSpec, width: int, reps: int, mechanism: bool, data_dir
 def main(argv):
   del argv
   config = _CONFIG.value
-  ls = ladder.check(config)  # the ladder's fields and every rung, as the study checks them
+  _, ls = driver.checked(ladder.STUDY, config)  # the ladder's fields and every rung, as the study checks them
   load = list(os.getloadavg())
   with tempfile.TemporaryDirectory() as scratch:
     data_dir = _DATA_DIR.value

@@ -7,11 +7,12 @@ estimator beside it, set against a recorded ladder results.json.
       --json=docs/results/ladder_mechanism_cpu.json
 
 For each rung of the config: its equal-update seed runs, trained into OUT/rungW/seeds as the
-study trains them (`ladder.rung_seeds`; a finished run already there is reused, so OUT may be
-the study's own), then the study's mechanism at that start (`ladder.rung_mechanism`: rho and
-r of each expert, of the monolith and of the summed-loss estimator, `predicted_ratio` and
-`predicted_vs_summed`). The seed runs are deterministic, so their starts are the ones the
-recorded results measured: the recomputed experts' and monolith's rho and r are checked
+study trains them (`driver.setup` of Table 7's pair at the rung, `ladder.rung_plan`; a
+finished run already there is reused, so OUT may be the study's own), then the study's
+mechanism at that start (`ladder.rung_mechanism`: rho and r of each expert, of the monolith
+and of the summed-loss estimator, `predicted_ratio` and `predicted_vs_summed`).
+The seed runs are deterministic, so their starts are the ones the recorded results measured:
+the recomputed experts' and monolith's rho and r are checked
 against the recorded ones (the largest absolute and relative differences, the batches'
 fingerprints, the seeds' ensemble-validation losses). Nothing of the compared phase is
 trained: `measured_vs_summed` (SOMA's test gain over the control's, per seed, 95% t) comes
@@ -33,7 +34,7 @@ import numpy as np
 from soma_jax import cli
 from soma_jax.config import load_config_file
 from soma_jax.errors import UserError, check_output_args, exit_on_user_error
-from soma_jax.studies import datasets, ladder, results, statistics
+from soma_jax.studies import datasets, driver, ladder, results, statistics, table7
 
 # Relative difference under which a recomputed rho or r counts as the recorded one: float32
 # rounding of reordered sums. A start that differed would move rho by about its SE (1e-2).
@@ -67,10 +68,13 @@ def check_recorded(rec: dict, mech: dict, seeds: dict) -> dict:
           "equal_within_tolerance": bool(equal)}
 
 
-def rung(ls: ladder.LadderSpec, width: int, out: str, data_dir: str, val, rec: dict) -> dict:
+def rung(ls: ladder.LadderSpec, width: int, out: str, data_dir: str, scored,
+         rec: dict) -> dict:
   """One rung: its seeds (trained or reused), the mechanism, and the recorded comparison."""
   t0 = time.perf_counter()
-  _, cfgs, seeds = ladder.rung_seeds(ls, width, os.path.join(out, f"rung{width}"), data_dir, val)
+  seeds = driver.setup(table7.STUDY, ls.grid, ladder.rung_plan(ls, width, data_dir),
+                       os.path.join(out, f"rung{width}"), scorers=scored).seeds
+  cfgs = ladder.sized(ls, width)
   t_seeds = time.perf_counter() - t0
   mech = ladder.rung_mechanism(ls, cfgs, seeds, data_dir)
   somas = rec["methods"][ls.reference]["per_seed"]
@@ -110,12 +114,12 @@ def recorded_rungs(ls: ladder.LadderSpec, results: dict) -> dict[int, dict]:
 def remeasure(config, out: str, results: dict, data_dir: str = "", command: str = "") -> dict:
   """Every rung of `config` (`rung`), under load average and wall clock."""
   t0, load = time.perf_counter(), list(os.getloadavg())
-  ls = ladder.check(config)
+  _, ls = driver.checked(ladder.STUDY, config)
   recorded = recorded_rungs(ls, results)
   os.makedirs(out, exist_ok=True)
   data_dir = datasets.ensure_data(data_dir or ls.plan.data_dir, out, 2)
-  val, _ = datasets.eval_sets(ls.plan.eval, data_dir, [ls.seq_len])
-  rungs = [rung(ls, w, out, data_dir, val, recorded[w]) for w in ls.widths]
+  scored = datasets.eval_sets(ls.plan.eval, data_dir, [ls.seq_len])
+  rungs = [rung(ls, w, out, data_dir, scored, recorded[w]) for w in ls.widths]
   return {"script": "ladder_mechanism", "spec": ladder.SPEC, "command": command,
           "recorded_command": results.get("command"), "mechanism": ls.mechanism.record(),
           "reference": ls.reference, "other": ls.other, "control": ls.control,

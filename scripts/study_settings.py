@@ -19,7 +19,7 @@ from soma_jax import cli
 from soma_jax import spec as spec_lib
 from soma_jax.config import load_config_file
 from soma_jax.errors import check_output_args
-from soma_jax.studies import ladder, planning
+from soma_jax.studies import driver, ladder, planning
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "experiments", "configs", "compare.py")
@@ -45,7 +45,7 @@ def study(name: str) -> dict:
       else:
         row["updates_in_budget"] = math.ceil(config.budget / row["ops_per_update"])
   if name == "ladder":
-    ls = ladder.check(config)
+    _, ls = driver.checked(ladder.STUDY, config)
     out["rungs"] = [ladder.sizes(ls, w) for w in ls.widths]
     out["mechanism"] = ls.mechanism.record()
   return out

@@ -319,3 +319,71 @@ def measure(loss: BatchLoss, body: PyTree, head: jax.Array, batches: Sequence[ja
   out = summarise(per, cfg.n_pert * cfg.accum, params, rho_by)
   out.update(repeats=repeats, hutchinson=hutchinson, batch_fingerprints=[fingerprint(b) for b in batches])
   return out
+
+
+# ------------------------------------------------ predicted progress ratios (the width ladder)
+
+
+def rho_of(per_batch: list[dict]) -> float:
+  """rho over batches: summed best decreases along g_hat over those along g (`descent`)."""
+  return sum(b["decrease_ghat"] for b in per_batch) / sum(b["decrease_g"] for b in per_batch)
+
+
+def predicted(experts: list[dict], monolith: dict) -> dict:
+  """mean_e rho_e / rho_mono, and the same ratio from r alone (n / (r + n)).
+
+  Its standard error is a delete-one-batch jackknife over the shared windows (dropping a
+  batch of expert e drops it from expert e's sums and from the monolith's, which was measured
+  on the same batch, so batch noise common to both cancels), given at least 2 batches per
+  expert; else the delta method with the two errors taken as independent.
+  """
+  rho_e = float(np.mean([x["rho"] for x in experts]))
+  ratio = rho_e / monolith["rho"]
+  counts = [len(x["per_batch"]) for x in experts]
+  if min(counts) >= 2:
+    loo = []
+    offsets = np.cumsum([0] + counts)
+    for e, k in enumerate(counts):
+      for i in range(k):
+        drop = lambda b, j: b[:j] + b[j + 1:]
+        rho_loo = [rho_of(drop(x["per_batch"], i) if f == e else x["per_batch"])
+                   for f, x in enumerate(experts)]
+        loo.append(np.mean(rho_loo) / rho_of(drop(monolith["per_batch"], offsets[e] + i)))
+    se, how = jackknife(ratio, np.array(loo)), "jackknife over the shared batches"
+  else:
+    se, how = _delta_se(experts, monolith, ratio)
+  from_r = np.mean([x["predicted_rho"] for x in experts]) / monolith["predicted_rho"]
+  return {"rho_expert": rho_e, "predicted_ratio": float(ratio),
+          "predicted_ratio_se": float(se), "predicted_ratio_se_by": how,
+          "predicted_ratio_from_r": float(from_r)}
+
+
+def _delta_se(experts: list[dict], other: dict, ratio: float) -> tuple[float, str]:
+  """The SE of mean_e rho_e / rho_other by the delta method, the errors taken as independent."""
+  rho_e = float(np.mean([x["rho"] for x in experts]))
+  se_e = np.sqrt(np.sum([x["rho_se"] ** 2 for x in experts])) / len(experts)
+  se = ratio * np.sqrt((se_e / rho_e) ** 2 + (other["rho_se"] / other["rho"]) ** 2)
+  return se, "delta method, errors taken as independent"
+
+
+def predicted_vs_summed(experts: list[dict], summed: dict) -> dict:
+  """mean_e rho_e / rho_summed, and the same ratio from r alone (n / (r + n)).
+
+  Its standard error is a delete-one-batch jackknife over the shared windows: summed batch k
+  holds every expert's batch k, so dropping unit k drops batch k from each expert's sums and
+  from the summed estimator's, given at least 2 batches each; else the delta method with
+  the errors taken as independent (as `predicted`).
+  """
+  rho_e = float(np.mean([x["rho"] for x in experts]))
+  ratio = rho_e / summed["rho"]
+  counts = [len(x["per_batch"]) for x in experts] + [len(summed["per_batch"])]
+  if min(counts) >= 2:
+    drop = lambda b, i: b[:i] + b[i + 1:]  # noqa: E731 - unit i past b's end keeps b
+    loo = [np.mean([rho_of(drop(x["per_batch"], i)) for x in experts])
+           / rho_of(drop(summed["per_batch"], i)) for i in range(max(counts))]
+    se, how = jackknife(ratio, np.array(loo)), "jackknife over the shared batches"
+  else:
+    se, how = _delta_se(experts, summed, ratio)
+  from_r = np.mean([x["predicted_rho"] for x in experts]) / summed["predicted_rho"]
+  return {"predicted_vs_summed": float(ratio), "predicted_vs_summed_se": float(se),
+          "predicted_vs_summed_se_by": how, "predicted_vs_summed_from_r": float(from_r)}

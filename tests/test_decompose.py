@@ -11,7 +11,7 @@ import pytest
 
 from soma_jax.data import prepare
 from soma_jax.errors import UserError
-from soma_jax.studies import decompose, statistics
+from soma_jax.studies import decompose, driver, statistics
 from tests.test_compare import load_config
 
 # --------------------------------------------------------------------- speed-up math
@@ -66,7 +66,8 @@ def decomposed(tmp_path_factory, data_textdir, data_two_shards):
   config.data_dir, config.data_dir_random = data_two_shards, rnd
   config.bootstrap_draws = 100
   out = str(tmp_path_factory.mktemp("decompose") / "out")
-  return config, out, decompose.run(config, out, "python experiments/compare.py --test")
+  return config, out, driver.run(decompose.STUDY, config, out,
+                                 "python experiments/compare.py --test")
 
 
 def test_rows_run_equal_operations_from_their_seeds(decomposed):
@@ -142,10 +143,10 @@ def test_random_rows_need_random_data(data_two_shards, tmp_path):
   config = load_config("compare", "study=decompose,size=tiny")
   config.data_dir, config.data_dir_random = data_two_shards, data_two_shards
   with pytest.raises(UserError, match="was not prepared with --assignment=random"):
-    decompose.random_data(decompose.check(config), str(tmp_path))
+    decompose.random_data(*reversed(driver.checked(decompose.STUDY, config)), str(tmp_path))
   config.data_dir_random = ""
   with pytest.raises(UserError, match="data_dir_random is not"):
-    decompose.random_data(decompose.check(config), str(tmp_path))
+    decompose.random_data(*reversed(driver.checked(decompose.STUDY, config)), str(tmp_path))
 
 
 @pytest.mark.parametrize("key, value, match", [
@@ -158,4 +159,4 @@ def test_bad_fields_are_user_errors(data_two_shards, key, value, match):
   section, field = key.split(".")
   config[section][field] = value
   with pytest.raises(UserError, match=match):
-    decompose.check(config)
+    driver.checked(decompose.STUDY, config)

@@ -16,7 +16,7 @@ from soma_jax import checkpoint as ckpt_lib
 from soma_jax import descent, spsa
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import compare, ladder
+from soma_jax.studies import compare, driver, ladder
 from tests import test_descent as quad
 from tests.test_compare import ROOT, load_config
 
@@ -24,7 +24,7 @@ from tests.test_compare import ROOT, load_config
 def test_every_rung_has_equal_params_and_ops_per_update():
   """SOMA N = 2 at widths 16, 32, 64, 128 and the monolith sized to it: total parameters and
   operations per update within 2% at every rung (SPEC 9.6's condition for equal updates)."""
-  ls = ladder.check(load_config("compare", "study=ladder,size=cpu"))
+  _, ls = driver.checked(ladder.STUDY, load_config("compare", "study=ladder,size=cpu"))
   assert ladder.widths(ls.config.rungs) == [16, 32, 64, 128] and ls.widths == (16, 32, 64, 128)
   for w in ls.widths:
     s = ladder.sizes(ls, w)
@@ -46,7 +46,7 @@ def test_arguments():
   config = load_config("compare", "study=ladder,size=tiny,rungs=4/8/16,seeds=3")
   assert ladder.widths(config.rungs) == [4, 8, 16] and config.seeds == 3
   assert load_config("compare", "study=ladder,size=cpu").seeds == 3
-  assert compare._study("ladder").run is ladder.run
+  assert compare._study("ladder") is ladder.STUDY
   for bad in ("4/x", "8/8", "0/4", ""):
     config.rungs = bad
     with pytest.raises(UserError, match="rungs="):
@@ -67,7 +67,8 @@ def ladder_run(tmp_path_factory, data_two_shards):
   config.lr_factors, config.lr_extend, config.eps_factors = (0.5, 1.0, 2.0), 0, (1.0,)
   config.eps_extend = 0
   out = str(tmp_path_factory.mktemp("ladder") / "out")
-  return config, out, ladder.run(config, out, "python experiments/compare.py --test")
+  return config, out, driver.run(ladder.STUDY, config, out,
+                                 "python experiments/compare.py --test")
 
 
 def test_monolith_and_experts_are_measured_on_identical_windows(ladder_run):
@@ -132,21 +133,21 @@ def test_predicted_ratio_error_cancels_shared_batch_noise():
   batch = lambda g, h: {"decrease_g": g, "decrease_ghat": h}
   e0 = [batch(1.0, 0.10), batch(2.0, 0.50)]
   e1 = [batch(1.5, 0.30), batch(0.5, 0.05)]
-  rho = ladder._rho
+  rho = descent.rho_of
   experts = [{"rho": rho(e), "rho_se": 0.05, "predicted_rho": 0.2, "per_batch": e}
              for e in (e0, e1)]
   mono_b = [batch(3 * b["decrease_g"], 1.5 * b["decrease_ghat"]) for b in e0 + e1]
   mono = {"rho": rho(mono_b), "rho_se": 0.05, "predicted_rho": 0.1, "per_batch": mono_b}
-  out = ladder.predicted(experts, mono)
+  out = descent.predicted(experts, mono)
   assert out["predicted_ratio"] == pytest.approx((rho(e0) + rho(e1)) / 2 / rho(mono_b))
   assert out["predicted_ratio_se_by"].startswith("jackknife")
   same = [{"rho": rho(e0 + e1), "rho_se": 0.05, "predicted_rho": 0.2, "per_batch": e0 + e1}]
   mono_same = {"rho": rho(e0 + e1) / 2, "rho_se": 0.05, "predicted_rho": 0.1,
                "per_batch": [batch(2 * b["decrease_g"], b["decrease_ghat"]) for b in e0 + e1]}
-  one = ladder.predicted(same, mono_same)
+  one = descent.predicted(same, mono_same)
   assert one["predicted_ratio"] == pytest.approx(2.0)
   assert one["predicted_ratio_se"] == pytest.approx(0.0, abs=1e-12)
-  indep = ladder.predicted([dict(same[0], per_batch=e0[:1])],
+  indep = descent.predicted([dict(same[0], per_batch=e0[:1])],
                            dict(mono_same, per_batch=mono_same["per_batch"][:1]))
   assert indep["predicted_ratio_se"] > 0.1 and indep["predicted_ratio_se_by"].startswith("delta")
 
@@ -158,16 +159,16 @@ def test_predicted_vs_summed_error_cancels_shared_batch_noise():
   each falls back to the delta method."""
   batch = lambda g, h: {"decrease_g": g, "decrease_ghat": h}
   e = [batch(1.0, 0.10), batch(2.0, 0.50), batch(0.5, 0.20)]
-  rho = ladder._rho
+  rho = descent.rho_of
   experts = [{"rho": rho(e), "rho_se": 0.05, "predicted_rho": 0.2, "per_batch": e}] * 2
   s_b = [batch(2 * b["decrease_g"], b["decrease_ghat"]) for b in e]
   summed = {"rho": rho(s_b), "rho_se": 0.05, "predicted_rho": 0.1, "per_batch": s_b}
-  out = ladder.predicted_vs_summed(experts, summed)
+  out = descent.predicted_vs_summed(experts, summed)
   assert out["predicted_vs_summed"] == pytest.approx(2.0)
   assert out["predicted_vs_summed_se"] == pytest.approx(0.0, abs=1e-12)
   assert out["predicted_vs_summed_se_by"].startswith("jackknife")
   assert out["predicted_vs_summed_from_r"] == pytest.approx(2.0)
-  one = ladder.predicted_vs_summed([dict(x, per_batch=e[:1]) for x in experts],
+  one = descent.predicted_vs_summed([dict(x, per_batch=e[:1]) for x in experts],
                                    dict(summed, per_batch=s_b[:1]))
   assert one["predicted_vs_summed_se_by"].startswith("delta") and one["predicted_vs_summed_se"] > 0
 

@@ -219,19 +219,19 @@ def test_the_raw_config_check_sees_one():
 
 
 # A study the driver runs (table4, table5, table6, table7, table9, fig7, fig13, fig15, fig16,
-# fig17) takes a raw config only by `_at_a_study_door`'s rule. The studies that still run
+# fig17, decompose, ladder) takes a raw config only by `_at_a_study_door`'s rule. The studies that still run
 # themselves take one only at these doors;
 # everything below a door holds its typed spec (planning.StudyPlan, table7.Grid,
-# ladder.LadderSpec, decompose.Study, independent.Settings, variance.VarianceSpec).
+# ladder.LadderSpec, decompose.Rows, independent.Settings, variance.VarianceSpec).
 # planning's and training's are the builders of each run's config; independent's `vc` is the variance study's config.
 STUDY_DOORS = {
     "recipes.py": None,  # the configs the studies share: building configs is its whole job
     "driver.py": None,  # the one driver: `run` and `measured` hand the config to `check`
-    "compare.py": {"run"}, "decompose.py": {"check", "run"}, "ladder.py": {"check", "run"},
+    "compare.py": {"run"},
     "independent.py": {"settings", "variance_at", "run", "_payload", "_run_summary"},
     "planning.py": {"_field", "check_fields", "check_plan", "check_source", "check_fractions",
                     "resolved", "_leaves", "as_field", "seed_configs", "sized"},
-    "training.py": {"check_runs", "budgeted", "train_seeds", "train_seed_sets"},
+    "training.py": {"check_runs", "budgeted", "seed_stage", "train_seeds", "train_seed_sets"},
     "fig9.py": {"check", "run"},
     "trained_sizes.py": {"train_all"}, "variance.py": {"variance_spec", "run_study"},
     "table8.py": {"check", "run"},
@@ -271,10 +271,10 @@ def test_studies_take_a_raw_config_only_at_their_doors():
 
 
 def test_the_study_door_check_sees_one():
-  tree = {"soma_jax/studies/ladder.py": ast.parse(
+  tree = {"soma_jax/studies/narrow.py": ast.parse(
       "def run(config):\n  pass\ndef rung_config(config, width):\n  pass\n"
       "def sizes(ls, width):\n  pass\n")}
-  assert study_raw_config_functions(tree) == ["soma_jax/studies/ladder.py:3 rung_config"]
+  assert study_raw_config_functions(tree) == ["soma_jax/studies/narrow.py:3 rung_config"]
 
 
 METHOD_API = {"Method", "Seed", "MAKERS", "make"}  # what soma_jax.methods offers outside it

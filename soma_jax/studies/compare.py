@@ -87,7 +87,7 @@ from soma_jax.studies import (
 # file, the entry point's --help and --list all read it. A study the driver does not run yet
 # runs itself (`base.own_run`).
 STUDIES = {"table4": table4.STUDY, "table7": table7.STUDY,
-           "ladder": base.own_run(ladder), "decompose": base.own_run(decompose),
+           "ladder": ladder.STUDY, "decompose": decompose.STUDY,
            "table5": table5.STUDY, "table6": table6.STUDY,
            "fig7": fig7.STUDY, "fig13": fig13.STUDY, "fig9": base.own_run(fig9),
            "fig15": fig15.STUDY, "fig16": fig16.STUDY,

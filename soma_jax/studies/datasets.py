@@ -111,6 +111,30 @@ def eval_sets(span: planning.EvalSpan, data_dir: str, seq_lens: list[int]):
   return val, test
 
 
+def check_random(path: str, n_experts: int, field: str | None) -> str:
+  """A random-shard data dir: N shards (`check_data`, `field` as there) prepared with
+  --assignment=random."""
+  kind = check_data(path, n_experts, field).get("assignment", {})
+  if not (isinstance(kind, dict) and kind.get("kind") == "random"):
+    raise UserError(f"data_dir_random={path!r} was not prepared with --assignment=random; fix: "
+                    "prepare it so, from the same corpus and settings as the semantic shards")
+  return path
+
+
+def random_sets(span: planning.EvalSpan, path: str, seq_lens: list[int],
+                semantic: tuple[eval_lib.TestSet, eval_lib.TestSet]):
+  """(validation, test) of the random-shard data dir `path`, checked to hold the windows of
+  `semantic`'s: only the shard labels differ, so its rows are scored on the same text."""
+  sets = eval_sets(span, path, seq_lens)
+  for what, a, b in zip(("validation", "test"), semantic, sets, strict=True):
+    if a.windows.shape != b.windows.shape or not np.array_equal(a.windows, b.windows):
+      raise UserError(f"the random-shard data's {what} windows differ from the semantic "
+                      "shards': the rows would be scored on other text; fix: prepare "
+                      "data_dir_random from the same corpus and settings (only --assignment "
+                      "differs)")
+  return sets
+
+
 def describe_span(val: eval_lib.TestSet, test: eval_lib.TestSet) -> dict:
   """The evaluation span and sets: *_windows count the scored pieces, *_windows_scored the
   1,025-byte windows they are cut from, *_documents the documents those come from of the

@@ -26,7 +26,8 @@ over b (`speedup`) read two ways: over the compared phase (the common loss range
 validation curves, each from its own start) and along the whole trajectory from
 initialisation in operations, the seed runs included (what training from scratch pays);
 `interactions` (e1, e2): e1's values minus e2's per seed (the zero-order-specific part of
-sharding: sharding under SPSA minus sharding under backprop).
+sharding: sharding under SPSA minus sharding under backprop). `STUDY` runs through the driver
+(`driver.run`).
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ import ml_collections
 import numpy as np
 
 from soma_jax import evaluate as eval_lib
-from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 from soma_jax.studies import (
+  base,
   datasets,
+  driver,
   planning,
   recipes,
   report,
@@ -55,10 +57,6 @@ from soma_jax.studies import (
 
 SPEC = "SPEC 9.8 (the decomposition: sharding under SPSA and backprop, random shards, summed loss)"
 DATA_KINDS = ("semantic", "random")  # row_data values: the data dir a row trains and is scored on
-
-
-# ----------------------------------------------------------------------------- checks
-
 
 FIELDS = {"data_dir_random": ("a string", lambda v: isinstance(v, str))}
 
@@ -127,14 +125,10 @@ def _config_rows(soma: ml_collections.ConfigDict, mono: ml_collections.ConfigDic
 
 
 @dataclasses.dataclass(frozen=True)
-class Study:
-  """The decomposition's fields, checked once (`check`): Table 7's plan and grid, each row's
-  training config (`methods`, the study's config space) and resolved run at the first seed
-  (`specs`), and per row what it stands for, its data kind and its lr grid's centre."""
-  plan: planning.StudyPlan
+class Rows:
+  """The decomposition's own fields, checked once (`check`): Table 7's lr grid, and per row
+  what it stands for, its data kind and its lr grid's centre; the effects and interactions."""
   grid: table7.Grid
-  methods: dict
-  specs: dict
   rows: dict  # {row: what it stands for}
   row_data: dict  # {row: "semantic" | "random"}
   row_base_lr: dict  # {row: its lr grid's centre}; else the grid's base
@@ -146,44 +140,40 @@ class Study:
     return self.row_data.get(name, "semantic")
 
   def base(self, name: str) -> float:
-    return self.row_base_lr.get(name, self.plan.base_lr)
+    return self.row_base_lr.get(name, self.grid.base_lr)
 
 
-def check(config: ml_collections.ConfigDict) -> Study:
-  """Every field and run before anything trains: Table 7's plan and lr grid, the rows' data
-  kinds and lr bases, the effects' rows and the interactions' effects."""
-  plan = planning.check_plan(config)
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Rows:
+  """Every field before anything trains (the runs: `driver.setup`): Table 7's lr grid, the
+  rows' data kinds and lr bases, the effects' rows and the interactions' effects."""
+  del plan
   grid = table7.check_grid(config)
   planning.check_fields(config, FIELDS)
-  methods = planning.sized(config)
+  methods = list(config.methods)
   for name, kind in config.row_data.items():
     if name not in methods or kind not in DATA_KINDS:
       raise UserError(f"row_data.{name}={kind!r}: a method's data must be one of "
                       f"{', '.join(DATA_KINDS)}; fix: --config.row_data.{name}=semantic")
-  for name, base in config.row_base_lr.items():
-    if name not in methods or not planning.positive()[1](base):
-      raise UserError(f"row_base_lr.{name}={base!r}: a method's lr grid centre must be a "
+  for name, lr in config.row_base_lr.items():
+    if name not in methods or not planning.positive()[1](lr):
+      raise UserError(f"row_base_lr.{name}={lr!r}: a method's lr grid centre must be a "
                       f"finite number > 0; fix: --config.row_base_lr.{name}=0.003")
-  for effect, pair in config.effects.items():
-    if len(pair) != 2 or any(n not in methods for n in pair):
-      raise UserError(f"effects.{effect}={tuple(pair)!r} must name two methods of "
-                      f"{', '.join(methods)}; fix: --config.effects.{effect}='(\"soma\", \"mono\")'")
-  for name, pair in config.interactions.items():
-    if len(pair) != 2 or any(e not in config.effects for e in pair):
-      raise UserError(f"interactions.{name}={tuple(pair)!r} must name two effects of "
-                      f"{', '.join(config.effects)}")
-  return Study(plan, grid, methods, training.check_runs(plan, methods),
-               {n: config.rows.get(n, "") for n in methods}, dict(config.row_data),
-               dict(config.row_base_lr), {k: tuple(v) for k, v in config.effects.items()},
-               {k: tuple(v) for k, v in config.interactions.items()}, config.data_dir_random)
+  for field, of, what in (("effects", methods, "methods"),
+                          ("interactions", list(config.effects), "effects")):
+    for name, pair in config[field].items():
+      if len(pair) != 2 or any(n not in of for n in pair):
+        raise UserError(f"{field}.{name}={tuple(pair)!r} must name two {what} of {', '.join(of)}")
+  return Rows(grid, {n: config.rows.get(n, "") for n in methods}, dict(config.row_data),
+              dict(config.row_base_lr), {k: tuple(v) for k, v in config.effects.items()},
+              {k: tuple(v) for k, v in config.interactions.items()}, config.data_dir_random)
 
 
-def random_data(study: Study, out: str) -> str:
+def random_data(rows: Rows, plan: planning.StudyPlan, out: str) -> str:
   """The random-shard data dir: data_dir_random (prepared with --assignment=random from the
   same corpus as data_dir), or the built-in corpus's, prepared under OUT/data_random."""
-  path = study.data_dir_random
+  path = rows.data_dir_random
   if not path:
-    if study.plan.data_dir:
+    if plan.data_dir:
       raise UserError("data_dir is given but data_dir_random is not: soma_random needs the "
                       "same corpus on random shards; fix: python experiments/prepare_data.py "
                       "--assignment=random (same source and settings) --out=DIR, then "
@@ -191,20 +181,24 @@ def random_data(study: Study, out: str) -> str:
     path = os.path.join(out, "data_random")
     if not os.path.isfile(os.path.join(path, "manifest.json")):
       datasets.prepare_data("pystdlib", 2, path, assignment="random")
-  datasets.check_data(path, 2, "data_dir_random" if study.data_dir_random else None)
-  kind = pipeline.load_manifest(path).get("assignment", {})
-  if not (isinstance(kind, dict) and kind.get("kind") == "random"):
-    raise UserError(f"data_dir_random={path!r} was not prepared with --assignment=random; fix: "
-                    "prepare it so, from the same corpus as data_dir")
-  return path
+  return datasets.check_random(path, 2, "data_dir_random" if rows.data_dir_random else None)
 
 
-def same_windows(a: eval_lib.TestSet, b: eval_lib.TestSet, what: str) -> None:
-  """The random-shard rows are scored on the semantic rows' windows, or not compared."""
-  if a.windows.shape != b.windows.shape or not np.array_equal(a.windows, b.windows):
-    raise UserError(f"the random-shard data's {what} windows differ from data_dir's: the "
-                    "rows would be scored on other text; fix: prepare data_dir_random from the "
-                    "same corpus and settings as data_dir (only --assignment differs)")
+def data(rows: Rows, plan: planning.StudyPlan, specs: dict, out: str) -> base.Data:
+  """The semantic shards (`driver.one_dir`), and where a row asks, the random shards and their
+  sets (data.extra), scored on the same windows (each routed by its own dir's router)."""
+  semantic = driver.one_dir(plan, specs, out)
+  if "random" not in rows.row_data.values():
+    return semantic
+  path = random_data(rows, plan, out)
+  return semantic._replace(extra=(path, datasets.random_sets(
+      plan.eval, path, [s.seq_len for s in specs.values()], semantic.sets[semantic.main])))
+
+
+def setup(rows: Rows, plan: planning.StudyPlan, out: str, executor=None) -> base.Setup:
+  """The driver's, each seed run checkpointed curve_points times (its curve from
+  initialisation, `seed_curve`)."""
+  return driver.setup(STUDY, rows, plan, out, executor, checkpoints=plan.curve_points)
 
 
 # ----------------------------------------------------------------------------- runs
@@ -220,23 +214,23 @@ def seed_curve(record: dict, val: eval_lib.TestSet) -> tuple[np.ndarray, np.ndar
   return np.array([p["ops"] for p in points], np.float64), np.stack(keep)
 
 
-def searches(study: Study, where: dict, seeds: dict, starts: dict, ops_budget: float,
-             out: str) -> dict:
+def searches(rows: Rows, ready: base.Setup, where: dict, described: dict,
+             ops_budget: float) -> dict:
   """{(seed, row): its lr search} (`table7.Search`): every row at every optimisation seed,
   budgeted to `ops_budget` operations from its seed run (`fresh_optimizer` rows: its
   parameters only), on its data (`where[row]` = (data dir, (validation, test)))."""
-  plan, out_searches = study.plan, {}
+  plan, found = ready.plan, {}
   for seed in plan.seeds:
-    for name, c in study.methods.items():
-      s = seeds[plan.start[name]]
+    for name, c in ready.methods.items():
+      s = ready.seeds[plan.start[name]]
       spec = training.budgeted(c, where[name][0], seed, s, "ops", ops_budget, plan.curve_points,
                                fresh=name in plan.fresh_optimizer, score=where[name][1][0])
-      out_searches[(seed, name)] = table7.Search(
-          spec, study.grid, os.path.join(out, "runs", f"seed{seed}", name),
-          f"seed {seed} {name}",
-          {"step": training.start_step(spec, s), "val": starts[name]["validation"].mean()},
-          base=study.base(name), scorer=where[name][1][0])
-  return out_searches
+      found[(seed, name)] = table7.Search(
+          spec, rows.grid, os.path.join(ready.out, "runs", f"seed{seed}", name),
+          f"seed {seed} {name}", {"step": training.start_step(spec, s),
+                                  "val": described[name]["_start_w"]["validation"].mean()},
+          base=rows.base(name), scorer=where[name][1][0])
+  return found
 
 
 def row_record(search: table7.Search, test: eval_lib.TestSet, start_w: dict,
@@ -262,126 +256,69 @@ def row_record(search: table7.Search, test: eval_lib.TestSet, start_w: dict,
           "_test_w": end_test}
 
 
-def describe(name: str, spec, study: Study, seed: dict) -> dict:
+def describe(name: str, spec, rows: Rows, plan: planning.StudyPlan, seed: dict) -> dict:
+  fresh = name in plan.fresh_optimizer
   return {"method": spec.method.name, "gradient": spec.method.describe["gradient"],
-          "what": study.rows[name],
-          "n_experts": spec.n_experts, "d_t": spec.config.model.d_t,
+          "what": rows.rows[name], "n_experts": spec.n_experts, "d_t": spec.config.model.d_t,
           "params": spec.method.ensemble_params, "ops_per_update": spec.total_ops_per_update,
-          "data": study.data(name),
-          "optimizer_state": ("fresh (the seed's parameters only)"
-                              if name in study.plan.fresh_optimizer else "the seed's, continued"),
-          "start": training.start_of(seed), "lr_base": study.base(name), "per_seed": []}
+          "data": rows.data(name), "optimizer_state": ("fresh (the seed's parameters only)"
+                                                       if fresh else "the seed's, continued"),
+          "start": training.start_of(seed), "lr_base": rows.base(name), "per_seed": []}
 
 
-# ----------------------------------------------------------------------------- effects
-
-
-def effect(rows: dict, a: str, b: str, scored: tuple, draws: int) -> dict:
-  """a against b over the seeds both ran: a's gain minus b's (test, `gain_difference`), b's
-  end loss minus a's (test), and a's log matched-loss speed-up over b on validation, in the
-  compared phase and from initialisation (`speedup_effect`)."""
-  val, test = scored
-  ra, rb = rows[a]["per_seed"], rows[b]["per_seed"]
-  start = lambda r: r["_start_w"]["test"]
-  gains_w = [(start(rows[a]) - x["_test_w"], start(rows[b]) - y["_test_w"])
-             for x, y in zip(ra, rb, strict=True)]
-  end_w = np.stack([y["_test_w"] - x["_test_w"] for x, y in zip(ra, rb, strict=True)])
-  gain = statistics.gain_difference(ra, rb, gains_w, test.doc_ids, draws)
-  gain_w = np.stack([np.asarray(g, np.float64) - np.asarray(h, np.float64) for g, h in gains_w])
-  pairs = [(x["_curves"], y["_curves"]) for x, y in zip(ra, rb, strict=True)]
-  sp_draws = min(draws, statistics.SPEEDUP_DRAWS)
-  out = {"a": a, "b": b,
-         "gain_difference": {**gain, "_windows": gain_w},
-         "end_loss_difference": {**statistics.difference_effect(
-             [float(w.mean()) for w in end_w], end_w, test.doc_ids, draws, 0), "_windows": end_w},
-         "log_speedup": {k: statistics.speedup_effect(pairs, val.doc_ids, sp_draws, k)
-                         for k in ("compared", "from_init")},
-         "_doc_ids": test.doc_ids, "_draws": draws}
-  return out
-
-
-def interaction(e1: dict, e2: dict) -> dict:
-  """e1 minus e2 per seed on the gain difference, the end-loss difference and both log
-  speed-ups (the zero-order-specific part, for sharding under SPSA minus under backprop)."""
-  out = {"of": [f"{e1['a']} vs {e1['b']}", f"{e2['a']} vs {e2['b']}"]}
-  for key in ("gain_difference", "end_loss_difference"):
-    w = e1[key]["_windows"] - e2[key]["_windows"]
-    out[key] = statistics.difference_effect([float(x) for x in w.mean(axis=1)], w, e1["_doc_ids"],
-                                 e1["_draws"], 0)
-  out["log_speedup"] = {k: statistics.interaction_effect(e1["log_speedup"], e2["log_speedup"], k)
-                        for k in ("compared", "from_init")}
-  return out
-
-
-# ----------------------------------------------------------------------------- the study
-
-
-def _prepare(study: Study, out: str) -> dict:
-  """{row: (data dir, (validation, test))}: semantic rows on data_dir, random-shard rows on
-  the random-shard dir, scored on the same windows (each routed by its own dir's router)."""
-  dirs = {"semantic": datasets.ensure_data(study.plan.data_dir, out, 2)}
-  seq = [s.seq_len for s in study.specs.values()]
-  if "random" in study.row_data.values():
-    dirs["random"] = random_data(study, out)
-  scored = {k: datasets.eval_sets(study.plan.eval, d, seq) for k, d in dirs.items()}
-  for k in dirs:
-    for what, a, b in zip(("validation", "test"), scored["semantic"], scored[k], strict=True):
-      same_windows(a, b, what)
-  return {name: (dirs[study.data(name)], scored[study.data(name)]) for name in study.specs}
-
-
-def _rows(study: Study, where: dict, seeds: dict, ops_budget: float) -> dict:
-  """Each row's description and start losses (`_start_w`, at its first optimisation seed's
-  budgeted run: every seed continues the same seed run, so they share the start)."""
-  plan, rows = study.plan, {}
-  for name, c in study.methods.items():
-    s = seeds[plan.start[name]]
-    first = training.budgeted(c, where[name][0], plan.seeds[0], s, "ops", ops_budget, 1,
+def stages(rows: Rows, ready: base.Setup) -> base.Stages:
+  """Each row's description and start losses (at its first optimisation seed's budgeted run:
+  every seed continues the same seed run), every row at every seed searched on its lr grid
+  (`table7.searching`), each selected run scored on test once; OUT/curves.png (`plot`: the
+  per-window curves stay out of results.json); the rows."""
+  plan, out, val = ready.plan, ready.out, ready.scored[0]
+  kinds = {"semantic": (ready.data_dir, ready.scored), "random": ready.data.extra}
+  where = {name: kinds[rows.data(name)] for name in ready.methods}  # (dir, (val, test))
+  budget = _ops_budget(ready)
+  seed_paths = {name: seed_curve(r, val) for name, r in ready.seeds.items()}
+  described = {}
+  for name, c in ready.methods.items():
+    s = ready.seeds[plan.start[name]]
+    first = training.budgeted(c, where[name][0], plan.seeds[0], s, "ops", budget, 1,
                               fresh=name in plan.fresh_optimizer)
-    v, t = where[name][1]
-    start_w = scores.start_losses(first, {"validation": v, "test": t})
-    rows[name] = {**describe(name, first, study, s), "_start_w": start_w}
-  return rows
-
-
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """Seeds, then every row at every optimisation seed searched on its lr grid (each stage by
-  `executor`); the effects; OUT/results.json, table.md, effects.csv and curves.png."""
-  begun = results.started(executor)
-  os.makedirs(out, exist_ok=True)
-  study = check(config)
-  plan, specs, ref = study.plan, study.specs, study.plan.reference
-  ops_budget = plan.budget * specs[ref].total_ops_per_update
-  where = _prepare(study, out)
-  val, test = where[ref][1]
-  seeds = training.train_seeds(plan, study.methods, where[ref][0], out, val, executor,
-                               checkpoints=plan.curve_points)
-  seed_paths = {name: seed_curve(r, val) for name, r in seeds.items()}
-  rows = _rows(study, where, seeds, ops_budget)
-  starts = {name: r["_start_w"] for name, r in rows.items()}
-  found = searches(study, where, seeds, starts, ops_budget, out)
-  table7.run_searches(list(found.values()), val, executor)
+    start_w = scores.start_losses(first, dict(zip(("validation", "test"), where[name][1])))
+    described[name] = {**describe(name, first, rows, plan, s), "_start_w": start_w}
+  found = searches(rows, ready, where, described, budget)
+  yield from table7.searching(list(found.values()), val)
   for (_, name), search in found.items():
-    rows[name]["per_seed"].append(row_record(search, where[name][1][1], starts[name],
-                                             seed_paths[plan.start[name]], out))
-  for r in rows.values():
-    _aggregate(r)
-  effects = {k: effect(rows, a, b, (val, test), plan.bootstrap_draws)
-             for k, (a, b) in study.effects.items()}
-  inter = {k: interaction(effects[e1], effects[e2]) for k, (e1, e2) in study.interactions.items()}
-  payload = results.results(
-      "decompose", SPEC, plan, command, begun,
-      {"unit": "ops", "amount": ops_budget, "per": "row and seed",
-       "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
-       "ops_per_update": {n: s.total_ops_per_update for n, s in specs.items()}},
-      (val, test), where[ref][0], out, seeds, rows=results.public(rows),
-      effects=results.public(effects), interactions=results.public(inter), how=HOW,
-      tuning={**study.grid.record(), "row_base_lr": study.row_base_lr})
-  random = [where[n][0] for n in study.specs if study.data(n) == "random"]
-  payload["data_dir_random"] = planning.shown(random[0], out) if random else None
-  write_effects_csv(payload, os.path.join(out, "effects.csv"))
-  plot(rows, os.path.join(out, "curves.png"))
-  return results.write(out, payload, table)
+    described[name]["per_seed"].append(row_record(search, where[name][1][1],
+                                                  described[name]["_start_w"],
+                                                  seed_paths[plan.start[name]], out))
+  plot(described, os.path.join(out, "curves.png"))
+  return described
+
+
+def _ops_budget(ready: base.Setup) -> float:
+  """Every row's budget: `budget` of the reference's updates, in operations."""
+  return ready.plan.budget * ready.ops[ready.plan.reference]
+
+
+def measure(rows: Rows, ready: base.Setup, described: dict) -> dict:
+  """Each row across seeds, the effects and the interactions."""
+  plan = ready.plan
+  for r in described.values():
+    per = r["per_seed"]
+    r["start_loss"] = per[0]["start_loss"]
+    for key in ("gain", "end_loss"):
+      r[key] = {s: statistics.t_interval([p[key][s] for p in per]) for s in ("validation", "test")}
+    r["updates"] = statistics.across_seeds([p["updates"] for p in per])
+  effects = {k: statistics.effect(described, a, b, ready.scored, plan.bootstrap_draws)
+             for k, (a, b) in rows.effects.items()}
+  inter = {k: statistics.interaction(effects[e1], effects[e2])
+           for k, (e1, e2) in rows.interactions.items()}
+  random = ready.data.extra
+  return {"budget": {"unit": "ops", "amount": _ops_budget(ready), "per": "row and seed",
+                     "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
+                     "ops_per_update": ready.ops},
+          "rows": results.public(described), "effects": results.public(effects),
+          "interactions": results.public(inter), "how": HOW,
+          "tuning": {**rows.grid.record(), "row_base_lr": rows.row_base_lr},
+          "data_dir_random": planning.shown(random[0], ready.out) if random else None}
 
 
 HOW = ("effects: a against b per seed (a's gain minus b's, test; b's end loss minus a's, test; "
@@ -391,15 +328,6 @@ HOW = ("effects: a against b per seed (a's gain minus b's, test; b's end loss mi
        "+ document_sd^2), document_sd the document-bootstrap sd of the seed mean (test documents "
        "for gains and end losses, validation documents for speed-ups, the same draw for every "
        "seed and both rows); interactions: effect 1 minus effect 2 per seed, the same way")
-
-
-def _aggregate(r: dict) -> None:
-  per = r["per_seed"]
-  r["start_loss"] = per[0]["start_loss"]
-  r["gain"] = {s: statistics.t_interval([p["gain"][s] for p in per]) for s in ("validation", "test")}
-  r["end_loss"] = {s: statistics.t_interval([p["end_loss"][s] for p in per])
-                   for s in ("validation", "test")}
-  r["updates"] = statistics.across_seeds([p["updates"] for p in per])
 
 
 # ----------------------------------------------------------------------------- output
@@ -478,12 +406,7 @@ def plot(rows: dict, path: str) -> None:
   """Left: validation loss against operations from initialisation, every row (seed mean).
   Right: the compared phase of the zero-order rows alone, each from its own start (the
   backprop rows fall by ten times as much and would flatten them)."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+  fig, (ax, bx) = report.plt.subplots(1, 2, figsize=(12, 4.5))
   for i, (name, r) in enumerate(rows.items()):
     color = f"C{i % 10}"
     for axis, key in ((ax, "from_init"), (bx, "compared")):
@@ -500,3 +423,13 @@ def plot(rows: dict, path: str) -> None:
     axis.set_ylabel("ensemble-validation loss (nats/byte)")
     axis.legend(fontsize=8)
   report.save_figure(fig, path)
+
+
+def figures(p: dict, out: str) -> None:
+  """OUT/effects.csv (`write_effects_csv`); curves.png is drawn by `stages`."""
+  write_effects_csv(p, os.path.join(out, "effects.csv"))
+
+
+STUDY = base.Study(spec=SPEC, config=config, check=check, stages=stages, measure=measure,
+                   table=table, ops_tolerance=base.any_ops, data=data, setup=setup,
+                   plot=figures)

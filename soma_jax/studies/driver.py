@@ -36,19 +36,30 @@ def per_n(main: Callable[[Any], int] = lambda grid: 1) -> Callable[..., base.Dat
   return data
 
 
-def setup(study: base.Study, grid, plan: planning.StudyPlan, out: str, executor=None,
-          scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None) -> base.Setup:
+def preparing(study: base.Study, grid, plan: planning.StudyPlan, out: str,
+              scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None,
+              checkpoints: int = 1) -> base.Stages:
   """Every method sized and resolved (and their operations per update checked) before the
-  data is prepared, the evaluation sets, and the seed runs trained (one stage)."""
+  data is prepared, the evaluation sets, and the seed runs yielded as one stage (`checkpoints`
+  each, `training.seed_stage`); the Setup. A study that sets up one comparison per rung
+  yields from it (`setup`: the same, trained by an executor)."""
   methods = planning.sized(plan.config)
   specs = training.check_runs(plan, methods)
   ops = planning.check_equal_ops(specs, study.ops_tolerance(grid, plan), plan.unit)
   data = (one_dir(plan, specs, out, scorers) if study.data is None
           else study.data(grid, plan, specs, out))
-  seeds = training.train_seeds(plan, methods, data.dirs[data.seeds], out,
-                               data.sets[data.seeds][0], executor)
+  jobs, records = training.seed_stage(plan, methods, data.dirs[data.seeds], out,
+                                      data.sets[data.seeds][0], checkpoints)
+  seeds = records((yield jobs))
   return base.Setup(plan, methods, specs, ops, data.dirs[data.main], data.sets[data.main],
                     seeds, out, data)
+
+
+def setup(study: base.Study, grid, plan: planning.StudyPlan, out: str, executor=None,
+          scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None,
+          checkpoints: int = 1) -> base.Setup:
+  """`preparing`, its seed runs trained by `executor`."""
+  return through(preparing(study, grid, plan, out, scorers, checkpoints), executor)
 
 
 def through(stages: base.Stages, executor=None):

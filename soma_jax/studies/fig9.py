@@ -33,11 +33,9 @@ import ml_collections
 import numpy as np
 
 from soma_jax import runs
-from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 from soma_jax.studies import (
   datasets,
-  decompose,
   planning,
   recipes,
   report,
@@ -232,12 +230,7 @@ def random_dir(study: Ablation, out: str) -> str:
   path = study.data_dir_random or os.path.join(out, f"data_n{n}_random")
   if not study.data_dir_random and not os.path.isfile(os.path.join(path, "manifest.json")):
     datasets.prepare_data(study.source, n, path, study.prepare, assignment="random")
-  datasets.check_data(path, n, "data_dir_random" if study.data_dir_random else None)
-  kind = pipeline.load_manifest(path).get("assignment", {})
-  if not (isinstance(kind, dict) and kind.get("kind") == "random"):
-    raise UserError(f"data_dir_random={path!r} was not prepared with --assignment=random; fix: "
-                    "prepare it so, from config.source with the same settings")
-  return path
+  return datasets.check_random(path, n, "data_dir_random" if study.data_dir_random else None)
 
 
 def data_sets(study: Ablation, out: str) -> tuple[dict, tuple]:
@@ -250,10 +243,8 @@ def data_sets(study: Ablation, out: str) -> tuple[dict, tuple]:
   where = {"semantic": (dirs[n], scored[n])}
   if "random" in study.row_data.values():
     path = random_dir(study, out)
-    sets = datasets.eval_sets(plan.eval, path, [s.seq_len for s in study.specs.values()])
-    for what, a, b in zip(("validation", "test"), scored[n], sets, strict=True):
-      decompose.same_windows(a, b, what)
-    where["random"] = (path, sets)
+    where["random"] = (path, datasets.random_sets(
+        plan.eval, path, [s.seq_len for s in study.specs.values()], scored[n]))
   return {name: where[study.data(name)] for name in study.methods}, (dirs[1], scored[1][0])
 
 

@@ -13,15 +13,15 @@ parameters, `planning.sized`; SOMA and the monolith then do equal operations per
    control's, `summed_descent`): one SPSA direction over both experts' bodies, the N losses
    summed (a block-diagonal Hessian, r_summed ~ r_1 + r_2), predicting SOMA against the
    control by mean_e rho_e / rho_summed (SPEC 9.7: the pair the variance argument separates);
-2. Table 7's comparison at that width (`driver.measured(table7.STUDY)`: the lr-then-eps grid,
+2. Table 7's comparison at that width (`driver.preparing`, `table7.stages`: the lr-then-eps grid,
    selection on ensemble validation, test scored once, per optimisation seed);
 3. the summed-loss control (config.control) from SOMA's start, at SOMA's selected lr and eps
    and SOMA's number of updates in each seed (as Table 4's controls run).
 The measured ratio is SOMA's compared-phase test gain (start - end) over the monolith's, per
 seed, with its 95% t interval across seeds; `measured_vs_summed` the same over the control's.
 Every field, the mechanism's settings and every rung's runs are checked before the first rung
-trains (`check`). OUT/rungW holds each rung's seeds and runs (they resume); OUT/results.json,
-table.md and ladder.png are written after every rung.
+trains (`check`). OUT/rungW holds each rung's seeds and runs (they resume); `STUDY` runs
+through the driver (`driver.run`), which writes OUT/results.json, table.md and ladder.png.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ import ml_collections
 import numpy as np
 
 from soma_jax import descent, memory, runs
-from soma_jax import evaluate as eval_lib
 from soma_jax import model as model_lib
 from soma_jax import spec as spec_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 from soma_jax.studies import (
+  base,
   datasets,
   driver,
   planning,
@@ -179,13 +179,12 @@ MECHANISM_FIELDS = {"mechanism.rho_by": planning.one_of(*descent.RHO_BY),
                     "mechanism.hutchinson": planning.whole(1), "mechanism.seed": planning.whole(0)}
 
 
-def check(config: ml_collections.ConfigDict) -> LadderSpec:
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> LadderSpec:
   """Every field of the ladder checked and every rung's runs resolved before any rung trains:
-  Table 7's plan and grid, the control, the mechanism, and at each rung its seed runs and
-  methods (`training.check_runs`) and the monolith's operations within ops_tolerance of
-  SOMA's; the ladder's fields, typed."""
+  Table 7's grid, the control, the mechanism, and at each rung its seed runs and methods
+  (`training.check_runs`) and the monolith's operations within ops_tolerance of SOMA's; the
+  ladder's fields, typed."""
   ws = widths(config.rungs)
-  plan = planning.check_plan(config)
   grid = table7.check_grid(config)
   ref, control, methods = plan.reference, config.control, list(config.methods)
   if control not in methods or control == ref:
@@ -299,73 +298,8 @@ def mechanism(ls: LadderSpec, specs: dict, seeds: dict, data_dir: str) -> dict:
   experts = [seed_descent(specs[ref], start(ref), b, e, m) for e, b in enumerate(batches)]
   monolith = seed_descent(specs[mono], start(mono), [x for b in batches for x in b], 0, m)
   summed = summed_descent(specs[ctl], start(ctl), batches, m)
-  return {"experts": experts, "monolith": monolith, **predicted(experts, monolith),
-          "summed": summed, **predicted_vs_summed(experts, summed)}
-
-
-def _rho(per_batch: list[dict]) -> float:
-  """rho over batches: summed best decreases along g_hat over those along g (`descent`)."""
-  return sum(b["decrease_ghat"] for b in per_batch) / sum(b["decrease_g"] for b in per_batch)
-
-
-def predicted(experts: list[dict], monolith: dict) -> dict:
-  """mean_e rho_e / rho_mono, and the same ratio from r alone (n / (r + n)).
-
-  Its standard error is a delete-one-batch jackknife over the shared windows (dropping a
-  batch of expert e drops it from expert e's sums and from the monolith's, which was measured
-  on the same batch, so batch noise common to both cancels), given at least 2 batches per
-  expert; else the delta method with the two errors taken as independent.
-  """
-  rho_e = float(np.mean([x["rho"] for x in experts]))
-  ratio = rho_e / monolith["rho"]
-  counts = [len(x["per_batch"]) for x in experts]
-  if min(counts) >= 2:
-    loo = []
-    offsets = np.cumsum([0] + counts)
-    for e, k in enumerate(counts):
-      for i in range(k):
-        drop = lambda b, j: b[:j] + b[j + 1:]
-        rho_loo = [_rho(drop(x["per_batch"], i) if f == e else x["per_batch"])
-                   for f, x in enumerate(experts)]
-        loo.append(np.mean(rho_loo) / _rho(drop(monolith["per_batch"], offsets[e] + i)))
-    se, how = descent.jackknife(ratio, np.array(loo)), "jackknife over the shared batches"
-  else:
-    se, how = _delta_se(experts, monolith, ratio)
-  from_r = np.mean([x["predicted_rho"] for x in experts]) / monolith["predicted_rho"]
-  return {"rho_expert": rho_e, "predicted_ratio": float(ratio),
-          "predicted_ratio_se": float(se), "predicted_ratio_se_by": how,
-          "predicted_ratio_from_r": float(from_r)}
-
-
-def _delta_se(experts: list[dict], other: dict, ratio: float) -> tuple[float, str]:
-  """The SE of mean_e rho_e / rho_other by the delta method, the errors taken as independent."""
-  rho_e = float(np.mean([x["rho"] for x in experts]))
-  se_e = np.sqrt(np.sum([x["rho_se"] ** 2 for x in experts])) / len(experts)
-  se = ratio * np.sqrt((se_e / rho_e) ** 2 + (other["rho_se"] / other["rho"]) ** 2)
-  return se, "delta method, errors taken as independent"
-
-
-def predicted_vs_summed(experts: list[dict], summed: dict) -> dict:
-  """mean_e rho_e / rho_summed, and the same ratio from r alone (n / (r + n)).
-
-  Its standard error is a delete-one-batch jackknife over the shared windows: summed batch k
-  holds every expert's batch k, so dropping unit k drops batch k from each expert's sums and
-  from the summed estimator's, given at least 2 batches each; else the delta method with
-  the errors taken as independent (as `predicted`).
-  """
-  rho_e = float(np.mean([x["rho"] for x in experts]))
-  ratio = rho_e / summed["rho"]
-  counts = [len(x["per_batch"]) for x in experts] + [len(summed["per_batch"])]
-  if min(counts) >= 2:
-    drop = lambda b, i: b[:i] + b[i + 1:]  # noqa: E731 - unit i past b's end keeps b
-    loo = [np.mean([_rho(drop(x["per_batch"], i)) for x in experts])
-           / _rho(drop(summed["per_batch"], i)) for i in range(max(counts))]
-    se, how = descent.jackknife(ratio, np.array(loo)), "jackknife over the shared batches"
-  else:
-    se, how = _delta_se(experts, summed, ratio)
-  from_r = np.mean([x["predicted_rho"] for x in experts]) / summed["predicted_rho"]
-  return {"predicted_vs_summed": float(ratio), "predicted_vs_summed_se": float(se),
-          "predicted_vs_summed_se_by": how, "predicted_vs_summed_from_r": float(from_r)}
+  return {"experts": experts, "monolith": monolith, **descent.predicted(experts, monolith),
+          "summed": summed, **descent.predicted_vs_summed(experts, summed)}
 
 
 def gain_ratios(a_per_seed: list[dict], b_per_seed: list[dict]) -> list[float]:
@@ -378,31 +312,54 @@ def gain_ratios(a_per_seed: list[dict], b_per_seed: list[dict]) -> list[float]:
   return out
 
 
-# ------------------------------------------------------------------------ the control
+# ------------------------------------------------------------------------------ a rung
 
 
-def run_control(ls: LadderSpec, cfgs: dict, pair: dict, data_dir: str, out: str,
-                scored: tuple[eval_lib.TestSet, eval_lib.TestSet], executor=None) -> dict:
+def setup(ls: LadderSpec, plan: planning.StudyPlan, out: str, executor=None) -> base.Setup:
+  """The data dir and its evaluation sets, shared by every rung (each rung sizes and seeds
+  its own runs: `rung`)."""
+  del executor
+  data_dir = datasets.ensure_data(plan.data_dir, out, 2)
+  sets = datasets.eval_sets(plan.eval, data_dir, [ls.seq_len])
+  return base.Setup(plan, {}, {}, {}, data_dir, sets, {}, out,
+                    base.Data({2: data_dir}, {2: sets}, 2, 2))
+
+
+def rung_plan(ls: LadderSpec, width: int, data_dir: str) -> planning.StudyPlan:
+  """Table 7's plan at a rung: its pair (`rung_config` without the control) on `data_dir`."""
+  c = rung_config(ls, width, control=False)
+  c.data_dir = data_dir
+  return planning.check_plan(c)
+
+
+def rung_mechanism(ls: LadderSpec, cfgs: dict, seeds: dict, data_dir: str) -> dict:
+  """`mechanism` at a rung's start (its seed records), with its wall seconds."""
+  t = time.perf_counter()
+  mech = mechanism(ls, {n: spec_lib.resolve(c) for n, c in cfgs.items()}, seeds, data_dir)
+  mech["wall_seconds"] = time.perf_counter() - t
+  return mech
+
+
+def control(ls: LadderSpec, cfgs: dict, pair: base.Setup, somas: list[dict]) -> base.Stages:
   """The control from SOMA's start at SOMA's selected lr / eps and updates, per seed (one
-  stage, by `executor`); its start is SOMA's (the same seed run and state), so its gain is
-  SOMA's start minus its end."""
-  ref, name = ls.reference, ls.control
-  start = pair["seed_records"][ls.plan.start[name]]
-  somas = pair["methods"][ref]["per_seed"]
+  stage); its start is SOMA's (the same seed run and state), so its gain is SOMA's start
+  minus its end."""
+  name, out = ls.control, pair.out
+  start = pair.seeds[ls.plan.start[name]]
   planned = [(table7.grid_point(training.budgeted(
-      cfgs[name], data_dir, soma["seed"], start, "updates", soma["updates"], 1),
+      cfgs[name], pair.data_dir, soma["seed"], start, "updates", soma["updates"], 1),
       soma["selected"]["lr"], soma["selected"]["eps"]),
       os.path.join(out, "runs", f"seed{soma['seed']}", name),
       f"seed {soma['seed']} {name} lr={soma['selected']['lr']:g} eps={soma['selected']['eps']:g}")
       for soma in somas]
-  training.train_all(planned, executor)
+  yield planned
   per_seed = []
   for soma, (run_spec, workdir, _) in zip(somas, planned, strict=True):
-    lr, eps = soma["selected"]["lr"], soma["selected"]["eps"]
     ends = {s: float(scores.final_losses(workdir, run_spec, sc).mean())
-            for s, sc in zip(("validation", "test"), scored, strict=True)}
+            for s, sc in zip(("validation", "test"), pair.scored, strict=True)}
     gain = {s: soma["start_loss"][s] - ends[s] for s in ends}
-    per_seed.append({"seed": soma["seed"], "lr": lr, "eps": eps, "updates": soma["updates"],
+    per_seed.append({"seed": soma["seed"], "lr": soma["selected"]["lr"],
+                     "eps": soma["selected"]["eps"], "updates": soma["updates"],
                      "end_loss": ends, "gain": gain, "workdir": planning.shown(workdir, out),
                      "soma_minus_control_gain": soma["gain"]["test"] - gain["test"]})
   return {"method": name, "per_seed": per_seed,
@@ -411,87 +368,52 @@ def run_control(ls: LadderSpec, cfgs: dict, pair: dict, data_dir: str, out: str,
               [r["soma_minus_control_gain"] for r in per_seed])}
 
 
-# ------------------------------------------------------------------------------ a rung
-
-
-def rung_seeds(ls: LadderSpec, width: int, out: str, data_dir: str, val: eval_lib.TestSet,
-               executor=None) -> tuple[ml_collections.ConfigDict, dict, dict]:
-  """A rung's equal-update seed runs in OUT/seeds (`training.train_seeds`; finished ones
-  resume as they are): (Table 7's pair config at the rung, every method's config, the seed
-  records)."""
-  pair_config = rung_config(ls, width, control=False)
-  pair_config.data_dir = data_dir
-  cfgs = sized(ls, width)
-  ref, mono = ls.reference, ls.other
+def rung(ls: LadderSpec, width: int, ready: base.Setup) -> base.Stages:
+  """One rung into OUT/rungW: its seeds, the mechanism at the start, Table 7's pair
+  (`table7.stages`), the control; its record."""
+  t0 = time.perf_counter()
+  cfgs, ref, mono = sized(ls, width), ls.reference, ls.other
   print(f"[ladder] rung {width}: {ref} d_t={cfgs[ref].model.d_t} x {cfgs[ref].n_experts}, "
         f"{mono} d_t={cfgs[mono].model.d_t}", flush=True)
-  seeds = training.train_seeds(planning.check_plan(pair_config), planning.sized(pair_config),
-                               data_dir, out, val, executor)
-  return pair_config, cfgs, seeds
-
-
-def rung_mechanism(ls: LadderSpec, cfgs: dict, seeds: dict, data_dir: str) -> dict:
-  """`mechanism` at a rung's start (cfgs and seeds from `rung_seeds`), with its wall seconds."""
-  t = time.perf_counter()
-  mech = mechanism(ls, {n: spec_lib.resolve(c) for n, c in cfgs.items()}, seeds, data_dir)
-  mech["wall_seconds"] = time.perf_counter() - t
-  return mech
-
-
-def run_rung(ls: LadderSpec, width: int, out: str, data_dir: str,
-             scored: tuple[eval_lib.TestSet, eval_lib.TestSet], executor=None) -> dict:
-  """Seeds, the mechanism at the start, Table 7's pair, the control: one rung's record."""
-  t0 = time.perf_counter()
-  ref, mono = ls.reference, ls.other
-  pair_config, cfgs, seeds = rung_seeds(ls, width, out, data_dir, scored[0], executor)
-  mech = rung_mechanism(ls, cfgs, seeds, data_dir)
+  pair = yield from driver.preparing(table7.STUDY, ls.grid, rung_plan(ls, width, ready.data_dir),
+                                     os.path.join(ready.out, f"rung{width}"), ready.scored)
+  mech = rung_mechanism(ls, cfgs, pair.seeds, ready.data_dir)
   print(f"[ladder] rung {width}: rho expert {mech['rho_expert']:.4g}, monolith "
         f"{mech['monolith']['rho']:.4g}, summed {mech['summed']['rho']:.4g}, predicted ratio "
         f"{mech['predicted_ratio']:.3f} ± {mech['predicted_ratio_se']:.3f}, vs summed "
         f"{mech['predicted_vs_summed']:.3f} ± {mech['predicted_vs_summed_se']:.3f}", flush=True)
-  ready, pair = driver.measured(table7.STUDY, pair_config, out, executor, scored)
-  pair["seed_records"] = ready.seeds
-  control = run_control(ls, cfgs, pair, data_dir, out, scored, executor)
-  somas = pair["methods"][ref]["per_seed"]
-  ratios = gain_ratios(somas, pair["methods"][mono]["per_seed"])
+  compared = table7.measure(ls.grid, pair, (yield from table7.stages(ls.grid, pair)))
+  somas = compared["methods"][ref]["per_seed"]
+  ctl = yield from control(ls, cfgs, pair, somas)
+  ratios = gain_ratios(somas, compared["methods"][mono]["per_seed"])
+  vs_summed = gain_ratios(somas, ctl["per_seed"])
   measured = statistics.t_interval(ratios)
-  vs_summed = gain_ratios(somas, control["per_seed"])
   print(f"[ladder] rung {width}: predicted ratio {mech['predicted_ratio']:.3f} ± "
         f"{mech['predicted_ratio_se']:.3f}, measured gain ratio {results.ci(measured)}; vs "
         f"summed predicted {mech['predicted_vs_summed']:.3f}, measured "
         f"{results.ci(statistics.t_interval(vs_summed))}", flush=True)
-  return {**sizes(ls, width), "folder": os.path.basename(out), "mechanism": mech,
-          "seed_runs": results.public(pair["seed_records"]),
-          "methods": pair["methods"], "gain_difference": pair["gain_difference"],
-          "control": control, "measured_ratio": measured,
-          "measured_ratio_per_seed": ratios,
+  return {**sizes(ls, width), "folder": f"rung{width}", "mechanism": mech,
+          "seed_runs": results.public(pair.seeds), "methods": compared["methods"],
+          "gain_difference": compared["gain_difference"], "control": ctl,
+          "measured_ratio": measured, "measured_ratio_per_seed": ratios,
           "measured_vs_summed": statistics.t_interval(vs_summed),
           "measured_vs_summed_per_seed": vs_summed, "wall_seconds": time.perf_counter() - t0}
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "",
-        scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None,
-        executor=None) -> dict:
-  """Every rung into OUT/rungW (each stage's runs by `executor`); OUT/results.json, table.md
-  and ladder.png after each rung."""
-  begun = results.started(executor)
-  os.makedirs(out, exist_ok=True)
-  ls = check(config)  # every field and every rung's runs, before anything trains
-  plan = ls.plan
-  data_dir = datasets.ensure_data(plan.data_dir, out, 2)
-  scored = scorers or datasets.eval_sets(plan.eval, data_dir, [ls.seq_len])
+def stages(ls: LadderSpec, ready: base.Setup) -> base.Stages:
+  """Every rung (`rung`), one after another; their records."""
   rungs = []
   for w in ls.widths:
-    rungs.append(run_rung(ls, w, os.path.join(out, f"rung{w}"), data_dir, scored, executor))
-    payload = results.results(
-        "ladder", SPEC, plan, command, begun,
-        {"unit": plan.unit, "per": "configuration, at every rung",
-         "seed_updates": plan.seed_updates},
-        scored, data_dir, out, {}, rungs_asked=list(ls.widths), mechanism=ls.mechanism.record(),
-        other=ls.other, control=ls.control, rungs=rungs)
-    results.write(out, payload, table)
-    plot(payload, os.path.join(out, "ladder.png"))
-  return payload
+    rungs.append((yield from rung(ls, w, ready)))
+  return rungs
+
+
+def measure(ls: LadderSpec, ready: base.Setup, rungs: list[dict]) -> dict:
+  """The rungs, and the settings they share."""
+  return {"budget": {"unit": ready.plan.unit, "per": "configuration, at every rung",
+                     "seed_updates": ready.plan.seed_updates},
+          "rungs_asked": list(ls.widths), "mechanism": ls.mechanism.record(),
+          "other": ls.other, "control": ls.control, "rungs": rungs}
 
 
 # ------------------------------------------------------------------------------ output
@@ -565,3 +487,12 @@ def plot(p: dict, path: str) -> None:
   ax.legend(fontsize=7)
   ax.grid(alpha=0.3)
   report.save_figure(fig, path)
+
+
+def figures(p: dict, out: str) -> None:
+  """OUT/ladder.png (`plot`)."""
+  plot(p, os.path.join(out, "ladder.png"))
+
+
+STUDY = base.Study(spec=SPEC, config=config, check=check, stages=stages, measure=measure,
+                   table=table, setup=setup, plot=figures)

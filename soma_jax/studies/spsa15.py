@@ -27,7 +27,7 @@ import os
 import ml_collections
 
 from soma_jax.errors import UserError
-from soma_jax.studies import decompose, planning, recipes, results
+from soma_jax.studies import decompose, driver, planning, recipes, results, training
 
 SPEC = "issue 56 (1.5-SPSA against SPSA, on the decomposition's protocol of SPEC 9.8)"
 
@@ -105,9 +105,10 @@ def check(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict,
       raise UserError(f"primary names {p!r}, which is no effect or interaction; fix: one of "
                       f"{', '.join([*config.effects, *config.interactions])}")
   first = {row: float(config.alphas[0]) for row in config.alpha_rows}
-  decompose.check(stage2(config, first))
   stage1_config = stage1(config)
-  decompose.check(stage1_config)
+  for c in (stage2(config, first), stage1_config):  # every field and run of both stages
+    plan, _ = driver.checked(decompose.STUDY, c)
+    training.check_runs(plan, planning.sized(c))
   return stage1_config, first
 
 
@@ -181,16 +182,17 @@ def sign_kept(before: dict, after: dict) -> str:
 
 
 def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """The alpha stage, then the comparison (each `decompose.run` into OUT); OUT/results.json
-  is the comparison's with `alpha_stage` and the primary verdicts added, table.md its table
-  with them first; OUT/alpha_stage.json keeps the alpha stage's own results."""
+  """The alpha stage, then the comparison (each decompose's, `driver.run`, into OUT);
+  OUT/results.json is the comparison's with `alpha_stage` and the primary verdicts added,
+  table.md its table with them first; OUT/alpha_stage.json keeps the alpha stage's own
+  results."""
   first_stage, _ = check(config)
-  alpha_payload = decompose.run(first_stage, out, command, executor)
+  alpha_payload = driver.run(decompose.STUDY, first_stage, out, command, executor)
   with open(os.path.join(out, "alpha_stage.json"), "w") as f:
     json.dump(alpha_payload, f, indent=1)
   chosen = choose(alpha_payload, tuple(config.alpha_rows), tuple(config.alphas))
-  payload = decompose.run(stage2(config, {r: c["chosen"] for r, c in chosen.items()}), out,
-                          command, executor)
+  payload = driver.run(decompose.STUDY, stage2(config, {r: c["chosen"] for r, c in
+                                                   chosen.items()}), out, command, executor)
   payload["study"], payload["spec"] = "spsa15", SPEC
   payload["alpha_stage"] = {"seed": config.alpha_seed, "alphas": list(config.alphas),
                             "rows": chosen}

@@ -1,6 +1,7 @@
 """The studies' statistics (SPEC 9.6, 9.8): paired document bootstraps, t intervals over
-seeds, the t interval widened by the documents' variance, gains and their differences, and
-matched-loss speed-ups from loss curves (crossings)."""
+seeds, the t interval widened by the documents' variance, gains and their differences,
+matched-loss speed-ups from loss curves (crossings), and one row's effect against another's
+(`effect`, `interaction`)."""
 
 from __future__ import annotations
 
@@ -196,3 +197,42 @@ def interaction_effect(s1: dict, s2: dict, key: str) -> dict:
     d = a["_boot"] - b["_boot"]
     doc_var = float(np.var(d[np.isfinite(d)], ddof=1))
   return {**widened_t_interval(values, doc_var), "per_seed": values}
+
+
+def effect(rows: dict, a: str, b: str, scored: tuple, draws: int) -> dict:
+  """Row a against row b over the seeds both ran (`rows[r]`: its per-window start losses
+  `_start_w`, and per seed its test end losses `_test_w` and validation curves `_curves`
+  {"compared", "from_init"}: (ops_P, windows_PxN)): a's gain minus b's (test,
+  `gain_difference`), b's end loss minus a's (test), and a's log matched-loss speed-up over
+  b on validation, in the compared phase and from initialisation (`speedup_effect`);
+  `scored` = (validation, test)."""
+  val, test = scored
+  ra, rb = rows[a]["per_seed"], rows[b]["per_seed"]
+  start = lambda r: r["_start_w"]["test"]
+  gains_w = [(start(rows[a]) - x["_test_w"], start(rows[b]) - y["_test_w"])
+             for x, y in zip(ra, rb, strict=True)]
+  end_w = np.stack([y["_test_w"] - x["_test_w"] for x, y in zip(ra, rb, strict=True)])
+  gain = gain_difference(ra, rb, gains_w, test.doc_ids, draws)
+  gain_w = np.stack([np.asarray(g, np.float64) - np.asarray(h, np.float64) for g, h in gains_w])
+  pairs = [(x["_curves"], y["_curves"]) for x, y in zip(ra, rb, strict=True)]
+  sp_draws = min(draws, SPEEDUP_DRAWS)
+  return {"a": a, "b": b, "gain_difference": {**gain, "_windows": gain_w},
+          "end_loss_difference": {**difference_effect(
+              [float(w.mean()) for w in end_w], end_w, test.doc_ids, draws, 0), "_windows": end_w},
+          "log_speedup": {k: speedup_effect(pairs, val.doc_ids, sp_draws, k)
+                          for k in ("compared", "from_init")},
+          "_doc_ids": test.doc_ids, "_draws": draws}
+
+
+def interaction(e1: dict, e2: dict) -> dict:
+  """Effect e1 minus effect e2 (`effect`) per seed on the gain difference, the end-loss
+  difference and both log speed-ups (the zero-order-specific part, for sharding under SPSA
+  minus under backprop)."""
+  out = {"of": [f"{e1['a']} vs {e1['b']}", f"{e2['a']} vs {e2['b']}"]}
+  for key in ("gain_difference", "end_loss_difference"):
+    w = e1[key]["_windows"] - e2[key]["_windows"]
+    out[key] = difference_effect([float(x) for x in w.mean(axis=1)], w, e1["_doc_ids"],
+                                 e1["_draws"], 0)
+  out["log_speedup"] = {k: interaction_effect(e1["log_speedup"], e2["log_speedup"], k)
+                        for k in ("compared", "from_init")}
+  return out

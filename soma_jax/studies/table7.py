@@ -20,9 +20,9 @@ Reported per seed: start, end and gain (start - end) on validation and test, the
 difference (monolith minus SOMA) with its document-bootstrap CI; across seeds: SOMA's gain
 minus the monolith's with its 95% t interval (`statistics.gain_difference`).
 
-`STUDY` runs through the driver (`driver.run`); `driver.measured(STUDY, ...)` is one such
-comparison on given data and scorers, reusable at any width (the width ladder of SPEC 9.7
-runs one per rung).
+`STUDY` runs through the driver (`driver.run`); its setup (`driver.preparing`) and `stages` are
+one such comparison on given data and scorers, reusable at any width (the width ladder of SPEC
+9.7 yields one per rung).
 """
 
 from __future__ import annotations

@@ -116,6 +116,16 @@ def start_step(spec: spec_lib.RunSpec, start: dict) -> int:
   return int(start["step"]) if spec.init_state else 0
 
 
+def seed_stage(plan: planning.StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
+               data_dir: str, out: str, val: eval_lib.TestSet, checkpoints: int = 1):
+  """`train_seeds` as a stage a study yields: (the seed runs' jobs, a function of their wall
+  seconds that returns their records)."""
+  jobs, records = _seed_stage(plan, planning.seed_configs(plan.config, cfgs), data_dir, val,
+                              checkpoints, {None: (plan.seed_run_seed, os.path.join(out, "seeds"))},
+                              out)
+  return jobs, lambda walls: records(walls)[None]
+
+
 def train_seeds(plan: planning.StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
                 data_dir: str, out: str, val: eval_lib.TestSet, executor=None,
                 checkpoints: int = 1) -> dict[str, dict]:
@@ -123,10 +133,8 @@ def train_seeds(plan: planning.StudyPlan, cfgs: dict[str, ml_collections.ConfigD
   (one stage: `train_all` with `executor`; a checkpoint after each 1/`checkpoints` of it);
   their cost, apart, and their final loss on the study's ensemble-validation set `val`
   (`_spec`: the seed run's RunSpec)."""
-  got = _train_seed_runs(plan, planning.seed_configs(plan.config, cfgs), data_dir, val, executor,
-                         checkpoints, {None: (plan.seed_run_seed, os.path.join(out, "seeds"))},
-                         out)
-  return got[None]
+  jobs, records = seed_stage(plan, cfgs, data_dir, out, val, checkpoints)
+  return records(train_all(jobs, executor))
 
 
 def train_seed_sets(plan: planning.StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
@@ -140,15 +148,16 @@ def train_seed_sets(plan: planning.StudyPlan, cfgs: dict[str, ml_collections.Con
     return {seed: shared for seed in plan.seeds}
   where = {seed: (plan.seed_run_seed + seed, os.path.join(out, "seeds", f"seed{seed}"))
            for seed in plan.seeds}
-  return _train_seed_runs(plan, planning.seed_configs(plan.config, cfgs), data_dir, val, executor,
-                          checkpoints, where, out)
+  jobs, records = _seed_stage(plan, planning.seed_configs(plan.config, cfgs), data_dir, val,
+                              checkpoints, where, out)
+  return records(train_all(jobs, executor))
 
 
-def _train_seed_runs(plan: planning.StudyPlan, runs_c: dict, data_dir: str, val: eval_lib.TestSet,
-                     executor, checkpoints: int, where: dict, out: str) -> dict:
-  """{key: {name: record}} of every seed run `runs_c` (name: config) trained for
-  `seed_updates` updates at each `where[key]` = (data and direction seed, folder), in one
-  stage (`train_all`)."""
+def _seed_stage(plan: planning.StudyPlan, runs_c: dict, data_dir: str, val: eval_lib.TestSet,
+                checkpoints: int, where: dict, out: str):
+  """Every seed run `runs_c` (name: config) for `seed_updates` updates at each `where[key]` =
+  (data and direction seed, folder), as one stage: (its jobs, a function of their wall
+  seconds that returns {key: {name: record}})."""
   planned = {(key, name): (budgeted(s, data_dir, run_seed, None, "updates", plan.seed_updates,
                                     checkpoints, score=val), os.path.join(folder, name), s)
              for key, (run_seed, folder) in where.items() for name, s in runs_c.items()}
@@ -156,18 +165,20 @@ def _train_seed_runs(plan: planning.StudyPlan, runs_c: dict, data_dir: str, val:
     print(f"[compare] seed run {name}: {s.method} d_t={s.model.d_t}, {plan.seed_updates} "
           f"updates at seed {spec.config.seed}", flush=True)
   label = lambda key, name: f"seed run {name}" + ("" if key is None else f" for seed {key}")
-  walls = train_all([(spec, workdir, label(key, name))
-                     for (key, name), (spec, workdir, _) in planned.items()], executor)
-  records = {key: {} for key in where}
-  for ((key, name), (spec, workdir, s)), wall in zip(planned.items(), walls, strict=True):
-    records[key][name] = {
-        "workdir": planning.shown(workdir, out), "method": s.method, "d_t": s.model.d_t,
-        "depth": s.model.depth, "lr": s.opt.lr, "eps": s.spsa.eps, "n_pert": s.spsa.n_pert,
-        "batch": s.spsa.batch, "seq_len": s.data.seq_len, "seed": spec.config.seed,
-        **scores.summary(workdir, spec, 0), "ops_per_update": spec.total_ops_per_update,
-        "ensemble_val_nats_per_byte": float(scores.final_losses(workdir, spec, val).mean()),
-        "wall_seconds_this_call": wall, "_path": workdir, "_spec": spec}
-  return records
+  jobs = [(spec, workdir, label(key, name)) for (key, name), (spec, workdir, _) in planned.items()]
+
+  def records(walls: list[float]) -> dict:
+    got = {key: {} for key in where}
+    for ((key, name), (spec, workdir, s)), wall in zip(planned.items(), walls, strict=True):
+      got[key][name] = {
+          "workdir": planning.shown(workdir, out), "method": s.method, "d_t": s.model.d_t,
+          "depth": s.model.depth, "lr": s.opt.lr, "eps": s.spsa.eps, "n_pert": s.spsa.n_pert,
+          "batch": s.spsa.batch, "seq_len": s.data.seq_len, "seed": spec.config.seed,
+          **scores.summary(workdir, spec, 0), "ops_per_update": spec.total_ops_per_update,
+          "ensemble_val_nats_per_byte": float(scores.final_losses(workdir, spec, val).mean()),
+          "wall_seconds_this_call": wall, "_path": workdir, "_spec": spec}
+    return got
+  return jobs, records
 
 
 def start_of(seed_record: dict) -> str:
