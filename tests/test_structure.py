@@ -218,8 +218,8 @@ def test_the_raw_config_check_sees_one():
   assert raw_config_functions(tree) == ["soma_jax/plan.py:1 place", "soma_jax/plan.py:3 f"]
 
 
-# A study the driver runs (table3, table4, table5, table6, table7, table9, fig7, fig9, fig13,
-# fig15, fig16, fig17) takes a raw config only by `_at_a_study_door`'s rule. The studies that still run
+# A study the driver runs (table3, table4, table5, table6, table7, table8, table9, fig7, fig9,
+# fig13, fig15, fig16, fig17) takes a raw config only by `_at_a_study_door`'s rule. The studies that still run
 # themselves take one only at these doors;
 # everything below a door holds its typed spec (planning.StudyPlan, table7.Grid,
 # ladder.LadderSpec, decompose.Study, independent.Settings, variance.VarianceSpec).
@@ -233,7 +233,6 @@ STUDY_DOORS = {
                     "resolved", "_leaves", "as_field", "seed_configs", "sized"},
     "training.py": {"check_runs", "budgeted", "train_seeds", "train_seed_sets"},
     "trained_sizes.py": {"train_all"}, "variance.py": {"variance_spec", "run_study"},
-    "table8.py": {"check", "run"},
     "narrow.py": {"check", "run"},
     "spsa15.py": {"check", "stage1", "stage2", "run"},
 }
