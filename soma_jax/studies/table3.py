@@ -4,17 +4,15 @@ by each accounting convention.
 The checkpoint is Figure 7's largest N (its experts panel; `ensemble`) with one expert alone
 (`solo`, N = 1 of the same shape) beside it, read from a finished fig7 folder (`runs_from`,
 checked to hold the same settings) or trained here into OUT/fig7 (a whole study=fig7).
-For each optimisation seed, in device-seconds (SPEC 7: seconds times the devices, or on a CPU
-the cores, charged):
+For each optimisation seed, in device-seconds (SPEC 7: seconds x the devices or cores charged):
 - recorded: U x the mean step seconds the run recorded (summary.json `device_seconds`; the
   paper's U sum_e t_e / 3600: every expert is in one vmapped step, so the sum is its time);
 - physical: the run's training calls' wall seconds times the devices charged (start-up,
   restore, compilation, checkpoints: the paper's W&B total), as the run recorded them
   (summary.json `physical_seconds`, summed over resumed calls; older runs: this call's wall);
 - fixed solo rate: N x U x the solo's mean step seconds (the paper's 256 U x 0.168 s).
-The paper's fourth row (a fixed 0.140-s normalization) names a constant without saying how it
-was measured, so it has no counterpart here. Each row's ratio to the recorded one is reported
-per seed and as the mean over seeds beside the paper's (49.6k / 41.9k, 49.7k / 41.9k).
+The paper's fourth row (a fixed 0.140-s normalization) names an unmeasured constant: none here.
+Each row's ratio to the recorded, per seed and over seeds, beside the paper's (49.6k / 41.9k).
 """
 
 from __future__ import annotations
@@ -77,8 +75,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 @dataclasses.dataclass(frozen=True)
 class Accounting:
-  """The study's own fields (`check`): the fig7 sweep it reads, its two settings and where
-  a finished sweep is read from ("" = train it here)."""
+  """The study's own fields (`check`): the fig7 sweep, its two settings, where it is read."""
   sweep_config: ml_collections.ConfigDict  # fig7's config of the two settings
   sweep: fig7.Sweep
   solo: str
@@ -96,10 +93,8 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Accoun
       "solo": ("a method of config.methods", lambda v: v in config.methods),
       "ensemble": (f"a method of config.methods other than solo ({config.solo!r})",
                    lambda v: v in config.methods and v != config.solo)})
-  sub = ml_collections.ConfigDict(config.to_dict())
-  for key in OWN_FIELDS:
-    del sub[key]
-  sub.study = "fig7"
+  sub = ml_collections.ConfigDict({k: v for k, v in config.to_dict().items()
+                                   if k not in OWN_FIELDS} | {"study": "fig7"})
   sweep = fig7.check(plan, sub)
   specs = training.check_runs(plan, planning.sized(sub))
   solo, ens = specs[config.solo], specs[config.ensemble]
@@ -129,8 +124,7 @@ def _shape(spec) -> dict:
 def sweep_in(study: Accounting, folder: str) -> dict:
   """A finished fig7 folder's results.json, read without training: fig7's, with both settings
   of the same shape, budget and seeds, and every run's summary.json; else a UserError."""
-  fix = ("fix: run study=fig7 with these settings there first, or --config.runs_from= "
-         "(train here)")
+  fix = "fix: run study=fig7 with these settings there first, or --config.runs_from= (train here)"
   theirs = results.finished_study(folder, "fig7", "runs_from", fix)
   plan = study.sweep.plan
   settings = theirs.get("measured", {}).get("settings", {})
@@ -199,9 +193,8 @@ def readout(sweep: dict, folder: str, solo: str, ensemble: str) -> dict:
   for q_ens, q_solo in zip(settings[ensemble]["per_seed"], settings[solo]["per_seed"],
                            strict=True):
     done = [_summary(folder, q["workdir"]) for q in (q_ens, q_solo)]
-    rows = account(*done, q_ens["wall_seconds_this_call"], n)
     per_seed.append({"seed": q_ens["seed"], "workdirs": [q_ens["workdir"], q_solo["workdir"]],
-                     **rows})
+                     **account(*done, q_ens["wall_seconds_this_call"], n)})
   over = lambda key, row: statistics.across_seeds([s[key][row] for s in per_seed])
   paper = PAPER["gpu_hours"]
   return {
@@ -221,9 +214,8 @@ def readout(sweep: dict, folder: str, solo: str, ensemble: str) -> dict:
 
 
 def setup(study: Accounting, plan: planning.StudyPlan, out: str, executor=None) -> base.Setup:
-  """fig7's two settings, read from `runs_from` (`sweep_in`, nothing trained) or trained into
-  OUT/fig7 by `executor` (a whole study=fig7 there); its data dir and sets, its seed runs, and
-  (data.extra) its results.json and folder."""
+  """fig7's two settings, read from `runs_from` (`sweep_in`) or trained into OUT/fig7 (a whole
+  study=fig7); its data dir, sets and seed runs, and (data.extra) its results.json and folder."""
   if study.runs_from:
     folder = os.path.abspath(study.runs_from)
     sweep = sweep_in(study, folder)
