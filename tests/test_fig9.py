@@ -15,7 +15,7 @@ from soma_jax import model as model_lib
 from soma_jax import runs
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.studies import fig9, statistics
+from soma_jax.studies import driver, fig9, statistics
 from tests.conftest import STUDY_PREPARE as PREPARE
 from tests.test_compare import load_config
 
@@ -32,20 +32,20 @@ def ablated(tmp_path_factory, data_textdir):
   config.source = f"textdir:{data_textdir}"
   config.prepare.update(PREPARE)
   out = str(tmp_path_factory.mktemp("fig9") / "out")
-  return config, out, fig9.run(config, out, "python experiments/compare.py --test")
+  return config, out, driver.run(fig9.STUDY, config, out, "python experiments/compare.py --test")
 
 
 def test_the_cpu_conditions_are_table7s_soma_n2_at_width_32():
   config = load_config("compare", "study=fig9,size=cpu")
-  study = fig9.check(config)
+  plan, study = driver.checked(fig9.STUDY, config)
   soma_n2 = load_config("compare", "study=table7,size=cpu").methods.soma_n2
   assert config.methods.soma.to_dict() == soma_n2.to_dict()
-  assert study.n_experts == 2 and len(study.plan.seeds) == 3
+  assert study.n_experts == 2 and len(plan.seeds) == 3
   heads = {n: (s.config.model.d_t, s.shared_head, s.train_head) for n, s in study.specs.items()}
   assert heads == {"soma": (32, False, True), "random_shards": (32, False, True),
                    "cold": (32, False, True), "shared_head": (32, True, False),
                    "random_head": (32, True, False)}
-  assert study.plan.start["random_head"] == "random_head" and "cold" not in study.plan.start
+  assert plan.start["random_head"] == "random_head" and "cold" not in plan.start
   never = config.seed_runs.random_head
   assert never.model.shared_head and not never.opt.train_head
   assert list(study.panels) == ["shards", "start", "head"]
@@ -72,18 +72,18 @@ def test_bad_fields_are_refused(field, value, match):
     node = node[part]
   node[last] = value
   with pytest.raises(UserError, match=match):
-    fig9.check(config)
+    driver.checked(fig9.STUDY, config)
 
 
 def test_an_unknown_panel_is_refused():
   config = tiny()
   config.panels.heads = ("soma", "cold")
   with pytest.raises(UserError, match="panels.heads"):
-    fig9.check(config)
+    driver.checked(fig9.STUDY, config)
 
 
 def test_a_semantic_dir_is_refused_as_the_random_shards(data_two_shards, tmp_path):
-  study = dataclasses.replace(fig9.check(tiny()), data_dir_random=data_two_shards)
+  study = dataclasses.replace(driver.checked(fig9.STUDY, tiny())[1], data_dir_random=data_two_shards)
   with pytest.raises(UserError, match="--assignment=random"):
     fig9.random_dir(study, str(tmp_path))
 

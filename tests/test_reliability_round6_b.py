@@ -288,11 +288,11 @@ def test_table3_runs_from_with_a_truncated_summary_is_one_line(scored, tmp_path)
   import shutil
 
   from soma_jax.config import load_config_file
-  from soma_jax.studies import table3
+  from soma_jax.studies import driver, table3
   from tests.test_reliability_studies import CONFIG
 
   config = load_config_file(CONFIG, "study=table3,size=tiny")
-  study = table3.check(config)
+  study = driver.checked(table3.STUDY, config)[1]
   folder = tmp_path / "fig7"
   settings = {}
   for name in (study.solo, study.ensemble):

@@ -218,8 +218,9 @@ def test_the_raw_config_check_sees_one():
   assert raw_config_functions(tree) == ["soma_jax/plan.py:1 place", "soma_jax/plan.py:3 f"]
 
 
-# A study the driver runs (table4, table5, table6, table7, table9, fig7, fig13, fig15, fig16,
-# fig17, decompose, ladder) takes a raw config only by `_at_a_study_door`'s rule. The studies that still run
+# A study the driver runs (table3, table4, table5, table6, table7, table8, table9, fig7, fig9,
+# fig13, fig15, fig16, fig17, decompose, ladder) takes a raw config only by `_at_a_study_door`'s
+# rule. The studies that still run
 # themselves take one only at these doors;
 # everything below a door holds its typed spec (planning.StudyPlan, table7.Grid,
 # ladder.LadderSpec, decompose.Rows, independent.Settings, variance.VarianceSpec).
@@ -232,10 +233,7 @@ STUDY_DOORS = {
     "planning.py": {"_field", "check_fields", "check_plan", "check_source", "check_fractions",
                     "resolved", "_leaves", "as_field", "seed_configs", "sized"},
     "training.py": {"check_runs", "budgeted", "seed_stage", "train_seeds", "train_seed_sets"},
-    "fig9.py": {"check", "run"},
     "trained_sizes.py": {"train_all"}, "variance.py": {"variance_spec", "run_study"},
-    "table8.py": {"check", "run"},
-    "table3.py": {"check", "run"},
     "narrow.py": {"check", "run"},
     "spsa15.py": {"check", "stage1", "stage2", "run"},
 }

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from soma_jax.errors import UserError
-from soma_jax.studies import table3
+from soma_jax.studies import driver, table3
 from tests.conftest import STUDY_PREPARE as PREPARE
 from tests.test_compare import load_config
 
@@ -27,15 +27,15 @@ def accounted(tmp_path_factory, data_textdir):
   """table3 training its sweep, then table3 reading that sweep's folder."""
   root = tmp_path_factory.mktemp("table3")
   trained, read = str(root / "trained"), str(root / "read")
-  p_trained = table3.run(tiny(data_textdir), trained, "test")
+  p_trained = driver.run(table3.STUDY, tiny(data_textdir), trained, "test")
   config = tiny(data_textdir)
   config.runs_from = os.path.join(trained, "fig7")
-  return trained, read, p_trained, table3.run(config, read, "test"), config
+  return trained, read, p_trained, driver.run(table3.STUDY, config, read, "test"), config
 
 
 def test_the_cpu_pair_is_figure7s_largest_n_and_one_expert():
   config = load_config("compare", "study=table3,size=cpu")
-  study = table3.check(config)
+  study = driver.checked(table3.STUDY, config)[1]
   assert (study.solo, study.ensemble) == ("n1", "n32")
   assert {n: config.methods[n].n_experts for n in config.methods} == {"n1": 1, "n32": 32}
   assert config.methods.n1.model.d_t == config.methods.n32.model.d_t == 32
@@ -93,29 +93,29 @@ def test_bad_fields_and_folders_are_refused(accounted, tmp_path, data_textdir):
   config = tiny(data_textdir)
   config.solo, config.ensemble = "n4", "n1"
   with pytest.raises(UserError, match="one expert"):
-    table3.check(config)
+    driver.checked(table3.STUDY, config)[1]
   config = tiny(data_textdir)
   config.ensemble = "n9"
   with pytest.raises(UserError, match="ensemble="):
-    table3.check(config)
+    driver.checked(table3.STUDY, config)[1]
   config = tiny(data_textdir)
   config.runs_from = str(tmp_path / "nowhere")
   with pytest.raises(UserError, match="not a folder"):
-    table3.run(config, str(tmp_path / "a"))
+    driver.run(table3.STUDY, config, str(tmp_path / "a"))
   config.runs_from = trained  # table3's own folder, not a fig7
   with pytest.raises(UserError, match="not fig7"):
-    table3.run(config, str(tmp_path / "b"))
+    driver.run(table3.STUDY, config, str(tmp_path / "b"))
   other = tiny(data_textdir, seeds=1)  # fig7 ran seeds [0, 1]
   other.runs_from = os.path.join(trained, "fig7")
   with pytest.raises(UserError, match="seeds"):
-    table3.run(other, str(tmp_path / "c"))
+    driver.run(table3.STUDY, other, str(tmp_path / "c"))
   copy = str(tmp_path / "copy")
   shutil.copytree(os.path.join(trained, "fig7"), copy)
   os.remove(os.path.join(copy, "runs", "seed1", "n4", "summary.json"))
   config.runs_from = copy
   with pytest.raises(UserError, match="runs/seed1/n4/summary.json is missing"):
-    table3.run(config, str(tmp_path / "d"))
+    driver.run(table3.STUDY, config, str(tmp_path / "d"))
   config = tiny(data_textdir)
   config.methods.n4.spsa.n_pert *= 2
   with pytest.raises(UserError, match="differ in n_pert"):
-    table3.check(config)
+    driver.checked(table3.STUDY, config)[1]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from soma_jax.errors import UserError
-from soma_jax.studies import compare, table8, variance
+from soma_jax.studies import compare, driver, table8, variance
 from tests.conftest import STUDY_PREPARE as PREPARE
 from tests.test_compare import load_config
 
@@ -21,7 +21,7 @@ def tabled(tmp_path_factory, data_textdir):
   config.variance.trained_source = f"textdir:{data_textdir}"
   config.prepare.update(PREPARE)
   out = str(tmp_path_factory.mktemp("table8") / "out")
-  return config, out, table8.run(config, out, "python experiments/compare.py --test")
+  return config, out, driver.run(table8.STUDY, config, out, "python experiments/compare.py --test")
 
 
 def _overlaps(a: list[int], b: list[int], length: int) -> bool:
@@ -30,7 +30,7 @@ def _overlaps(a: list[int], b: list[int], length: int) -> bool:
 
 def test_results_hold_every_n_at_init_and_trained(tabled):
   config, out, p = tabled
-  assert compare.STUDIES["table8"].run is table8.run
+  assert compare.STUDIES["table8"] is table8.STUDY
   assert p["paper"]["item"] == "Table 8" and [r["n"] for r in p["paper"]["rows"]] == [1, 2, 8, 256]
   states = p["measured"]["states"]
   assert set(states) == {"init", "trained"}
@@ -151,13 +151,13 @@ def test_bad_fields_are_refused(key, value, match):
     del c[leaf]
     c[leaf] = value
   with pytest.raises(UserError, match=match):
-    table8.check(config)
+    driver.checked(table8.STUDY, config)[1]
 
 
 def test_the_cpu_config_is_the_variance_experts_study():
   config = load_config("compare", "study=table8,size=cpu")
   want = load_config("variance", "experts,size=cpu")
   assert config.variance.to_dict() == want.to_dict()
-  assert table8.check(config).vs.n_list == (1, 2, 8, 32)
+  assert driver.checked(table8.STUDY, config)[1].vs.n_list == (1, 2, 8, 32)
   with pytest.raises(UserError, match="size=cpu or tiny"):
     load_config("compare", "study=table8,size=trained")

@@ -91,6 +91,10 @@ class Study(NamedTuple):
   plot: Callable[[dict, str], None] | None = None
   paper_row: Callable[[dict], Any] | None = None
   run: Callable[..., dict] | None = None
+  # False: a study without the shared plan (methods, seed runs, budget: `planning.check_plan`;
+  # table8): its `check` gets plan None and reads its own fields, its own `setup` gives a
+  # Setup without plan, and its `measure` every results.json field beyond `results.common`.
+  planned: bool = True
 
 
 def own_run(module) -> Study:

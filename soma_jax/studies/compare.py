@@ -89,10 +89,10 @@ from soma_jax.studies import (
 STUDIES = {"table4": table4.STUDY, "table7": table7.STUDY,
            "ladder": ladder.STUDY, "decompose": decompose.STUDY,
            "table5": table5.STUDY, "table6": table6.STUDY,
-           "fig7": fig7.STUDY, "fig13": fig13.STUDY, "fig9": base.own_run(fig9),
+           "fig7": fig7.STUDY, "fig13": fig13.STUDY, "fig9": fig9.STUDY,
            "fig15": fig15.STUDY, "fig16": fig16.STUDY,
-           "fig17": fig17.STUDY, "table8": base.own_run(table8),
-           "table9": table9.STUDY, "table3": base.own_run(table3),
+           "fig17": fig17.STUDY, "table8": table8.STUDY,
+           "table9": table9.STUDY, "table3": table3.STUDY,
            "narrow": base.own_run(narrow), "spsa15": base.own_run(spsa15)}
 
 

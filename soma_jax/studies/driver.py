@@ -75,7 +75,7 @@ def through(stages: base.Stages, executor=None):
 
 def checked(study: base.Study, config: ml_collections.ConfigDict):
   """(the plan, the study's typed grid): every study field and run checked, before data."""
-  plan = planning.check_plan(config)
+  plan = planning.check_plan(config) if study.planned else None
   return plan, study.check(plan, config)
 
 
@@ -103,9 +103,10 @@ def run(study: base.Study, config: ml_collections.ConfigDict, out: str, command:
   ready, fields = measured(study, config, out, executor, scorers)
   if len(ready.data.dirs) > 1:  # a study whose rows differ in N: each N's data dir
     fields["data_dirs"] = {n: planning.shown(d, out) for n, d in ready.data.dirs.items()}
-  payload = results.results(config.study, study.spec, ready.plan, command, begun,
-                            fields.pop("budget"), ready.scored, ready.data_dir, out, ready.seeds,
-                            **fields)
+  payload = (results.results(config.study, study.spec, ready.plan, command, begun,
+                             fields.pop("budget"), ready.scored, ready.data_dir, out, ready.seeds,
+                             **fields) if study.planned
+             else results.common(config.study, study.spec, command, begun, out, **fields))
   if study.plot is not None:
     study.plot(payload, out)
   return results.write(out, payload, study.table)

@@ -1,27 +1,21 @@
 """The paper's Figure 9 (its ablations, scaled down by SPEC 9.6): semantic against random
 shards, a warm start against a cold one, and three ways of handling the tied head.
 
-Every condition (a method of config.methods) is SOMA at one N and one width (the CPU scale:
-Table 7's `soma_n2`, N = 2 experts of width 32), trained for `budget` updates at each
-optimisation seed, with `curve_points` checkpoints scored on the ensemble-validation windows:
-- panel (a) `shards`: the corpus (`source`) prepared into N semantic shards under OUT/data_nN
-  against the same corpus on random shards of the same sizes (`prepare_data.py
-  --assignment=random`: the nearest-centroid labels permuted; OUT/data_nN_random, or
+Every condition (a method of config.methods) is SOMA at one N and one width (at size=cpu
+Table 7's `soma_n2`), trained for `budget` updates at each optimisation seed, with
+`curve_points` checkpoints scored on the ensemble-validation windows:
+- (a) `shards`: `source` prepared into N semantic shards (OUT/data_nN) against the same
+  corpus on random shards of the same sizes (`--assignment=random`: OUT/data_nN_random, or
   `data_dir_random`), scored on the same windows (`row_data` names the random-shard rows);
-- panel (b) `start`: continuing the N = 1 seed run (its whole state, SPEC 9.6) against a cold
-  start from a fresh init at the optimisation seed (`cold`: `training.budgeted(start=None)`),
-  the same updates, the seed's cost excluded (as the paper's);
-- panel (c) `head`: each expert's own tied head updated by the delta rule (SPEC 3.2: the
-  decoder-side gradient with h held fixed; `opt.train_head`, this project's CPU default),
+- (b) `start`: continuing the N = 1 seed run's whole state against a fresh init at the
+  optimisation seed (`cold`), the same updates, the seed's cost excluded (as the paper's);
+- (c) `head`: each expert's own tied head by the delta rule (SPEC 3.2, `opt.train_head`),
   the seed's head frozen and shared (`model.shared_head`, SPEC 3.4's width-32 recipe), and a
-  frozen random head (its own seed run trained the body against a head never trained; the
-  experts keep that head frozen and shared).
-The default condition (`reference`: semantic shards, warm, delta-rule heads) is one run set
-shared by the three panels. Reported per condition and checkpoint: the mean over seeds and
-its standard error (sd / sqrt(seeds), ddof 1); per `contrasts` entry (a, b, ...), a's final
-loss minus the lowest-mean of the others per seed with its 95% t interval across seeds; and
-whether each run's head moved (bit-identical to its start or not). results.json `paper`
-holds the caption's claims and its 0.029; `interpretation` maps its conditions onto ours.
+  frozen random head (its own seed run trained the body against a head never trained).
+The default (`reference`) is one run set shared by the panels. Reported per condition and
+checkpoint: mean over seeds and standard error; per `contrasts` entry (a, b, ...), a's final
+loss minus the lowest-mean of the others per seed (95% t across seeds); whether each run's
+head moved. results.json `interpretation` maps the paper's conditions onto ours.
 """
 
 from __future__ import annotations
@@ -35,6 +29,7 @@ import numpy as np
 from soma_jax import runs
 from soma_jax.errors import UserError
 from soma_jax.studies import (
+  base,
   datasets,
   planning,
   recipes,
@@ -103,21 +98,18 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
   c.data_dir_random = ""  # prepared with --assignment=random; "" = source's under OUT
   soma = c.methods.soma_n2  # own delta-rule heads (SPEC 3.2), this project's CPU default
-  copy = lambda: ml_collections.ConfigDict(soma.to_dict())
-  shared = copy()
+  shared = recipes.copy(soma)
   shared.model.shared_head, shared.opt.train_head = True, False  # SPEC 3.4's width-32 recipe
   rows = {"soma": (soma, "semantic shards, warm, own delta-rule heads (the default)",
                    "soma_expert"),
-          "random_shards": (copy(), "random shards of the semantic sizes", "soma_expert"),
-          "cold": (copy(), "a fresh init (cold start), the same updates", None),
+          "random_shards": (recipes.copy(soma), "random shards of the semantic sizes",
+                            "soma_expert"),
+          "cold": (recipes.copy(soma), "a fresh init (cold start), the same updates", None),
           "shared_head": (shared, "the seed's head frozen and shared", "soma_expert"),
-          "random_head": (ml_collections.ConfigDict(shared.to_dict()),
-                          "a random head, never trained, frozen and shared", "random_head")}
-  c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
-  for name, (cfg, what, seed) in rows.items():
-    c.methods[name], c.rows[name] = cfg, what
-    if seed:
-      c.start[name] = seed
+          "random_head": (recipes.copy(shared), "a random head, never trained, frozen and "
+                          "shared", "random_head")}
+  recipes.rows(c, rows)
+  del c.start["cold"]  # a fresh init: no seed run
   c.reference = "soma"
   c.order = tuple(rows)
   c.cold = ("cold",)  # conditions from a fresh init (training.budgeted(start=None))
@@ -132,7 +124,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
       "delta_minus_shared": ("soma", "shared_head"),
       "random_head_minus_best": ("random_head", "soma", "shared_head")})
   seed = c.seed_runs.soma_expert  # N = 1 at the experts' width, its own delta-rule head
-  never = ml_collections.ConfigDict(seed.to_dict())
+  never = recipes.copy(seed)
   never.model.shared_head, never.opt.train_head = True, False  # its head stays the random init
   c.seed_runs = ml_collections.ConfigDict({"soma_expert": seed, "random_head": never})
   return c
@@ -140,9 +132,8 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 @dataclasses.dataclass(frozen=True)
 class Ablation:
-  """The study's fields, checked once (`check`): the plan, each condition's training config
-  (the config space) and resolved run at the first seed, the panels and the data."""
-  plan: planning.StudyPlan
+  """The study's fields, checked once (`check`): each condition's training config (the
+  config space) and resolved run at the first seed, the panels and the data."""
   methods: dict  # {condition: training config}, the reference first
   specs: dict  # {condition: RunSpec at the first seed}
   rows: dict  # {condition: what it stands for}
@@ -159,13 +150,9 @@ class Ablation:
     return self.row_data.get(name, "semantic")
 
 
-FIELDS = {"data_dir_random": ("a string", lambda v: isinstance(v, str))}
-
-
-def check(config: ml_collections.ConfigDict) -> Ablation:
-  """Every field and run before anything trains: the plan (in updates, no resizing), the
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Ablation:
+  """Every field and run before anything trains: the plan in updates (no resizing), the
   panels, the cold conditions, the rows' data kinds, the contrasts, one N and one width."""
-  plan = planning.check_plan(config)
   if plan.unit != "updates" or config.match_params:
     raise UserError("fig9 runs every condition for the same updates at one width; fix: "
                     "--config.budget_unit=updates --config.match_params=False")
@@ -173,53 +160,46 @@ def check(config: ml_collections.ConfigDict) -> Ablation:
     raise UserError(f"data_dir={plan.data_dir!r}: fig9 prepares its semantic and random shards "
                     "from config.source under OUT (one corpus, one set of settings); fix: "
                     "--config.data_dir='' --config.source=textdir:FOLDER")
-  planning.check_fields(config, FIELDS)
   source = planning.check_source(config)
   methods = planning.sized(config)  # match_params off: every condition as configured
   names = ", ".join(methods)
-  cold = tuple(config.cold)
-  if any(n not in methods for n in cold) or plan.reference in cold:
-    raise UserError(f"cold={cold!r} must name conditions of {names} other than the reference "
-                    f"{plan.reference!r}; fix: --config.cold='(\"cold\",)'")
-  panels = {p: tuple(config.panels[p]) for p in config.panels}
-  for p, v in panels.items():
-    if p not in PANELS or len(v) < 2 or any(n not in methods for n in v):
-      raise UserError(f"panels.{p}={v!r}: a panel is one of {', '.join(PANELS)} naming at "
-                      f"least 2 conditions of {names}; fix: --config.panels.{p}=a tuple of them")
-  for name, kind in config.row_data.items():
-    if name not in methods or kind not in DATA_KINDS:
-      raise UserError(f"row_data.{name}={kind!r}: a condition's data is one of "
-                      f"{', '.join(DATA_KINDS)}; fix: --config.row_data.{name}=semantic")
-  contrasts = {k: tuple(v) for k, v in config.contrasts.items()}
-  for k, v in contrasts.items():
-    if len(v) < 2 or any(n not in methods for n in v) or v[0] in v[1:]:
-      raise UserError(f"contrasts.{k}={v!r} must name a condition and at least one other of "
-                      f"{names}; fix: --config.contrasts.{k}='(\"cold\", \"soma\")'")
+  known = lambda v, least=1: len(v) >= least and all(n in methods for n in v)
+  planning.check_fields(config, {
+      "data_dir_random": ("a string", lambda v: isinstance(v, str)),
+      "cold": (f"conditions of {names} other than the reference {plan.reference!r}",
+               lambda v: known(v, 0) and plan.reference not in v),
+      **{f"panels.{p}": (f"a panel of {', '.join(PANELS)} naming at least 2 conditions of "
+                         f"{names}", lambda v, p=p: p in PANELS and known(v, 2))
+         for p in config.panels},
+      **{f"row_data.{n}": (f"a condition's data, one of {', '.join(DATA_KINDS)}",
+                           lambda v, n=n: n in methods and v in DATA_KINDS)
+         for n in config.row_data},
+      **{f"contrasts.{k}": (f"a condition and at least one other of {names}",
+                            lambda v: known(v, 2) and v[0] not in v[1:])
+         for k in config.contrasts}})
+  cold, contrasts = tuple(config.cold), {k: tuple(v) for k, v in config.contrasts.items()}
+  panels = {p: tuple(config.panels[p]) for p in PANELS if p in config.panels}  # left to right
   specs = training.check_runs(plan, {n: c for n, c in methods.items() if n not in cold})
   for n in cold:  # a fresh init: no seed run
     specs[n] = training.budgeted(methods[n], plan.data_dir, plan.seeds[0], None, "updates",
                                  plan.budget, plan.curve_points, f"methods.{n}.")
   n_experts = one_architecture(specs)
-  panels = {p: panels[p] for p in PANELS if p in panels}  # the paper's left to right
-  return Ablation(plan, methods, {n: specs[n] for n in methods},
+  return Ablation(methods, {n: specs[n] for n in methods},
                   {n: config.rows.get(n, "") for n in methods}, panels, cold,
                   dict(config.row_data), contrasts, source, dict(config.get("prepare", {}).items()),
                   config.data_dir_random, n_experts)
 
 
 def one_architecture(specs: dict) -> int:
-  """The conditions' common N; they must share N, width, d_E and depth (only the factor of
-  each ablation differs)."""
+  """The conditions' common N: they share N, d_t, d_e and depth (an ablation changes one
+  factor)."""
   shapes = {n: (s.n_experts, s.config.model.d_t, s.config.model.d_e, s.config.model.depth)
             for n, s in specs.items()}
   if len(set(shapes.values())) != 1:
-    raise UserError("every fig9 condition must share N, d_t, d_e and depth (an ablation changes "
-                    "one factor); have " + ", ".join(f"{n} {v}" for n, v in shapes.items())
-                    + "; fix: --config.methods.NAME.n_experts / model.d_t as the reference's")
+    raise UserError("every fig9 condition must share N, d_t, d_e and depth; have " + ", ".join(
+        f"{n} {v}" for n, v in shapes.items()) + "; fix: --config.methods.NAME.n_experts / "
+        "model.d_t as the reference's")
   return next(iter(shapes.values()))[0]
-
-
-# ----------------------------------------------------------------------------- data
 
 
 def random_dir(study: Ablation, out: str) -> str:
@@ -233,126 +213,99 @@ def random_dir(study: Ablation, out: str) -> str:
   return datasets.check_random(path, n, "data_dir_random" if study.data_dir_random else None)
 
 
-def data_sets(study: Ablation, out: str) -> tuple[dict, tuple]:
-  """({condition: (data dir, (validation, test))}, (seed data dir, seed validation)): the
-  semantic shards and N = 1 (the seed runs') from `source` under OUT, the random shards
-  where a condition asks; every dir scored on the same windows."""
-  plan = study.plan
+def setup(study: Ablation, plan: planning.StudyPlan, out: str, executor=None) -> base.Setup:
+  """The data dirs and sets per data kind (the semantic shards and N = 1, the seed runs',
+  from `source` under OUT; the random shards where a condition asks; every dir scored on the
+  same windows) and the warm conditions' seed runs (the cold ones start fresh)."""
   dirs, scored = datasets.per_n_sets(plan.eval, study.specs, study.source, study.prepare, out)
   n = study.n_experts
-  where = {"semantic": (dirs[n], scored[n])}
+  main = study.data(plan.reference)  # results.json's data_dir and sets
+  data = base.Data({"semantic": dirs[n]}, {"semantic": scored[n]}, main, main)
   if "random" in study.row_data.values():
-    path = random_dir(study, out)
-    where["random"] = (path, datasets.random_sets(
-        plan.eval, path, [s.seq_len for s in study.specs.values()], scored[n]))
-  return {name: where[study.data(name)] for name in study.methods}, (dirs[1], scored[1][0])
+    data.dirs["random"] = random_dir(study, out)
+    data.sets["random"] = datasets.random_sets(
+        plan.eval, data.dirs["random"], [s.seq_len for s in study.specs.values()], scored[n])
+  warm = {n: c for n, c in study.methods.items() if n not in study.cold}
+  seeds = training.train_seeds(plan, warm, dirs[1], out, scored[1][0], executor)
+  return base.Setup(plan, study.methods, study.specs, {}, data.dirs[data.main],
+                    data.sets[data.main], seeds, out, data)
 
 
-# ----------------------------------------------------------------------------- runs
+def run_record(spec, start: dict | None, val, workdir: str) -> dict:
+  """One condition and seed: its start (losses and head), the curve of its checkpoints on the
+  ensemble-validation windows `val`, and whether its head (E) moved: bit-identical to its
+  start or not, and the largest absolute change."""
+  start_w = scores.start_losses(spec, {"validation": val})["validation"]
+  first = training.start_step(spec, start) if spec.init_from else 0
+  keep = [start_w]
+  points, _ = scores.curve(workdir, spec, val, first, float(start_w.mean()), keep)
+  head, end = (np.asarray(h) for h in (runs.initial_params(spec)[1],
+                                       runs.restore_params(workdir)[1]))
+  return {"start_step": first, "start_loss": float(start_w.mean()), "curve": points,
+          "_windows": (np.array([p["update"] for p in points], np.float64), np.stack(keep)),
+          "end_loss": points[-1]["loss"],
+          "head_bit_identical": bool(head.shape == end.shape and np.array_equal(head, end)),
+          "head_max_abs_change": float(np.max(np.abs(end - head)))}
 
 
-def planned_runs(study: Ablation, where: dict, seeds: dict) -> dict:
-  """{(seed, condition): RunSpec}: each warm condition continuing its seed run's state (from
-  the N = 1 data: init_from_other_data), each cold one from a fresh init."""
-  plan, out = study.plan, {}
+def stages(study: Ablation, ready: base.Setup) -> base.Stages:
+  """Every condition at every optimisation seed (one stage): each warm one continuing its
+  seed run's state (from the N = 1 data: init_from_other_data), each cold one from a fresh
+  init; {condition: its description and per-seed records}."""
+  plan, out, (dirs, sets) = ready.plan, ready.out, ready.data[:2]
+  starts = {n: None if n in study.cold else ready.seeds[plan.start[n]] for n in study.methods}
+  planned = {}
   for name, cfg in study.methods.items():
     cfg = ml_collections.ConfigDict(cfg.to_dict())
-    start = None if name in study.cold else seeds[plan.start[name]]
-    cfg.init_from_other_data = start is not None
+    cfg.init_from_other_data = starts[name] is not None
     for seed in plan.seeds:
-      out[(seed, name)] = training.budgeted(cfg, where[name][0], seed, start, "updates",
-                                            plan.budget, plan.curve_points, f"methods.{name}.",
-                                            score=where[name][1][0])
-  return out
-
-
-def head_change(start_head, workdir: str) -> dict:
-  """Whether a run's head (E) after training is bit-identical to the one it started from,
-  and the largest absolute change."""
-  end = np.asarray(runs.restore_params(workdir)[1])
-  start = np.asarray(start_head)
-  return {"head_bit_identical": bool(start.shape == end.shape and np.array_equal(start, end)),
-          "head_max_abs_change": float(np.max(np.abs(end - start)))}
-
-
-def run_record(study: Ablation, key: tuple, spec, seeds: dict, where: dict, workdir: str,
-               wall: float) -> dict:
-  """One condition and seed: its start (losses and head), the curve of its checkpoints on the
-  ensemble-validation windows, and whether its head moved."""
-  seed, name = key
-  val = where[name][1][0]
-  start_w = scores.start_losses(spec, {"validation": val})["validation"]
-  start_loss = start_w.mean()
-  start_head = runs.initial_params(spec)[1]
-  first = training.start_step(spec, seeds[study.plan.start[name]]) if spec.init_from else 0
-  keep = [start_w]
-  points, _ = scores.curve(workdir, spec, val, first, float(start_loss), keep)
-  windows = (np.array([p["update"] for p in points], np.float64), np.stack(keep))
-  return {"seed": seed, "start_step": first, "start_loss": float(start_loss), "curve": points,
-          "_windows": windows,
-          "end_loss": points[-1]["loss"], **head_change(start_head, workdir),
-          "wall_seconds_this_call": wall}
-
-
-def describe(study: Ablation, name: str, spec, seeds: dict) -> dict:
-  c = spec.config
-  seed = None if name in study.cold else seeds[study.plan.start[name]]
-  return {"what": study.rows[name], "data": study.data(name), "n_experts": spec.n_experts,
-          "d_t": c.model.d_t, "shared_head": spec.shared_head, "train_head": spec.train_head,
-          "params": spec.method.ensemble_params, "ops_per_update": spec.total_ops_per_update,
-          "start": "fresh init at the optimisation seed" if seed is None
-          else training.start_of(seed), "per_seed": []}
-
-
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """The seed runs, then every condition at every optimisation seed (one stage, by
-  `executor`); OUT/results.json, table.md and fig9.png."""
-  begun = results.started(executor)
-  os.makedirs(out, exist_ok=True)
-  study = check(config)
-  plan = study.plan
-  where, (seed_dir, seed_val) = data_sets(study, out)
-  warm = {n: c for n, c in study.methods.items() if n not in study.cold}
-  seeds = training.train_seeds(plan, warm, seed_dir, out, seed_val, executor)
-  planned = planned_runs(study, where, seeds)
-  folder = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
-  walls = training.train_all([(spec, folder(*key), f"{key[1]} (seed {key[0]})")
-                              for key, spec in planned.items()], executor)
+      planned[(seed, name)] = training.budgeted(
+          cfg, dirs[study.data(name)], seed, starts[name], "updates", plan.budget,
+          plan.curve_points, f"methods.{name}.", score=sets[study.data(name)][0])
+  where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
+  walls = yield [(spec, where(*key), f"{key[1]} (seed {key[0]})")
+                 for key, spec in planned.items()]
   conditions = {}
-  for (key, spec), wall in zip(planned.items(), walls, strict=True):
-    r = conditions.setdefault(key[1], describe(study, key[1], spec, seeds))
-    r["per_seed"].append({**run_record(study, key, spec, seeds, where, folder(*key), wall),
-                          "workdir": planning.shown(folder(*key), out)})
+  for ((seed, name), spec), wall in zip(planned.items(), walls, strict=True):
+    c, start = spec.config, starts[name]
+    r = conditions.setdefault(name, {
+        "what": study.rows[name], "data": study.data(name), "n_experts": spec.n_experts,
+        "d_t": c.model.d_t, "shared_head": spec.shared_head, "train_head": spec.train_head,
+        "params": spec.method.ensemble_params, "ops_per_update": spec.total_ops_per_update,
+        "start": "fresh init at the optimisation seed" if start is None
+        else training.start_of(start), "per_seed": []})
+    r["per_seed"].append({"seed": seed, **run_record(spec, start, sets[study.data(name)][0],
+                                                     where(seed, name)),
+                          "wall_seconds_this_call": wall,
+                          "workdir": planning.shown(where(seed, name), out)})
+  return conditions
+
+
+def measure(study: Ablation, ready: base.Setup, conditions: dict) -> dict:
+  """Per condition its checkpoints' statistics over seeds (`step_stats`), the panels and the
+  contrasts (`contrast`)."""
+  plan = ready.plan
   for r in conditions.values():
     r["steps"] = step_stats(r["per_seed"])
   measured = {"conditions": conditions,
               "panels": {p: {"title": PANELS[p], "conditions": list(v)}
                          for p, v in study.panels.items()},
-              "contrasts": {k: contrast(conditions, v, where[plan.reference][1][0].doc_ids,
+              "contrasts": {k: contrast(conditions, v, ready.scored[0].doc_ids,
                                         min(plan.bootstrap_draws, statistics.SPEEDUP_DRAWS))
                             for k, v in study.contrasts.items()}}
   for r in conditions.values():  # the per-window curves stay out of results.json
     for q in r["per_seed"]:
       del q["_windows"]
-  val, test = where[plan.reference][1]
-  payload = results.results(
-      "fig9", "paper Figure 9 (ablations: shards, start, head), scaled down by SPEC 9.6", plan,
-      command, begun, {"unit": "updates", "per": "condition and seed",
-                       "seed_updates": plan.seed_updates},
-      (val, test), where[plan.reference][0], out, seeds, paper=PAPER, measured=measured,
-      interpretation=INTERPRETATION, cold=list(study.cold),
-      data_dirs={study.data(n): planning.shown(where[n][0], out) for n in study.methods},
-      how="per condition and checkpoint: mean over seeds and standard error sd / sqrt(S) "
-          "(sample sd, ddof 1); contrasts: a's final ensemble-validation loss minus the "
-          "lowest-mean other condition's, per seed, 95% Student-t interval across seeds; "
-          "speedup: SPEC 9.8's matched-loss speed-up of a over b in updates over their common "
-          "loss range (> 1: a covers it in fewer updates), its interval across seeds widened "
-          "by the validation documents' bootstrap variance")
-  plot(payload, os.path.join(out, "fig9.png"))
-  return results.write(out, payload, table)
-
-
-# ----------------------------------------------------------------------------- statistics
+  return {"budget": {"unit": "updates", "per": "condition and seed",
+                     "seed_updates": plan.seed_updates},
+          "paper": PAPER, "measured": measured, "interpretation": INTERPRETATION,
+          "cold": list(study.cold),
+          "how": "per condition and checkpoint: mean over seeds and standard error sd / sqrt(S) "
+                 "(sample sd, ddof 1); contrasts: a's final ensemble-validation loss minus the "
+                 "lowest-mean other condition's, per seed, 95% Student-t interval across seeds; "
+                 "speedup: SPEC 9.8's matched-loss speed-up of a over b in updates over their "
+                 "common loss range (> 1: a covers it in fewer updates), its interval across "
+                 "seeds widened by the validation documents' bootstrap variance"}
 
 
 def step_stats(per_seed: list[dict]) -> list[dict]:
@@ -392,11 +345,8 @@ def contrast(conditions: dict, names: tuple, doc_ids: np.ndarray, draws: int) ->
                                                      for s, d in zip(seeds, diffs, strict=True)]}
 
 
-# ----------------------------------------------------------------------------- outputs
-
-
-def plot(p: dict, path: str) -> None:
-  """fig9.png: one panel per ablation, each condition's mean ensemble-validation loss at each
+def plot(p: dict, out: str) -> None:
+  """OUT/fig9.png: one panel per ablation, each condition's mean ensemble-validation loss at each
   checkpoint after the start, with standard-error bars (offset a little along the axis)."""
   import matplotlib
 
@@ -418,7 +368,7 @@ def plot(p: dict, path: str) -> None:
     ax.set_ylabel("ensemble-validation loss (nats/byte)")
     ax.set_title(r["title"], fontsize=9)
     ax.legend(fontsize=8)
-  report.save_figure(fig, path)
+  report.save_figure(fig, os.path.join(out, "fig9.png"))
 
 
 def _speed(s: dict) -> str:
@@ -440,9 +390,8 @@ def table(p: dict) -> str:
            f"seeds, from its seed run ({b['seed_updates']} updates, state continued, cost "
            f"excluded) or a fresh init (cold: {', '.join(p['cold']) or 'none'}); ensemble "
            f"validation ({p['eval']['val_windows_scored']} windows from "
-           f"{p['eval']['val_documents']} documents), mean ± standard error over seeds. Load "
-           f"average {p['load_average']['start'][0]:.2f} at the start, "
-           f"{p['load_average']['end'][0]:.2f} at the end.", ""]
+           f"{p['eval']['val_documents']} documents), mean ± standard error over seeds. "
+           + results.load_line(p), ""]
   for r in m["panels"].values():
     updates = [s["update"] for s in m["conditions"][r["conditions"][0]]["steps"]]
     lines += [f"**{r['title']}**", "", "| condition | heads | data | " + " | ".join(
@@ -466,3 +415,8 @@ def table(p: dict) -> str:
     lines.append(f"| {k} | {d['a']} − {d['b']} | {results.ci(d, digits=4)} | "
                  f"{_speed(d['speedup'])} | {paper.get(k, '-')} |")
   return "\n".join(lines) + "\n\n" + p["interpretation"] + "\n"
+
+
+STUDY = base.Study(spec="paper Figure 9 (ablations: shards, start, head), scaled down by SPEC 9.6",
+                   config=config, check=check, stages=stages, measure=measure, table=table,
+                   plot=plot, setup=setup)

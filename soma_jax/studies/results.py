@@ -102,19 +102,24 @@ def results(study: str, spec: str, plan: planning.StudyPlan, command: str,
   sets; `seeds` the records of `train_seeds`.
   """
   val, test = scored
-  return {
-      "study": study, "spec": spec, "command": command,
-      "wall_seconds": time.perf_counter() - begun["t0"],
-      "load_average": {"start": begun["load_average"], "end": list(os.getloadavg())},
-      "platform": jax.default_backend(),
-      "budget": {"amount": plan.budget, "counts": planning.COUNTS[budget["unit"]] + "; "
-                 "compilation, evaluation and checkpoints excluded", **budget},
-      "eval": datasets.describe_span(val, test),
-      "unigram_test_nats_per_byte": eval_lib.unigram_nats(data_dir, "test", test.route, test.score),
-      "data_dir": planning.shown(data_dir, out), "seeds": list(plan.seeds),
-      "bootstrap_draws": plan.bootstrap_draws, "reference": plan.reference,
-      "seed_runs": public(seeds), **rest, "cost": cost(out, begun),
-  }
+  return common(
+      study, spec, command, begun, out,
+      budget={"amount": plan.budget, "counts": planning.COUNTS[budget["unit"]] + "; "
+              "compilation, evaluation and checkpoints excluded", **budget},
+      eval=datasets.describe_span(val, test),
+      unigram_test_nats_per_byte=eval_lib.unigram_nats(data_dir, "test", test.route, test.score),
+      data_dir=planning.shown(data_dir, out), seeds=list(plan.seeds),
+      bootstrap_draws=plan.bootstrap_draws, reference=plan.reference, seed_runs=public(seeds),
+      **rest)
+
+
+def common(study: str, spec: str, command: str, begun: dict, out: str, **rest) -> dict:
+  """The results.json fields of every study (what, the command, its wall seconds, the load
+  and the platform), then the study's own (`rest`), then its cost."""
+  return {"study": study, "spec": spec, "command": command,
+          "wall_seconds": time.perf_counter() - begun["t0"],
+          "load_average": {"start": begun["load_average"], "end": list(os.getloadavg())},
+          "platform": jax.default_backend(), **rest, "cost": cost(out, begun)}
 
 
 def public(x):

@@ -1,26 +1,18 @@
 """The paper's Table 3 (scaled down by SPEC 9.6): one checkpoint's training compute, counted
 by each accounting convention.
 
-The checkpoint is Figure 7's largest N (fig7.py's experts panel: fixed-width experts, every
-setting continuing one seed run; `ensemble`), read from a finished fig7 folder
-(`runs_from`, checked to hold the same settings) or trained here into OUT/fig7 with one
-expert alone (`solo`, N = 1 at the experts' width, the same directions and batch) beside it.
-For each optimisation seed, in device-seconds (SPEC 7: seconds times the devices, or on a CPU
-the cores, charged):
+The checkpoint is Figure 7's largest N (its experts panel; `ensemble`) with one expert alone
+(`solo`, N = 1 of the same shape) beside it, read from a finished fig7 folder (`runs_from`,
+checked to hold the same settings) or trained here into OUT/fig7 (a whole study=fig7).
+For each optimisation seed, in device-seconds (SPEC 7: seconds x the devices or cores charged):
 - recorded: U x the mean step seconds the run recorded (summary.json `device_seconds`; the
-  paper's U sum_e t_e / 3600, its Figures 1 and 15 endpoint). Here every expert is in one
-  vmapped step, so the sum over experts is that step's time;
-- physical: the wall seconds of the run's training calls times the devices charged (start-up,
-  the seed state's restore, compilation, checkpoints: the paper's W&B physical total), as the
-  run recorded them (summary.json `physical_seconds`: each call from its start to its last
-  checkpoint, summed over the calls that resumed it), so rerunning a finished study, or
-  resuming one after a kill, reads the same total; runs from before that counter: the wall
-  seconds of the study call that trained them;
-- fixed solo rate: N x U x one expert's mean step seconds when it trains alone (the solo run,
-  same seed), as the paper's 256 U x 0.168 s charges every expert a fixed per-expert rate.
-The paper's fourth row (a fixed 0.140-s normalization) names a constant without saying how it
-was measured, so it has no counterpart here. Each row's ratio to the recorded one is reported
-per seed and as the mean over seeds beside the paper's (49.6k / 41.9k, 49.7k / 41.9k).
+  paper's U sum_e t_e / 3600: every expert is in one vmapped step, so the sum is its time);
+- physical: the run's training calls' wall seconds times the devices charged (start-up,
+  restore, compilation, checkpoints: the paper's W&B total), as the run recorded them
+  (summary.json `physical_seconds`, summed over resumed calls; older runs: this call's wall);
+- fixed solo rate: N x U x the solo's mean step seconds (the paper's 256 U x 0.168 s).
+The paper's fourth row (a fixed 0.140-s normalization) names an unmeasured constant: none here.
+Each row's ratio to the recorded, per seed and over seeds, beside the paper's (49.6k / 41.9k).
 """
 
 from __future__ import annotations
@@ -32,7 +24,17 @@ import os
 import ml_collections
 
 from soma_jax.errors import UserError
-from soma_jax.studies import driver, fig7, planning, recipes, results, statistics, training
+from soma_jax.studies import (
+  base,
+  datasets,
+  driver,
+  fig7,
+  planning,
+  recipes,
+  results,
+  statistics,
+  training,
+)
 
 PAPER = {
     "item": "Table 3",
@@ -73,8 +75,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 @dataclasses.dataclass(frozen=True)
 class Accounting:
-  """The study's own fields (`check`): the fig7 sweep it reads, its two settings and where
-  a finished sweep is read from ("" = train it here)."""
+  """The study's own fields (`check`): the fig7 sweep, its two settings, where it is read."""
   sweep_config: ml_collections.ConfigDict  # fig7's config of the two settings
   sweep: fig7.Sweep
   solo: str
@@ -83,7 +84,7 @@ class Accounting:
   shapes: dict  # {solo / ensemble name: its resolved `_shape`}, what runs_from must match
 
 
-def check(config: ml_collections.ConfigDict) -> Accounting:
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Accounting:
   """Every field before anything trains: fig7's (fig7's `check` on the config without this
   study's fields), the two settings (an N = 1 solo and a larger N of the same expert shape)
   and `runs_from`."""
@@ -92,12 +93,10 @@ def check(config: ml_collections.ConfigDict) -> Accounting:
       "solo": ("a method of config.methods", lambda v: v in config.methods),
       "ensemble": (f"a method of config.methods other than solo ({config.solo!r})",
                    lambda v: v in config.methods and v != config.solo)})
-  sub = ml_collections.ConfigDict(config.to_dict())
-  for key in OWN_FIELDS:
-    del sub[key]
-  sub.study = "fig7"
-  sweep = driver.checked(fig7.STUDY, sub)[1]
-  specs = training.check_runs(sweep.plan, planning.sized(sub))
+  sub = ml_collections.ConfigDict({k: v for k, v in config.to_dict().items()
+                                   if k not in OWN_FIELDS} | {"study": "fig7"})
+  sweep = fig7.check(plan, sub)
+  specs = training.check_runs(plan, planning.sized(sub))
   solo, ens = specs[config.solo], specs[config.ensemble]
   if solo.n_experts != 1 or ens.n_experts < 2:
     raise UserError(f"solo={config.solo!r} has N = {solo.n_experts} and ensemble="
@@ -119,14 +118,13 @@ def check(config: ml_collections.ConfigDict) -> Accounting:
 def _shape(spec) -> dict:
   c = spec.config
   return {"n_experts": spec.n_experts, "d_t": c.model.d_t, "n_pert": c.spsa.n_pert,
-          "batch": c.spsa.batch, "accum": c.spsa.accum}
+          "batch": c.spsa.batch, "accum": c.spsa.accum, "seq_len": spec.seq_len}
 
 
 def sweep_in(study: Accounting, folder: str) -> dict:
   """A finished fig7 folder's results.json, read without training: fig7's, with both settings
   of the same shape, budget and seeds, and every run's summary.json; else a UserError."""
-  fix = ("fix: run study=fig7 with these settings there first, or --config.runs_from= "
-         "(train here)")
+  fix = "fix: run study=fig7 with these settings there first, or --config.runs_from= (train here)"
   theirs = results.finished_study(folder, "fig7", "runs_from", fix)
   plan = study.sweep.plan
   settings = theirs.get("measured", {}).get("settings", {})
@@ -139,26 +137,26 @@ def sweep_in(study: Accounting, folder: str) -> dict:
     seeds = [q["seed"] for q in got["per_seed"]]
     if seeds != list(plan.seeds):
       raise UserError(f"runs_from={folder!r}: {name} ran seeds {planning.seed_list(seeds)}, not "
-                      f"{planning.seed_list(plan.seeds)}; "
-                      f"{fix}")
+                      f"{planning.seed_list(plan.seeds)}; {fix}")
     for q in got["per_seed"]:
-      if _summary(folder, q["workdir"]) is None:
-        raise UserError(f"runs_from={folder!r}: {q['workdir']}/summary.json is missing, "
-                        f"unreadable or lacks its counters ({', '.join(COUNTED)}); {fix}")
+      _summary(folder, q["workdir"])
   return theirs
 
 
 COUNTED = ("updates", "ops", "device_seconds", "update_seconds")  # what `account` reads
 
 
-def _summary(folder: str, workdir: str) -> dict | None:
+def _summary(folder: str, workdir: str) -> dict:
   """A run's summary.json with every counter `account` reads a finite number (updates and
-  update_seconds > 0), or None (missing, truncated, tampered)."""
+  update_seconds > 0), else a UserError (missing, truncated, tampered)."""
   done = results.read_summary(os.path.join(folder, workdir))
   if done is None or any(not isinstance(done.get(k), int | float) or isinstance(done.get(k), bool)
-                         or not math.isfinite(done[k]) for k in COUNTED):
-    return None
-  return done if done["updates"] > 0 and done["update_seconds"] > 0 else None
+                         or not math.isfinite(done[k]) for k in COUNTED) or not (
+                             done["updates"] > 0 and done["update_seconds"] > 0):
+    raise UserError(f"{folder!r}: {workdir}/summary.json is missing, unreadable or lacks its "
+                    f"counters ({', '.join(COUNTED)}); fix: --config.runs_from= a finished "
+                    "study=fig7 whose runs are whole, or another --out to train them again")
+  return done
 
 
 def account(ens_run: dict, solo_run: dict, wall: float, n_experts: int) -> dict:
@@ -195,15 +193,8 @@ def readout(sweep: dict, folder: str, solo: str, ensemble: str) -> dict:
   for q_ens, q_solo in zip(settings[ensemble]["per_seed"], settings[solo]["per_seed"],
                            strict=True):
     done = [_summary(folder, q["workdir"]) for q in (q_ens, q_solo)]
-    for q, d in zip((q_ens, q_solo), done, strict=True):
-      if d is None:
-        raise UserError(f"{os.path.join(folder, q['workdir'], 'summary.json')!r} is missing, "
-                        f"unreadable or lacks its counters ({', '.join(COUNTED)}); fix: "
-                        "--config.runs_from= a finished study=fig7 whose runs are whole, or "
-                        "another --out to train them again")
-    rows = account(*done, q_ens["wall_seconds_this_call"], n)
     per_seed.append({"seed": q_ens["seed"], "workdirs": [q_ens["workdir"], q_solo["workdir"]],
-                     **rows})
+                     **account(*done, q_ens["wall_seconds_this_call"], n)})
   over = lambda key, row: statistics.across_seeds([s[key][row] for s in per_seed])
   paper = PAPER["gpu_hours"]
   return {
@@ -222,29 +213,34 @@ def readout(sweep: dict, folder: str, solo: str, ensemble: str) -> dict:
           for k in ("in_the_ensemble_step", "alone")}}
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """fig7's two settings (read from `runs_from`, else trained into OUT/fig7 by `executor`),
-  then each seed's checkpoint accounted; OUT/results.json and table.md."""
-  begun = results.started(executor)
-  os.makedirs(out, exist_ok=True)
-  study = check(config)
+def setup(study: Accounting, plan: planning.StudyPlan, out: str, executor=None) -> base.Setup:
+  """fig7's two settings, read from `runs_from` (`sweep_in`) or trained into OUT/fig7 (a whole
+  study=fig7); its data dir, sets and seed runs, and (data.extra) its results.json and folder."""
   if study.runs_from:
     folder = os.path.abspath(study.runs_from)
     sweep = sweep_in(study, folder)
   else:
     folder = os.path.join(out, "fig7")
-    sweep = driver.run(fig7.STUDY, study.sweep_config, folder, command, executor)
-  measured = readout(sweep, folder, study.solo, study.ensemble)
-  payload = {
-      "study": "table3", "spec": "paper Table 3 (compute accounting), scaled down by SPEC 9.6",
-      "command": command, "runs_from": study.runs_from,
-      "fig7_folder": study.runs_from or planning.shown(folder, out), "load_average": {
-          "start": begun["load_average"], "end": list(os.getloadavg())},
-      "sweep_load_average": sweep["load_average"], "platform": sweep["platform"],
-      "budget": sweep["budget"], "seeds": sweep["seeds"], "seed_runs": sweep["seed_runs"],
-      "paper": PAPER, "measured": measured, "cost": results.cost(out, begun)}
-  payload["wall_seconds"] = payload["cost"]["wall_seconds"]
-  return results.write(out, payload, table)
+    sweep = driver.run(fig7.STUDY, study.sweep_config, folder, "", executor)
+  data_dir = os.path.join(folder, sweep["data_dir"])
+  scored = datasets.eval_sets(plan.eval, data_dir, [v["seq_len"] for v in study.shapes.values()])
+  data = base.Data({1: data_dir}, {1: scored}, 1, 1, extra=(sweep, folder))
+  return base.Setup(plan, {}, {}, {}, data_dir, scored, sweep["seed_runs"], out, data)
+
+
+def stages(study: Accounting, ready: base.Setup) -> base.Stages:
+  """Nothing more to train (`setup` trained or read the sweep): its results.json and folder."""
+  return ready.data.extra
+  yield
+
+
+def measure(study: Accounting, ready: base.Setup, gathered: tuple) -> dict:
+  """Each seed's checkpoint accounted (`readout`), beside the sweep it reads."""
+  sweep, folder = gathered
+  return {"budget": sweep["budget"], "runs_from": study.runs_from,
+          "fig7_folder": study.runs_from or planning.shown(folder, ready.out),
+          "sweep_load_average": sweep["load_average"], "paper": PAPER,
+          "measured": readout(sweep, folder, study.solo, study.ensemble)}
 
 
 def table(p: dict) -> str:
@@ -279,3 +275,7 @@ def table(p: dict) -> str:
                  f"{d['fixed_solo_rate']:.2f}; excess {s['physical_minus_recorded']:.2f}")
   return "\n".join(lines) + "\n"
 
+
+STUDY = base.Study(spec="paper Table 3 (compute accounting), scaled down by SPEC 9.6",
+                   config=config, check=check, stages=stages, measure=measure, table=table,
+                   setup=setup)

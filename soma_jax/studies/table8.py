@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +29,7 @@ import ml_collections
 import numpy as np
 
 from soma_jax.errors import UserError
-from soma_jax.studies import datasets, planning, recipes, results, trained_sizes, variance
+from soma_jax.studies import base, datasets, planning, recipes, trained_sizes, variance
 from soma_jax.variance_measure import (
   block_errors,
   exact_grads,
@@ -106,8 +105,10 @@ FIELDS = {
 }
 
 
-def check(config: ml_collections.ConfigDict) -> Table8Spec:
-  """Every field of study=table8 checked before anything trains; its typed settings."""
+def check(plan: None, config: ml_collections.ConfigDict) -> Table8Spec:
+  """Every field of study=table8 checked before anything trains (it has no shared plan:
+  `base.Study.planned`); its typed settings."""
+  del plan
   planning.check_fields(config, FIELDS)
   v = config.variance
   if v.study != "experts":
@@ -123,9 +124,6 @@ def check(config: ml_collections.ConfigDict) -> Table8Spec:
                     "trains on; fix: --config.variance.trained_source=pystdlib or textdir:DIR")
   return Table8Spec(variance.variance_spec(v), config.train_updates,
                     dict(config.get("prepare", {}).items()), bool(config.x64))
-
-
-# ---------------------------------------------------------------------------- windows
 
 
 def free_starts(taken: np.ndarray, size: int, length: int) -> np.ndarray:
@@ -177,9 +175,6 @@ def independent_windows(n: int, count: int, seq_len: int, seed: int, data_dir: s
   idx = np.stack(starts)[..., None] + np.arange(seq_len + 1)
   return corpus[idx], {"source": "pystdlib", "corpus_bytes": len(corpus),
                        "byte_offsets": [s.tolist() for s in starts]}
-
-
-# ------------------------------------------------------------------------ measurement
 
 
 def cosine_distance(a_NxD: np.ndarray, b_NxD: np.ndarray) -> np.ndarray:
@@ -241,11 +236,12 @@ def measure_n(vs: variance.VarianceSpec, n: int,
           "windows": {"reference": ref_rec, "independent": ind_rec}}
 
 
-def trained_runs(t: Table8Spec, out: str
-                 ) -> tuple[variance.VarianceSpec, dict[int, variance.Trained], str]:
-  """(spec, {N: Trained}, how): the study's trained runs (its trained_dir) or, where it names
-  none, every N trained by its train_run recipe for train_updates updates under OUT/trained
-  (finished runs are reused)."""
+def setup(t: Table8Spec, plan: None, out: str, executor=None) -> base.Setup:
+  """Each N's trained run: the study's (its trained_dir) or, where it names none, every N
+  trained by its train_run recipe for train_updates updates under OUT/trained (finished runs
+  are reused; one after another in this process, `trained_sizes.train_all`: `executor` is
+  unused); data.extra: (spec, {N: Trained}, how)."""
+  del executor
   vs = t.vs
   how = f"the variance study's trained runs in {vs.trained_dir}"
   if not vs.trained_dir:
@@ -256,40 +252,25 @@ def trained_runs(t: Table8Spec, out: str
     how = (f"the variance study names no trained runs at size={vs.size}: each N trained here "
            f"by its train_run recipe for {t.train_updates} updates (the paper: "
            f"{PAPER['trained_updates']:,})")
-  vs, trained = trained_sizes.load_all(vs)
-  return vs, trained, how
+  return base.Setup(plan, {}, {}, {}, "", None, {}, out,
+                    base.Data({}, {}, None, None, (*trained_sizes.load_all(vs), how)))
 
 
-# ---------------------------------------------------------------------------- the study
-
-
-def summarise(states: dict[str, list[dict]]) -> dict:
-  """Per state its rows, the largest |relative change| over its points; over both states."""
-  worst = {s: max(r["max_abs_relative_change"] for r in rows) for s, rows in states.items()}
-  return {"states": states, "max_abs_relative_change": worst,
-          "max_abs_relative_change_all": max(worst.values()),
-          "within_paper_bound": max(worst.values()) < PAPER["max_relative_change"]}
-
-
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """Trains (or reads) each N's run, then measures every N at init and trained; writes
-  OUT/results.json and OUT/table.md. `executor` is unused: the runs train one after another
-  in this process (`trained_sizes.train_all`)."""
-  begun = results.started(executor)
-  os.makedirs(out, exist_ok=True)
-  t = check(config)
-  vs_trained, trained, how = trained_runs(t, out)
+def stages(t: Table8Spec, ready: base.Setup) -> base.Stages:
+  """Every N measured at init and trained (nothing more to train): ({state: rows}, how)."""
+  vs_trained, trained, how = ready.data.extra
   with jax.enable_x64(t.x64):
     states = {"init": [measure_n(t.vs, n, None) for n in t.vs.n_list],
               "trained": [measure_n(vs_trained, n, trained) for n in vs_trained.n_list]}
-  payload = {
-      "study": "table8", "command": command,
-      "spec": "paper Table 8 (BPTT reference against an independent batch), on the experts "
-              "variance study (Figure 10, left) at this size",
-      "wall_seconds": time.perf_counter() - begun["t0"],
-      "load_average": {"start": begun["load_average"], "end": list(os.getloadavg())},
-      "platform": jax.default_backend(), "x64": t.x64, "paper": PAPER,
-      "measured": summarise(states), "trained": how,
+  return states, how
+  yield
+
+
+def measure(t: Table8Spec, ready: base.Setup, gathered: tuple) -> dict:
+  """results.json's fields beyond the common ones: ours (`summarise`) beside the paper's."""
+  states, how = gathered
+  return {
+      "x64": t.x64, "paper": PAPER, "measured": summarise(states), "trained": how,
       "reference": f"jax.grad of each expert's mean loss on its fixed batch of {t.vs.batch} "
                    f"windows of T = {t.vs.seq_len} (the batch its SPSA estimates difference)",
       "independent": f"{t.vs.batch} windows of each expert's own source sharing no byte "
@@ -299,8 +280,15 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
       "variance_value": "relative centred variance E||g_hat - q g||^2 / ||g||^2 (sums over "
                         "experts), with g = g_ref (the experts study's value) or g = g_indep, "
                         "from the same estimates; relative change = indep / ref - 1",
-      "variance_config": t.vs.config.to_dict(), "cost": results.cost(out, begun)}
-  return results.write(out, payload, table)
+      "variance_config": t.vs.config.to_dict()}
+
+
+def summarise(states: dict[str, list[dict]]) -> dict:
+  """Per state its rows, the largest |relative change| over its points; over both states."""
+  worst = {s: max(r["max_abs_relative_change"] for r in rows) for s, rows in states.items()}
+  return {"states": states, "max_abs_relative_change": worst,
+          "max_abs_relative_change_all": max(worst.values()),
+          "within_paper_bound": max(worst.values()) < PAPER["max_relative_change"]}
 
 
 def table(p: dict) -> str:
@@ -332,3 +320,9 @@ def table(p: dict) -> str:
             f"{PAPER['max_relative_change']:.0%}; "
             f"{'within' if m['within_paper_bound'] else 'not within'} it here)."]
   return "\n".join(lines) + "\n"
+
+
+STUDY = base.Study(spec="paper Table 8 (BPTT reference against an independent batch), on the "
+                        "experts variance study (Figure 10, left) at this size",
+                   config=config, check=check, stages=stages, measure=measure, table=table,
+                   setup=setup, planned=False)
