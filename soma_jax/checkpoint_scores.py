@@ -1,16 +1,17 @@
 """Per-window scores of each checkpoint, written by training from the state in memory.
 
 A run whose config names `checkpoint_eval` scores that evaluation set right after each
-checkpoint it saves (`train`) and writes WORKDIR/checkpoint_scores/STEP.npy (the per-window
-nats/byte, float64) and STEP.json (the step, the set's `TestSet.settings` and the
-checkpoint's counters, as its data state holds them). A study reads them (`read`) in place
-of restoring that checkpoint and scoring it, only where the settings equal its own set's:
-any other set, a missing or unreadable file, falls back to restoring. Each file is written
-to a temporary name and renamed, the .json last, so a killed run leaves no half file that
-could be read; the files of a step are removed before its checkpoint is saved, so a step
-saved again is never paired with an older attempt's scores. STEP.json names the run that
-wrote it (`checkpoint.run_id`): a file copied from another run, or counters that are not
-finite numbers (a tampered file), are never read, and the checkpoint is restored instead.
+checkpoint it saves (`checkpoint_scoring`, a save hook of training) and writes
+WORKDIR/checkpoint_scores/STEP.npy (the per-window nats/byte, float64) and STEP.json (the
+step, the set's `TestSet.settings` and the checkpoint's counters, as its data state holds
+them). A study reads them (`read`) in place of restoring that checkpoint and scoring it, only
+where the settings equal its own set's: any other set, a missing or unreadable file, falls
+back to restoring. Each file is written to a temporary name and renamed, the .json last, so
+a killed run leaves no half file that could be read; the files of a step are removed before
+its checkpoint is saved, so a step saved again is never paired with an older attempt's
+scores. STEP.json names the run that wrote it (`checkpoint.run_id`): a file copied from
+another run, or counters that are not finite numbers (a tampered file), are never read, and
+the checkpoint is restored instead.
 """
 
 from __future__ import annotations

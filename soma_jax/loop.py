@@ -1,8 +1,10 @@
 """The one update loop: every place that advances a TrainState (training, the Figure 4
-study, the timing of a step) runs its updates through `Loop.run`."""
+study, the timing of a step) runs its updates through `Loop.run`; `Stop`, the signals that
+ask it to stop."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -70,3 +72,40 @@ class Loop:
       time.sleep(delay)
       delay = min(2 * delay, 0.05)
     return True
+
+
+class Stop:
+  """SIGTERM / SIGINT ask the loop to checkpoint and return after the current update.
+
+  A second signal stops at once (KeyboardInterrupt), unless it comes within DUPLICATE_S of
+  the first: the same request delivered twice (a scheduler signals every process of a job,
+  and a study's parent forwards it to its workers)."""
+
+  DUPLICATE_S = 1.0
+
+  def __init__(self):
+    self.signum = 0
+    self._at = 0.0
+    self._old = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread: no handlers, Ctrl-C raises as usual
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    if self.signum:  # a second signal: stop now
+      if time.monotonic() - self._at < self.DUPLICATE_S:
+        return
+      raise KeyboardInterrupt
+    self.signum, self._at = signum, time.monotonic()
+
+  def __call__(self) -> bool:
+    return bool(self.signum)
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)

@@ -23,17 +23,19 @@ from absl import logging
 
 from soma_jax import budget as budget_lib
 from soma_jax import checkpoint as ckpt_lib
-from soma_jax import checkpoint_scores as scores_lib
+from soma_jax import checkpoint_scoring, memory, records, train_state
 from soma_jax import evaluate as eval_lib
-from soma_jax import memory, records, train_state
 from soma_jax import metrics as metrics_lib
 from soma_jax import plan as plan_lib
 from soma_jax import spec as spec_lib
 from soma_jax.errors import DiskFull, Interrupted, UserError, is_disk_full
-from soma_jax.loop import Loop
+from soma_jax.loop import Loop, Stop
 
 _val_losses = jax.jit(train_state.expert_losses, static_argnames=("shared_head", "loss_fn"))
 _plateau = jax.jit(train_state.plateau_update, static_argnames="cfg")
+# What runs around each checkpoint save, made once per run by `make(spec, clock, workdir)`:
+# `before_save(step)` in the save's time, `after_save(step, state, counters)` after it.
+SAVE_HOOKS = (checkpoint_scoring.Scorer,)
 
 
 def run(c: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -83,17 +85,15 @@ def train(plan: plan_lib.Plan, workdir: str, called: float | None = None) -> dic
       if now.start >= spec.cadence.steps:
         return records.already_trained(workdir, now.start, spec.cadence.steps, now.skipped,
                                        now.totals)
-      b = spec.budget  # a run already at its budget, its summary written: nothing to redo
-      if b.amount > 0 and float(now.totals.get(b.unit, 0.0)) >= b.amount:
-        finished = records.finished_summary(
-            workdir, now.start,
-            f"{float(now.totals.get(b.unit, 0.0)):g} of {b.amount:g} {b.unit.replace('_', '-')}")
+      budget = _budget(plan, now, called)
+      if budget.spent():  # a run already at its budget, its summary written: nothing to redo
+        finished = records.finished_summary(workdir, now.start, budget.describe())
         if finished is not None:
           return finished
       records.record_start(workdir, spec.config, now.start, changed, overrides,
                            plan.data_sha256)
-      with _Stop() as stop, memory.matmul_precision(spec.precision):  # the step's precision
-        summary = _step_loop(plan, now, ckpt, workdir, stop, called)
+      with Stop() as stop, memory.matmul_precision(spec.precision):  # the step's precision
+        summary = _step_loop(plan, now, budget, ckpt, workdir, stop)
     except OSError as e:  # a full disk while writing metrics; checkpoints report their own
       error = DiskFull if is_disk_full(e) else UserError
       raise error(f"could not write to {workdir!r} ({e.strerror or e}); the newest "
@@ -104,43 +104,6 @@ def train(plan: plan_lib.Plan, workdir: str, called: float | None = None) -> dic
   if summary["status"] == "done" and jax.process_index() == 0:
     records.write_summary(workdir, summary)
   return summary
-
-
-class _Stop:
-  """SIGTERM / SIGINT ask the loop to checkpoint and return after the current update.
-
-  A second signal stops at once (KeyboardInterrupt), unless it comes within DUPLICATE_S of
-  the first: the same request delivered twice (a scheduler signals every process of a job,
-  and a study's parent forwards it to its workers)."""
-
-  DUPLICATE_S = 1.0
-
-  def __init__(self):
-    self.signum = 0
-    self._at = 0.0
-    self._old = {}
-
-  def __enter__(self):
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      try:
-        self._old[sig] = signal.signal(sig, self._handle)
-      except ValueError:  # not the main thread: no handlers, Ctrl-C raises as usual
-        pass
-    return self
-
-  def _handle(self, signum, frame):
-    if self.signum:  # a second signal: stop now
-      if time.monotonic() - self._at < self.DUPLICATE_S:
-        return
-      raise KeyboardInterrupt
-    self.signum, self._at = signum, time.monotonic()
-
-  def __call__(self) -> bool:
-    return bool(self.signum)
-
-  def __exit__(self, *exc):
-    for sig, old in self._old.items():
-      signal.signal(sig, old)
 
 
 @dataclasses.dataclass
@@ -188,44 +151,36 @@ def _resume(plan: plan_lib.Plan, ckpt: ckpt_lib.Checkpointer, overrides: list[st
   return _Now(state.replace(sched=sched), int(step), totals)
 
 
-def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, workdir: str,
-               stop: _Stop, called: float | None = None) -> dict:
+def _budget(plan: plan_lib.Plan, now: _Now, called: float | None) -> budget_lib.Budget:
+  """The run's budget, on the clock of its updates (`budget.clock`) from `now`."""
+  spec, placed = plan.spec, plan.placed
+  clock = budget_lib.Clock(placed.n_devices, spec.ops_step, now.totals, placed.plan_seconds,
+                           now.start, placed.plan_compiles, called)
+  return budget_lib.Budget(spec.budget.unit, spec.budget.amount, spec.budget.checkpoints,
+                           clock, now.start, spec.budget.marks)
+
+
+def _step_loop(plan: plan_lib.Plan, now: _Now, budget: budget_lib.Budget,
+               ckpt: ckpt_lib.Checkpointer, workdir: str, stop: Stop) -> dict:
   """Updates from now.start to the plan's steps (or its budget) with logging, validation and
   checkpoints between."""
-  spec = plan.spec
-  cad = spec.cadence
+  cad, clock = plan.spec.cadence, budget.clock
   # closed even when an error ends the loop (a full disk must not fail again at exit)
   with metrics_lib.MetricWriter(workdir, start_step=now.start) as writer:
-    if not now.totals.get("updates"):  # the run's first update (a continued seed's too)
-      writer.hparams(json.loads(spec.config.to_json()))
-    progress = metrics_lib.Progress(cad.steps, now.start)
-    warm = f" (warm start from {spec.init_from})" if spec.init_from and not now.totals else ""
-    progress.message(plan.start_line.replace("START", f"{now.start}{warm}", 1))
-    placed = plan.placed
-    clock = budget_lib.Clock(placed.n_devices, spec.ops_step, now.totals, placed.plan_seconds,
-                             now.start, placed.plan_compiles, called)
-    budget = budget_lib.Budget(spec.budget.unit, spec.budget.amount, spec.budget.checkpoints,
-                               clock, now.start, spec.budget.marks)
-    if budget.amount > 0:  # the budget ends the run, not its steps: progress and ETA by it
-      progress.track_budget(lambda: (budget.used, budget.amount), budget.unit)
-    log = _Log(plan, clock, progress)
-    scorer = _checkpoint_scorer(spec, clock)  # built once per run
+    log = _Log(plan, now, writer, budget)
+    progress = log.progress
+    hooks = [make(plan.spec, clock, workdir) for make in SAVE_HOOKS]  # made once per run
     loop = Loop(now.state, plan.step_fn, plan.batches, plan.expert_ids, plan.to_global, clock,
                 stop=stop)
-    status = "done"
-    end = cad.steps
+    status, end = "done", cad.steps
     if budget.spent():  # a resumed run already at its budget: no update, the same line
       end = now.start
       progress.message(f"budget reached: {budget.describe()} at step {now.start}")
     for done, m in loop.run(now.start, end):
       mark, spent = budget.after(done, m)
-      record = _periodic_evals(plan, loop, done, m, log, last=done == cad.steps or spent)
-      if record:
-        writer.write(done, record)
-        if "loss" in record:
-          progress.update(done, record["loss"])
+      log.write(loop, done, m, last=done == cad.steps or spent)
       if done % cad.ckpt_every == 0 or done == cad.steps or stop.signum or mark or spent:
-        _checkpoint(plan, loop, ckpt, scorer, workdir, done, m)
+        _checkpoint(plan, loop, ckpt, hooks, done, m)
       if spent:
         progress.message(f"budget reached: {budget.describe()} at step {done}")
         break
@@ -245,49 +200,67 @@ def _step_loop(plan: plan_lib.Plan, now: _Now, ckpt: ckpt_lib.Checkpointer, work
           "skipped": None if loop.abandoned else _skipped(loop.state), **clock.at(done)}
 
 
-def _checkpoint_scorer(spec: spec_lib.RunSpec, clock: budget_lib.Clock
-                       ) -> eval_lib.TestSet | None:
-  """The set config.checkpoint_eval names (read apart, as eval_seconds), or None: off, or a
-  run over several processes (whose state no one process holds; the study restores)."""
-  e = spec.checkpoint_eval
-  if e is None or jax.process_count() > 1:
-    return None
-  with clock.aside("eval_seconds"):
-    return eval_lib.TestSet(e.data_dir, e.max_windows, e.split, e.route, e.score)
-
-
-def _checkpoint(plan: plan_lib.Plan, loop: Loop, ckpt: ckpt_lib.Checkpointer,
-                scorer: eval_lib.TestSet | None, workdir: str, done: int, m) -> None:
-  """Saves the checkpoint of step `done` (ckpt_seconds); with a scorer, then scores it from
-  the state in memory (eval_seconds) and writes its per-window losses beside it
-  (`checkpoint_scores`), copied first onto the one device a restore puts it on, so they
-  are bit for bit what restoring and scoring it gives."""
-  spec, clock = plan.spec, loop.clock
-  with clock.aside("ckpt_seconds", sync=m):
-    counters = clock.at(done)
-    scores_lib.forget(workdir, done)  # never beside an older attempt's scores, scored or not
+def _checkpoint(plan: plan_lib.Plan, loop: Loop, ckpt: ckpt_lib.Checkpointer, hooks: list,
+                done: int, m) -> None:
+  """Saves the checkpoint of step `done` (ckpt_seconds) between the hooks' two halves."""
+  with loop.clock.aside("ckpt_seconds", sync=m):
+    counters = loop.clock.at(done)
+    for hook in hooks:
+      hook.before_save(done)
     ckpt.save(done, loop.state, {"iterator": plan.batches.get_state(), **counters})
-  if scorer is None:
-    return
-  with clock.aside("eval_seconds"):
-    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    body, head = jax.device_put((loop.state.body, loop.state.head), one)
-    losses = scorer.losses(body, head, spec.n_experts, spec.shared_head, spec.method.logits)
-    scores_lib.write(workdir, done, losses, scorer.settings(), counters)
+  for hook in hooks:
+    hook.after_save(done, loop.state, counters)
 
 
 class _Log:
-  """The metrics record of a log step, and what it remembers between log steps."""
+  """What a run records: its hparams and start line, then after each update the metrics of
+  a log step, expert validation (and the plateau rule) and ensemble validation, each when
+  due (all of them after the last update); and what it remembers between them."""
 
-  def __init__(self, plan: plan_lib.Plan, clock: budget_lib.Clock,
-               progress: metrics_lib.Progress):
-    self.experts, self.tokens_step = plan.spec.experts, plan.spec.tokens_step
-    self.clock, self.progress = clock, progress
-    self.last_val = None
+  def __init__(self, plan: plan_lib.Plan, now: _Now, writer: metrics_lib.MetricWriter,
+               budget: budget_lib.Budget):
+    """Writes the hparams (before the run's first update) and prints the start line."""
+    spec = plan.spec
+    self.plan, self.writer, self.clock = plan, writer, budget.clock
+    if not now.totals.get("updates"):  # the run's first update (a continued seed's too)
+      writer.hparams(json.loads(spec.config.to_json()))
+    self.progress = metrics_lib.Progress(spec.cadence.steps, now.start)
+    warm = f" (warm start from {spec.init_from})" if spec.init_from and not now.totals else ""
+    self.progress.message(plan.start_line.replace("START", f"{now.start}{warm}", 1))
+    if budget.amount > 0:  # the budget ends the run, not its steps: progress and ETA by it
+      self.progress.track_budget(lambda: (budget.used, budget.amount), budget.unit)
+    self.last_val = None  # the newest expert validation losses
     self._skipped_seen = None  # per-expert skip counters at the last log, to name new skips
     self._timed = (0.0, 0)  # clock (seconds, steps) at the last log
 
-  def record(self, done: int, m) -> dict:
+  def write(self, loop: Loop, done: int, m, last: bool) -> None:
+    """Writes the record due after update `done` (its metrics `m`), if any."""
+    spec, clock, ens = self.plan.spec, self.clock, self.plan.ensemble
+    cad = spec.cadence
+    record = {}
+    if done % cad.log_every == 0 or last:
+      record.update(self._metrics(done, m))
+    if done % cad.eval_every == 0 or last:
+      with clock.aside("eval_seconds", sync=m):
+        val = _val_losses(loop.state.body, loop.state.head, self.plan.val_windows,
+                          shared_head=spec.shared_head, loss_fn=spec.method.val_loss)
+        sched = _plateau(loop.state.sched, val, done, cfg=spec.plateau)
+        loop.state = loop.state.replace(sched=sched)
+        self.last_val = record["val_loss"] = np.asarray(_to_host(val)).tolist()
+    every = cad.ensemble_eval_every
+    if ens is not None and (last or (every and done % every == 0)):
+      with clock.aside("eval_seconds", sync=m):
+        record["ensemble_val_loss"] = eval_lib.ensemble_loss(
+            loop.state.body, loop.state.head, ens.windows, ens.router, ens.top_k,
+            spec.shared_head, logits_fn=spec.method.logits)
+    if record:
+      record.update(clock.at(done))  # ops and seconds so far, these evals included
+      self.writer.write(done, record)
+      if "loss" in record:
+        self.progress.update(done, record["loss"])
+
+  def _metrics(self, done: int, m) -> dict:
+    """The log step's loss, schedule, speed and skip counters."""
     m_host = _to_host(m)  # waits for every update so far
     self.clock.lap()
     seconds, steps = self.clock.seconds, self.clock.steps
@@ -296,38 +269,21 @@ class _Log:
     else:
       step_seconds = self.clock.mean_step()
     self._timed = (seconds, steps)
-    self._skipped_seen = _report_skips(done, m_host["skipped"], self._skipped_seen,
-                                       self.experts, self.progress)
+    self._report_skips(done, np.asarray(m_host["skipped"]))
     return {"loss": m_host["loss"], "lr": m_host["lr"], "eps": m_host["eps"],
-            "step_seconds": step_seconds, "tokens_per_second": self.tokens_step / step_seconds,
+            "step_seconds": step_seconds,
+            "tokens_per_second": self.plan.spec.tokens_step / step_seconds,
             "skipped": m_host["skipped"]}
 
-
-def _periodic_evals(plan: plan_lib.Plan, loop: Loop, done: int, m, log: _Log,
-                    last: bool) -> dict:
-  """The log record, expert validation (+ plateau rule) and ensemble validation due now
-  (all of them after the `last` update)."""
-  spec, clock = plan.spec, log.clock
-  cad = spec.cadence
-  record = {}
-  if done % cad.log_every == 0 or last:
-    record.update(log.record(done, m))
-  if done % cad.eval_every == 0 or last:
-    with clock.aside("eval_seconds", sync=m):
-      val = _val_losses(loop.state.body, loop.state.head, plan.val_windows,
-                        shared_head=spec.shared_head, loss_fn=spec.method.val_loss)
-      sched = _plateau(loop.state.sched, val, done, cfg=spec.plateau)
-      loop.state = loop.state.replace(sched=sched)
-      log.last_val = record["val_loss"] = np.asarray(_to_host(val)).tolist()
-  every, ens = cad.ensemble_eval_every, plan.ensemble
-  if ens is not None and (last or (every and done % every == 0)):
-    with clock.aside("eval_seconds", sync=m):
-      record["ensemble_val_loss"] = eval_lib.ensemble_loss(
-          loop.state.body, loop.state.head, ens.windows, ens.router, ens.top_k,
-          spec.shared_head, logits_fn=spec.method.logits)
-  if record:
-    record.update(clock.at(done))  # ops and seconds so far, these evals included
-  return record
+  def _report_skips(self, step: int, skipped_N: np.ndarray) -> None:
+    """Names the experts that skipped an update (non-finite loss) since the last log: read
+    from the cumulative counters at log steps, so the loop never syncs for it."""
+    new = skipped_N - (0 if self._skipped_seen is None else self._skipped_seen)
+    self._skipped_seen = skipped_N
+    if new.any():
+      bad = [self.plan.spec.experts[i] for i in np.nonzero(new)[0]]
+      self.progress.message(f"up to step {step}: non-finite loss in experts {bad}; they "
+                            "skipped those updates, the others continued")
 
 
 def _skipped(state: train_state.TrainState) -> list:
@@ -341,18 +297,3 @@ def _to_host(tree):
   from jax.experimental import multihost_utils
 
   return multihost_utils.process_allgather(tree, tiled=True)
-
-
-def _report_skips(step: int, skipped_N, seen, experts: range,
-                  progress: metrics_lib.Progress):
-  """Names the experts that skipped an update (non-finite loss) since the last log.
-
-  Read from the cumulative counters at log steps, so the loop never syncs for it.
-  """
-  skipped_N = np.asarray(skipped_N)
-  new = skipped_N - (0 if seen is None else seen)
-  if new.any():
-    bad = [experts[i] for i in np.nonzero(new)[0]]
-    progress.message(f"up to step {step}: non-finite loss in experts {bad}; they skipped "
-                     "those updates, the others continued")
-  return skipped_N
