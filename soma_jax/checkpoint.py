@@ -31,6 +31,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 
+from soma_jax.config import flatten
 from soma_jax.errors import DiskFull, UserError, disk_full_error, is_disk_full, writable_dir
 
 CONFIG_FILE = "config.json"
@@ -82,17 +83,6 @@ def _write_json(path: str, obj: Any) -> None:
   with open(tmp, "w") as f:
     json.dump(obj, f, indent=1, sort_keys=True)
   os.replace(tmp, path)
-
-
-def flatten(cfg: dict, prefix: str = "") -> dict[str, Any]:
-  """{'a': {'b': 1}} -> {'a.b': 1}."""
-  out = {}
-  for k, v in cfg.items():
-    if isinstance(v, dict):
-      out.update(flatten(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
 
 
 def under(key: str, names) -> bool:

@@ -47,7 +47,7 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
   jobs = []
   for w in workdirs:
     c = ckpt_lib.read_config(w)
-    a, b = config_lib.expert_range(c)
+    a, b = config_lib.expert_range(c.experts, c.n_experts)
     jobs.append((a, b, w, c))
   jobs.sort(key=lambda j: j[0])
   ref = jobs[0][3]

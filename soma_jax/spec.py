@@ -118,7 +118,7 @@ def resolve(c: ml_collections.ConfigDict) -> RunSpec:
     c = ml_collections.ConfigDict(c.to_dict())
     c.data.dir = os.path.abspath(c.data.dir)
   method = methods.make(c)
-  a, b = config_lib.expert_range(c)
+  a, b = config_lib.expert_range(c.experts, c.n_experts)
   chunk = c.spsa.pert_chunk
   scored = c.get("checkpoint_eval")  # off ("" split) or absent in a config that predates it
   scored = scored if scored is not None and scored.split else None

@@ -116,7 +116,7 @@ def test_every_config_field_has_a_range():
   for size in config_lib.SIZES:
     c = config_lib.base_config(4, size)
     config_lib.validate(c)
-    assert set(config_lib._fields(c)) <= set(config_lib.FIELD_RANGES), size
+    assert set(config_lib.flatten(c.to_dict())) <= set(config_lib.FIELD_RANGES), size
 
 
 def test_json_safe_writes_null_for_nan():
