@@ -74,8 +74,7 @@ def train(plan: plan_lib.Plan, workdir: str, called: float | None = None) -> dic
   spec = plan.spec
   lock = ckpt_lib.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
   with lock:
-    changed, overrides = records.open_workdir(workdir, spec.config, plan.data_sha256,
-                                              spec.method.shape_keys, spec.method.speed_keys)
+    changed, overrides = records.open_workdir(workdir, spec, plan.data_sha256)
     finished = records.finished_summary(workdir, spec.cadence.steps)
     if finished is not None:
       return finished
@@ -90,8 +89,7 @@ def train(plan: plan_lib.Plan, workdir: str, called: float | None = None) -> dic
         finished = records.finished_summary(workdir, now.start, budget.describe())
         if finished is not None:
           return finished
-      records.record_start(workdir, spec.config, now.start, changed, overrides,
-                           plan.data_sha256)
+      records.record_start(workdir, spec, now.start, changed, overrides, plan.data_sha256)
       with Stop() as stop, memory.matmul_precision(spec.precision):  # the step's precision
         summary = _step_loop(plan, now, budget, ckpt, workdir, stop)
     except OSError as e:  # a full disk while writing metrics; checkpoints report their own

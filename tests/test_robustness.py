@@ -571,8 +571,8 @@ def test_tools_refuse_another_corpus_router(data_prepared, data_textdir, straigh
                         f"--data_dir={other}"]), "--data_dir=", "fix: omit --data_dir")
   c = ckpt_lib.read_config(straight)
   with pytest.raises(UserError, match="holds another router than the one"):
-    ckpt_lib.check_router(straight, c, other)
+    ckpt_lib.check_router(straight, c.data.dir, other)
   copy = str(tmp_path / "copy")
   shutil.copytree(data_prepared, copy)
-  ckpt_lib.check_router(straight, c, copy)  # the run's data, moved: fine
-  ckpt_lib.check_router(straight, c, None)
+  ckpt_lib.check_router(straight, c.data.dir, copy)  # the run's data, moved: fine
+  ckpt_lib.check_router(straight, c.data.dir, None)
