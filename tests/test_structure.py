@@ -230,8 +230,8 @@ STUDY_DOORS = {
     "driver.py": None,  # the one driver: `run` and `measured` hand the config to `check`
     "compare.py": {"run"},
     "independent.py": {"settings", "variance_at", "run", "_payload", "_run_summary"},
-    "planning.py": {"_field", "check_fields", "check_plan", "check_source", "check_fractions",
-                    "resolved", "_leaves", "as_field", "seed_configs", "sized"},
+    "planning.py": {"check_fields", "check_plan", "check_source", "check_fractions",
+                    "resolved", "seed_configs", "sized"},
     "training.py": {"check_runs", "budgeted", "seed_stage", "train_seeds", "train_seed_sets"},
     "trained_sizes.py": {"train_all"}, "variance.py": {"variance_spec", "run_study"},
     "narrow.py": {"check", "run"},
