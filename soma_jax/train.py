@@ -1,7 +1,7 @@
 """The training loop: SOMA recipe, metrics, checkpoints with exact resume (SPEC 3, 7).
 
-`train(plan, workdir)` trains (or resumes) a run resolved by `plan.resolve`; `run(c, workdir)`
-is both, for a raw config (what `experiments/train.py` does). Resuming is the same call: the
+`train(plan, workdir)` trains (or resumes) a run resolved by `spec.resolve` and placed by
+`plan.place`; `run(c, workdir)` is all three, for a raw config (what `experiments/train.py` does). Resuming is the same call: the
 newest checkpoint in the workdir is restored (state and input iterator), and the run
 continues bit-identically, because every random draw derives from (seed, step, expert,
 accumulation index, direction) and the batches from (seed, expert, step).
@@ -39,9 +39,10 @@ SAVE_HOOKS = (checkpoint_scoring.Scorer,)
 
 
 def run(c: ml_collections.ConfigDict, workdir: str) -> dict:
-  """The config resolved once (`plan.resolve`), then trained in `workdir`: the summary."""
+  """The config resolved once (`spec.resolve`), placed, then trained in `workdir`: the
+  summary."""
   called = time.perf_counter()
-  return train(plan_lib.resolve(c), workdir, called)
+  return train(plan_lib.place(spec_lib.resolve(c)), workdir, called)
 
 
 def train_to_end(spec: spec_lib.RunSpec, workdir: str, what: str) -> dict:

@@ -276,7 +276,7 @@ def test_at_most_one_update_in_flight(data_prepared, tmp_path):
   c.model.update(d_t=32, d_e=16)
   c.spsa.update(n_pert=8, batch=4, pert_chunk=8)
   c.data.seq_len = 128
-  planned = plan_lib.resolve(c)
+  planned = plan_lib.place(spec_lib.resolve(c))
   step_fn, dispatched = planned.step_fn, []
 
   def step(state, batch, ids):
