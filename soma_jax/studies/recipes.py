@@ -174,20 +174,22 @@ def allocation(study: str, size: str, search: bool = True, controls: bool = True
   and the head-only and summed-loss controls."""
   c = _base(study, size, "ops", 1.6e12, search)
   lr, k = c.base_lr, c.methods.soma_n2.spsa.n_pert
-  for mult, paper in ((1, 64), (4, 256), (16, 1024)):
-    name = f"mono_k{k * mult}"
-    c.methods[name] = mono(size, lr, k, mult)
-    c.rows[name] = f"monolithic SPSA, {mult}x SOMA's directions on SOMA's batch (paper: {paper})"
-    c.start[name] = "monolith"
+  table = {f"mono_k{k * mult}": (mono(size, lr, k, mult), f"monolithic SPSA, {mult}x SOMA's "
+                                 f"directions on SOMA's batch (paper: {paper})", "monolith")
+           for mult, paper in ((1, 64), (4, 256), (16, 1024))}
+  if controls:
+    table |= _controls(size, lr)
+  for name, (cfg, what, seed) in table.items():
+    c.methods[name], c.rows[name], c.start[name] = cfg, what, seed
   if not controls:
     return _finish(c, size, {}, (), gru=False)
-  _controls(c, size, lr)
   return _finish(c, size, {"head_only": "soma_n2", "soma_n2_summed": "soma_n2"}, ("bptt",),
                  gru=True)
 
 
-def _controls(c: ml_collections.ConfigDict, size: str, lr: float) -> None:
-  """Table 4's rows beside SOMA and the monoliths: EGGROLL, BPTT, two controls."""
+def _controls(size: str, lr: float) -> dict:
+  """Table 4's rows beside SOMA and the monoliths: EGGROLL, BPTT, two controls, as
+  {name: (training config, what it is, the seed run it starts from)}."""
   cpu = size == "cpu"
   egg = method("eggroll.py", f"n=1,size={size}")
   egg.opt.lr = 0.01  # ES on a GRU: larger steps (the paper's recorded lr alpha = 0.01)
@@ -198,24 +200,23 @@ def _controls(c: ml_collections.ConfigDict, size: str, lr: float) -> None:
     egg.eggroll.sigma = 2**-3
     egg.spsa.batch, egg.data.seq_len = 4, 256  # SOMA's windows
     egg.data.val_windows = 16
-  c.methods.eggroll = egg
-  c.rows.eggroll = "EGGROLL: 6-layer GRU, untied head, rank-1 ES (paper: pop 2^20, B 256)"
-  c.start.eggroll = "gru"
-  bptt = method("bptt.py", f"n=1,size={size}")
+  bptt = method("bptt.py", f"n=1,size={size}")  # backprop + Adam at bptt.py's lr
   if cpu:
     bptt.model.shared_head = False
     bptt.spsa.batch, bptt.data.seq_len, bptt.data.val_windows = 4, 256, 16
-  c.methods.bptt = bptt  # backprop + Adam at bptt.py's lr, one model of the total size
-  c.rows.bptt = "BPTT: one LSTM of the same size, backprop + Adam"
-  c.start.bptt = "monolith"
-  c.methods.head_only = recipe("soma.py", f"n=2,size={size}", size, lr)
-  c.methods.head_only.method = "head_only"  # bodies frozen, the delta rule on each head
-  c.rows.head_only = "control: SOMA N = 2 with frozen bodies, only the delta-rule heads train"
-  c.start.head_only = "soma_expert"
-  c.methods.soma_n2_summed = recipe("soma.py", f"n=2,size={size}", size, lr)
-  c.methods.soma_n2_summed.method = "soma_summed"  # the N losses summed before each difference
-  c.rows.soma_n2_summed = "control: SOMA N = 2 with the N losses summed before each difference"
-  c.start.soma_n2_summed = "soma_expert"
+  head_only = recipe("soma.py", f"n=2,size={size}", size, lr)
+  head_only.method = "head_only"  # bodies frozen, the delta rule on each head
+  summed = recipe("soma.py", f"n=2,size={size}", size, lr)
+  summed.method = "soma_summed"  # the N losses summed before each difference
+  return {
+      "eggroll": (egg, "EGGROLL: 6-layer GRU, untied head, rank-1 ES (paper: pop 2^20, B 256)",
+                  "gru"),
+      "bptt": (bptt, "BPTT: one LSTM of the same size, backprop + Adam", "monolith"),
+      "head_only": (head_only, "control: SOMA N = 2 with frozen bodies, only the delta-rule "
+                    "heads train", "soma_expert"),
+      "soma_n2_summed": (summed, "control: SOMA N = 2 with the N losses summed before each "
+                         "difference", "soma_expert"),
+  }
 
 
 def seed_run(size: str, lr: float) -> ml_collections.ConfigDict:
