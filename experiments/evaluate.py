@@ -65,7 +65,8 @@ def main(argv):
   else:  # the default, WORKDIR/eval (written only for a k sweep or pairs), checked as well
     check_output(os.path.join(workdir, "eval"), "--out_dir (default WORKDIR/eval)", "folder")
   cli.log_devices()
-  data_dir = ckpt_lib.check_data(workdir, ckpt_lib.read_config(workdir), _DATA_DIR.value,
+  trained_dir = ckpt_lib.read_config(workdir).data.dir
+  data_dir = ckpt_lib.check_data(workdir, trained_dir, _DATA_DIR.value,
                                  ("router.npz", *eval_lib.split_files(_SPLIT.value)))
   step, state, _, spec = runs.restore_state(workdir, _STEP.value)
   body_N, head = state.body, state.head

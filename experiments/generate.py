@@ -49,7 +49,7 @@ def main(argv):
   if not spec.method.generates:
     raise UserError(f"{_WORKDIR.value!r} is a method={spec.method.name} run (the paper's GRU); "
                     "generate.py samples LSTM experts only; fix: pass a soma, bptt or eggroll_lstm run")
-  data_dir = ckpt_lib.check_data(_WORKDIR.value, spec.config, _DATA_DIR.value)
+  data_dir = ckpt_lib.check_data(_WORKDIR.value, spec.data_dir, _DATA_DIR.value)
   router = Router.load(os.path.join(data_dir, "router.npz"))
   prompt = _PROMPT.value.encode("utf-8", errors="surrogateescape")
   routes, chunks = gen_lib.generate_stream(

@@ -111,10 +111,10 @@ def recorded_rungs(ls: ladder.LadderSpec, results: dict) -> dict[int, dict]:
   return {w: have[w] for w in ls.widths}
 
 
-def remeasure(config, out: str, results: dict, data_dir: str = "", command: str = "") -> dict:
-  """Every rung of `config` (`rung`), under load average and wall clock."""
+def remeasure(ls: ladder.LadderSpec, out: str, results: dict, data_dir: str = "",
+              command: str = "") -> dict:
+  """Every rung of the ladder `ls` (`rung`), under load average and wall clock."""
   t0, load = time.perf_counter(), list(os.getloadavg())
-  _, ls = driver.checked(ladder.STUDY, config)
   recorded = recorded_rungs(ls, results)
   os.makedirs(out, exist_ok=True)
   data_dir = datasets.ensure_data(data_dir or ls.plan.data_dir, out, 2)
@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
     raise UserError(f"--results={args.results!r} is not a readable JSON file ({e})") from None
   command = "python -m scripts.ladder_mechanism " + " ".join(
       sys.argv[1:] if argv is None else argv)
-  out = remeasure(load_config_file(path, arg or None), args.out, results, args.data_dir, command)
+  _, ls = driver.checked(ladder.STUDY, load_config_file(path, arg or None))
+  out = remeasure(ls, args.out, results, args.data_dir, command)
   cli.emit_json(out, args.json)
   return out
 

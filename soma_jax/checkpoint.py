@@ -31,6 +31,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 
+from soma_jax.config import flatten
 from soma_jax.errors import DiskFull, UserError, disk_full_error, is_disk_full, writable_dir
 
 CONFIG_FILE = "config.json"
@@ -84,17 +85,6 @@ def _write_json(path: str, obj: Any) -> None:
   os.replace(tmp, path)
 
 
-def flatten(cfg: dict, prefix: str = "") -> dict[str, Any]:
-  """{'a': {'b': 1}} -> {'a.b': 1}."""
-  out = {}
-  for k, v in cfg.items():
-    if isinstance(v, dict):
-      out.update(flatten(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
 def under(key: str, names) -> bool:
   """Whether dotted config `key` is one of `names` or inside one (opt.lr is under opt)."""
   return any(key == n or key.startswith(n + ".") for n in names)
@@ -120,27 +110,29 @@ def manifest_sha256(data_dir: str) -> str | None:
   return file_sha256(os.path.join(data_dir, "manifest.json"))
 
 
-def check_router(workdir: str, c: ml_collections.ConfigDict, data_dir: str | None) -> None:
+def check_router(workdir: str, trained_dir: str, data_dir: str | None) -> None:
   """UserError unless `data_dir` (a tool's --data_dir) routes as the run was trained: the
-  run's own data dir, a copy of it (the manifest recorded at the run's start), or one
-  holding the same router.npz. Another corpus's router sends windows to the wrong experts."""
-  if not data_dir or os.path.abspath(data_dir) == os.path.abspath(c.data.dir):
+  run's own data dir (`trained_dir`, its config's data.dir), a copy of it (the manifest
+  recorded at the run's start), or one holding the same router.npz. Another corpus's router
+  sends windows to the wrong experts."""
+  if not data_dir or os.path.abspath(data_dir) == os.path.abspath(trained_dir):
     return
   recorded = last_history(workdir).get("data_manifest_sha256")
   if recorded is not None and manifest_sha256(data_dir) == recorded:
     return
-  trained = file_sha256(os.path.join(c.data.dir, "router.npz"))
+  trained = file_sha256(os.path.join(trained_dir, "router.npz"))
   if trained is not None and trained == file_sha256(os.path.join(data_dir, "router.npz")):
     return
   raise UserError(f"--data_dir={data_dir!r} holds another router than the one {workdir!r} was "
-                  f"trained with (from {c.data.dir!r}), so windows would go to the wrong "
+                  f"trained with (from {trained_dir!r}), so windows would go to the wrong "
                   "experts; fix: omit --data_dir, or pass the run's data dir or a copy of it")
 
 
-def check_data(workdir: str, c: ml_collections.ConfigDict, data_dir: str | None = None,
+def check_data(workdir: str, trained_dir: str, data_dir: str | None = None,
                files: tuple[str, ...] = ("router.npz",), required: bool = True) -> str | None:
-  """The data dir a tool reads for run `workdir` (its --data_dir, else the run's data.dir),
-  checked to hold the prepared data the run trained on; returns it absolute.
+  """The data dir a tool reads for run `workdir` (its --data_dir, else `trained_dir`, the
+  run's config's data.dir), checked to hold the prepared data the run trained on; returns
+  it absolute.
 
   Every tool that reads a run's data calls this (evaluate, report, generate, merge): one
   UserError names the change. The dir's manifest.json must be the one config_history.jsonl
@@ -151,20 +143,20 @@ def check_data(workdir: str, c: ml_collections.ConfigDict, data_dir: str | None 
   """
   from soma_jax.data import pipeline  # grain, only for tools that read data
 
-  path = os.path.abspath(os.path.expanduser(data_dir or c.data.dir))
+  path = os.path.abspath(os.path.expanduser(data_dir or trained_dir))
   if not os.path.isdir(path):
     if not required:
       return None
     given = (f"--data_dir={data_dir!r}" if data_dir else
-             f"the data dir {c.data.dir!r} that {workdir!r} trained on")
-    where = "" if data_dir or os.path.isabs(c.data.dir) else (
+             f"the data dir {trained_dir!r} that {workdir!r} trained on")
+    where = "" if data_dir or os.path.isabs(trained_dir) else (
         f" (a relative path, looked up from {os.getcwd()!r}: run from the folder it was "
         "trained in)")
     raise UserError(f"{given} does not exist{where}; fix: pass --data_dir=PATH, the run's "
                     "prepared data or a copy of it")
   recorded = last_history(workdir).get("data_manifest_sha256")
   if recorded is None:
-    check_router(workdir, c, data_dir)
+    check_router(workdir, trained_dir, data_dir)
   elif manifest_sha256(path) != recorded:
     now = manifest_sha256(path)
     raise UserError(
@@ -272,17 +264,17 @@ def seed_workdir(init_from: str) -> str:
   return init_from
 
 
-def check_seed(c: ml_collections.ConfigDict, data_sha: str | None) -> None:
-  """A new run's seed (config.init_from, if any): there, and trained on this run's data (the
-  manifest.json hash its config_history.jsonl recorded at its last start is `data_sha`),
-  unless config.init_from_other_data. A seed with no recorded hash (older runs) passes."""
-  if not c.get("init_from"):
+def check_seed(init_from: str, data_dir: str, data_sha: str | None, other_data: bool) -> None:
+  """A new run's seed (config.init_from, if any): there, and trained on this run's data
+  (`data_dir`, whose manifest.json hash its config_history.jsonl recorded at its last start
+  is `data_sha`), unless `other_data` (config.init_from_other_data). A seed with no recorded
+  hash (older runs) passes."""
+  if not init_from:
     return
-  recorded = last_history(seed_workdir(c.init_from)).get("data_manifest_sha256")
-  if recorded is None or data_sha is None or recorded == data_sha or c.get(
-      "init_from_other_data", False):
+  recorded = last_history(seed_workdir(init_from)).get("data_manifest_sha256")
+  if recorded is None or data_sha is None or recorded == data_sha or other_data:
     return
-  raise UserError(f"init_from={c.init_from!r} was trained on other data than {c.data.dir!r} "
+  raise UserError(f"init_from={init_from!r} was trained on other data than {data_dir!r} "
                   f"(manifest.json SHA-256 {recorded[:12]} at the seed's last start, "
                   f"{data_sha[:12]} here: another corpus, or the data re-prepared); fix: a seed "
                   "trained on this data, or --config.init_from_other_data=True to start from "

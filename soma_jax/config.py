@@ -49,10 +49,8 @@ def base_config(n: int = 4, size: str = "cpu") -> ml_collections.ConfigDict:
     raise UserError(f"size={size!r} is not a preset; use one of {', '.join(SIZES)}")
   if n < 1:
     raise UserError(f"n={n} experts; n must be >= 1")
-  c = _run_fields(n)
-  _learning_fields(c)
-  _io_fields(c)
-  _PRESETS[size](c, n)
+  c = ml_collections.ConfigDict({**_run_fields(n), **_learning_fields(), **_io_fields()})
+  c.update_from_flattened_dict(PRESETS[size] if size != "paper" else _paper_preset(n))
   return c
 
 
@@ -100,8 +98,9 @@ def _run_fields(n: int) -> ml_collections.ConfigDict:
   return c
 
 
-def _learning_fields(c: ml_collections.ConfigDict) -> None:
+def _learning_fields() -> ml_collections.ConfigDict:
   """config.model, config.spsa, config.spsa15 and config.opt."""
+  c = ml_collections.ConfigDict()
   c.model = ml_collections.ConfigDict()
   c.model.d_t = 64  # body width
   c.model.d_e = 32  # byte-embedding width d_E
@@ -142,10 +141,12 @@ def _learning_fields(c: ml_collections.ConfigDict) -> None:
   c.opt.train_head = True  # delta-rule update of each expert's own E (needs shared_head=False)
   c.opt.patience = 1000  # updates without improvement before halving lr and eps
   c.opt.floor = 1e-5  # lr / eps never decay below this
+  return c
 
 
-def _io_fields(c: ml_collections.ConfigDict) -> None:
-  """config.data, config.mesh, config.ckpt and config.eggroll."""
+def _io_fields() -> ml_collections.ConfigDict:
+  """config.data, config.mesh, config.ckpt, config.checkpoint_eval and config.eggroll."""
+  c = ml_collections.ConfigDict()
   c.data = ml_collections.ConfigDict()
   c.data.dir = ""  # a folder written by experiments/prepare_data.py
   c.data.seq_len = 256  # T: targets per window (must divide 1024)
@@ -183,50 +184,49 @@ def _io_fields(c: ml_collections.ConfigDict) -> None:
   # method=eggroll: bytes each antithetic pair reads from its own stream per update (the
   # members' GRU states carry on between updates); eggroll_lstm reads the shared batch.
   c.eggroll.segment = 100
+  return c
 
 
-def _cpu_preset(c: ml_collections.ConfigDict, n: int) -> None:
-  """Demo scale on 2 cores: minutes."""
-  del n
-  c.opt.lr = 3e-3  # a short run needs a larger step than the paper's 1e-3 (measured)
-  c.spsa.batch = 2  # T = 1024 covers the scored targets 257..1024; B * T as at 8 x 256
-  # 2 cores: the fastest step at N = 1, 2, 4 and 8 used 256 rather than 128
-  # (docs/results/step_sweep_cpu_n*.json)
-  c.spsa.time_block = 256
-  c.data.update(seq_len=1024, val_windows=16)
+# Each size preset: the fields it changes ({dotted name: value}); paper's depend on N.
+PRESETS = {
+    "cpu": {  # demo scale on 2 cores: minutes
+        "opt.lr": 3e-3,  # a short run needs a larger step than the paper's 1e-3 (measured)
+        "spsa.batch": 2,  # T = 1024 covers the scored targets 257..1024; B * T as at 8 x 256
+        # 2 cores: the fastest step at N = 1, 2, 4 and 8 used 256 rather than 128
+        # (docs/results/step_sweep_cpu_n*.json)
+        "spsa.time_block": 256,
+        "data.seq_len": 1024, "data.val_windows": 16,
+    },
+    "tiny": {  # unit tests: seconds
+        "model.d_t": 8, "model.d_e": 8,
+        "spsa.n_pert": 4, "spsa.batch": 2, "spsa.pert_chunk": 4,
+        "data.seq_len": 32, "data.val_windows": 4,
+        "steps": 6, "log_every": 2, "eval_every": 3, "ckpt_every": 3,
+        # Full float32 on a GPU too, as the tests' process default (tests/conftest.py): the
+        # step's precision is an explicit algorithm now, which would otherwise be TF32 there.
+        "precision": "highest",
+        "eggroll.pop": 8, "eggroll.pop_chunk": 4, "eggroll.segment": 16,
+    },
+}
 
 
-def _tiny_preset(c: ml_collections.ConfigDict, n: int) -> None:
-  """Unit tests: seconds."""
-  del n
-  c.model.update(d_t=8, d_e=8)
-  c.spsa.update(n_pert=4, batch=2, pert_chunk=4)
-  c.data.update(seq_len=32, val_windows=4)
-  c.update(steps=6, log_every=2, eval_every=3, ckpt_every=3)
-  # Full float32 on a GPU too, as the tests' process default (tests/conftest.py): the
-  # step's precision is an explicit algorithm now, which would otherwise be TF32 there.
-  c.precision = "highest"
-  c.eggroll.update(pop=8, pop_chunk=4, segment=16)
-
-
-def _paper_preset(c: ml_collections.ConfigDict, n: int) -> None:
-  """SPEC settings: T = 1024, n_pert = B = 64, lr = eps = 1e-3."""
+def _paper_preset(n: int) -> dict[str, Any]:
+  """SPEC settings for N experts: T = 1024, n_pert = B = 64, lr = eps = 1e-3."""
   d_t = PAPER_WIDTH.get(n, 32)
   wide = d_t != 32
-  c.model.update(d_t=d_t, shared_head=not wide)
-  c.opt.update(train_head=wide, weight_decay=1e-4 if wide else 0.0)
-  if wide:  # the wide controls (N = 1, 2, 8, monoliths) start at lr = eps = 0.0025
-    c.opt.lr = c.spsa.eps = 0.0025
-  # Measured on an H200 at n_pert 64 in one chunk: width 361 runs alike at time_block 16
-  # and 64 (2.34 vs 2.33 s, 10.9 vs 23.4 GB planned), so wide presets take 16 (64
-  # directions fit a 16 GB GPU); width 32 at N = 16 is 1.20x faster at 64 (0.79 vs 0.95 s).
-  c.spsa.update(n_pert=64, batch=64, time_block=16 if wide else 64)
-  c.data.update(seq_len=1024, val_windows=256)
-  c.update(steps=100_000, log_every=50, eval_every=500, ckpt_every=1000)
-  c.eggroll.update(pop=2**20, pop_chunk=4096)
-
-
-_PRESETS = {"cpu": _cpu_preset, "tiny": _tiny_preset, "paper": _paper_preset}
+  return {
+      "model.d_t": d_t, "model.shared_head": not wide,
+      "opt.train_head": wide, "opt.weight_decay": 1e-4 if wide else 0.0,
+      # the wide controls (N = 1, 2, 8, monoliths) start at lr = eps = 0.0025
+      **({"opt.lr": 0.0025, "spsa.eps": 0.0025} if wide else {}),
+      # Measured on an H200 at n_pert 64 in one chunk: width 361 runs alike at time_block 16
+      # and 64 (2.34 vs 2.33 s, 10.9 vs 23.4 GB planned), so wide presets take 16 (64
+      # directions fit a 16 GB GPU); width 32 at N = 16 is 1.20x faster at 64 (0.79 vs 0.95 s).
+      "spsa.n_pert": 64, "spsa.batch": 64, "spsa.time_block": 16 if wide else 64,
+      "data.seq_len": 1024, "data.val_windows": 256,
+      "steps": 100_000, "log_every": 50, "eval_every": 500, "ckpt_every": 1000,
+      "eggroll.pop": 2**20, "eggroll.pop_chunk": 4096,
+  }
 
 
 def _int(lo: int, hi: int | None = None) -> tuple[str, Callable[[Any], bool]]:
@@ -294,14 +294,14 @@ FIELD_RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
 }
 
 
-def _fields(c: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
-  """{dotted name: value} of every leaf of `c`."""
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+  """{'a': {'b': 1}} -> {'a.b': 1}: a config's fields by dotted name (`c.to_dict()`)."""
   out = {}
-  for key, value in c.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      out.update(_fields(value, f"{prefix}{key}."))
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(flatten(v, f"{prefix}{k}."))
     else:
-      out[prefix + key] = value
+      out[f"{prefix}{k}"] = v
   return out
 
 
@@ -311,13 +311,13 @@ def validate(c: ml_collections.ConfigDict) -> None:
   Every field of `c` named in FIELD_RANGES is checked against it (fields a config lacks are
   not); then the checks across fields. `methods.validate` adds the method's own.
   """
-  for key, value in _fields(c).items():
+  for key, value in flatten(c.to_dict()).items():
     if key in FIELD_RANGES:
       text, ok = FIELD_RANGES[key]
       need(ok(value), f"{key}={value!r} is out of range: it must be {text}; fix: "
            f"--config.{key}=VALUE in that range")
   s = c.spsa
-  chunk = pert_chunk(c)
+  chunk = pert_chunk(s.pert_chunk)
   need(chunk == "auto" or s.n_pert % min(chunk, s.n_pert) == 0,
        f"spsa.pert_chunk={s.pert_chunk} must divide spsa.n_pert={s.n_pert} (or be auto)")
   directions = s.n_pert * s.get("accum", 1)
@@ -328,7 +328,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f"--config.spsa.n_pert={min(s.n_pert, MAX_DIRECTIONS)} or fewer")
   need(not (c.model.shared_head and c.opt.train_head),
        "opt.train_head=True needs model.shared_head=False (a shared head stays frozen)")
-  expert_range(c)
+  expert_range(c.experts, c.n_experts)
   _check_checkpoint_eval(c)
 
 
@@ -347,9 +347,8 @@ def _check_checkpoint_eval(c: ml_collections.ConfigDict) -> None:
        "mixture routes over all N experts); fix: --config.checkpoint_eval.split=''")
 
 
-def pert_chunk(c: ml_collections.ConfigDict) -> int | str:
+def pert_chunk(v: object) -> int | str:
   """spsa.pert_chunk as "auto" or a positive int (command lines may give "16")."""
-  v = c.spsa.pert_chunk
   if isinstance(v, str) and v.strip().isdigit():
     v = int(v)
   if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
@@ -357,17 +356,17 @@ def pert_chunk(c: ml_collections.ConfigDict) -> int | str:
   raise UserError(f"spsa.pert_chunk={v!r} must be auto or a positive integer dividing n_pert")
 
 
-def expert_range(c: ml_collections.ConfigDict) -> tuple[int, int]:
-  """The [start, stop) experts this job trains, from `experts` ('' or 'a:b')."""
-  if not c.experts:
-    return 0, c.n_experts
+def expert_range(experts: str, n_experts: int) -> tuple[int, int]:
+  """The [start, stop) experts a job trains, from config.experts ('' or 'a:b')."""
+  if not experts:
+    return 0, n_experts
   try:
-    a, b = (int(x) for x in str(c.experts).split(":"))
+    a, b = (int(x) for x in str(experts).split(":"))
   except ValueError as e:
-    raise UserError(f"experts={c.experts!r} must look like 'a:b', e.g. 0:4") from e
-  if not 0 <= a < b <= c.n_experts:
-    raise UserError(f"experts={c.experts!r} is out of range for n_experts={c.n_experts}; "
-                    f"use a:b with 0 <= a < b <= {c.n_experts}")
+    raise UserError(f"experts={experts!r} must look like 'a:b', e.g. 0:4") from e
+  if not 0 <= a < b <= n_experts:
+    raise UserError(f"experts={experts!r} is out of range for n_experts={n_experts}; "
+                    f"use a:b with 0 <= a < b <= {n_experts}")
   return a, b
 
 

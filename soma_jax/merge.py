@@ -47,12 +47,12 @@ def _merge_into(workdirs: list[str], out: str) -> dict:
   jobs = []
   for w in workdirs:
     c = ckpt_lib.read_config(w)
-    a, b = config_lib.expert_range(c)
+    a, b = config_lib.expert_range(c.experts, c.n_experts)
     jobs.append((a, b, w, c))
   jobs.sort(key=lambda j: j[0])
   ref = jobs[0][3]
   _check_slices(jobs)
-  ckpt_lib.check_data(jobs[0][2], ref, files=(), required=False)  # its data, if here, unchanged
+  ckpt_lib.check_data(jobs[0][2], ref.data.dir, files=(), required=False)  # if here: unchanged
   covered = [e for a, b, _, _ in jobs for e in range(a, b)]
   if covered != list(range(ref.n_experts)):
     raise UserError(f"the jobs cover experts {covered}, not 0..{ref.n_experts - 1} once each; "

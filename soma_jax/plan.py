@@ -19,7 +19,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -92,11 +91,6 @@ class Plan:
   def state(self) -> train_state.TrainState:
     """The initial state (fresh, warm or continued) on the run's devices."""
     return self.start()
-
-
-def resolve(c: ml_collections.ConfigDict) -> Plan:
-  """A raw config resolved (`spec.resolve`) and placed: what `train.run` trains."""
-  return place(spec_lib.resolve(c))
 
 
 def place(spec: spec_lib.RunSpec) -> Plan:

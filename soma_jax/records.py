@@ -10,6 +10,7 @@ import jax
 
 from soma_jax import checkpoint as ckpt_lib
 from soma_jax import metrics as metrics_lib
+from soma_jax import spec as spec_lib
 
 SUMMARY_FILE = "summary.json"
 
@@ -62,21 +63,23 @@ def already_trained(workdir: str, start: int, steps: int, skipped: list, totals:
   return summary
 
 
-def open_workdir(workdir: str, config, data_sha: str | None, shape_keys: tuple = (),
-                 speed_keys: tuple = ()) -> tuple[dict, list[str]]:
-  """(allowed changes, resume_overrides) of a resume against the workdir's config.json, or
-  ({}, []) for a new run, its seed checked (`checkpoint.check_seed`: a resume reads only its
-  own workdir); writes nothing. `shape_keys` / `speed_keys`: the method's own."""
+def open_workdir(workdir: str, spec: spec_lib.RunSpec, data_sha: str | None
+                 ) -> tuple[dict, list[str]]:
+  """(allowed changes, resume_overrides) of a resume of `spec` against the workdir's
+  config.json (the method's shape and speed keys), or ({}, []) for a new run, its seed
+  checked (`checkpoint.check_seed`: a resume reads only its own workdir); writes nothing."""
   if not ckpt_lib.has_checkpoint(workdir):
-    ckpt_lib.check_seed(config, data_sha)
+    ckpt_lib.check_seed(spec.init_from, spec.data_dir, data_sha, spec.init_from_other_data)
   elif os.path.isfile(os.path.join(workdir, ckpt_lib.CONFIG_FILE)):
-    return ckpt_lib.check_resume(workdir, config, data_sha, shape_keys, speed_keys)
+    return ckpt_lib.check_resume(workdir, spec.config, data_sha, spec.method.shape_keys,
+                                 spec.method.speed_keys)
   return {}, []
 
 
-def record_start(workdir: str, config, start: int, changed: dict, overrides: list[str],
-                 data_sha: str | None) -> None:
-  """config.json and one line of config_history.jsonl, by process 0, when updates begin."""
+def record_start(workdir: str, spec: spec_lib.RunSpec, start: int, changed: dict,
+                 overrides: list[str], data_sha: str | None) -> None:
+  """`spec`'s config.json and one line of config_history.jsonl, by process 0, when updates
+  begin."""
   if jax.process_index() == 0:
-    ckpt_lib.write_config(workdir, config)
+    ckpt_lib.write_config(workdir, spec.config)
     ckpt_lib.record_start(workdir, start, changed, overrides, data_sha)

@@ -89,6 +89,7 @@ class RunSpec:
   val_windows: int  # each expert's validation windows scored at every evaluation
   init_from: str  # the seed workdir of a warm start ("" for none)
   init_state: bool  # continue the seed run's whole state, not only its parameters
+  init_from_other_data: bool  # the seed may have trained on other data than data_dir
   mesh: MeshRequest
   checkpoint_eval: CheckpointEval | None = None  # None: no scoring at checkpoints
 
@@ -118,7 +119,7 @@ def resolve(c: ml_collections.ConfigDict) -> RunSpec:
     c = ml_collections.ConfigDict(c.to_dict())
     c.data.dir = os.path.abspath(c.data.dir)
   method = methods.make(c)
-  a, b = config_lib.expert_range(c)
+  a, b = config_lib.expert_range(c.experts, c.n_experts)
   chunk = c.spsa.pert_chunk
   scored = c.get("checkpoint_eval")  # off ("" split) or absent in a config that predates it
   scored = scored if scored is not None and scored.split else None
@@ -136,6 +137,7 @@ def resolve(c: ml_collections.ConfigDict) -> RunSpec:
       data_dir=c.data.dir, seq_len=c.data.seq_len, batch=c.spsa.batch, accum=c.spsa.accum,
       val_windows=c.data.val_windows,
       init_from=c.init_from, init_state=bool(c.get("init_state", False)),
+      init_from_other_data=bool(c.get("init_from_other_data", False)),
       mesh=MeshRequest(str(c.mesh.expert), str(c.mesh.pert), c.spsa.n_pert,
                        None if chunk == "auto" or method.plan_chunk is None else int(chunk)),
       checkpoint_eval=None if scored is None else CheckpointEval(

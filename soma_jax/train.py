@@ -1,7 +1,7 @@
 """The training loop: SOMA recipe, metrics, checkpoints with exact resume (SPEC 3, 7).
 
-`train(plan, workdir)` trains (or resumes) a run resolved by `plan.resolve`; `run(c, workdir)`
-is both, for a raw config (what `experiments/train.py` does). Resuming is the same call: the
+`train(plan, workdir)` trains (or resumes) a run resolved by `spec.resolve` and placed by
+`plan.place`; `run(c, workdir)` is all three, for a raw config (what `experiments/train.py` does). Resuming is the same call: the
 newest checkpoint in the workdir is restored (state and input iterator), and the run
 continues bit-identically, because every random draw derives from (seed, step, expert,
 accumulation index, direction) and the batches from (seed, expert, step).
@@ -39,9 +39,10 @@ SAVE_HOOKS = (checkpoint_scoring.Scorer,)
 
 
 def run(c: ml_collections.ConfigDict, workdir: str) -> dict:
-  """The config resolved once (`plan.resolve`), then trained in `workdir`: the summary."""
+  """The config resolved once (`spec.resolve`), placed, then trained in `workdir`: the
+  summary."""
   called = time.perf_counter()
-  return train(plan_lib.resolve(c), workdir, called)
+  return train(plan_lib.place(spec_lib.resolve(c)), workdir, called)
 
 
 def train_to_end(spec: spec_lib.RunSpec, workdir: str, what: str) -> dict:
@@ -74,8 +75,7 @@ def train(plan: plan_lib.Plan, workdir: str, called: float | None = None) -> dic
   spec = plan.spec
   lock = ckpt_lib.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
   with lock:
-    changed, overrides = records.open_workdir(workdir, spec.config, plan.data_sha256,
-                                              spec.method.shape_keys, spec.method.speed_keys)
+    changed, overrides = records.open_workdir(workdir, spec, plan.data_sha256)
     finished = records.finished_summary(workdir, spec.cadence.steps)
     if finished is not None:
       return finished
@@ -90,8 +90,7 @@ def train(plan: plan_lib.Plan, workdir: str, called: float | None = None) -> dic
         finished = records.finished_summary(workdir, now.start, budget.describe())
         if finished is not None:
           return finished
-      records.record_start(workdir, spec.config, now.start, changed, overrides,
-                           plan.data_sha256)
+      records.record_start(workdir, spec, now.start, changed, overrides, plan.data_sha256)
       with Stop() as stop, memory.matmul_precision(spec.precision):  # the step's precision
         summary = _step_loop(plan, now, budget, ckpt, workdir, stop)
     except OSError as e:  # a full disk while writing metrics; checkpoints report their own

@@ -278,7 +278,7 @@ def test_gru_eggroll_trains_checkpoints_and_evaluates(data_prepared, tmp_path):
   assert summary["status"] == "done" and np.isfinite(summary["val_loss"]).all()
   body_N, head, restored = runs.restore_params(str(tmp_path / "run"))
   assert restored.name == "eggroll" and len(body_N["layers"]) == 6
-  windows = jnp.asarray(plan_lib.resolve(c).val_windows)
+  windows = jnp.asarray(plan_lib.place(spec_lib.resolve(c)).val_windows)
   val = train_state.expert_losses(body_N, head, windows, shared_head=True,
                            loss_fn=restored.val_loss)
   np.testing.assert_allclose(np.asarray(val), summary["val_loss"], rtol=1e-5)

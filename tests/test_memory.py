@@ -154,7 +154,7 @@ def test_auto_chunk_resolves_and_is_described():
   assert f"pert_chunk={choice.chunk}" in choice.describe()
   with c.unlocked():
     c.spsa.pert_chunk = "16"  # as a command line gives it
-  assert config_lib.pert_chunk(c) == 16
+  assert config_lib.pert_chunk(c.spsa.pert_chunk) == 16
   # Clamped to n_pert = 4 as the step clamps it: the plan is the program training runs.
   assert plan_lib.choose_chunk(spec_lib.resolve(c).method, 2).chunk == 4
   with c.unlocked():

@@ -38,21 +38,21 @@ def test_tools_refuse_data_changed_since_training(own_data, data_textdir, tmp_pa
   """Re-preparing a run's data dir in place, or overwriting its test.npy, was scored silently."""
   d, w = own_data
   c = ckpt_lib.read_config(w)
-  assert ckpt_lib.check_data(w, c, None, ("router.npz", "test.npy")) == d
+  assert ckpt_lib.check_data(w, c.data.dir, None, ("router.npz", "test.npy")) == d
   backup = str(tmp_path / "backup")
   shutil.copytree(d, backup)
   try:
     shutil.rmtree(d)
     prepare.prepare(f"textdir:{data_textdir}", 3, d, seed=1, **SMALL_PREP)  # in place
     with pytest.raises(UserError, match=r"manifest.json' is not the one .* trained on"):
-      ckpt_lib.check_data(w, c)
+      ckpt_lib.check_data(w, c.data.dir)
     with pytest.raises(UserError, match="is not the one"):
       report.write_report(str(tmp_path / "rep"), {"run": w}, d)
     one_error_line(cli([sys.executable, "experiments/evaluate.py", f"--workdir={w}"]),
                    "is not the one", "fix:")
     one_error_line(cli([sys.executable, "experiments/generate.py", f"--workdir={w}"]),
                    "is not the one")
-    assert ckpt_lib.check_data(w, c, backup) == backup  # the data it trained on, moved
+    assert ckpt_lib.check_data(w, c.data.dir, backup) == backup  # the data it trained on, moved
   finally:
     shutil.rmtree(d, ignore_errors=True)
     shutil.copytree(backup, d)
@@ -62,8 +62,8 @@ def test_tools_refuse_data_changed_since_training(own_data, data_textdir, tmp_pa
     arr = np.load(test)
     np.save(test, arr[::-1].copy())  # same shape, other windows; manifest.json untouched
     with pytest.raises(UserError, match=r"test\.npy' is missing or changed since prepare"):
-      ckpt_lib.check_data(w, c, None, ("router.npz", "test.npy"))
-    ckpt_lib.check_data(w, c)  # generate reads the router only: still fine
+      ckpt_lib.check_data(w, c.data.dir, None, ("router.npz", "test.npy"))
+    ckpt_lib.check_data(w, c.data.dir)  # generate reads the router only: still fine
   finally:
     open(test, "wb").write(original)
 
@@ -116,7 +116,7 @@ def test_every_config_field_has_a_range():
   for size in config_lib.SIZES:
     c = config_lib.base_config(4, size)
     config_lib.validate(c)
-    assert set(config_lib._fields(c)) <= set(config_lib.FIELD_RANGES), size
+    assert set(config_lib.flatten(c.to_dict())) <= set(config_lib.FIELD_RANGES), size
 
 
 def test_json_safe_writes_null_for_nan():

@@ -276,7 +276,7 @@ def test_at_most_one_update_in_flight(data_prepared, tmp_path):
   c.model.update(d_t=32, d_e=16)
   c.spsa.update(n_pert=8, batch=4, pert_chunk=8)
   c.data.seq_len = 128
-  planned = plan_lib.resolve(c)
+  planned = plan_lib.place(spec_lib.resolve(c))
   step_fn, dispatched = planned.step_fn, []
 
   def step(state, batch, ids):
@@ -571,8 +571,8 @@ def test_tools_refuse_another_corpus_router(data_prepared, data_textdir, straigh
                         f"--data_dir={other}"]), "--data_dir=", "fix: omit --data_dir")
   c = ckpt_lib.read_config(straight)
   with pytest.raises(UserError, match="holds another router than the one"):
-    ckpt_lib.check_router(straight, c, other)
+    ckpt_lib.check_router(straight, c.data.dir, other)
   copy = str(tmp_path / "copy")
   shutil.copytree(data_prepared, copy)
-  ckpt_lib.check_router(straight, c, copy)  # the run's data, moved: fine
-  ckpt_lib.check_router(straight, c, None)
+  ckpt_lib.check_router(straight, c.data.dir, copy)  # the run's data, moved: fine
+  ckpt_lib.check_router(straight, c.data.dir, None)

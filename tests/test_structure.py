@@ -167,7 +167,7 @@ CONFIG_NAMES = {"c", "config", "run_cfg", "seed_c", "rc", "vc"}
 RAW_CONFIG_ALLOWED = {
     "soma_jax/config.py": None, "soma_jax/checkpoint.py": None, "soma_jax/records.py": None,
     "soma_jax/cli.py": None, "soma_jax/merge.py": None,
-    "soma_jax/spec.py": {"resolve"}, "soma_jax/plan.py": {"resolve"}, "soma_jax/train.py": {"run"},
+    "soma_jax/spec.py": {"resolve"}, "soma_jax/train.py": {"run"},
     "soma_jax/methods/lstm.py": {"settings"},
     "soma_jax/methods/eggroll.py": {"make", "es_config", "check_gru_generation"},
 }
@@ -212,10 +212,10 @@ def test_no_function_below_the_resolver_takes_a_raw_config():
 
 
 def test_the_raw_config_check_sees_one():
-  tree = {"soma_jax/plan.py": ast.parse(
+  tree = {"soma_jax/spec.py": ast.parse(
       "def place(spec, c: ml_collections.ConfigDict):\n  pass\ndef f(c):\n  pass\n"
       "def g(c: jax.Array):\n  pass\ndef resolve(c):\n  pass\n")}
-  assert raw_config_functions(tree) == ["soma_jax/plan.py:1 place", "soma_jax/plan.py:3 f"]
+  assert raw_config_functions(tree) == ["soma_jax/spec.py:1 place", "soma_jax/spec.py:3 f"]
 
 
 # A study the driver runs (table3, table4, table5, table6, table7, table8, table9, fig7, fig9,
@@ -230,8 +230,8 @@ STUDY_DOORS = {
     "driver.py": None,  # the one driver: `run` and `measured` hand the config to `check`
     "compare.py": {"run"},
     "independent.py": {"settings", "variance_at", "run", "_payload", "_run_summary"},
-    "planning.py": {"_field", "check_fields", "check_plan", "check_source", "check_fractions",
-                    "resolved", "_leaves", "as_field", "seed_configs", "sized"},
+    "planning.py": {"check_fields", "check_plan", "check_source", "check_fractions",
+                    "resolved", "seed_configs", "sized"},
     "training.py": {"check_runs", "budgeted", "seed_stage", "train_seeds", "train_seed_sets"},
     "trained_sizes.py": {"train_all"}, "variance.py": {"variance_spec", "run_study"},
     "narrow.py": {"check", "run"},

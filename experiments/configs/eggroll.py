@@ -64,8 +64,9 @@ def get_config(arg: str | None = None):
   if a["model"] not in ("gru", "lstm"):
     raise UserError(f"eggroll.py:model={a['model']}; use model=gru (the paper's) or model=lstm")
   c = base_config(n=a["n"], size=a["size"])
-  if a["model"] == "lstm":
-    return _lstm_extra(c, a["size"])
+  if a["model"] == "lstm":  # ES on the SOMA LSTM expert, every member on the same batch
+    c.update_from_flattened_dict({"method": "eggroll_lstm", **LSTM_EXTRA.get(a["size"], {})})
+    return c
   c.method = "eggroll"
   c.model.update(depth=6, shared_head=True)  # the head lives in the GRU body
   c.opt.train_head = False
@@ -84,13 +85,9 @@ def get_config(arg: str | None = None):
   return c
 
 
-def _lstm_extra(c, size: str):
-  """ES on the SOMA LSTM expert, every member on the same batch (not a paper row)."""
-  c.method = "eggroll_lstm"
-  if size == "cpu":
-    c.eggroll.update(pop=128, pop_chunk=32, sigma=1e-2)
-    c.spsa.batch = 1  # sequences of 1,024 bytes per member per update
-  if size == "paper":
-    c.spsa.batch = 256
-    c.data.seq_len = 128
-  return c
+# model=lstm (not a paper row): method=eggroll_lstm and these fields of the size preset.
+LSTM_EXTRA = {
+    "cpu": {"eggroll.pop": 128, "eggroll.pop_chunk": 32, "eggroll.sigma": 1e-2,
+            "spsa.batch": 1},  # sequences of 1,024 bytes per member per update
+    "paper": {"spsa.batch": 256, "data.seq_len": 128},
+}

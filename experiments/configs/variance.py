@@ -47,19 +47,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if a["size"] == "trained" and study not in ("shared_vs_separate", "n_pert", *PER_N):
     raise UserError(f"size=trained: the {study} study has no trained preset; fix: size=cpu")
   c = _fields(study, a["size"])
-  _study_settings(c, study)
+  c.update(STUDY_SETTINGS.get(study, {}))
   if study in PER_N:
-    _per_n_fields(c, a["size"])
+    c.update(_per_n_fields(a["size"]))
   if a["size"] == "trained":  # trained runs, 1,024-byte windows (SPEC 9.5)
     c.update(seq_len=1024, batch=1, probe="sparse")
-    if study == "shared_vs_separate":
-      c.update(n_pert_list=(4, 16, 64), n_pert=16, reps=24)
-    elif study == "n_pert":
-      c.update(n_pert_list=(1, 4, 16, 64), reps=16)
-    elif study in PER_N:
-      _trained_per_n(c, study)
+    c.update(TRAINED[study])
   if a["size"] == "tiny":  # unit tests: seconds
-    _tiny(c, study)
+    c.update(TINY_ALL, **TINY.get(study, {}))
   return c
 
 
@@ -108,73 +103,73 @@ def _fields(study: str, size: str) -> ml_collections.ConfigDict:
   return c
 
 
-def _study_settings(c: ml_collections.ConfigDict, study: str) -> None:
-  """Repeats and sizes each study needs at the cpu size."""
-  if study == "n_pert":
-    c.reps = 64  # 64 repeats of 64 directions: 4,096 draws behind every point
-  if study == "experts":
-    c.reps = 8
-    c.rep_chunk = 1  # an N = 1 expert at 2M parameters: keep one repeat's directions
-  if study == "reference":
-    c.n_list = (1, 2, 4, 8)  # N allocation at the base model's body size
-    c.n_pert, c.reps = 8, 16
-    c.total_params = 0  # each N's bodies together hold one width-d_t body
-  if study == "batch":
-    c.reps = 32
-    c.pool = 128
+# Repeats and sizes each study needs at the cpu size (the fields it changes).
+STUDY_SETTINGS = {
+    "n_pert": dict(reps=64),  # 64 repeats of 64 directions: 4,096 draws behind every point
+    # an N = 1 expert at 2M parameters: keep one repeat's directions
+    "experts": dict(reps=8, rep_chunk=1),
+    "reference": dict(
+        n_list=(1, 2, 4, 8),  # N allocation at the base model's body size
+        n_pert=8, reps=16,
+        total_params=0,  # each N's bodies together hold one width-d_t body
+    ),
+    "batch": dict(reps=32, pool=128),
+}
 
 
 def _sibling(name: str, arg: str) -> ml_collections.ConfigDict:
   return load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), name), arg)
 
 
-def _per_n_fields(c: ml_collections.ConfigDict, size: str) -> None:
+def _per_n_fields(size: str) -> dict:
   """The experts and reference studies' trained runs: where they are, how they are trained."""
-  c.trained_dir = ""  # a folder of trained workdirs N{n}/ (scripts/train_sizes.py); "" = fresh
-  # The reference study's windows with a data dir: "expert_val" (expert e's own shard) or
-  # "ensemble_val" (the ensemble-validation chunks SPEC 9.5 names, the same for every expert).
-  c.windows = "expert_val"
-  c.trained_source = "pystdlib"  # the corpus train_sizes prepares into N shards for each N
   # The recipe of every N's run (soma.py; n_experts and the width set per N, each expert its
   # own head trained by the delta rule, as the paper's wide controls): same updates, n_pert,
   # B and T for every N, so each expert reads B T bytes of its own shard per update.
-  c.train_run = _sibling("soma.py", f"n=1,size={'tiny' if size == 'tiny' else 'cpu'}")
-  r = c.train_run
+  r = _sibling("soma.py", f"n=1,size={'tiny' if size == 'tiny' else 'cpu'}")
   r.model.shared_head, r.opt.train_head = False, True
   r.ensemble_eval_every = -1  # the study needs the weights only
   if size == "tiny":
     r.update(steps=4, eval_every=2, ckpt_every=2, log_every=2)
-    return
-  # The Figure 4 recipe's CPU shape (experiments/configs/independent_vs_summed.py:cpu):
-  # n_pert 4, B 4, T 256; lr = eps = 0.0025 and weight decay 1e-4 as the paper's wide controls.
-  r.spsa.update(n_pert=4, batch=4, eps=0.0025)
-  r.data.seq_len = 256
-  r.opt.update(lr=0.0025, weight_decay=1e-4)
-  r.update(steps=1000, eval_every=250, ckpt_every=500, log_every=250)
+  else:
+    # The Figure 4 recipe's CPU shape (experiments/configs/independent_vs_summed.py:cpu): n_pert
+    # 4, B 4, T 256; lr = eps = 0.0025 and weight decay 1e-4 as the paper's wide controls.
+    r.spsa.update(n_pert=4, batch=4, eps=0.0025)
+    r.data.seq_len = 256
+    r.opt.update(lr=0.0025, weight_decay=1e-4)
+    r.update(steps=1000, eval_every=250, ckpt_every=500, log_every=250)
+  return dict(
+      trained_dir="",  # a folder of trained workdirs N{n}/ (scripts/train_sizes.py); "" = fresh
+      # The reference study's windows with a data dir: "expert_val" (expert e's own shard) or
+      # "ensemble_val" (the ensemble-validation chunks SPEC 9.5 names, the same for every
+      # expert).
+      windows="expert_val",
+      trained_source="pystdlib",  # the corpus train_sizes prepares into N shards for each N
+      train_run=r,
+  )
 
 
-def _trained_per_n(c: ml_collections.ConfigDict, study: str) -> None:
-  """size=trained for the experts and reference studies: one trained run per N."""
-  c.update(total_params=500_000, n_list=(1, 2, 4, 8))
-  if study == "experts":
-    c.update(n_pert=16, reps=16, rep_chunk=4)
-  else:  # T = 1024 windows of the ensemble-validation split, one window per zero-order batch;
+# size=trained: each study's fields beyond T = 1024, B = 1 and sparse probes (batch has none).
+TRAINED = {
+    "shared_vs_separate": dict(n_pert_list=(4, 16, 64), n_pert=16, reps=24),
+    "n_pert": dict(n_pert_list=(1, 4, 16, 64), reps=16),
+    # the experts and reference studies: one trained run per N
+    "experts": dict(total_params=500_000, n_list=(1, 2, 4, 8), n_pert=16, reps=16, rep_chunk=4),
+    # T = 1024 windows of the ensemble-validation split, one window per zero-order batch;
     # rep_chunk 1: the loss keeps [copies, windows, T, 256] float64 logits of a repeat
-    c.update(windows="ensemble_val", n_pert=4, alloc_mult=(1, 2, 4), reps=16, rep_chunk=1,
-             pool=32, ref_batch=128, time_steps=2)
+    "reference": dict(total_params=500_000, n_list=(1, 2, 4, 8), windows="ensemble_val",
+                      n_pert=4, alloc_mult=(1, 2, 4), reps=16, rep_chunk=1, pool=32,
+                      ref_batch=128, time_steps=2),
+}
 
-
-def _tiny(c: ml_collections.ConfigDict, study: str) -> None:
-  """Unit tests: seconds."""
-  c.model.update(d_t=8, d_e=8)
-  c.update(batch=2, seq_len=32, corpus_bytes=1 << 18, pool=32, n_pert=16)
-  if study == "shared_vs_separate":
-    c.update(n_pert_list=(4, 16), reps=128, rep_chunk=16)
-  elif study == "n_pert":
-    c.update(n_pert_list=(1, 4, 16, 64), reps=64, rep_chunk=8)
-  elif study == "experts":
-    c.update(n_list=(1, 2), total_params=12_000, n_pert=8, reps=8, rep_chunk=4)
-  elif study == "batch":
-    c.update(budget=16, accum_list=(1, 2), accum_batch=4, accum_n_pert=4, reps=8)
-  elif study == "reference":
-    c.update(n_list=(1, 2), alloc_mult=(1, 2), n_pert=4, reps=8, time_steps=1, ref_batch=64)
+# size=tiny (unit tests: seconds): every study's fields, then each study's own.
+TINY_ALL = dict(model=dict(d_t=8, d_e=8), batch=2, seq_len=32, corpus_bytes=1 << 18, pool=32,
+                n_pert=16)
+TINY = {
+    "shared_vs_separate": dict(n_pert_list=(4, 16), reps=128, rep_chunk=16),
+    "n_pert": dict(n_pert_list=(1, 4, 16, 64), reps=64, rep_chunk=8),
+    "experts": dict(n_list=(1, 2), total_params=12_000, n_pert=8, reps=8, rep_chunk=4),
+    "batch": dict(budget=16, accum_list=(1, 2), accum_batch=4, accum_n_pert=4, reps=8),
+    "reference": dict(n_list=(1, 2), alloc_mult=(1, 2), n_pert=4, reps=8, time_steps=1,
+                      ref_batch=64),
+}

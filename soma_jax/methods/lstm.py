@@ -55,8 +55,9 @@ def settings(c: ml_collections.ConfigDict) -> Settings:
       name=c.method,
       model=model_lib.ModelConfig(d_t=c.model.d_t, d_e=c.model.d_e, depth=c.model.depth,
                                   shared_head=c.model.shared_head),
-      n_experts=c.n_experts, experts=config_lib.expert_range(c), seed=c.seed,
-      init_from=c.init_from, n_pert=s.n_pert, probe=s.probe, pert_chunk=config_lib.pert_chunk(c),
+      n_experts=c.n_experts, experts=config_lib.expert_range(c.experts, c.n_experts),
+      seed=c.seed, init_from=c.init_from, n_pert=s.n_pert, probe=s.probe,
+      pert_chunk=config_lib.pert_chunk(s.pert_chunk),
       # .get: configs saved before time_block / unroll / signs / forward existed restore.
       time_block=s.get("time_block", 64), unroll=s.get("unroll", 1),
       signs_together=signs_together(s.get("signs", "auto")), forward=s.get("forward", "direct"),

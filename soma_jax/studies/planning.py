@@ -45,6 +45,7 @@ import jax
 import ml_collections
 
 from soma_jax import budget as budget_lib
+from soma_jax import config as config_lib
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 
@@ -146,17 +147,12 @@ def one_of(*choices: object) -> tuple[str, Callable[[object], bool]]:
   return "one of " + ", ".join(map(str, choices)), lambda v: v in choices
 
 
-def _field(config: ml_collections.ConfigDict, key: str) -> object:
-  for part in key.split("."):
-    config = config[part]
-  return config
-
-
 def check_fields(config: ml_collections.ConfigDict, rules: dict) -> None:
   """Each study field of `rules` ({dotted key: (what it must be, test)}) in range, else a
   UserError naming it as compare.py's flag (--config.KEY)."""
+  fields = config_lib.flatten(config.to_dict())
   for key, (text, ok) in rules.items():
-    value = _field(config, key)
+    value = fields[key]
     if not ok(value):
       raise UserError(f"{key}={value!r} is out of range: it must be {text}; fix: "
                       f"--config.{key}=VALUE in that range")
@@ -221,7 +217,10 @@ def check_plan(config: ml_collections.ConfigDict) -> StudyPlan:
 def resolved(c: ml_collections.ConfigDict, prefix: str = "") -> spec_lib.RunSpec:
   """The study's one door to `spec.resolve`: run config `c` resolved, a UserError about it
   re-worded as the study's fields (`prefix`: "methods.NAME." or "seed_runs.NAME.")."""
-  return as_field(prefix, c, lambda: spec_lib.resolve(c))
+  try:
+    return spec_lib.resolve(c)
+  except UserError as e:
+    raise UserError(reworded(str(e), prefix, list(config_lib.flatten(c.to_dict())))) from None
 
 
 def check_budget(b: object, unit: str, seed_updates: int) -> None:
@@ -260,14 +259,6 @@ def check_span(span: EvalSpan, seq_lens: list[int]) -> None:
                     f"fix: {fix}")
 
 
-def _leaves(c: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
-  out = []
-  for key, value in c.items():
-    out += (_leaves(value, f"{prefix}{key}.") if isinstance(value, ml_collections.ConfigDict)
-            else [prefix + key])
-  return out
-
-
 def reworded(message: str, prefix: str, keys: list[str]) -> str:
   """A run config's UserError with its fields named as the study's: `prefix` before each
   field of `keys` (dotted ones wherever they stand, the rest before "=") and after every
@@ -277,15 +268,6 @@ def reworded(message: str, prefix: str, keys: list[str]) -> str:
     end = r"(?![\w.])" if "." in key else "(?==)"
     message = re.sub(rf"(?<![\w.]){re.escape(key)}{end}", prefix + key, message)
   return message
-
-
-def as_field(prefix: str, c: ml_collections.ConfigDict, make: Callable):
-  """make(), with a UserError about config `c` re-worded as the study's fields (`prefix`:
-  "methods.NAME." or "seed_runs.NAME.")."""
-  try:
-    return make()
-  except UserError as e:
-    raise UserError(reworded(str(e), prefix, _leaves(c))) from None
 
 
 def check_equal_ops(specs: dict[str, spec_lib.RunSpec], tolerance: float,

@@ -67,47 +67,52 @@ def copy(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(c.to_dict())
 
 
-def plan(c: ml_collections.ConfigDict, cpu: bool, unit: str, budget: float,
-         search: bool) -> None:
-  """Seeds, budgets, tuning grids (`search`: Table 7's lr-then-eps grid) and statistics of
-  the study (SPEC 9.6)."""
-  c.seeds = 5 if cpu else 2  # optimisation seeds: they change the batches and the directions
-  c.first_seed = 0  # seeds first_seed .. first_seed + seeds - 1; seed s also seeds its bootstrap
-  # The budget of each row (table4) or configuration (table7) and seed, in budget_unit:
-  # "updates" (where the compared methods do equal operations per update, table7's pair),
-  # "ops" (SPEC 7's training operations: table4 at size=cpu, since two busy processes moved
-  # a 40 s cpu_seconds budget by -12.8% and device_seconds by -53.5%:
-  # docs/results/budget_load.json), "cpu_seconds" (the process's CPU time in training
-  # updates), "device_seconds" (SPEC 7), or "auto" (cpu_seconds on a CPU, device_seconds
-  # elsewhere). Never wall time (SPEC 9.6).
-  c.budget_unit = unit if cpu else "updates"
-  # table4's 1.6e12 ops: 1,193 of SOMA N = 2's updates, 75 of the monolith's with 64 directions.
-  # Refused where planning.MAX_UPDATES (10,000,000 steps) would end a run first: in updates or
-  # ops exactly; in seconds above 10,000,000 updates at 1 s each (planning.SLOW_UPDATE_SECONDS).
-  c.budget = float(budget if cpu else 3)
-  # table7 in updates: ops per update may differ by this fraction (tiny's widths are 4% apart)
-  c.ops_tolerance = 0.02 if cpu else 0.05
-  c.seed_updates = 1000 if cpu else 3  # every seed run's updates (SPEC 3.4: about 1,000)
-  c.seed_run_seed = 1000  # the seed runs' data and direction seed: no optimisation seed
-  c.curve_points = 4  # checkpoints after each quarter of the budget, scored for the curve
-  c.match_params = True  # every other method's width matches `reference`'s total params
-  c.reference = "soma_n2"  # the method others are sized to and differences are taken from
-  c.bootstrap_draws = 10_000 if cpu else 200  # paired document bootstrap draws
-  c.base_lr = 0.0025  # every method's lr and initial eps; table7's grids are multiples of it
-  if search:
-    grid(c, cpu)
+def plan(cpu: bool, unit: str, budget: float, search: bool) -> dict:
+  """The study's seeds, budgets, tuning grids (`search`: Table 7's lr-then-eps grid) and
+  statistics (SPEC 9.6), as fields."""
+  return {
+      "seeds": 5 if cpu else 2,  # optimisation seeds: they change the batches and the directions
+      # seeds first_seed .. first_seed + seeds - 1; seed s also seeds its bootstrap
+      "first_seed": 0,
+      # The budget of each row (table4) or configuration (table7) and seed, in budget_unit:
+      # "updates" (where the compared methods do equal operations per update, table7's pair),
+      # "ops" (SPEC 7's training operations: table4 at size=cpu, since two busy processes moved
+      # a 40 s cpu_seconds budget by -12.8% and device_seconds by -53.5%:
+      # docs/results/budget_load.json), "cpu_seconds" (the process's CPU time in training
+      # updates), "device_seconds" (SPEC 7), or "auto" (cpu_seconds on a CPU, device_seconds
+      # elsewhere). Never wall time (SPEC 9.6).
+      "budget_unit": unit if cpu else "updates",
+      # table4's 1.6e12 ops: 1,193 of SOMA N = 2's updates, 75 of the monolith's with 64
+      # directions. Refused where planning.MAX_UPDATES (10,000,000 steps) would end a run
+      # first: in updates or ops exactly; in seconds above 10,000,000 updates at 1 s each
+      # (planning.SLOW_UPDATE_SECONDS).
+      "budget": float(budget if cpu else 3),
+      # table7 in updates: ops per update may differ by this fraction (tiny's widths are 4% apart)
+      "ops_tolerance": 0.02 if cpu else 0.05,
+      "seed_updates": 1000 if cpu else 3,  # every seed run's updates (SPEC 3.4: about 1,000)
+      "seed_run_seed": 1000,  # the seed runs' data and direction seed: no optimisation seed
+      "curve_points": 4,  # checkpoints after each quarter of the budget, scored for the curve
+      "match_params": True,  # every other method's width matches `reference`'s total params
+      "reference": "soma_n2",  # the method others are sized to and differences are taken from
+      "bootstrap_draws": 10_000 if cpu else 200,  # paired document bootstrap draws
+      "base_lr": 0.0025,  # every method's lr and initial eps; table7's grids are multiples of it
+      **(grid(cpu) if search else {}),
+  }
 
 
-def grid(c: ml_collections.ConfigDict, cpu: bool) -> None:
-  """Table 7's lr-then-eps search (`table7.Grid`)."""
-  # stage 1: lr = f x base_lr at eps = base_lr; while the best lr is at an edge, one more
-  # factor of 2 past it, at most lr_extend times (an lr still at the edge is flagged)
-  c.lr_factors = (0.25, 0.5, 1.0, 2.0, 4.0) if cpu else (0.5, 1.0, 2.0)
-  c.lr_extend = 2 if cpu else 1
-  c.eps_factors = (0.5, 1.0, 2.0)  # stage 2: eps = f x base_lr at the selected lr
-  # ... grown past an edge as the lr grid, at most this many times (0 at size=cpu: the
-  # recorded Table 7 and ladder runs did not grow it; eps sat at an edge in 8 of 10 searches)
-  c.eps_extend = 0 if cpu else 1
+def grid(cpu: bool) -> dict:
+  """Table 7's lr-then-eps search (`table7.Grid`), as fields."""
+  return {
+      # stage 1: lr = f x base_lr at eps = base_lr; while the best lr is at an edge, one more
+      # factor of 2 past it, at most lr_extend times (an lr still at the edge is flagged)
+      "lr_factors": (0.25, 0.5, 1.0, 2.0, 4.0) if cpu else (0.5, 1.0, 2.0),
+      "lr_extend": 2 if cpu else 1,
+      "eps_factors": (0.5, 1.0, 2.0),  # stage 2: eps = f x base_lr at the selected lr
+      # ... grown past an edge as the lr grid, at most this many times (0 at size=cpu: the
+      # recorded Table 7 and ladder runs did not grow it; eps sat at an edge in 8 of 10
+      # searches)
+      "eps_extend": 0 if cpu else 1,
+  }
 
 
 def _base(study: str, size: str, unit: str, budget: float, search: bool
@@ -117,7 +122,7 @@ def _base(study: str, size: str, unit: str, budget: float, search: bool
   c = ml_collections.ConfigDict()
   c.study = study
   c.data_dir = ""  # a prepared data dir with 2 shards; "" = prepare pystdlib under OUT/data
-  plan(c, cpu, unit, budget, search)
+  c.update(plan(cpu, unit, budget, search))
   c.eval = ml_collections.ConfigDict()
   c.eval.route_bytes = 64 if cpu else 8  # the router sees this many leading bytes
   c.eval.score_bytes = 192 if cpu else 24  # the loss is over the next this many targets
@@ -169,20 +174,22 @@ def allocation(study: str, size: str, search: bool = True, controls: bool = True
   and the head-only and summed-loss controls."""
   c = _base(study, size, "ops", 1.6e12, search)
   lr, k = c.base_lr, c.methods.soma_n2.spsa.n_pert
-  for mult, paper in ((1, 64), (4, 256), (16, 1024)):
-    name = f"mono_k{k * mult}"
-    c.methods[name] = mono(size, lr, k, mult)
-    c.rows[name] = f"monolithic SPSA, {mult}x SOMA's directions on SOMA's batch (paper: {paper})"
-    c.start[name] = "monolith"
+  table = {f"mono_k{k * mult}": (mono(size, lr, k, mult), f"monolithic SPSA, {mult}x SOMA's "
+                                 f"directions on SOMA's batch (paper: {paper})", "monolith")
+           for mult, paper in ((1, 64), (4, 256), (16, 1024))}
+  if controls:
+    table |= _controls(size, lr)
+  for name, (cfg, what, seed) in table.items():
+    c.methods[name], c.rows[name], c.start[name] = cfg, what, seed
   if not controls:
     return _finish(c, size, {}, (), gru=False)
-  _controls(c, size, lr)
   return _finish(c, size, {"head_only": "soma_n2", "soma_n2_summed": "soma_n2"}, ("bptt",),
                  gru=True)
 
 
-def _controls(c: ml_collections.ConfigDict, size: str, lr: float) -> None:
-  """Table 4's rows beside SOMA and the monoliths: EGGROLL, BPTT, two controls."""
+def _controls(size: str, lr: float) -> dict:
+  """Table 4's rows beside SOMA and the monoliths: EGGROLL, BPTT, two controls, as
+  {name: (training config, what it is, the seed run it starts from)}."""
   cpu = size == "cpu"
   egg = method("eggroll.py", f"n=1,size={size}")
   egg.opt.lr = 0.01  # ES on a GRU: larger steps (the paper's recorded lr alpha = 0.01)
@@ -193,24 +200,23 @@ def _controls(c: ml_collections.ConfigDict, size: str, lr: float) -> None:
     egg.eggroll.sigma = 2**-3
     egg.spsa.batch, egg.data.seq_len = 4, 256  # SOMA's windows
     egg.data.val_windows = 16
-  c.methods.eggroll = egg
-  c.rows.eggroll = "EGGROLL: 6-layer GRU, untied head, rank-1 ES (paper: pop 2^20, B 256)"
-  c.start.eggroll = "gru"
-  bptt = method("bptt.py", f"n=1,size={size}")
+  bptt = method("bptt.py", f"n=1,size={size}")  # backprop + Adam at bptt.py's lr
   if cpu:
     bptt.model.shared_head = False
     bptt.spsa.batch, bptt.data.seq_len, bptt.data.val_windows = 4, 256, 16
-  c.methods.bptt = bptt  # backprop + Adam at bptt.py's lr, one model of the total size
-  c.rows.bptt = "BPTT: one LSTM of the same size, backprop + Adam"
-  c.start.bptt = "monolith"
-  c.methods.head_only = recipe("soma.py", f"n=2,size={size}", size, lr)
-  c.methods.head_only.method = "head_only"  # bodies frozen, the delta rule on each head
-  c.rows.head_only = "control: SOMA N = 2 with frozen bodies, only the delta-rule heads train"
-  c.start.head_only = "soma_expert"
-  c.methods.soma_n2_summed = recipe("soma.py", f"n=2,size={size}", size, lr)
-  c.methods.soma_n2_summed.method = "soma_summed"  # the N losses summed before each difference
-  c.rows.soma_n2_summed = "control: SOMA N = 2 with the N losses summed before each difference"
-  c.start.soma_n2_summed = "soma_expert"
+  head_only = recipe("soma.py", f"n=2,size={size}", size, lr)
+  head_only.method = "head_only"  # bodies frozen, the delta rule on each head
+  summed = recipe("soma.py", f"n=2,size={size}", size, lr)
+  summed.method = "soma_summed"  # the N losses summed before each difference
+  return {
+      "eggroll": (egg, "EGGROLL: 6-layer GRU, untied head, rank-1 ES (paper: pop 2^20, B 256)",
+                  "gru"),
+      "bptt": (bptt, "BPTT: one LSTM of the same size, backprop + Adam", "monolith"),
+      "head_only": (head_only, "control: SOMA N = 2 with frozen bodies, only the delta-rule "
+                    "heads train", "soma_expert"),
+      "soma_n2_summed": (summed, "control: SOMA N = 2 with the N losses summed before each "
+                         "difference", "soma_expert"),
+  }
 
 
 def seed_run(size: str, lr: float) -> ml_collections.ConfigDict:

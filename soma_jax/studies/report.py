@@ -90,7 +90,7 @@ def write_report(out_dir: str, runs: dict[str, str], data_dir: str) -> dict:
   manifest = pipeline.load_manifest(data_dir)
   shards = tuple(f"experts/{e:04d}/train.npy" for e in range(manifest["num_clusters"]))
   for w in runs.values():  # the unigram baseline reads the shards; the scores test and router
-    ckpt_lib.check_data(w, ckpt_lib.read_config(w), data_dir,
+    ckpt_lib.check_data(w, ckpt_lib.read_config(w).data.dir, data_dir,
                         ("router.npz", "test.npy", "test_docs.npy") + shards)
   eval_lib.load_split(data_dir, "test")  # no test window: refused before anything is written
   os.makedirs(out_dir, exist_ok=True)

@@ -65,13 +65,12 @@ def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict
   """Training config `c` at optimisation seed `seed`, continuing the seed run record `start`
   (its whole train state; None: a fresh init; `fresh`: its parameters only, with fresh Adam
   moments, plateau state and step counter) until `amount` of `unit`: resolved (its errors
-  named as the study's fields under `prefix`, `resolved`). `score`: the study's set its
+  named as the study's fields under `prefix`: `planning.resolved`). `score`: the study's set its
   checkpoints are scored on (validation), scored by training itself at each checkpoint
   from the state in memory (config.checkpoint_eval), which `curve` and `final_losses` read
   instead of restoring; None: scored by restoring, as before. `marks`: the checkpoints'
   fractions of the budget (config.budget_marks, e.g. log-spaced) in place of `checkpoints`
   equal parts."""
-  raw = c
   c = ml_collections.ConfigDict(c.to_dict())
   c.data.dir, c.seed = data_dir, seed
   c.init_from, c.init_state = (start["_path"], not fresh) if start else ("", False)
@@ -87,7 +86,7 @@ def budgeted(c: ml_collections.ConfigDict, data_dir: str, seed: int, start: dict
     c.checkpoint_eval = ml_collections.ConfigDict(dict(
         split=score.split, data_dir=score.data_dir, max_windows=int(score.max_windows),
         route=int(score.route), score=int(score.score)))
-  return planning.as_field(prefix, raw, lambda: spec_lib.resolve(c))
+  return planning.resolved(c, prefix)
 
 
 def train_all(runs: list[tuple[spec_lib.RunSpec, str, str]], executor=None) -> list[float]:
