@@ -556,20 +556,21 @@ def test_table9_refuses_an_external_corpus_drawn_from_the_training_one(data_text
                                                                        tmp_path):
   """Note: table9 accepted an "external" corpus drawn from the training corpus (a subfolder
   of its textdir: another SOURCE string); the documents themselves are compared now."""
-  from soma_jax.studies import table9
+  from soma_jax.studies import external_corpus
   from tests.conftest import data_make_doc
 
-  drawn = table9.Corpus("source", f"textdir:{data_textdir}/cooking", 0, 0)
-  splits = table9.source_splits(drawn.where)
-  shared, documents = table9.shared_documents(splits, data_two_shards)
+  drawn = external_corpus.Corpus("source", f"textdir:{data_textdir}/cooking", 0, 0)
+  splits = external_corpus.source_splits(drawn.where)
+  shared, documents = external_corpus.shared_documents(splits, data_two_shards)
   assert documents == 30 and shared == documents  # every one trained on or held out
   with pytest.raises(UserError, match="drawn from the training corpus"):
-    table9.check_not_drawn_from(drawn, splits, data_two_shards)
+    external_corpus.check_not_drawn_from(drawn, splits, data_two_shards)
   rng = np.random.default_rng(7)
   for i in range(6):
     (tmp_path / f"new{i}.txt").write_text(data_make_doc("finance", rng, 400))
-  fresh = table9.Corpus("source", f"textdir:{tmp_path}", 0, 0)
-  got = table9.check_not_drawn_from(fresh, table9.source_splits(fresh.where), data_two_shards)
+  fresh = external_corpus.Corpus("source", f"textdir:{tmp_path}", 0, 0)
+  got = external_corpus.check_not_drawn_from(fresh, external_corpus.source_splits(fresh.where),
+                                             data_two_shards)
   assert got["shared_documents"] == 0 and got["documents"] == 6
 
 
