@@ -18,7 +18,7 @@ and at the monolith's width):
   at width 32 where training ran 19 ms per update (the loop dispatches update t + 1 before
   waiting for update t; docs/results/ladder_steps_isolated.json, table7_cpu.json); both are
   kept so the gap is on record.
-With `--mechanism`, the wall seconds of `ladder.seed_descent`'s measurement
+With `--mechanism`, the wall seconds of `ladder_mechanism.seed_descent`'s measurement
 (config.mechanism) of one expert and of the monolith on random windows from a fresh init.
 From `update_seconds`, the rung's training time projected at the config's budget, seeds and
 grid (`projected_training_minutes`; compilation, evaluation and checkpoints are not in it).
@@ -44,7 +44,7 @@ from soma_jax import plan as plan_lib
 from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
-from soma_jax.studies import datasets, driver, ladder, planning, scores, training
+from soma_jax.studies import datasets, driver, ladder, ladder_mechanism, planning, scores, training
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "experiments/configs/compare.py:study=ladder,size=cpu|tiny[,rungs=...]",
@@ -90,7 +90,7 @@ def mechanism_seconds(spec: spec_lib.RunSpec, m, count: int) -> float:
   batches = [jnp.asarray(rng.integers(0, 256, shape, dtype=np.uint8)) for _ in range(count)]
   t = time.perf_counter()
   with memory.full_precision():
-    descent.measure(ladder.batch_loss, body, head_e, batches, spec.eps,
+    descent.measure(ladder_mechanism.batch_loss, body, head_e, batches, spec.eps,
                     spec.method.step_config().spsa, jax.random.key(m.seed),
                     repeats=m.repeats, hutchinson=m.hutchinson, rho_by=m.rho_by)
   return time.perf_counter() - t

@@ -26,6 +26,7 @@ from soma_jax import cli
 from soma_jax.errors import UserError
 from soma_jax.studies import compare
 from soma_jax.studies import executor as executor_lib
+from soma_jax.studies import slurm as slurm_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, f"experiments/configs/compare.py:study={'|'.join(compare.STUDIES)},size=cpu|tiny",
@@ -40,7 +41,7 @@ _EXECUTOR = flags.DEFINE_string(
 _SLURM = {  # executor.make's slurm settings <- their flags (unset: SLURM's or submitit's default)
     "partition": flags.DEFINE_string("slurm_partition", None, "SLURM partition of each job"),
     "time": flags.DEFINE_integer(
-        "slurm_time", None, f"minutes per job (default {executor_lib.SLURM_DEFAULT_TIME}); a run "
+        "slurm_time", None, f"minutes per job (default {slurm_lib.SLURM_DEFAULT_TIME}); a run "
         "that needs more checkpoints and requeues itself, and resumes"),
     "gpus_per_node": flags.DEFINE_integer("slurm_gpus", None, "GPUs per job (default 0)"),
     "cpus_per_task": flags.DEFINE_integer("slurm_cpus", None, "CPUs per job"),

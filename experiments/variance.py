@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from soma_jax import cli  # noqa: E402
 from soma_jax.errors import UserError  # noqa: E402
-from soma_jax.studies import trained_sizes, variance  # noqa: E402
+from soma_jax.studies import trained_sizes, variance, variance_settings  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/configs/variance.py:STUDY",
                                           lock_config=True)
@@ -35,7 +35,7 @@ _OUT = cli.output_flag("out", None, "Output folder for STUDY.json, STUDY.csv, ST
 flags.mark_flag_as_required("out")
 
 
-def load_params(workdir: str, vs: variance.VarianceSpec) -> tuple[variance.VarianceSpec, tuple]:
+def load_params(workdir: str, vs: variance_settings.VarianceSpec) -> tuple[variance_settings.VarianceSpec, tuple]:
   """`vs` measuring the newest checkpoint, and its (body_N, head); the model shape comes from
   the run's config, and so do the windows (its data dir, expert e on shard e) unless data_dir
   is set."""
@@ -45,7 +45,7 @@ def load_params(workdir: str, vs: variance.VarianceSpec) -> tuple[variance.Varia
     raise UserError(f"--workdir: the {vs.study} study needs one trained run per N; fix: "
                     "--config.trained_dir=DIR holding DIR/N{n} (python -m scripts.train_sizes)")
   step, state, _, spec = runs.restore_state(workdir)
-  vs = variance.with_changes(
+  vs = variance_settings.with_changes(
       vs, model={key: int(spec.config.model[key]) for key in ("d_t", "d_e", "depth")},
       data_dir=vs.data_dir or spec.data_dir,
       weights=f"trained: {os.path.normpath(workdir)} at update {int(step)}")
@@ -65,7 +65,7 @@ def _finite(weights, where: str):
   return weights
 
 
-def _weights(vs: variance.VarianceSpec) -> tuple:
+def _weights(vs: variance_settings.VarianceSpec) -> tuple:
   """`vs` naming what the study measures, and those weights: a --workdir's checkpoint, one
   trained run per N (`trained_dir`), or None for a fresh init; finite, or a UserError."""
   if vs.trained_dir:
@@ -180,7 +180,7 @@ def main(argv):
   c = _CONFIG.value
   cli.absolute_paths(c)
   logging.info("devices %s, process %d, x64=%s", jax.devices(), jax.process_index(), _X64.value)
-  vs, params = _weights(variance.variance_spec(c))
+  vs, params = _weights(variance_settings.variance_spec(c))
   res = variance.run_study(vs, params)
   paths = write_outputs(res, out)
   logging.info("%s done in %.1fs: %s", vs.study, res["seconds"], ", ".join(paths.values()))

@@ -10,7 +10,7 @@ from soma_jax import runs
 from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import executor as executor_lib
+from soma_jax.studies import jobs as jobs_lib
 from soma_jax.studies import planning, scores
 from tests.test_train import tiny_config
 
@@ -118,4 +118,4 @@ def test_a_study_run_given_a_relative_data_dir_resumes(data_prepared, tmp_path, 
                   ckpt_every=2)
   w = str(tmp_path / "run")
   train_lib.run(c, w)
-  executor_lib.check_existing(w, spec_lib.resolve(c))  # the same experiment: no UserError
+  jobs_lib.check_existing(w, spec_lib.resolve(c))  # the same experiment: no UserError

@@ -17,7 +17,7 @@ from soma_jax import evaluate as eval_lib
 from soma_jax import runs
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import executor, planning, scores, training
+from soma_jax.studies import jobs, planning, scores, training
 
 ROUTE, SCORE = 8, 24  # pieces of 33 bytes inside the tiny preset's T = 32
 
@@ -34,7 +34,7 @@ def scored_run(tmp_path_factory, data_two_shards):
   val = val_set(data_two_shards)
   spec = training.budgeted(c, data_two_shards, 0, None, "updates", 6, 3, score=val)
   workdir = str(tmp_path_factory.mktemp("scored") / "run")
-  executor.train(spec, workdir, "scored run")
+  jobs.train(spec, workdir, "scored run")
   return spec, workdir, val
 
 

@@ -139,22 +139,22 @@ def test_an_existing_run_continues_only_under_the_same_experiment(tmp_path):
   from soma_jax import checkpoint
   from soma_jax.config import base_config
   from soma_jax.errors import UserError
-  from soma_jax.studies import executor as executor_lib
+  from soma_jax.studies import jobs as jobs_lib
 
   c = base_config(n=2, size="tiny")
   w = str(tmp_path)
   checkpoint.write_config(w, c)
   faster = c.copy_and_resolve_references()
   faster.spsa.update(signs="apart", time_block=8, pert_chunk=2)
-  executor_lib.check_existing(w, spec_lib.resolve(faster))
+  jobs_lib.check_existing(w, spec_lib.resolve(faster))
   older = c.copy_and_resolve_references()
   del older.spsa["signs"]  # a run made before the field existed
   checkpoint.write_config(w, older)
-  executor_lib.check_existing(w, spec_lib.resolve(c))
+  jobs_lib.check_existing(w, spec_lib.resolve(c))
   longer = c.copy_and_resolve_references()
   longer.steps += 1
   with pytest.raises(UserError, match="different config"):
-    executor_lib.check_existing(w, spec_lib.resolve(longer))
+    jobs_lib.check_existing(w, spec_lib.resolve(longer))
 
 
 def test_study_settings_json_is_what_the_configs_say():

@@ -18,16 +18,17 @@ import submitit
 
 from soma_jax import runs
 from soma_jax.errors import UserError
-from soma_jax.studies import executor
+from soma_jax.studies import executor, slurm
+from soma_jax.studies import jobs as jobs_lib
 from tests.test_train import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXECUTORS = ("inline", "processes:2", "submitit:local")
 
 
-def two_jobs(data_dir: str, folder: str) -> list[executor.Job]:
+def two_jobs(data_dir: str, folder: str) -> list[jobs_lib.Job]:
   """Two runs that differ (their seeds), 2 updates each."""
-  return [executor.Job(tiny_config(data_dir, steps=2, seed=seed).to_dict(),
+  return [jobs_lib.Job(tiny_config(data_dir, steps=2, seed=seed).to_dict(),
                        os.path.join(folder, f"seed{seed}"), f"seed {seed}")
           for seed in (0, 1)]
 
@@ -69,7 +70,7 @@ def test_where_the_output_goes(trained):
       log = f.read()
     assert log.startswith(f"== seed {workdir[-1]}: processes:2 worker") and "step 2/2" in log, log
   for workdir in [j.workdir for j in trained["submitit:local"][0]]:
-    names = os.listdir(os.path.join(workdir, executor.SUBMITIT_DIR))
+    names = os.listdir(os.path.join(workdir, slurm.SUBMITIT_DIR))
     assert any(n.endswith("_log.err") for n in names), names
 
 
@@ -86,7 +87,7 @@ def test_a_rerun_keeps_finished_runs(trained):
 def test_a_failed_run_is_named_after_the_other_finished(data_prepared, tmp_path, name):
   good, bad = two_jobs(data_prepared, str(tmp_path))
   bad.config["data"]["dir"] = str(tmp_path / "no_such_data")
-  bad = executor.Job(bad.config, bad.workdir, "the broken run")
+  bad = jobs_lib.Job(bad.config, bad.workdir, "the broken run")
   with pytest.raises(UserError) as e:
     executor.make(name).run([bad, good])
   text = str(e.value)
@@ -102,10 +103,11 @@ PARENT = textwrap.dedent("""
     import jax
     jax.config.update("jax_num_cpu_devices", 2)  # as an entry point's host_devices.start
     from soma_jax.studies import executor
+    from soma_jax.studies import jobs as jobs_lib
     from tests.test_train import tiny_config
     data, workdir = sys.argv[1:]
     executor.make("processes:1").run(
-        [executor.Job(tiny_config(data, steps=1).to_dict(), workdir, "two devices")])
+        [jobs_lib.Job(tiny_config(data, steps=1).to_dict(), workdir, "two devices")])
 """)
 
 
@@ -118,7 +120,7 @@ def test_a_worker_takes_the_parents_cpu_devices(data_prepared, tmp_path):
   with open(os.path.join(workdir, executor.LOG_FILE)) as f:
     log = f.read()
   assert " on 2 cpu devices (--cpu_devices" in log, log
-  host = executor.parent_host()
+  host = jobs_lib.parent_host()
   assert host.cpu_devices == len(jax.devices("cpu")) and host.cores == ()
   assert host.cache[0] == jax.config.jax_compilation_cache_dir
 
@@ -134,7 +136,7 @@ def test_a_preempted_job_requeues_and_resumes_bit_identical(data_prepared, tmp_p
   run checkpoints, the job requeues itself, the next attempt resumes from the run's folder
   and ends with the parameters of an uninterrupted run."""
   config = tiny_config(data_prepared, steps=300, eval_every=1000, ckpt_every=1000)
-  job = executor.Job(config.to_dict(), str(tmp_path / "preempted"), "preempted")
+  job = jobs_lib.Job(config.to_dict(), str(tmp_path / "preempted"), "preempted")
   ex = executor.make("submitit:local")
   (submitted,) = ex.submit([job])
   metrics, deadline = os.path.join(job.workdir, "metrics.jsonl"), time.time() + 120
@@ -149,7 +151,7 @@ def test_a_preempted_job_requeues_and_resumes_bit_identical(data_prepared, tmp_p
   assert len(starts) == 2 and 0 < starts[1] < 300, starts  # resumed from its stop
   with open(submitted.paths.stderr) as f:
     assert "Requeued job" in f.read()
-  straight = executor.Job(config.to_dict(), str(tmp_path / "straight"), "straight")
+  straight = jobs_lib.Job(config.to_dict(), str(tmp_path / "straight"), "straight")
   executor.make("inline").run([straight])
   for x, y in zip(params(job.workdir), params(straight.workdir), strict=True):
     np.testing.assert_array_equal(x, y)
@@ -221,5 +223,5 @@ def test_slurm_settings_reach_sbatch(monkeypatch, tmp_path, data_prepared):
                f"--output={job.workdir}/submitit/%j_0_log.out"):
     assert f"#SBATCH {line}\n" in script, (line, script)
   delayed = submitit.helpers.DelayedSubmission.load(submitted.paths.submitted_pickle)
-  assert delayed._timeout_countdown == executor.MAX_REQUEUES  # a long run over many jobs
+  assert delayed._timeout_countdown == slurm.MAX_REQUEUES  # a long run over many jobs
   assert delayed.args == (job,) and hasattr(delayed.function, "checkpoint")

@@ -15,7 +15,7 @@ from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.errors import UserError
 from soma_jax.methods import soma as soma_method
-from soma_jax.studies import independent
+from soma_jax.studies import independent, independent_data
 from tests.test_compare import load_config
 
 
@@ -138,8 +138,8 @@ def test_refuses_a_workdir_with_fewer_than_four_experts(tmp_path, data_prepared)
 
 
 def test_fixed_sample_is_shared_by_seeds_and_variants(data_four_shards):
-  sample = independent.FixedSample(data_four_shards, (2, 0, 1, 3), 8, 32, sample_seed=5)
-  again = independent.FixedSample(data_four_shards, (2, 0, 1, 3), 8, 32, sample_seed=5)
+  sample = independent_data.FixedSample(data_four_shards, (2, 0, 1, 3), 8, 32, sample_seed=5)
+  again = independent_data.FixedSample(data_four_shards, (2, 0, 1, 3), 8, 32, sample_seed=5)
   np.testing.assert_array_equal(sample.windows_NxSxT1, again.windows_NxSxT1)
   a, b, other = sample.batches(0, 2), again.batches(0, 2), sample.batches(1, 2)
   seen = []

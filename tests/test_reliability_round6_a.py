@@ -183,12 +183,13 @@ def test_every_float_flag_refuses_nan(tmp_path):
 
 from soma_jax import checkpoint as ckpt_lib  # noqa: E402
 from soma_jax.studies import executor  # noqa: E402
+from soma_jax.studies import jobs as jobs_lib  # noqa: E402
 from tests.test_train import tiny_config  # noqa: E402
 
 
-def long_jobs(data_dir: str, folder: str, n: int = 3) -> list[executor.Job]:
+def long_jobs(data_dir: str, folder: str, n: int = 3) -> list[jobs_lib.Job]:
   """Runs far longer than any test: only a signal ends them."""
-  return [executor.Job(tiny_config(data_dir, steps=100000, log_every=1, eval_every=100000,
+  return [jobs_lib.Job(tiny_config(data_dir, steps=100000, log_every=1, eval_every=100000,
                                    ckpt_every=100000).to_dict(),
                        os.path.join(folder, f"run{i}"), f"run {i}") for i in range(n)]
 
@@ -407,7 +408,7 @@ def test_inline_stops_at_a_full_disk_instead_of_starting_every_run(tmp_path, mon
     raise errors.DiskFull("could not save checkpoint 4 (no space left on device)")
 
   monkeypatch.setattr(executor, "train_job", train_job)
-  jobs = [executor.Job({}, str(tmp_path / f"run{i}"), f"run {i}") for i in range(3)]
+  jobs = [jobs_lib.Job({}, str(tmp_path / f"run{i}"), f"run {i}") for i in range(3)]
   with pytest.raises(errors.DiskFull) as e:
     executor.make("inline").run(jobs)
   assert started == ["run 0"]
@@ -435,7 +436,7 @@ def test_processes_stop_starting_runs_at_a_full_disk(tmp_path, monkeypatch):
 
   monkeypatch.setattr(executor.Processes, "_start", start)
   monkeypatch.setattr(executor.Processes, "_shares", lambda self: [executor._Share()])
-  jobs = [executor.Job({}, str(tmp_path / f"run{i}"), f"run {i}") for i in range(3)]
+  jobs = [jobs_lib.Job({}, str(tmp_path / f"run{i}"), f"run {i}") for i in range(3)]
   with pytest.raises(errors.DiskFull, match="run 0 could not write.*2 more runs not started"):
     executor.make("processes:1").run(jobs)
   assert started == ["run 0"]
@@ -490,7 +491,7 @@ def test_a_failed_slurm_submission_is_one_line(monkeypatch, tmp_path, data_prepa
   bin_dir.mkdir()
   monkeypatch.setenv("PATH", failing_slurm(bin_dir) + os.pathsep + os.environ["PATH"])
   ex = executor.make("submitit:slurm", {"partition": "nope"})
-  jobs = [executor.Job(tiny_config(data_prepared, steps=2).to_dict(),
+  jobs = [jobs_lib.Job(tiny_config(data_prepared, steps=2).to_dict(),
                        str(tmp_path / f"run{i}"), f"run {i}") for i in range(2)]
   with pytest.raises(UserError) as e:
     ex.run(jobs)

@@ -197,14 +197,14 @@ def test_a_study_with_runs_keeps_its_mark(tmp_path):
 def scored(tmp_path_factory, data_two_shards):
   """A tiny N = 2 budgeted run of 6 updates, 3 checkpoints, scored on validation by training."""
   from soma_jax import config as config_lib
-  from soma_jax.studies import executor, training
+  from soma_jax.studies import jobs, training
   from tests.test_checkpoint_scores import val_set
 
   c = config_lib.base_config(n=2, size="tiny")
   val = val_set(data_two_shards)
   spec = training.budgeted(c, data_two_shards, 0, None, "updates", 6, 3, score=val)
   workdir = str(tmp_path_factory.mktemp("scored") / "run")
-  executor.train(spec, workdir, "scored run")
+  jobs.train(spec, workdir, "scored run")
   return spec, workdir, val
 
 
@@ -399,15 +399,15 @@ def study_folder(tmp_path_factory, data_two_shards):
   import shutil
 
   from soma_jax import config as config_lib
-  from soma_jax.studies import executor, training
+  from soma_jax.studies import jobs, training
 
   out = tmp_path_factory.mktemp("study") / "out"
   data = str(shutil.copytree(data_two_shards, out / "data"))
   c = config_lib.base_config(n=2, size="tiny")
   seed = str(out / "seeds" / "s")
-  executor.train(training.budgeted(c, data, 5, None, "updates", 2, 1), seed, "seed")
+  jobs.train(training.budgeted(c, data, 5, None, "updates", 2, 1), seed, "seed")
   run = str(out / "runs" / "seed0" / "r")
-  executor.train(training.budgeted(c, data, 0, {"_path": seed}, "updates", 2, 1), run, "row")
+  jobs.train(training.budgeted(c, data, 0, {"_path": seed}, "updates", 2, 1), run, "row")
   return str(out), c
 
 
@@ -424,14 +424,14 @@ def test_a_moved_study_folder_reruns(study_folder, tmp_path):
   with the fix "delete that folder"; paths that moved with the folder are the same run."""
   import shutil
 
-  from soma_jax.studies import executor, results
+  from soma_jax.studies import jobs, results
 
   out, c = study_folder
   moved = str(shutil.copytree(out, tmp_path / "elsewhere" / "renamed"))
   spec, run = _row(moved, c), os.path.join(moved, "runs", "seed0", "r")
-  executor.check_existing(run, spec)
+  jobs.check_existing(run, spec)
   before = results.read_summary(run)
-  executor.train(spec, run, "the moved row")  # finished: read, not retrained
+  jobs.train(spec, run, "the moved row")  # finished: read, not retrained
   assert results.read_summary(run) == before
 
 
@@ -452,7 +452,7 @@ def test_another_seed_is_still_refused_without_delete_advice(study_folder, tmp_p
   the finished run."""
   import shutil
 
-  from soma_jax.studies import executor, training
+  from soma_jax.studies import jobs, training
 
   out, c = study_folder
   moved = str(shutil.copytree(out, tmp_path / "m"))
@@ -460,7 +460,7 @@ def test_another_seed_is_still_refused_without_delete_advice(study_folder, tmp_p
   spec = training.budgeted(c, os.path.join(moved, "data"), 0,
                            {"_path": os.path.join(moved, "seeds", "other")}, "updates", 2, 1)
   with pytest.raises(UserError, match="init_from") as e:
-    executor.check_existing(os.path.join(moved, "runs", "seed0", "r"), spec)
+    jobs.check_existing(os.path.join(moved, "runs", "seed0", "r"), spec)
   assert "delete" not in str(e.value) and "--out" in str(e.value)
 
 
@@ -469,14 +469,14 @@ def test_data_re_prepared_in_place_names_compare_options(study_folder, tmp_path)
   --config.resume_overrides, which compare.py rejects; now compare.py's options."""
   import shutil
 
-  from soma_jax.studies import executor
+  from soma_jax.studies import jobs
 
   out, c = study_folder
   moved = str(shutil.copytree(out, tmp_path / "m"))
   with open(os.path.join(moved, "data", "manifest.json"), "a") as f:
     f.write(" ")
   with pytest.raises(UserError, match="re-prepared") as e:
-    executor.check_existing(os.path.join(moved, "runs", "seed0", "r"), _row(moved, c))
+    jobs.check_existing(os.path.join(moved, "runs", "seed0", "r"), _row(moved, c))
   message = str(e.value)
   assert "--config.data_dir=" in message and "--out" in message
   for foreign in ("--workdir", "resume_overrides", "delete"):
@@ -537,10 +537,10 @@ def test_table4_budget_column_is_in_the_studys_unit_for_every_row(name):
 def test_an_ops_budget_below_one_update_refused(data_two_shards, tmp_path, monkeypatch):
   """Item 8: an ops budget below one update of the costliest row was accepted (every row ran
   one update: 17x different compute); refused in one line naming the row."""
-  from soma_jax.studies import compare, executor
+  from soma_jax.studies import compare, jobs
   from tests.test_reliability_studies import tiny
 
-  monkeypatch.setattr(executor, "train", lambda *a, **k: pytest.fail("trained"))
+  monkeypatch.setattr(jobs, "train", lambda *a, **k: pytest.fail("trained"))
   config = tiny("table4", data_two_shards)
   config.budget_unit, config.budget = "ops", 1000.0
   with pytest.raises(UserError, match="less than one update of") as e:
@@ -556,20 +556,21 @@ def test_table9_refuses_an_external_corpus_drawn_from_the_training_one(data_text
                                                                        tmp_path):
   """Note: table9 accepted an "external" corpus drawn from the training corpus (a subfolder
   of its textdir: another SOURCE string); the documents themselves are compared now."""
-  from soma_jax.studies import table9
+  from soma_jax.studies import external_corpus
   from tests.conftest import data_make_doc
 
-  drawn = table9.Corpus("source", f"textdir:{data_textdir}/cooking", 0, 0)
-  splits = table9.source_splits(drawn.where)
-  shared, documents = table9.shared_documents(splits, data_two_shards)
+  drawn = external_corpus.Corpus("source", f"textdir:{data_textdir}/cooking", 0, 0)
+  splits = external_corpus.source_splits(drawn.where)
+  shared, documents = external_corpus.shared_documents(splits, data_two_shards)
   assert documents == 30 and shared == documents  # every one trained on or held out
   with pytest.raises(UserError, match="drawn from the training corpus"):
-    table9.check_not_drawn_from(drawn, splits, data_two_shards)
+    external_corpus.check_not_drawn_from(drawn, splits, data_two_shards)
   rng = np.random.default_rng(7)
   for i in range(6):
     (tmp_path / f"new{i}.txt").write_text(data_make_doc("finance", rng, 400))
-  fresh = table9.Corpus("source", f"textdir:{tmp_path}", 0, 0)
-  got = table9.check_not_drawn_from(fresh, table9.source_splits(fresh.where), data_two_shards)
+  fresh = external_corpus.Corpus("source", f"textdir:{tmp_path}", 0, 0)
+  got = external_corpus.check_not_drawn_from(fresh, external_corpus.source_splits(fresh.where),
+                                             data_two_shards)
   assert got["shared_documents"] == 0 and got["documents"] == 6
 
 
@@ -579,12 +580,12 @@ def test_a_new_row_on_re_prepared_data_names_compare_options(study_folder, tmp_p
   training, with compare.py's options."""
   import shutil
 
-  from soma_jax.studies import executor
+  from soma_jax.studies import jobs
 
   out, c = study_folder
   moved = str(shutil.copytree(out, tmp_path / "m"))
   with open(os.path.join(moved, "data", "manifest.json"), "a") as f:
     f.write(" ")
   with pytest.raises(UserError, match="re-prepared") as e:
-    executor.check_existing(os.path.join(moved, "runs", "seed1", "new"), _row(moved, c))
+    jobs.check_existing(os.path.join(moved, "runs", "seed1", "new"), _row(moved, c))
   assert "--config.data_dir=" in str(e.value) and "init_from_other_data" not in str(e.value)

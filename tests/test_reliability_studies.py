@@ -14,7 +14,7 @@ from soma_jax import train as train_lib
 from soma_jax.config import load_config_file
 from soma_jax.errors import UserError
 from soma_jax.studies import compare, planning
-from soma_jax.studies import executor as executor_lib
+from soma_jax.studies import jobs as jobs_lib
 from tests.test_compare import ROOT
 from tests.test_robustness import cli, one_error_line
 
@@ -29,7 +29,7 @@ def tiny(study: str, data_dir: str):
 
 
 class Trained(Exception):
-  """executor.train was called: the study's checks had all passed."""
+  """jobs.train was called: the study's checks had all passed."""
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def no_training(monkeypatch):
   def train(*args, **kwargs):
     raise Trained(str(args[-1]) if args else "")
 
-  monkeypatch.setattr(executor_lib, "train", train)
+  monkeypatch.setattr(jobs_lib, "train", train)
   monkeypatch.setattr(train_lib, "train_to_end", train)
   monkeypatch.setattr(train_lib, "run", train)
 

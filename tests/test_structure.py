@@ -223,7 +223,7 @@ def test_the_raw_config_check_sees_one():
 # rule. The studies that still run
 # themselves take one only at these doors;
 # everything below a door holds its typed spec (planning.StudyPlan, table7.Grid,
-# ladder.LadderSpec, decompose.Rows, independent.Settings, variance.VarianceSpec).
+# ladder.LadderSpec, decompose.Rows, independent.Settings, variance_settings.VarianceSpec).
 # planning's and training's are the builders of each run's config; independent's `vc` is the variance study's config.
 STUDY_DOORS = {
     "recipes.py": None,  # the configs the studies share: building configs is its whole job
@@ -233,7 +233,8 @@ STUDY_DOORS = {
     "planning.py": {"check_fields", "check_plan", "check_source", "check_fractions",
                     "resolved", "seed_configs", "sized"},
     "training.py": {"check_runs", "budgeted", "seed_stage", "train_seeds", "train_seed_sets"},
-    "trained_sizes.py": {"train_all"}, "variance.py": {"variance_spec", "run_study"},
+    "trained_sizes.py": {"train_all"}, "variance.py": {"run_study"},
+    "variance_settings.py": {"variance_spec"},
     "narrow.py": {"check", "run"},
     "spsa15.py": {"check", "stage1", "stage2", "run"},
 }

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from soma_jax.errors import UserError
-from soma_jax.studies import compare, driver, table8, variance
+from soma_jax.studies import compare, driver, table8, variance, variance_settings, variance_windows
 from tests.conftest import STUDY_PREPARE as PREPARE
 from tests.test_compare import load_config
 
@@ -53,7 +53,7 @@ def test_results_hold_every_n_at_init_and_trained(tabled):
 
 def test_reference_values_are_the_experts_studys(tabled):
   config, _, p = tabled
-  got = variance.study_experts(variance.variance_spec(config.variance))
+  got = variance.study_experts(variance_settings.variance_spec(config.variance))
   for r, want in zip(p["measured"]["states"]["init"], got["points"], strict=True):
     point = next(q for q in r["points"] if q["n_pert"] == want["n_pert"])
     assert point["reference"] == pytest.approx(want["measured"], rel=1e-5)
@@ -65,7 +65,7 @@ def test_cosine_distance_is_zero_for_the_same_batch_only(tabled):
   assert table8.cosine_distance(a, -a) == pytest.approx([2, 2, 2])
   assert table8.cosine_distance(np.eye(2), np.eye(2)[::-1]) == pytest.approx([1, 1])
   config, _, p = tabled
-  vs = variance.variance_spec(config.variance)
+  vs = variance_settings.variance_spec(config.variance)
   n = 2
   params, mcfg, data_dir, _, _ = variance._per_n(vs, n, None)
   body, head, shared, win, _, g, _, _ = variance._fixed_batch(vs, n, params, mcfg, "", data_dir)
@@ -86,9 +86,9 @@ def test_free_starts_exclude_every_overlapping_window():
 def test_independent_windows_share_no_byte_with_the_reference(seed):
   t, n, count = 16, 2, 3
   corpus_bytes = 2 * 10 * (t + 1)  # 10 windows' room per expert: overlaps likely unless avoided
-  ref, rec = variance.expert_windows(n, count, t, seed, "", corpus_bytes)
+  ref, rec = variance_windows.expert_windows(n, count, t, seed, "", corpus_bytes)
   ind, ind_rec = table8.independent_windows(n, count, t, seed, "", corpus_bytes, rec)
-  corpus = variance.stdlib_corpus(corpus_bytes)
+  corpus = variance_windows.stdlib_corpus(corpus_bytes)
   part = len(corpus) // n
   for e in range(n):
     starts = ind_rec["byte_offsets"][e]

@@ -14,7 +14,7 @@ from soma_jax.data import pipeline
 from soma_jax.data import windows as windows_lib
 from soma_jax.data.router import Router
 from soma_jax.errors import UserError
-from soma_jax.studies import driver, scores, table9
+from soma_jax.studies import driver, external_corpus, scores, table9
 from tests.test_compare import load_config
 
 WORDS = ("the river valley was settled by farmers who built a stone bridge over the ford in "
@@ -112,7 +112,7 @@ def test_the_cpu_config_is_table4s_four_rows():
 
 def test_wikitext_windows_advance_768_within_an_article_and_drop_the_incomplete(corpora):
   wiki, articles, _, _ = corpora
-  splits = table9.wikitext_splits(wiki)
+  splits = external_corpus.wikitext_splits(wiki)
   for split, lengths in (("validation", VALID_LENGTHS), ("test", TEST_LENGTHS)):
     windows, ids = splits[split]
     assert windows.shape == (sum(map(expected_windows, lengths)), 1025)
@@ -123,7 +123,7 @@ def test_wikitext_windows_advance_768_within_an_article_and_drop_the_incomplete(
 
 def test_an_external_source_alternates_its_documents_with_a_window(corpora):
   _, _, texts, files = corpora
-  splits = table9.source_splits(f"textdir:{texts}")
+  splits = external_corpus.source_splits(f"textdir:{texts}")
   # a01 (short), a03 (a copy of a00), a04 (binary), a05 (empty) dropped: a00 a02 a06 a07 a08
   halves = {"validation": ["a00.txt", "a06.txt", "a08.txt"], "test": ["a02.txt", "a07.txt"]}
   for half, names in halves.items():
@@ -235,7 +235,7 @@ def test_bad_fields_are_refused(field, value, match):
 def test_a_wikitext_folder_without_its_test_file_is_refused(tmp_path):
   (tmp_path / "wiki.valid.raw").write_bytes(b" = A = \n")
   with pytest.raises(UserError, match="wiki.test.raw"):
-    table9.check_corpus(str(tmp_path), "", 0, 0)
+    external_corpus.check_corpus(str(tmp_path), "", 0, 0)
 
 
 def test_the_training_corpus_is_refused_before_anything_trains(tmp_path, data_two_shards,

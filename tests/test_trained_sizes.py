@@ -20,6 +20,7 @@ from soma_jax.data import pipeline, prepare
 from soma_jax.errors import UserError
 from soma_jax.studies import trained_sizes as TS
 from soma_jax.studies import variance as V
+from soma_jax.studies import variance_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,10 +59,10 @@ def test_trained_preset():
   """size=trained: T = 1024, sparse probes, N = 1 and at least two more, no N at width d_E."""
   for study in ("experts", "reference"):
     c = CONFIGS.get_config(f"{study},size=trained")
-    vs = V.variance_spec(c)
+    vs = variance_settings.variance_spec(c)
     assert (c.seq_len, c.probe, c.n_list[0]) == (1024, "sparse", 1) and len(c.n_list) >= 3
     for n in c.n_list:
-      assert TS.run_config(vs, n, "d").model.d_t == V.sized_model(vs, n).d_t != c.model.d_e
+      assert TS.run_config(vs, n, "d").model.d_t == variance_settings.sized_model(vs, n).d_t != c.model.d_e
   assert CONFIGS.get_config("reference,size=trained").windows == "ensemble_val"
 
 
@@ -70,7 +71,7 @@ def test_every_n_trained_alike_and_reused(trained):
   c = _config("experts", trained)
   for n in c.n_list:
     run = ckpt_lib.read_config(TS.workdir(trained, n))
-    assert (run.n_experts, run.model.d_t) == (n, V.sized_model(V.variance_spec(c), n).d_t)
+    assert (run.n_experts, run.model.d_t) == (n, variance_settings.sized_model(variance_settings.variance_spec(c), n).d_t)
     assert (run.steps, run.spsa.n_pert, run.data.seq_len) == (
         c.train_run.steps, c.train_run.spsa.n_pert, c.train_run.data.seq_len)
     assert run.data.dir == os.path.join(trained, f"data_n{n}")
@@ -96,7 +97,7 @@ def test_experts_study_measures_each_runs_checkpoint(trained):
   """Each N's exact gradient is the one of that N's checkpoint on its recorded windows."""
   c = _config("experts", trained)
   with enable_x64():
-    r = V.study_experts(*TS.load_all(V.variance_spec(c)))
+    r = V.study_experts(*TS.load_all(variance_settings.variance_spec(c)))
     for row in r["variance_by_n"]:
       n = row["n"]
       rec = r["replay"][str(n)]["data"]
@@ -117,7 +118,7 @@ def test_reference_study_measures_each_runs_checkpoint(trained, monkeypatch):
   c = _config("reference", trained)
   c.update(windows="ensemble_val", pool=8, ref_batch=16, alloc_mult=(1,), reps=2)
   with enable_x64():
-    r = V.study_reference(*TS.load_all(V.variance_spec(c)))
+    r = V.study_reference(*TS.load_all(variance_settings.variance_spec(c)))
     for n in c.n_list:
       rec = r["replay"][str(n)]["data"]
       source = pipeline.subwindows(pipeline.eval_split(rec["data_dir"], "ensemble_val")[0],
@@ -143,21 +144,21 @@ def test_a_folder_that_does_not_match_is_refused(trained, tmp_path):
     bad = _config("experts", trained)
     bad.update(change)
     with pytest.raises(UserError, match=message) as e:
-      TS.load_all(V.variance_spec(bad))
+      TS.load_all(variance_settings.variance_spec(bad))
     assert "fix: python -m scripts.train_sizes" in str(e.value) and "\n" not in str(e.value)
   bad = _config("experts", trained)
   bad.train_run.spsa.n_pert = 2 * c.train_run.spsa.n_pert
   with pytest.raises(UserError, match="trained with spsa.n_pert="):
-    TS.load_all(V.variance_spec(bad))
+    TS.load_all(variance_settings.variance_spec(bad))
   for key, value in (("opt.weight_decay", 0.5), ("seed", 7)):  # any recipe field, not a list
     bad = _config("experts", trained)
     parent, _, leaf = key.rpartition(".")
     (bad.train_run[parent] if parent else bad.train_run)[leaf] = value
     with pytest.raises(UserError, match=f"trained with {key}="):
-      TS.load_all(V.variance_spec(bad))
+      TS.load_all(variance_settings.variance_spec(bad))
   fast = _config("experts", trained)  # cadence is no part of the recipe
   fast.train_run.log_every = 1
-  assert set(TS.load_all(V.variance_spec(fast))[1]) == set(fast.n_list)
+  assert set(TS.load_all(variance_settings.variance_spec(fast))[1]) == set(fast.n_list)
 
 
 def test_entry_point_refuses_in_one_line(tmp_path):

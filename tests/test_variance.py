@@ -17,6 +17,7 @@ from soma_jax import spsa as S
 from soma_jax import variance_measure as VM
 from soma_jax import variance_theory as VT
 from soma_jax.studies import variance as V
+from soma_jax.studies import variance_settings, variance_windows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -205,10 +206,10 @@ def test_reference_study_uses_a_disjoint_bptt_batch(monkeypatch):
   monkeypatch.setattr(V, "step_seconds", lambda *a, **k: 1.0)  # timing is not under test here
   c = CONFIGS.get_config("reference,size=tiny")
   c.update(alloc_mult=(1,), reps=2)  # the windows and g_ref are under test, not the errors
-  vs = V.variance_spec(c)
+  vs = variance_settings.variance_spec(c)
   with enable_x64():
     r = V.study_reference(vs)
-    corpus = V.stdlib_corpus(c.corpus_bytes)
+    corpus = variance_windows.stdlib_corpus(c.corpus_bytes)
     for n in c.n_list:
       rec = r["replay"][str(n)]["data"]
       idx_RxNxS = np.asarray(r["replay"][str(n)]["pool_index_RxNxS"])

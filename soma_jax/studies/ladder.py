@@ -21,25 +21,20 @@ The measured ratio is SOMA's compared-phase test gain (start - end) over the mon
 seed, with its 95% t interval across seeds; `measured_vs_summed` the same over the control's.
 Every field, the mechanism's settings and every rung's runs are checked before the first rung
 trains (`check`). OUT/rungW holds each rung's seeds and runs (they resume); `STUDY` runs
-through the driver (`driver.run`), which writes OUT/results.json, table.md and ladder.png.
+through the driver (`driver.run`), which writes OUT/results.json, table.md and ladder.png
+(`ladder_report.py`). The mechanism's measurement is in `ladder_mechanism.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
 
-import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
-from soma_jax import descent, memory, runs
-from soma_jax import model as model_lib
+from soma_jax import descent
 from soma_jax import spec as spec_lib
-from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 from soma_jax.studies import (
   base,
@@ -47,13 +42,19 @@ from soma_jax.studies import (
   driver,
   planning,
   recipes,
-  report,
   results,
   scores,
   statistics,
   table7,
   training,
 )
+from soma_jax.studies.ladder_mechanism import (
+  Mechanism,
+  measurement_batches,
+  seed_descent,
+  summed_descent,
+)
+from soma_jax.studies.ladder_report import figures, table
 
 SPEC = "SPEC 9.7 (this project's width ladder: Table 7's protocol at each width)"
 
@@ -96,21 +97,6 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mechanism.hutchinson = 16 if cpu else 1  # Hutchinson vectors per batch for tr(H)
   c.mechanism.seed = 0  # the probes' base key of the measurement
   return c
-
-
-@dataclasses.dataclass(frozen=True)
-class Mechanism:
-  """config.mechanism, checked (`MECHANISM_FIELDS`): how rho and r are measured at a rung's
-  start (`descent.measure`)."""
-  rho_by: str
-  batches: int  # expert-validation batches per expert
-  repeats: int  # SPSA estimates per batch
-  hutchinson: int  # Hutchinson vectors per batch
-  seed: int  # the probes' base key
-
-  def record(self) -> dict:
-    """results.json's `mechanism`, in config.mechanism.to_dict()'s (sorted) order."""
-    return dict(sorted(dataclasses.asdict(self).items()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,75 +203,6 @@ def _other(methods: list[str], reference: str, control: str) -> str:
 
 
 # -------------------------------------------------------------------------- mechanism
-
-
-def measurement_batches(data_dir: str, spec: spec_lib.RunSpec, count: int
-                        ) -> list[list[np.ndarray]]:
-  """Per expert, up to `count` batches [A, B, T + 1] of its shard's expert-validation
-  windows (held out from training), the same for every model measured at the rung."""
-  a, b, t = spec.accum, spec.batch, spec.seq_len
-  out = []
-  for e in range(spec.n_experts):
-    w = pipeline.expert_val_windows(data_dir, e, t)
-    k = min(count, w.shape[0] // (a * b))
-    if k < 1:
-      raise UserError(f"expert {e}'s validation split has {w.shape[0]} windows of {t + 1} bytes; "
-                      f"the mechanism needs A x B = {a * b}; fix: a corpus with more text")
-    out.append([w[i * a * b:(i + 1) * a * b].reshape(a, b, t + 1) for i in range(k)])
-  return out
-
-
-def batch_loss(body, head, batch_AxBxT1: jax.Array) -> jax.Array:
-  """The model's mean loss over an update's A batches (what one update descends)."""
-  return jnp.mean(jax.vmap(lambda w: model_lib.loss(body, head, w))(batch_AxBxT1))
-
-
-def seed_descent(spec: spec_lib.RunSpec, workdir: str, batches: list[np.ndarray],
-                 expert: int, m: Mechanism) -> dict:
-  """rho and r of the seed run in `workdir` (a compared run's start: its expert 0) under
-  the run's estimator, probes drawn as expert `expert`'s."""
-  body_N, head, _ = runs.restore_params(workdir)
-  body = jax.tree.map(lambda x: x[0], body_N)
-  head_e = head if spec.shared_head else head[0]
-  cfg = spec.method.step_config().spsa
-  with memory.full_precision():
-    return descent.measure(batch_loss, body, head_e, [jnp.asarray(b) for b in batches],
-                           spec.eps, cfg, jax.random.key(m.seed), repeats=m.repeats,
-                           hutchinson=m.hutchinson, rho_by=m.rho_by, expert=expert)
-
-
-@functools.cache
-def _streamed(time_block: int, unroll: int):
-  """One expert's SPSA loss (`spsa`'s default, `model.streamed_loss`), one object per
-  setting so `descent.summed` and jit cache by it."""
-  return functools.partial(model_lib.streamed_loss, time_block=time_block, unroll=unroll)
-
-
-def summed_batches(batches: list[list[np.ndarray]]) -> list[np.ndarray]:
-  """[A, N, B, T + 1] per batch index k < every expert's count: expert e's batch k at e."""
-  count = min(len(b) for b in batches)
-  return [np.stack([b[k] for b in batches], axis=1) for k in range(count)]
-
-
-def summed_descent(spec: spec_lib.RunSpec, workdir: str, batches: list[list[np.ndarray]],
-                   m: Mechanism) -> dict:
-  """rho and r of the summed-loss estimator at the control's start (its seed run in
-  `workdir`, every expert as `spec`'s method starts it): the parameters are all N bodies
-  stacked, the loss sum_e of expert e's on its own batch k (`summed_batches`; heads held as
-  in the experts' measurement), one SPSA direction drawn over the whole stacked vector (as
-  expert 0's probes: the law of the control's, whose expert e's block is drawn from expert
-  e's key), with the experts' n, eps, repeats, Hutchinson vectors and key."""
-  body_N, head = spec.method.init_params(runs.restore_params(workdir))
-  n = spec.n_experts
-  head_N = jnp.broadcast_to(head, (n,) + head.shape) if spec.shared_head else head
-  # a custom loss_fn needs forward="direct" (`spsa`: speed only, the same losses)
-  cfg = dataclasses.replace(spec.method.step_config().spsa, forward="direct")
-  loss_fn = descent.summed(_streamed(cfg.time_block, cfg.unroll), 0)
-  with memory.full_precision():
-    return descent.measure(descent.summed(batch_loss, 1), body_N, head_N,
-                           [jnp.asarray(b) for b in summed_batches(batches)], spec.eps, cfg,
-                           jax.random.key(m.seed), repeats=m.repeats, hutchinson=m.hutchinson,
-                           rho_by=m.rho_by, expert=0, loss_fn=loss_fn)
 
 
 def mechanism(ls: LadderSpec, specs: dict, seeds: dict, data_dir: str) -> dict:
@@ -414,84 +331,6 @@ def measure(ls: LadderSpec, ready: base.Setup, rungs: list[dict]) -> dict:
                      "seed_updates": ready.plan.seed_updates},
           "rungs_asked": list(ls.widths), "mechanism": ls.mechanism.record(),
           "other": ls.other, "control": ls.control, "rungs": rungs}
-
-
-# ------------------------------------------------------------------------------ output
-
-
-def table(p: dict) -> str:
-  """Markdown: one row per rung, predicted beside measured, then the gains."""
-  ref, mono, ctl = p["reference"], p["other"], p["control"]
-  lines = [
-      f"Width ladder ({p['spec']}): SOMA N = 2 ({ref}) against the monolith ({mono}) of equal "
-      f"total parameters at each rung; Table 7's protocol per rung ({p['budget']['amount']:g} "
-      f"{p['budget']['unit']} per configuration after {p['budget']['seed_updates']}-update seeds, "
-      f"seeds {p['seeds']}). rho by {p['mechanism']['rho_by']} at each rung's start "
-      f"({p['mechanism']['batches']} batch(es) per expert, {p['mechanism']['repeats']} "
-      "estimates each), r by Hessian-vector products. Gains: test, start - end; intervals: "
-      "95% t across seeds.",
-      "",
-      "| expert width | monolith width | params (SOMA / mono) | ops/update diff | rho expert | "
-      "rho mono | r expert | r mono | predicted ratio | measured gain ratio | SOMA gain | "
-      "mono gain | SOMA - control gain | rho summed | r summed | predicted vs summed | "
-      "measured vs summed | wall s |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-  ]
-  for r in p["rungs"]:
-    m = r["mechanism"]
-    r_e = np.mean([x["r"] for x in m["experts"]])
-    lines.append(
-        f"| {r['width']} | {r['d_t'][mono]} | {r['params'][ref]:,} / {r['params'][mono]:,} | "
-        f"{r['ops_difference']:+.2%} | {m['rho_expert']:.4g} | {m['monolith']['rho']:.4g} | "
-        f"{r_e:.3g} | {m['monolith']['r']:.3g} | {m['predicted_ratio']:.3f} ± "
-        f"{m['predicted_ratio_se']:.3f} | {results.ci(r['measured_ratio'])} | "
-        f"{results.ci(r['methods'][ref]['gain']['test'], 4)} | "
-        f"{results.ci(r['methods'][mono]['gain']['test'], 4)} | "
-        f"{results.ci(r['control']['soma_minus_control_gain'], 4)} | "
-        f"{m['summed']['rho']:.4g} | {m['summed']['r']:.3g} | {m['predicted_vs_summed']:.3f} ± "
-        f"{m['predicted_vs_summed_se']:.3f} | {results.ci(r['measured_vs_summed'])} | "
-        f"{r['wall_seconds']:.0f} |")
-  se_by = sorted({r["mechanism"]["predicted_ratio_se_by"] for r in p["rungs"]})
-  se_summed = sorted({r["mechanism"]["predicted_vs_summed_se_by"] for r in p["rungs"]})
-  lines += ["", f"Control: {ctl} at SOMA's selected lr / eps and updates per seed. Predicted "
-            f"ratio: mean over experts of rho / the monolith's rho (± SE, {'; '.join(se_by)}). "
-            "Predicted vs summed: mean over experts of rho / the summed-loss estimator's rho "
-            f"(both experts' bodies, one direction over them; ± SE, {'; '.join(se_summed)}); "
-            "measured vs summed: SOMA's test gain / the control's (95% t across seeds). "
-            f"Byte unigram {p['unigram_test_nats_per_byte']:.3f}."]
-  return "\n".join(lines) + "\n"
-
-
-def plot(p: dict, path: str) -> None:
-  """The measured gain ratio (95% t interval) and the predicted ratio (± 2 SE) vs width."""
-  plt = report.plt
-  fig, ax = plt.subplots(figsize=(5.5, 3.8))
-  w = np.array([r["width"] for r in p["rungs"]], float)
-  meas = [r["measured_ratio"] for r in p["rungs"]]
-  mean = np.array([m["mean"] for m in meas])
-  lo = np.array([m["ci95"][0] if m["ci95"] else m["mean"] for m in meas])
-  hi = np.array([m["ci95"][1] if m["ci95"] else m["mean"] for m in meas])
-  ax.errorbar(w, mean, yerr=[mean - lo, hi - mean], fmt="o-", capsize=3,
-              label="measured: SOMA gain / monolith gain (95% t, seeds)")
-  pred = np.array([r["mechanism"]["predicted_ratio"] for r in p["rungs"]])
-  se = np.array([r["mechanism"]["predicted_ratio_se"] for r in p["rungs"]])
-  ax.errorbar(w * 1.04, pred, yerr=2 * se, fmt="s--", capsize=3,
-              label="predicted: rho expert / rho monolith (± 2 SE)")
-  ax.axhline(1.0, c="gray", lw=1)
-  ax.set_xscale("log", base=2)
-  ax.set_xlim(w.min() / 1.4, w.max() * 1.4)  # one rung alone: its two markers side by side
-  ax.set_xticks(w, [str(int(x)) for x in w])
-  ax.set_xlabel("SOMA expert width (monolith of equal parameters)")
-  ax.set_ylabel("SOMA / monolith")
-  ax.set_title(f"width ladder, {len(p['seeds'])} seeds", fontsize=10)
-  ax.legend(fontsize=7)
-  ax.grid(alpha=0.3)
-  report.save_figure(fig, path)
-
-
-def figures(p: dict, out: str) -> None:
-  """OUT/ladder.png (`plot`)."""
-  plot(p, os.path.join(out, "ladder.png"))
 
 
 STUDY = base.Study(spec=SPEC, config=config, check=check, stages=stages, measure=measure,

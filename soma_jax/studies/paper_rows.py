@@ -46,7 +46,6 @@ class Row:
     return "; ".join(f"{iv.name} {r.show(iv)}" for iv in self.intervals())
 
 
-_IVS = "Student's t over seeds, or seeds and documents where the cell says so"
 ROWS = [
     Row("Figure 1, Table 4", "how to spend a budget: SOMA N = 2 against monoliths with more "
         "directions, EGGROLL", COMPARE + "table4,size=cpu", r.table4,

@@ -29,7 +29,16 @@ import ml_collections
 import numpy as np
 
 from soma_jax.errors import UserError
-from soma_jax.studies import base, datasets, planning, recipes, trained_sizes, variance
+from soma_jax.studies import (
+  base,
+  datasets,
+  planning,
+  recipes,
+  trained_sizes,
+  variance,
+  variance_settings,
+  variance_windows,
+)
 from soma_jax.variance_measure import (
   block_errors,
   exact_grads,
@@ -91,7 +100,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
 class Table8Spec:
   """The study's settings, read once from its config by `check`."""
 
-  vs: variance.VarianceSpec  # the experts variance study measured
+  vs: variance_settings.VarianceSpec  # the experts variance study measured
   train_updates: int  # updates of each N's run where the study names no trained runs
   prepare: dict  # prepare.prepare's keyword settings for the training data (tests)
   x64: bool  # measure in float64
@@ -122,7 +131,7 @@ def check(plan: None, config: ml_collections.ConfigDict) -> Table8Spec:
   if not v.trained_dir and not (isinstance(v.trained_source, str) and v.trained_source):
     raise UserError(f"variance.trained_source={v.trained_source!r}: the corpus each N's run "
                     "trains on; fix: --config.variance.trained_source=pystdlib or textdir:DIR")
-  return Table8Spec(variance.variance_spec(v), config.train_updates,
+  return Table8Spec(variance_settings.variance_spec(v), config.train_updates,
                     dict(config.get("prepare", {}).items()), bool(config.x64))
 
 
@@ -145,7 +154,7 @@ def _enough(free: int, count: int, e: int) -> None:
 def independent_windows(n: int, count: int, seq_len: int, seed: int, data_dir: str,
                         corpus_bytes: int, reference: dict) -> tuple[np.ndarray, dict]:
   """[N, count, T + 1] windows per expert, from the same source as the reference batch whose
-  `variance.expert_windows` record is `reference`, none sharing a byte with it, and their
+  `variance_windows.expert_windows` record is `reference`, none sharing a byte with it, and their
   record. With a data dir: expert-validation sub-windows other than the reference's and their
   neighbours (sub-windows k and k + 1 share a byte); else starts in the expert's slice of the
   standard-library corpus at least T + 1 bytes from every reference start."""
@@ -165,7 +174,7 @@ def independent_windows(n: int, count: int, seq_len: int, seed: int, data_dir: s
       picks.append(idx.tolist())
     return np.stack(rows), {"data_dir": data_dir, "shard_of_expert": reference["shard_of_expert"],
                             "val_window_index": picks}
-  corpus = variance.stdlib_corpus(corpus_bytes)
+  corpus = variance_windows.stdlib_corpus(corpus_bytes)
   part = len(corpus) // n
   starts = []
   for e, taken in enumerate(reference["byte_offsets"]):
@@ -188,12 +197,12 @@ def relative_change(reference: float, independent: float) -> float:
   return independent / reference - 1.0
 
 
-def n_pert_points(vs: variance.VarianceSpec) -> tuple[int, ...]:
+def n_pert_points(vs: variance_settings.VarianceSpec) -> tuple[int, ...]:
   """The study's n_pert and every n_pert of its n_pert_list that divides it."""
   return tuple(sorted({vs.n_pert, *(k for k in vs.n_pert_list if vs.n_pert % k == 0)}))
 
 
-def compare_references(vs: variance.VarianceSpec, body_N, head, shared: bool,
+def compare_references(vs: variance_settings.VarianceSpec, body_N, head, shared: bool,
                        win_NxBxT1: np.ndarray, g_NxD: jax.Array, ind_NxBxT1: np.ndarray) -> dict:
   """The reference g_NxD (jax.grad on `win_NxBxT1`, the probes' batch) against the gradient
   of `ind_NxBxT1`: cosine distances and every variance value with either as the reference."""
@@ -219,8 +228,8 @@ def compare_references(vs: variance.VarianceSpec, body_N, head, shared: bool,
           "points": points}
 
 
-def measure_n(vs: variance.VarianceSpec, n: int,
-              trained: dict[int, variance.Trained] | None) -> dict:
+def measure_n(vs: variance_settings.VarianceSpec, n: int,
+              trained: dict[int, variance_settings.Trained] | None) -> dict:
   """One N's row: the experts study's experts, batch and reference (fresh, or `trained`)
   against an independent batch of the same size."""
   params, mcfg, data_dir, weights, run = variance._per_n(vs, n, trained)
@@ -246,7 +255,7 @@ def setup(t: Table8Spec, plan: None, out: str, executor=None) -> base.Setup:
   how = f"the variance study's trained runs in {vs.trained_dir}"
   if not vs.trained_dir:
     where = os.path.join(out, "trained")
-    vs = variance.with_changes(vs, trained_dir=where, train_run={"steps": t.train_updates})
+    vs = variance_settings.with_changes(vs, trained_dir=where, train_run={"steps": t.train_updates})
     datasets.prepared_dirs(vs.trained_source, t.prepare, list(vs.n_list), where)
     trained_sizes.train_all(vs, where)
     how = (f"the variance study names no trained runs at size={vs.size}: each N trained here "

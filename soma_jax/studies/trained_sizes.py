@@ -3,7 +3,7 @@ variance studies at size=trained (SPEC 9.5).
 
 The folder `out` holds, for each N of the study's `n_list`, `out/data_n{N}` (the corpus
 `trained_source` prepared into N shards) and `out/N{N}` (a SOMA workdir: N experts of the
-width `variance.sized_model` gives N, each on its own shard, trained by the study's
+width `variance_settings.sized_model` gives N, each on its own shard, trained by the study's
 `train_run` recipe). Every N gets the same updates, n_pert, B and T. `train_all` trains or
 resumes them (a finished run is reused as it is); `load_all` reads them back for the
 studies and refuses a folder that does not match the study's sizes.
@@ -23,21 +23,21 @@ from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.data import pipeline
 from soma_jax.errors import UserError
-from soma_jax.studies import results, variance
+from soma_jax.studies import results, variance_settings
 
 
 def workdir(out: str, n: int) -> str:
   return os.path.join(out, f"N{n}")
 
 
-def _fix(vs: variance.VarianceSpec, out: str) -> str:
+def _fix(vs: variance_settings.VarianceSpec, out: str) -> str:
   return (f"fix: python -m scripts.train_sizes --config=experiments/configs/variance.py:"
           f"{vs.study},size={vs.size} --out={out} (trains each missing N, reuses finished ones)")
 
 
-def run_config(vs: variance.VarianceSpec, n: int, data_dir: str) -> ml_collections.ConfigDict:
+def run_config(vs: variance_settings.VarianceSpec, n: int, data_dir: str) -> ml_collections.ConfigDict:
   """The training config of the N-expert run: `train_run` at the width of `sized_model`."""
-  m = variance.sized_model(vs, n)
+  m = variance_settings.sized_model(vs, n)
   if m.shared_head:
     raise UserError(f"total_params={vs.total_params:,} puts N = {n} at width d_E = {m.d_e}, "
                     "which shares one frozen E seeded first (SPEC 3.4); train_sizes trains "
@@ -50,12 +50,12 @@ def run_config(vs: variance.VarianceSpec, n: int, data_dir: str) -> ml_collectio
   return run
 
 
-def train_all(spec: variance.VarianceSpec | ml_collections.ConfigDict, out: str) -> dict[int, str]:
+def train_all(spec: variance_settings.VarianceSpec | ml_collections.ConfigDict, out: str) -> dict[int, str]:
   """Prepares the data and trains (or resumes, or reuses) every N's run of `spec` (a
-  `variance.VarianceSpec`, or the config `variance.variance_spec` reads); {N: workdir}."""
+  `variance_settings.VarianceSpec`, or the config `variance_settings.variance_spec` reads); {N: workdir}."""
   from soma_jax.data import prepare
 
-  vs = spec if isinstance(spec, variance.VarianceSpec) else variance.variance_spec(spec)
+  vs = spec if isinstance(spec, variance_settings.VarianceSpec) else variance_settings.variance_spec(spec)
   done = {}
   for n in vs.n_list:
     data_dir = os.path.join(out, f"data_n{n}")
@@ -72,10 +72,10 @@ def train_all(spec: variance.VarianceSpec | ml_collections.ConfigDict, out: str)
   return done
 
 
-def _check_run(vs: variance.VarianceSpec, n: int, run: spec_lib.RunSpec,
+def _check_run(vs: variance_settings.VarianceSpec, n: int, run: spec_lib.RunSpec,
                where: str) -> model_lib.ModelConfig:
   """The run's model, once its N, width and recipe are the study's; else one UserError."""
-  want = variance.sized_model(vs, n)
+  want = variance_settings.sized_model(vs, n)
   fix = _fix(vs, os.path.dirname(where))
   if run.method.family != "lstm" or len(run.experts) != run.n_experts:
     raise UserError(f"{where!r} is not a whole LSTM ensemble (method={run.method.name}, "
@@ -106,8 +106,8 @@ def _record(where: str, run: spec_lib.RunSpec, step: int) -> dict:
           "val_loss": summary.get("val_loss"), "device_seconds": summary.get("device_seconds")}
 
 
-def load_all(vs: variance.VarianceSpec
-             ) -> tuple[variance.VarianceSpec, dict[int, variance.Trained]]:
+def load_all(vs: variance_settings.VarianceSpec
+             ) -> tuple[variance_settings.VarianceSpec, dict[int, variance_settings.Trained]]:
   """Every N's newest checkpoint in `vs.trained_dir`, checked against the study's sizes, and
   `vs` with its weights naming them."""
   out = vs.trained_dir
@@ -123,9 +123,9 @@ def load_all(vs: variance.VarianceSpec
     if int(step) != vs.train_run.steps:
       raise UserError(f"{where!r} is at update {int(step)} of {vs.train_run.steps}; "
                       f"{_fix(vs, out)}")
-    loaded[n] = variance.Trained(state.body, state.head, mcfg, run.data_dir,
+    loaded[n] = variance_settings.Trained(state.body, state.head, mcfg, run.data_dir,
                                  f"trained: {os.path.normpath(where)} at update {int(step)}",
                                  _record(where, run, int(step)))
   weights = (f"trained: one SOMA run per N in {os.path.normpath(out)}, "
              f"{vs.train_run.steps} updates each")
-  return variance.with_changes(vs, weights=weights), loaded
+  return variance_settings.with_changes(vs, weights=weights), loaded

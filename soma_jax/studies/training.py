@@ -13,7 +13,7 @@ from soma_jax import evaluate as eval_lib
 from soma_jax import plan as plan_lib
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import executor as executor_lib
+from soma_jax.studies import jobs as jobs_lib
 from soma_jax.studies import planning, results, scores
 
 
@@ -102,10 +102,10 @@ def train_all(runs: list[tuple[spec_lib.RunSpec, str, str]], executor=None) -> l
   for folder in folders:
     results.own(folder)
   if executor is None:
-    return [executor_lib.train(spec, workdir, what) for spec, workdir, what in runs]
+    return [jobs_lib.train(spec, workdir, what) for spec, workdir, what in runs]
   for spec, workdir, _ in runs:
-    executor_lib.check_existing(workdir, spec)
-  return executor.run([executor_lib.Job(spec.config.to_dict(), workdir, what)
+    jobs_lib.check_existing(workdir, spec)
+  return executor.run([jobs_lib.Job(spec.config.to_dict(), workdir, what)
                        for spec, workdir, what in runs])
 
 

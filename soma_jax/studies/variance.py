@@ -1,17 +1,16 @@
 """The variance studies of SPEC 5: measured error (`soma_jax.variance_measure`) against the theory
 (`soma_jax.variance_theory`), one function per study in `STUDIES`, each returning a JSON-ready
-dict with the record that replays its probes and data.
+dict with the record that replays its probes and data. Their settings and each N's experts are
+in `variance_settings.py`, the windows they measure on in `variance_windows.py`.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import functools
 import itertools
 import math
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +21,10 @@ from soma_jax import config as config_lib
 from soma_jax import model as model_lib
 from soma_jax import sizing, spsa, train_state
 from soma_jax import spec as spec_lib
-from soma_jax.errors import UserError
 from soma_jax.loop import Loop
+from soma_jax.studies.variance_settings import Trained, VarianceSpec, sized_model, variance_spec
+from soma_jax.studies.variance_windows import disjoint_windows, expert_windows
 from soma_jax.variance_measure import (
-  PyTree,
   block_errors,
   exact_grads,
   flat_N,
@@ -45,8 +44,6 @@ from soma_jax.variance_theory import (
   grouped_sparse_prediction,
   sparse_prediction,
 )
-
-# ----------------------------------------------------------------------------- timing
 
 
 def step_seconds(cfg: model_lib.ModelConfig, n: int, n_pert: int, batch: int, seq_len: int,
@@ -75,207 +72,6 @@ def step_seconds(cfg: model_lib.ModelConfig, n: int, n_pert: int, batch: int, se
   jax.block_until_ready((loop.state, m))
   return (time.perf_counter() - t0) / steps
 
-
-# ------------------------------------------------------------------------------ data
-
-
-def stdlib_corpus(max_bytes: int) -> np.ndarray:
-  """The first `max_bytes` bytes of this Python's standard library sources (real text)."""
-  from soma_jax.data import sources
-
-  out, total = [], 0
-  for _, text in sources.iter_pystdlib():
-    out.append(np.frombuffer(text, np.uint8))
-    total += len(text)
-    if total >= max_bytes:
-      break
-  return np.concatenate(out)[:max_bytes]
-
-
-def shard_of_experts(n: int, data_dir: str, expert_shards: str = "") -> list[int]:
-  """The shard each of n experts reads: `expert_shards` ("4,5,6,7", one per expert, e.g.
-  experts 4-7 of a trained ensemble), else shard e mod num_clusters."""
-  from soma_jax.data import pipeline
-
-  shards = int(pipeline.load_manifest(data_dir)["num_clusters"])
-  if not expert_shards:
-    return [e % shards for e in range(n)]
-  try:
-    ids = [int(x) for x in str(expert_shards).split(",")]
-  except ValueError:
-    raise UserError(f"expert_shards={expert_shards!r} is not a comma list of shard ids") from None
-  if len(ids) != n or not all(0 <= e < shards for e in ids):
-    raise UserError(f"expert_shards={expert_shards!r}: need {n} shard ids in 0..{shards - 1}")
-  return ids
-
-
-def expert_windows(n: int, count: int, seq_len: int, seed: int, data_dir: str = "",
-                   corpus_bytes: int = 1 << 21, expert_shards: str = "") -> tuple[np.ndarray, dict]:
-  """[N, count, T + 1] uint8 windows per expert, and a record that replays them.
-
-  With `data_dir`: expert e's expert-validation windows of its shard (`shard_of_experts`),
-  picked by a seeded choice. Without: expert e reads the e-th of N contiguous slices of the
-  standard-library corpus at seeded offsets, so each expert has its own "cluster".
-  """
-  rng = np.random.default_rng(seed)
-  if data_dir:
-    from soma_jax.data import pipeline
-
-    shard_of = shard_of_experts(n, data_dir, expert_shards)
-    rows, picks = [], []
-    for shard in shard_of:
-      w = pipeline.expert_val_windows(data_dir, shard, seq_len)
-      idx = rng.choice(len(w), count, replace=len(w) < count)
-      rows.append(np.asarray(w[np.sort(idx)]))
-      picks.append(np.sort(idx).tolist())
-    return np.stack(rows), {"data_dir": data_dir, "shard_of_expert": shard_of,
-                            "val_window_index": picks}
-  corpus = stdlib_corpus(corpus_bytes)
-  part = len(corpus) // n
-  if part < seq_len + 1:
-    raise ValueError(f"{len(corpus)} corpus bytes are too few for {n} experts")
-  starts = [e * part + np.sort(rng.integers(0, part - seq_len, count)) for e in range(n)]
-  idx = np.stack(starts)[..., None] + np.arange(seq_len + 1)
-  return corpus[idx], {"source": "pystdlib", "corpus_bytes": len(corpus),
-                       "byte_offsets": [s.tolist() for s in starts]}
-
-
-def _slot_sources(n: int, seq_len: int, data_dir: str, corpus_bytes: int, split: str
-                  ) -> tuple[list[np.ndarray], dict]:
-  """Each expert's windows of T + 1 bytes to draw from, and how to find them again."""
-  if data_dir:
-    from soma_jax.data import pipeline
-
-    if split == "ensemble_val":  # the same chunks for every expert (SPEC 9.5)
-      w = pipeline.subwindows(pipeline.eval_split(data_dir, "ensemble_val")[0], seq_len)
-      return [np.asarray(w)] * n, {"data_dir": data_dir, "split": split,
-                                   "slot": f"index into ensemble_val.npy's {seq_len + 1}-byte "
-                                           "sub-windows"}
-    if split != "expert_val":
-      raise UserError(f"windows={split!r}; use expert_val or ensemble_val")
-    shards = int(pipeline.load_manifest(data_dir)["num_clusters"])
-    sources = [np.asarray(pipeline.expert_val_windows(data_dir, e % shards, seq_len))
-               for e in range(n)]
-    return sources, {"data_dir": data_dir, "split": split,
-                     "shard_of_expert": [e % shards for e in range(n)],
-                     "slot": "index into the shard's expert-validation windows"}
-  corpus = stdlib_corpus(corpus_bytes)
-  part = len(corpus) // n
-  slots = part // (seq_len + 1)
-  sources = [corpus[e * part:e * part + slots * (seq_len + 1)].reshape(slots, seq_len + 1)
-             for e in range(n)]
-  return sources, {"source": "pystdlib", "corpus_bytes": len(corpus),
-                   "slot": f"bytes e * {part} + slot * {seq_len + 1} onwards, {seq_len + 1} of them"}
-
-
-def disjoint_windows(n: int, count_zo: int, count_ref: int, seq_len: int, seed: int,
-                     data_dir: str = "", corpus_bytes: int = 1 << 21, split: str = "expert_val"
-                     ) -> tuple[np.ndarray, np.ndarray, dict]:
-  """Zero-order and reference windows per expert that share no window, and their record.
-
-  Returns [N, count_zo, T + 1], [N, count_ref, T + 1]. Each expert's source is cut into
-  slots of T + 1 bytes: with `data_dir`, its expert-validation windows of shard
-  e mod num_clusters (split="expert_val") or the ensemble-validation chunks
-  (split="ensemble_val"); else non-overlapping slots of its 1/N slice of the
-  standard-library corpus. One seeded permutation per expert gives the zero-order set its
-  first count_zo slots and the reference set the next count_ref, so no slot is in both.
-  """
-  rng = np.random.default_rng(seed)
-  need = count_zo + count_ref
-  sources, record = _slot_sources(n, seq_len, data_dir, corpus_bytes, split)
-  zo, ref, zo_slots, ref_slots = [], [], [], []
-  for e, src in enumerate(sources):
-    if len(src) < need:
-      raise UserError(f"expert {e} has {len(src)} windows of {seq_len + 1} bytes; the study needs "
-                      f"{need} (pool + ref_batch); fix: lower pool or ref_batch, or raise "
-                      "corpus_bytes")
-    perm = rng.permutation(len(src))
-    a, b = np.sort(perm[:count_zo]), np.sort(perm[count_zo:need])
-    zo.append(src[a])
-    ref.append(src[b])
-    zo_slots.append(a.tolist())
-    ref_slots.append(b.tolist())
-  record.update(zero_order_slots=zo_slots, reference_slots=ref_slots)
-  return np.stack(zo), np.stack(ref), record
-
-
-# ------------------------------------------------------------------------------ spec
-
-
-@dataclasses.dataclass(frozen=True)
-class VarianceSpec:
-  """A variance study's settings (experiments/configs/variance.py), read once from its config
-  by `variance_spec`; the studies read these, and `config` only goes into the results."""
-
-  study: str  # which study runs, a key of STUDIES
-  size: str  # the preset the defaults come from: tiny, cpu or trained
-  seed: int  # fresh-init key and window selection
-  probe_seed: int  # base key of every direction
-  eps: float  # central-difference scale
-  probe: str  # probe of the shared_vs_separate, experts and reference studies
-  reps: int  # independent repeats; error bars are over these
-  rep_chunk: int  # repeats evaluated at once
-  dir_chunk: int  # directions evaluated at once
-  n_experts: int  # experts of the n_pert and batch studies
-  n_pert: int  # the headline n_pert
-  n_pert_list: tuple[int, ...]  # n_pert values (shared_vs_separate, n_pert)
-  batch: int  # B: windows in the fixed batch; the reference study's base B
-  seq_len: int  # T: targets per window
-  data_dir: str  # a prepared data dir; "" = stdlib text
-  expert_shards: str  # the shard of each expert, "4,5,6,7"; "" = expert e on shard e
-  weights: str  # which trained weights are measured; "" = none named
-  corpus_bytes: int  # stdlib bytes read when data_dir is ""
-  pool: int  # windows per expert behind the batch draws
-  ref_batch: int  # reference: windows per expert of the BPTT reference
-  budget: int  # batch study: n_pert * B held fixed
-  accum_list: tuple[int, ...]  # batch study: A accumulated batches
-  accum_batch: int  # batch study: windows per accumulated batch
-  accum_n_pert: int  # batch study: directions per accumulated batch
-  n_list: tuple[int, ...]  # experts / reference studies: expert counts N
-  total_params: int  # each N's ensemble size; 0 = N bodies that hold one model.d_t body
-  alloc_mult: tuple[int, ...]  # reference: multiples of the base n_pert and B
-  time_steps: int  # reference: timed train steps per allocation
-  model: model_lib.ModelConfig  # model.d_t, d_e and depth, one shared head
-  windows: str  # reference windows with a data dir: expert_val or ensemble_val
-  trained_dir: str | None  # the folder of trained runs per N; None: the study has none
-  trained_source: str | None  # the corpus train_sizes prepares for each N
-  train_run: ml_collections.ConfigDict | None  # the recipe of every N's training run
-  config: ml_collections.ConfigDict  # the config all of this is read from, for the results
-
-
-def variance_spec(c: ml_collections.ConfigDict) -> VarianceSpec:
-  """The `VarianceSpec` of a variance config (experiments/configs/variance.py:STUDY); the
-  per-N fields (trained_dir, windows, trained_source, train_run) only where the study has
-  them."""
-  m = c.model
-  return VarianceSpec(
-      study=c.study, size=c.size, seed=c.seed, probe_seed=c.probe_seed, eps=c.eps,
-      probe=c.probe, reps=c.reps, rep_chunk=c.rep_chunk, dir_chunk=c.dir_chunk,
-      n_experts=c.n_experts, n_pert=c.n_pert, n_pert_list=tuple(c.n_pert_list), batch=c.batch,
-      seq_len=c.seq_len, data_dir=c.data_dir, expert_shards=c.get("expert_shards", ""),
-      weights=c.get("weights", ""), corpus_bytes=c.corpus_bytes, pool=c.pool,
-      ref_batch=c.ref_batch, budget=c.budget, accum_list=tuple(c.accum_list),
-      accum_batch=c.accum_batch, accum_n_pert=c.accum_n_pert, n_list=tuple(c.n_list),
-      total_params=c.total_params, alloc_mult=tuple(c.alloc_mult), time_steps=c.time_steps,
-      model=model_lib.ModelConfig(d_t=m.d_t, d_e=m.d_e, depth=m.depth, shared_head=True),
-      windows=c.get("windows", "expert_val"), trained_dir=c.get("trained_dir"),
-      trained_source=c.get("trained_source"), train_run=c.get("train_run"), config=c)
-
-
-def with_changes(vs: VarianceSpec, **changes: Any) -> VarianceSpec:
-  """`vs` read again from a copy of its config with `changes` made (a dict value updates the
-  sub-config of its key), e.g. the model and weights of a trained run it measures."""
-  changed = copy.deepcopy(vs.config)
-  with changed.unlocked():
-    for key, value in changes.items():
-      if isinstance(value, dict):
-        changed[key].update(value)
-      else:
-        changed[key] = value
-  return variance_spec(changed)
-
-
-# --------------------------------------------------------------------------- studies
 
 GROUPINGS = {"one_sum": (0, 0, 0, 0), "pairs": (0, 0, 1, 1), "separate": (0, 1, 2, 3)}
 
@@ -430,28 +226,6 @@ def study_n_pert(vs: VarianceSpec, params=None) -> dict:
                                        for i, k in enumerate(vs.n_pert_list)},
                    "data": data_rec, "batch": "expert e's windows, one fixed batch"}
   return out
-
-
-class Trained(NamedTuple):
-  """One N's trained run, as the experts and reference studies read it (`trained_sizes`)."""
-
-  body: PyTree  # the N bodies, stacked
-  head: jax.Array  # [N, V, d_E] own heads, or one shared [V, d_E]
-  model: model_lib.ModelConfig  # the run's model
-  data_dir: str  # the run's data dir (expert e trained on shard e)
-  weights: str  # which weights: the workdir and its update
-  run: dict  # the run's record for the results (its recipe, validation loss, seconds)
-
-
-def sized_model(vs: VarianceSpec, n: int) -> model_lib.ModelConfig:
-  """N experts at the study's size: the width whose ensemble count (SPEC 2) is nearest
-  `total_params`, or, when it is 0, N bodies that together hold one width-model.d_t body."""
-  d_e, depth = vs.model.d_e, vs.model.depth
-  if vs.total_params:
-    return sizing.sized_config(vs.total_params, n, d_e, depth)
-  m_total = sizing.body_count(vs.model.d_t, d_e, depth)
-  d_t = min(range(1, 4097), key=lambda x: abs(n * sizing.body_count(x, d_e, depth) - m_total))
-  return model_lib.ModelConfig(d_t=d_t, d_e=d_e, depth=depth, shared_head=True)
 
 
 def _per_n(vs: VarianceSpec, n: int, trained: dict[int, Trained] | None):
