@@ -218,11 +218,10 @@ def test_the_raw_config_check_sees_one():
   assert raw_config_functions(tree) == ["soma_jax/plan.py:1 place", "soma_jax/plan.py:3 f"]
 
 
-# Every study but spsa15 runs through the driver and takes a raw config only by
-# `_at_a_study_door`'s rule; spsa15 and the other modules of soma_jax/studies/ take one only
-# at these doors; everything below a door holds its typed spec (planning.StudyPlan,
-# table7.Grid, ladder.LadderSpec, decompose.Rows, narrow.Narrow, independent.Settings,
-# variance.VarianceSpec).
+# Every study runs through the driver and takes a raw config only by `_at_a_study_door`'s
+# rule; the other modules of soma_jax/studies/ take one only at these doors; everything below
+# a door holds its typed spec (planning.StudyPlan, table7.Grid, ladder.LadderSpec,
+# decompose.Rows, narrow.Narrow, spsa15.Alphas, independent.Settings, variance.VarianceSpec).
 # planning's and training's are the builders of each run's config; independent's `vc` is the variance study's config.
 STUDY_DOORS = {
     "recipes.py": None,  # the configs the studies share: building configs is its whole job
@@ -233,7 +232,6 @@ STUDY_DOORS = {
                     "resolved", "_leaves", "as_field", "seed_configs", "sized"},
     "training.py": {"check_runs", "budgeted", "seed_stage", "train_seeds"},
     "trained_sizes.py": {"train_all"}, "variance.py": {"variance_spec", "run_study"},
-    "spsa15.py": {"check", "stage1", "stage2", "run"},
 }
 
 

@@ -21,17 +21,16 @@ def contrast(rows: dict, b: str, a: str, fraction: float, doc_ids: np.ndarray, d
              kind: str = "seeds_own_starts") -> dict:
   """b's test end loss minus a's at one declared budget `fraction`, per seed and across seeds:
   the t interval over seeds widened by the test documents' bootstrap variance of the seed mean
-  (`statistics.widened_t_interval`), and the seeds-only t interval beside it. `kind`: what the
+  (`statistics.difference_effect`), and the seeds-only t interval beside it. `kind`: what the
   seeds' interval holds (`planning.interval_kind`), recorded as `interval`."""
   key = fraction_key(fraction)
   pairs = list(zip(rows[b]["per_seed"], rows[a]["per_seed"], strict=True))
   diff_SxN = np.stack([np.asarray(y["_test_w"][key], np.float64)
                        - np.asarray(x["_test_w"][key], np.float64) for y, x in pairs])
   values = [float(d.mean()) for d in diff_SxN]
-  both = statistics.widened_t_interval(values, statistics.document_variance(
-      diff_SxN, doc_ids, draws, int(pairs[0][1]["seed"])))
-  return {"budget_fraction": fraction, "interval": f"{kind} + test documents", **both,
-          "per_seed": values,
+  return {"budget_fraction": fraction, "interval": f"{kind} + test documents",
+          **statistics.difference_effect(values, diff_SxN, doc_ids, draws,
+                                         int(pairs[0][1]["seed"])),
           "seeds_only_ci95": statistics.t_interval(values)["ci95"]}
 
 
