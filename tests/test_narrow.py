@@ -12,7 +12,15 @@ import pytest
 
 from soma_jax import runs as runs_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import datasets, narrow, narrow_readouts, planning, statistics, training
+from soma_jax.studies import (
+  datasets,
+  driver,
+  narrow,
+  narrow_readouts,
+  planning,
+  statistics,
+  training,
+)
 from tests.test_compare import load_config
 
 
@@ -22,7 +30,8 @@ def narrowed(tmp_path_factory, data_two_shards):
   config.data_dir = data_two_shards
   config.bootstrap_draws = 100
   out = str(tmp_path_factory.mktemp("narrow") / "out")
-  return config, out, narrow.run(config, out, "python experiments/compare.py --test")
+  return config, out, driver.run(narrow.STUDY, config, out,
+                                 "python experiments/compare.py --test")
 
 
 def assert_own_starts(seed_runs: dict, out: str, seeds: list[int], run_seed: int) -> None:
@@ -55,16 +64,15 @@ def test_shared_seed_runs_fail_the_own_start_check(data_two_shards, tmp_path):
   """The check above fails where every seed shares one seed run (own_starts off)."""
   config = load_config("compare", "study=narrow,size=tiny")
   config.data_dir, config.own_starts = data_two_shards, False
-  study = narrow.check(config)
-  val, _ = datasets.eval_sets(study.plan.eval, data_two_shards,
-                              [s.seq_len for s in study.specs.values()])
-  only = {"soma": study.methods["soma"]}
-  sets = training.train_seed_sets(study.plan, only, data_two_shards, str(tmp_path), val)
+  plan, _ = driver.checked(narrow.STUDY, config)
+  only = {"soma": planning.sized(config)["soma"]}
+  val, _ = datasets.eval_sets(plan.eval, data_two_shards, [only["soma"].data.seq_len])
+  shared = training.train_seeds(plan, only, data_two_shards, str(tmp_path), val)
   shown = {f"seed{s}": {n: {k: v for k, v in r.items() if not k.startswith("_")}
-                        for n, r in runs.items()} for s, runs in sets.items()}
-  assert planning.interval_kind(study.plan)["kind"] == "seeds_shared_start"
+                        for n, r in shared.items()} for s in plan.seeds}
+  assert planning.interval_kind(plan)["kind"] == "seeds_shared_start"
   with pytest.raises(AssertionError):
-    assert_own_starts(shown, str(tmp_path), list(study.plan.seeds), config.seed_run_seed)
+    assert_own_starts(shown, str(tmp_path), list(plan.seeds), config.seed_run_seed)
 
 
 def test_rows_budgets_and_declared_test_budgets(narrowed):
@@ -200,13 +208,15 @@ def test_man_corpus_links_the_sections(data_textdir, tmp_path):
   config.prepare = dict(test_docs=6, ensemble_val_docs=3, min_df=2, svd_dims=16,
                         val_fraction=0.05)
   out = str(tmp_path / "out")
-  data, corpus = narrow.corpus_dir(narrow.check(config), out)
+  plan, n = driver.checked(narrow.STUDY, config)
+  data, corpus = narrow.corpus_dir(n, plan, out)
   assert corpus["corpus"] == "man" and "sections 2, 7" in corpus["what"]
   assert sorted(os.listdir(os.path.join(out, "man"))) == ["man2", "man7"]
   assert os.path.isfile(os.path.join(data, "manifest.json"))
   config.man_sections = (2, 9)
+  plan, n = driver.checked(narrow.STUDY, config)
   with pytest.raises(UserError, match="man9"):
-    narrow.corpus_dir(narrow.check(config), str(tmp_path / "out2"))
+    narrow.corpus_dir(n, plan, str(tmp_path / "out2"))
 
 
 @pytest.mark.parametrize("changes, match", [
@@ -218,7 +228,7 @@ def test_bad_fields_are_user_errors(data_two_shards, changes, match):
   config.data_dir = data_two_shards
   config.update(changes)
   with pytest.raises(UserError, match=match):
-    narrow.check(config)
+    driver.checked(narrow.STUDY, config)
 
 
 def test_config_declares_the_cpu_study():

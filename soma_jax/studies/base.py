@@ -72,9 +72,7 @@ def plan_ops(grid: Any, plan: planning.StudyPlan) -> float:
 
 
 class Study(NamedTuple):
-  """One study with its hooks bound (the module docstring). `run` is set only for a study
-  that still runs itself (its own `run(config, out, command, executor)`); the driver runs
-  every other."""
+  """One study with its hooks bound (the module docstring), run by the driver."""
   spec: str  # what results.json's `spec` records: the SPEC section it reproduces
   config: Callable[[str | None], Any]
   table: Callable[[dict], str]
@@ -90,14 +88,7 @@ class Study(NamedTuple):
   setup: Callable[..., Setup] | None = None
   plot: Callable[[dict, str], None] | None = None
   paper_row: Callable[[dict], Any] | None = None
-  run: Callable[..., dict] | None = None
   # False: a study without the shared plan (methods, seed runs, budget: `planning.check_plan`;
   # table8): its `check` gets plan None and reads its own fields, its own `setup` gives a
   # Setup without plan, and its `measure` every results.json field beyond `results.common`.
   planned: bool = True
-
-
-def own_run(module) -> Study:
-  """A study module that still runs itself (`module.run`), until it moves to the driver."""
-  return Study(spec=getattr(module, "SPEC", ""), config=module.config, table=module.table,
-               run=module.run)

@@ -84,8 +84,7 @@ from soma_jax.studies import (
 )
 
 # The one list of compare.py's studies: config.study -> its Study (`base.Study`). The config
-# file, the entry point's --help and --list all read it. A study the driver does not run yet
-# runs itself (`base.own_run`).
+# file, the entry point's --help and --list all read it.
 STUDIES = {"table4": table4.STUDY, "table7": table7.STUDY,
            "ladder": ladder.STUDY, "decompose": decompose.STUDY,
            "table5": table5.STUDY, "table6": table6.STUDY,
@@ -93,7 +92,7 @@ STUDIES = {"table4": table4.STUDY, "table7": table7.STUDY,
            "fig15": fig15.STUDY, "fig16": fig16.STUDY,
            "fig17": fig17.STUDY, "table8": table8.STUDY,
            "table9": table9.STUDY, "table3": table3.STUDY,
-           "narrow": base.own_run(narrow), "spsa15": base.own_run(spsa15)}
+           "narrow": narrow.STUDY, "spsa15": spsa15.STUDY}
 
 
 def _study(name: object) -> base.Study:
@@ -157,8 +156,6 @@ def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor
   study = _study(config.study)
   created = claim_out(config.study, out)
   try:
-    if study.run is not None:
-      return study.run(config, out, command, executor=executor)
     return driver.run(study, config, out, command, executor)
   except BaseException:
     if created:

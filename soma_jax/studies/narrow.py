@@ -7,7 +7,7 @@ SPSA; and the same three by backprop with fresh Adam (`*_bptt`, `fresh_optimizer
 `row_fraction` of the budget, a capacity reference.
 
 Protocol: every optimisation seed s continues its own seed runs, trained at seed_run_seed + s
-(`own_starts`, `training.train_seed_sets`); every row runs `budget` of SOMA's updates in
+(`own_starts`, `training.seed_stage`); every row runs `budget` of SOMA's updates in
 operations (SPEC 7's count: one_expert runs twice SOMA's updates), times its row_fraction,
 with checkpoints at `curve_fractions` of it (log-spaced), each scored on the spread
 validation set inside the run. lr: a grid of lr_factors around each row's centre
@@ -20,13 +20,12 @@ Readouts (`narrow_readouts`), declared in the config: primary, the test end-loss
 `primary` at each declared budget (seeds with their starts and test documents in the
 interval) and the slopes of `primary_slopes` against log2 budget, each with SPEC 9.8's
 verdict; secondary, every other contrast and slope, the mechanism D(u) against G(u) and the
-experts scored alone.
+experts scored alone. `STUDY` runs through the driver (`driver.run`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import ml_collections
@@ -35,9 +34,9 @@ import numpy as np
 from soma_jax import evaluate as eval_lib
 from soma_jax import metrics as metrics_lib
 from soma_jax import runs as runs_lib
-from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 from soma_jax.studies import (
+  base,
   datasets,
   narrow_report,
   planning,
@@ -115,8 +114,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   # each row's budget as a fraction of `budget`: the backprop rows at 1x (decompose's)
   c.row_fraction = ml_collections.ConfigDict(
       {"soma_bptt": 1 / 16, "one_expert_bptt": 1 / 16, "mono_bptt": 1 / 16})
-  for key, value in _readouts().items():
-    c[key] = value
+  c.update(_readouts())
   return c
 
 
@@ -162,12 +160,10 @@ def _config_rows(soma: ml_collections.ConfigDict, mono: ml_collections.ConfigDic
 
 
 @dataclasses.dataclass(frozen=True)
-class Study:
-  """The study's fields, checked once (`check`)."""
-  plan: planning.StudyPlan
+class Narrow:
+  """The study's own fields, checked once (`check`); the plan, methods and runs are the
+  driver's (`base.Setup`)."""
   grid: table7.Grid
-  methods: dict  # {row: its training config}
-  specs: dict  # {row: its run resolved at the first seed}
   rows: dict  # {row: what it stands for}
   row_base_lr: dict
   row_fraction: dict  # {row: its budget's fraction of `budget`}
@@ -181,9 +177,6 @@ class Study:
   corpus: str
   man: tuple  # (root, sections)
   prepare: dict
-
-  def base(self, name: str) -> float:
-    return self.row_base_lr.get(name, self.plan.base_lr)
 
   def fraction(self, name: str) -> float:
     return self.row_fraction.get(name, 1.0)
@@ -202,15 +195,16 @@ def _pair(value, field: str, names) -> tuple:
   return pair
 
 
-def check(config: ml_collections.ConfigDict) -> Study:
-  """Every field and run before anything trains: the plan (own starts), the lr grid, the
-  declared budgets (each a checkpoint), the rows' lr centres and budgets, the readouts."""
-  plan = planning.check_plan(config)
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Narrow:
+  """Every field before anything trains (the plan, own starts: `driver.checked`; the runs:
+  `driver.preparing`): the lr grid, the declared budgets (each a checkpoint), the rows' lr
+  centres and budgets, the readouts."""
+  del plan
   grid = table7.check_grid(config)
   planning.check_fields(config, FIELDS)
   curve = planning.check_fractions(config, "curve_fractions", "(0.25, 0.5, 1.0)")
   tests = planning.check_fractions(config, "test_fractions", "(0.0625, 0.25, 0.5, 1.0)")
-  methods = planning.sized(config)
+  methods = list(planning.sized(config))
   for name, f in [*config.row_base_lr.items(), *config.row_fraction.items()]:
     if name not in methods or not planning.positive()[1](f):
       raise UserError(f"{name}={f!r}: row_base_lr and row_fraction name rows ({', '.join(methods)})"
@@ -223,89 +217,89 @@ def check(config: ml_collections.ConfigDict) -> Study:
       raise UserError(f"{name}: every declared budget it reaches ({missing}) must be a checkpoint "
                       f"(curve_fractions x row_fraction {fr:g}, the last 1, row_fraction <= 1); "
                       "fix: --config.curve_fractions with each test fraction in it")
-  contrasts = {k: _pair(v, f"contrasts.{k}", list(methods)) for k, v in config.contrasts.items()}
+  contrasts = {k: _pair(v, f"contrasts.{k}", methods) for k, v in config.contrasts.items()}
   for field in ("primary", "primary_slopes"):
     if not set(config[field]) <= set(contrasts):
       raise UserError(f"{field}={tuple(config[field])!r} must name contrasts of "
                       f"{', '.join(contrasts)}")
-  return Study(plan, grid, methods, training.check_runs(plan, methods),
-               {n: config.rows.get(n, "") for n in methods}, dict(config.row_base_lr),
-               fractions, curve, tests, float(config.select_fraction), contrasts,
-               tuple(config.primary), tuple(config.primary_slopes),
-               _pair(config.mechanism, "mechanism", list(methods)), config.corpus,
-               (config.man_root, tuple(config.man_sections)), config.prepare.to_dict())
+  return Narrow(grid, {n: config.rows.get(n, "") for n in methods}, dict(config.row_base_lr),
+                fractions, curve, tests, float(config.select_fraction), contrasts,
+                tuple(config.primary), tuple(config.primary_slopes),
+                _pair(config.mechanism, "mechanism", methods), config.corpus,
+                (config.man_root, tuple(config.man_sections)), config.prepare.to_dict())
 
 
 # ----------------------------------------------------------------------------- data
 
 
-def corpus_dir(study: Study, out: str) -> tuple[str, dict]:
-  """(the prepared 2-shard data dir, what it holds): data_dir as given, else the built-in
-  corpus or the man pages of man_sections (linked under OUT/man), prepared under OUT/data."""
-  if study.plan.data_dir:
-    return datasets.ensure_data(study.plan.data_dir, out, 2), {"what": "data_dir as given"}
-  data = os.path.join(out, "data")
-  source, what = "pystdlib", "the built-in corpus (this Python's standard library)"
-  if study.corpus == "man":
-    root, sections = study.man
-    links = os.path.join(out, "man")
-    os.makedirs(links, exist_ok=True)
-    for s in sections:
-      target, link = os.path.join(root, f"man{s}"), os.path.join(links, f"man{s}")
-      if not os.path.isdir(target):
-        raise UserError(f"man_sections: {target!r} is not a folder; fix: --config.man_sections "
-                        "with sections this machine has, or --config.man_root")
-      if not os.path.lexists(link):
-        os.symlink(target, link)
-    source = f"textdir:{links}"
-    what = (f"man pages, sections {', '.join(map(str, sections))} of this machine (textdir of "
-            f"symlinks to {root}/man{{{','.join(map(str, sections))}}}, .gz decompressed)")
-  if not os.path.isfile(os.path.join(data, "manifest.json")):
-    from soma_jax.data import prepare
+def man_pages(n: Narrow, out: str) -> tuple[str, str]:
+  """(the textdir source, what it holds): the man pages of man_sections, linked under OUT/man."""
+  root, sections = n.man
+  links = os.path.join(out, "man")
+  os.makedirs(links, exist_ok=True)
+  for s in sections:
+    target, link = os.path.join(root, f"man{s}"), os.path.join(links, f"man{s}")
+    if not os.path.isdir(target):
+      raise UserError(f"man_sections: {target!r} is not a folder; fix: --config.man_sections "
+                      "with sections this machine has, or --config.man_root")
+    if not os.path.lexists(link):
+      os.symlink(target, link)
+  listed = ", ".join(map(str, sections))
+  return f"textdir:{links}", (f"man pages, sections {listed} of this machine (textdir of "
+                              f"symlinks to {root}/man{{{listed.replace(' ', '')}}}, .gz "
+                              "decompressed)")
 
-    prepare.prepare(source, 2, data, **study.prepare)
-  pipeline.check_data_dir(data, 2)
-  return data, {"corpus": study.corpus, "what": what,
-                "manifest_documents": pipeline.load_manifest(data).get("documents")}
+
+def corpus_dir(n: Narrow, plan: planning.StudyPlan, out: str) -> tuple[str, dict]:
+  """(the prepared 2-shard data dir, what it holds): data_dir as given, else the built-in
+  corpus or the man pages (`man_pages`), prepared under OUT/data."""
+  if plan.data_dir:
+    return datasets.ensure_data(plan.data_dir, out, 2), {"what": "data_dir as given"}
+  source, what = (man_pages(n, out) if n.corpus == "man" else
+                  ("pystdlib", "the built-in corpus (this Python's standard library)"))
+  data = os.path.join(out, "data")
+  if not os.path.isfile(os.path.join(data, "manifest.json")):
+    datasets.prepare_data(source, 2, data, n.prepare, field="corpus")
+  return data, {"corpus": n.corpus, "what": what,
+                "manifest_documents": datasets.check_data(data, 2, None).get("documents")}
+
+
+def data(n: Narrow, plan: planning.StudyPlan, specs: dict, out: str) -> base.Data:
+  """The corpus's data dir (`corpus_dir`) and its sets; what it holds in `extra`."""
+  path, corpus = corpus_dir(n, plan, out)
+  sets = datasets.eval_sets(plan.eval, path, [s.seq_len for s in specs.values()])
+  return base.Data({2: path}, {2: sets}, 2, 2, corpus)
 
 
 # ----------------------------------------------------------------------------- runs
 
 
-def row_spec(study: Study, name: str, seed: int, start: dict, data: tuple, share: float,
+def _ops(ready: base.Setup) -> float:
+  """Every row's budget before its row_fraction: `budget` of the reference's updates (ops)."""
+  return ready.plan.budget * ready.ops[ready.plan.reference]
+
+
+def _start(ready: base.Setup, seed: int, name: str) -> dict:
+  """The seed run record row `name` continues at optimisation seed `seed` (its own)."""
+  return ready.seeds[f"seed{seed}"][ready.plan.start[name]]
+
+
+def row_spec(n: Narrow, ready: base.Setup, name: str, seed: int, share: float,
              marks: tuple = ()):
-  """Row `name` at optimisation seed `seed` from seed record `start`, for `share` of its
-  budget (in operations), scored on validation at each checkpoint (`data` = (dir, val))."""
-  ops = study.plan.budget * study.specs[study.plan.reference].total_ops_per_update
-  return training.budgeted(study.methods[name], data[0], seed, start, "ops",
-                           ops * study.fraction(name) * share, 1,
-                           fresh=name in study.plan.fresh_optimizer, score=data[1], marks=marks)
-
-
-def select(study: Study, starts: dict, seed_sets: dict, data: tuple, out: str, executor
-           ) -> dict:
-  """{row: its lr search on the first seed at select_fraction of its budget} (run)."""
-  seed, found = study.plan.seeds[0], {}
-  for name in study.methods:
-    s = seed_sets[seed][study.plan.start[name]]
-    spec = row_spec(study, name, seed, s, data, study.select_fraction)
-    found[name] = table7.Search(
-        spec, study.grid, os.path.join(out, "runs", "select", name), f"select {name}",
-        {"step": training.start_step(spec, s), "val": starts[(seed, name)]["validation"].mean()},
-        base=study.base(name), scorer=data[1])
-  table7.run_searches(list(found.values()), data[1], executor)
-  return found
+  """Row `name` at optimisation seed `seed` from its seed's own start, for `share` of its
+  budget (in operations), scored on validation at each checkpoint."""
+  return training.budgeted(ready.methods[name], ready.data_dir, seed, _start(ready, seed, name),
+                           "ops", _ops(ready) * n.fraction(name) * share, 1,
+                           fresh=name in ready.plan.fresh_optimizer, score=ready.scored[0],
+                           marks=marks)
 
 
 def lr_trace(workdir: str) -> list[list[float]]:
   """[[step, lr]] where the logged lr changed (the plateau schedule), from metrics.jsonl."""
   trace = []
-  path = os.path.join(workdir, metrics_lib.METRICS_FILE)
-  with open(path) as f:
-    for line in f:
-      r = json.loads(line)
-      if "lr" in r and (not trace or trace[-1][1] != r["lr"]):
-        trace.append([r["step"], r["lr"]])
+  for r in metrics_lib.read_metrics(workdir):
+    if "lr" in r and (not trace or trace[-1][1] != r["lr"]):
+      trace.append([r["step"], r["lr"]])
   return trace
 
 
@@ -314,138 +308,91 @@ def alone(workdir: str, spec, val: eval_lib.TestSet, points: list[dict]) -> list
   out = []
   for p in points[1:]:
     _, state, _, _ = runs_lib.restore_state(workdir, step=p["step"])
-    experts = []
-    for e in range(spec.n_experts):
-      lp = eval_lib.routed_logprobs(state.body, state.head, val.windows,
-                                    np.full((val.windows.shape[0], 1), e), spec.shared_head,
-                                    first=val.route + 1, logits_fn=spec.method.logits)
-      experts.append(float(eval_lib.mixture_nats(lp).mean()))
+    nats = lambda e, state=state: float(eval_lib.mixture_nats(eval_lib.routed_logprobs(
+        state.body, state.head, val.windows, np.full((val.windows.shape[0], 1), e),
+        spec.shared_head, first=val.route + 1, logits_fn=spec.method.logits)).mean())
+    experts = [nats(e) for e in range(spec.n_experts)]
     out.append({"update": p["update"], "mixture": p["loss"], "experts": experts})
   return out
 
 
-def record(study: Study, name: str, spec, start: dict, start_w: dict, workdir: str,
-           scored: tuple, out: str) -> dict:
+def record(n: Narrow, ready: base.Setup, name: str, spec, start_w: dict, workdir: str) -> dict:
   """One row and seed: its start, validation curve, test at each declared budget it reaches
   (scored once each), lr trace and, for N > 1 by SPSA, the experts alone."""
-  val, test = scored
-  step0 = training.start_step(spec, start)
-  points, _ = scores.curve(workdir, spec, val, step0, float(start_w["validation"].mean()))
-  amount, test_w = spec.budget.amount, {}
-  for f in study.declared(name):
-    mark = amount * (f / study.fraction(name))
+  (val, test), start = ready.scored, _start(ready, spec.config.seed, name)
+  points, _ = scores.curve(workdir, spec, val, training.start_step(spec, start),
+                           float(start_w["validation"].mean()))
+  test_w = {}
+  for f in n.declared(name):
+    mark = spec.budget.amount * (f / n.fraction(name))
     at = next(p for p in points[1:] if p["ops"] >= mark * (1 - 1e-12))
     test_w[readouts.fraction_key(f)] = scores.scored_at(workdir, at["step"], spec, test)[0]
   rec = {"seed": spec.config.seed, "seed_run": training.start_of(start),
-         "workdir": planning.shown(workdir, out), "lr": spec.lr, "eps": spec.eps,
+         "workdir": planning.shown(workdir, ready.out), "lr": spec.lr, "eps": spec.eps,
          "updates": points[-1]["update"], "ops": points[-1]["ops"],
          "start_loss": {k: float(v.mean()) for k, v in start_w.items()},
          "val_curve": points, "test": {k: float(v.mean()) for k, v in test_w.items()},
          "lr_trace": lr_trace(workdir), "_test_w": test_w}
-  if spec.n_experts > 1 and name not in study.plan.fresh_optimizer:
+  if spec.n_experts > 1 and name not in ready.plan.fresh_optimizer:
     rec["experts_alone"] = alone(workdir, spec, val, points)
   return rec
 
 
-def train_rows(study: Study, chosen: dict, starts: dict, seed_sets: dict, data: tuple,
-               scored: tuple, out: str, executor) -> dict:
-  """Every row at every seed at its selected (lr, eps), one stage; {row: {.., per_seed}}."""
-  plan, jobs = study.plan, {}
-  for seed in plan.seeds:
-    for name in study.methods:
-      s = seed_sets[seed][plan.start[name]]
-      spec = table7.grid_point(row_spec(study, name, seed, s, data, 1.0, study.curve),
-                               *chosen[name])
-      jobs[(seed, name)] = (spec, os.path.join(out, "runs", f"seed{seed}", name), s)
-  training.train_all([(spec, w, f"seed {k[0]} {k[1]}") for k, (spec, w, _) in jobs.items()],
-                     executor)
-  rows = {n: {"what": study.rows[n], "n_experts": study.specs[n].n_experts,
-              "d_t": study.methods[n].model.d_t, "params": study.specs[n].method.ensemble_params,
-              "gradient": study.specs[n].method.describe["gradient"],
-              "ops_per_update": study.specs[n].total_ops_per_update,
-              "budget_fraction": study.fraction(n), "lr": chosen[n][0], "eps": chosen[n][1],
-              "optimizer_state": "fresh (the seed's parameters only)"
-              if n in plan.fresh_optimizer else "the seed's, continued", "per_seed": []}
-          for n in study.methods}
-  for (seed, name), (spec, workdir, s) in jobs.items():
-    rows[name]["per_seed"].append(record(study, name, spec, s, starts[(seed, name)], workdir,
-                                         scored, out))
-  return rows
+def describe(n: Narrow, ready: base.Setup, name: str, chosen: tuple) -> dict:
+  """A row's settings (its per_seed records follow)."""
+  spec = ready.specs[name]
+  return {"what": n.rows[name], "n_experts": spec.n_experts,
+          "d_t": ready.methods[name].model.d_t, "params": spec.method.ensemble_params,
+          "gradient": spec.method.describe["gradient"], "ops_per_update": ready.ops[name],
+          "budget_fraction": n.fraction(name), "lr": chosen[0], "eps": chosen[1],
+          "optimizer_state": "fresh (the seed's parameters only)"
+          if name in ready.plan.fresh_optimizer else "the seed's, continued", "per_seed": []}
 
 
-# ----------------------------------------------------------------------------- the study
+def stages(n: Narrow, ready: base.Setup) -> base.Stages:
+  """Every row's start scored at every seed, its lr grid on the first seed at select_fraction
+  of its budget (`table7.searching`), then every row at every seed at its selected (lr, eps)
+  (one stage); (the searches, {row: {.., per_seed}})."""
+  plan, out, (val, test) = ready.plan, ready.out, ready.scored
+  starts = {(seed, name): scores.start_losses(row_spec(n, ready, name, seed, 1.0),
+                                              {"validation": val, "test": test})
+            for seed in plan.seeds for name in ready.methods}
+  first, found = plan.seeds[0], {}
+  for name in ready.methods:
+    spec = row_spec(n, ready, name, first, n.select_fraction)
+    found[name] = table7.Search(
+        spec, n.grid, os.path.join(out, "runs", "select", name), f"select {name}",
+        {"step": training.start_step(spec, _start(ready, first, name)),
+         "val": starts[(first, name)]["validation"].mean()},
+        base=n.row_base_lr.get(name, n.grid.base_lr), scorer=val)
+  yield from table7.searching(list(found.values()), val)
+  chosen = {name: (s.result()[0]["lr"], s.result()[0]["eps"]) for name, s in found.items()}
+  jobs = {(seed, name): (table7.grid_point(row_spec(n, ready, name, seed, 1.0, n.curve),
+                                           *chosen[name]),
+                         os.path.join(out, "runs", f"seed{seed}", name))
+          for seed in plan.seeds for name in ready.methods}
+  yield [(spec, w, f"seed {seed} {name}") for (seed, name), (spec, w) in jobs.items()]
+  rows = {name: describe(n, ready, name, chosen[name]) for name in ready.methods}
+  for (seed, name), (spec, workdir) in jobs.items():
+    rows[name]["per_seed"].append(record(n, ready, name, spec, starts[(seed, name)], workdir))
+  return found, rows
 
 
-def readout(study: Study, rows: dict, test: eval_lib.TestSet, draws: int, ops: float) -> dict:
-  """Primary and secondary readouts, as declared (`narrow_readouts`), the primary first in
-  their declared order."""
-  primary, secondary = {}, {"contrasts": {}, "slopes": {}}
-  kind = planning.interval_kind(study.plan)["kind"]
-  names = [*study.primary, *(n for n in study.contrasts if n not in study.primary)]
-  for name in names:
-    b, a = study.contrasts[name]
-    common = [f for f in study.declared(a) if f in study.declared(b)]
-    at = [readouts.contrast(rows, b, a, f, test.doc_ids, draws, kind) for f in common]
-    per = {readouts.fraction_key(c["budget_fraction"]): c for c in at}
-    slope = readouts.slope(at, ops, kind) if len(at) > 1 else None
-    if name in study.primary:
-      primary[name] = {"b": b, "a": a, "end_loss_difference": {
-          k: {**c, **readouts.verdict(c)} for k, c in per.items()}}
-    else:
-      secondary["contrasts"][name] = {"b": b, "a": a, "end_loss_difference": per}
-    if slope is not None and name in study.primary_slopes:
-      primary.setdefault(name, {"b": b, "a": a})["slope"] = {**slope, **readouts.verdict(slope)}
-    elif slope is not None:
-      secondary["slopes"][name] = slope
-  b, a = study.mechanism
-  secondary["mechanism"] = readouts.mechanism(rows, b, a)
-  if "experts_alone" in rows[a]["per_seed"][0]:
-    secondary["experts_alone"] = readouts.experts_alone(rows, a, b)
-  same = [k for k, pair in study.contrasts.items() if pair == (b, a) and k in primary]
-  last = primary[same[0]].get("end_loss_difference", {}) if same else {}
-  mech = secondary["mechanism"]["points"]
-  if last and mech:
-    end = last[max(last, key=float)]["mean"]
-    secondary["mechanism"]["agrees_with_primary"] = bool(
-        np.sign(mech[-1]["D_minus_G"]["mean"]) == np.sign(end))
-  return {"primary": primary, "secondary": secondary}
+def measure(n: Narrow, ready: base.Setup, gathered: tuple) -> dict:
+  """The corpus, what was declared, the lr selection, the rows and the readouts."""
+  found, rows = gathered
+  plan, ops = ready.plan, _ops(ready)
+  got = readouts.read(n, plan, rows, ready.scored[1], ops)
+  return {"budget": {"unit": "ops", "amount": ops, "per": "row and seed (times its row_fraction)",
+                     "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
+                     "ops_per_update": ready.ops, "row_fraction": n.row_fraction},
+          "corpus": ready.data.extra, "intervals": narrow_report.intervals(plan),
+          "declared": narrow_report.declared(n),
+          "selection": narrow_report.selection(found, ready.out),
+          "rows": results.public(rows), "readouts": results.public(got),
+          "intervals_printed": narrow_report.count_intervals(got)}
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """Seed runs per seed, the lr grid on the first seed, every row at every seed, the
-  readouts; OUT/results.json, table.md and curves.png."""
-  begun = results.started(executor)
-  os.makedirs(out, exist_ok=True)
-  study = check(config)
-  plan = study.plan
-  data_dir, corpus = corpus_dir(study, out)
-  val, test = datasets.eval_sets(plan.eval, data_dir, [s.seq_len for s in study.specs.values()])
-  seed_sets = training.train_seed_sets(plan, study.methods, data_dir, out, val, executor)
-  starts = {}
-  for seed in plan.seeds:
-    for name in study.methods:
-      spec = row_spec(study, name, seed, seed_sets[seed][plan.start[name]], (data_dir, val), 1.0)
-      starts[(seed, name)] = scores.start_losses(spec, {"validation": val, "test": test})
-  found = select(study, starts, seed_sets, (data_dir, val), out, executor)
-  chosen = {n: (s.result()[0]["lr"], s.result()[0]["eps"]) for n, s in found.items()}
-  rows = train_rows(study, chosen, starts, seed_sets, (data_dir, val), (val, test), out,
-                    executor)
-  ops = plan.budget * study.specs[plan.reference].total_ops_per_update
-  got = readout(study, rows, test, plan.bootstrap_draws, ops)
-  payload = results.results(
-      "narrow", SPEC, plan, command, begun,
-      {"unit": "ops", "amount": ops, "per": "row and seed (times its row_fraction)",
-       "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
-       "ops_per_update": {n: s.total_ops_per_update for n, s in study.specs.items()},
-       "row_fraction": study.row_fraction},
-      (val, test), data_dir, out,
-      {f"seed{s}": runs for s, runs in seed_sets.items()},
-      corpus=corpus, intervals=narrow_report.intervals(plan),
-      declared=narrow_report.declared(study), selection=narrow_report.selection(found, out),
-      rows=results.public(rows), readouts=results.public(got),
-      intervals_printed=narrow_report.count_intervals(got))
-  narrow_report.plot(payload, os.path.join(out, "curves.png"))
-  return results.write(out, payload, narrow_report.table)
-
-
-table = narrow_report.table  # compare.py's STUDIES entry: run and table
+STUDY = base.Study(spec=SPEC, config=config, check=check, stages=stages, measure=measure,
+                   table=narrow_report.table, ops_tolerance=base.any_ops, data=data,
+                   plot=narrow_report.plot)

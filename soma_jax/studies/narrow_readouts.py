@@ -4,6 +4,7 @@ mechanism (SOMA's per-update edge D(u) against the single model's gain per doubl
 
 Every function takes per-seed records of `narrow.py` (`per_seed`: {seed, val_curve, test,
 _test_w, experts_alone}) and returns plain dicts for results.json; none trains or scores.
+`read` gathers them as the config declared.
 """
 
 from __future__ import annotations
@@ -12,27 +13,24 @@ import math
 
 import numpy as np
 
-from soma_jax.studies import statistics
-
-PAPER_DIRECTION = ("b minus a > 0: a (SOMA) lower, the direction the paper's claim for "
-                   "sharding implies")
+from soma_jax import evaluate as eval_lib
+from soma_jax.studies import planning, statistics
 
 
 def contrast(rows: dict, b: str, a: str, fraction: float, doc_ids: np.ndarray, draws: int,
              kind: str = "seeds_own_starts") -> dict:
   """b's test end loss minus a's at one declared budget `fraction`, per seed and across seeds:
   the t interval over seeds widened by the test documents' bootstrap variance of the seed mean
-  (`statistics.widened_t_interval`), and the seeds-only t interval beside it. `kind`: what the
+  (`statistics.difference_effect`), and the seeds-only t interval beside it. `kind`: what the
   seeds' interval holds (`planning.interval_kind`), recorded as `interval`."""
   key = fraction_key(fraction)
   pairs = list(zip(rows[b]["per_seed"], rows[a]["per_seed"], strict=True))
   diff_SxN = np.stack([np.asarray(y["_test_w"][key], np.float64)
                        - np.asarray(x["_test_w"][key], np.float64) for y, x in pairs])
   values = [float(d.mean()) for d in diff_SxN]
-  both = statistics.widened_t_interval(values, statistics.document_variance(
-      diff_SxN, doc_ids, draws, int(pairs[0][1]["seed"])))
-  return {"budget_fraction": fraction, "interval": f"{kind} + test documents", **both,
-          "per_seed": values,
+  return {"budget_fraction": fraction, "interval": f"{kind} + test documents",
+          **statistics.difference_effect(values, diff_SxN, doc_ids, draws,
+                                         int(pairs[0][1]["seed"])),
           "seeds_only_ci95": statistics.t_interval(values)["ci95"]}
 
 
@@ -74,6 +72,40 @@ def verdict(stat: dict) -> dict:
   bound = max(abs(lo), abs(hi))
   return {"verdict": "unresolved", "bound": bound,
           "why": f"no measurable difference, within +-{bound:.3g} (the interval holds zero)"}
+
+
+def read(n, plan: planning.StudyPlan, rows: dict, test: eval_lib.TestSet, ops: float) -> dict:
+  """Primary and secondary readouts as `n` (`narrow.Narrow`) declares them, the primary first
+  in their declared order; `ops`: the budget in operations (the slopes' x)."""
+  primary, secondary = {}, {"contrasts": {}, "slopes": {}}
+  kind = planning.interval_kind(plan)["kind"]
+  for name in [*n.primary, *(c for c in n.contrasts if c not in n.primary)]:
+    b, a = n.contrasts[name]
+    common = [f for f in n.declared(a) if f in n.declared(b)]
+    at = [contrast(rows, b, a, f, test.doc_ids, plan.bootstrap_draws, kind) for f in common]
+    per = {fraction_key(c["budget_fraction"]): c for c in at}
+    trend = slope(at, ops, kind) if len(at) > 1 else None
+    if name in n.primary:
+      primary[name] = {"b": b, "a": a, "end_loss_difference": {
+          k: {**c, **verdict(c)} for k, c in per.items()}}
+    else:
+      secondary["contrasts"][name] = {"b": b, "a": a, "end_loss_difference": per}
+    if trend is not None and name in n.primary_slopes:
+      primary.setdefault(name, {"b": b, "a": a})["slope"] = {**trend, **verdict(trend)}
+    elif trend is not None:
+      secondary["slopes"][name] = trend
+  b, a = n.mechanism
+  secondary["mechanism"] = mechanism(rows, b, a)
+  if "experts_alone" in rows[a]["per_seed"][0]:
+    secondary["experts_alone"] = experts_alone(rows, a, b)
+  same = [k for k, pair in n.contrasts.items() if pair == (b, a) and k in primary]
+  last = primary[same[0]].get("end_loss_difference", {}) if same else {}
+  mech = secondary["mechanism"]["points"]
+  if last and mech:
+    end = last[max(last, key=float)]["mean"]
+    secondary["mechanism"]["agrees_with_primary"] = bool(
+        np.sign(mech[-1]["D_minus_G"]["mean"]) == np.sign(end))
+  return {"primary": primary, "secondary": secondary}
 
 
 # ----------------------------------------------------------------------------- mechanism

@@ -3,6 +3,8 @@ operations with seed bands; D(u) and G(u) on a second panel)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from soma_jax.studies import planning, report, results
@@ -136,15 +138,10 @@ def table(p: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot(p: dict, path: str) -> None:
-  """Left: validation loss against operations for the zero-order rows, seed mean and the
-  seeds' range. Right: D(u) and G(u) against updates with their t intervals."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+def plot(p: dict, out: str) -> None:
+  """OUT/curves.png. Left: validation loss against operations for the zero-order rows, seed
+  mean and the seeds' range. Right: D(u) and G(u) against updates with their t intervals."""
+  fig, (ax, bx) = report.plt.subplots(1, 2, figsize=(12, 4.5))
   for i, (name, r) in enumerate(p["rows"].items()):
     if r["gradient"] != "zero-order":
       continue
@@ -170,4 +167,4 @@ def plot(p: dict, path: str) -> None:
   bx.set_ylabel("nats/byte (validation)")
   for axis in (ax, bx):
     axis.legend(fontsize=8)
-  report.save_figure(fig, path)
+  report.save_figure(fig, os.path.join(out, "curves.png"))

@@ -9,7 +9,7 @@
   counter, so its first update is the seed's last + 1. Every optimisation seed of a row
   starts from that one state; the optimisation seed changes only the batches and directions.
   A study whose config sets `own_starts` (SPEC 9.8) gives each optimisation seed s seed runs
-  of its own instead, trained at seed_run_seed + s (`training.train_seed_sets`), so where a
+  of its own instead, trained at seed_run_seed + s (`training.seed_stage`), so where a
   start lands enters every interval (`interval_kind`). Seeds' cost: apart, counted for no row.
 - The budget (`budget`, in `budget_unit`): "updates" where the compared models do equal
   operations per update (Table 7's equal-size pair: `check_equal_ops`), else "cpu_seconds"
@@ -89,7 +89,7 @@ class StudyPlan:
   start: dict  # {method: seed run it continues}
   match_updates: dict  # {control: the method whose updates it runs to}
   fresh_optimizer: tuple[str, ...] = ()  # methods that take the seed's parameters only
-  own_starts: bool = False  # each optimisation seed s its own seed runs (`train_seed_sets`)
+  own_starts: bool = False  # each optimisation seed s its own seed runs (`seed_stage`)
 
 
 # A study trains every row once per optimisation seed (the paper: 3); more than this many is a

@@ -12,22 +12,33 @@ ensemble validation, test once.
    config.spsa15.alpha) at each alpha of `alphas`, as rows NAME_aALPHA beside the reference;
    each row keeps the alpha whose selected run ends lowest on validation.
 2. the comparison: every row at every seed, the `alpha_rows` at their chosen alpha. The
-   stages share OUT (seed runs, and the reference's runs at `alpha_seed`, are trained once).
+   stages share OUT (seed runs, and the reference's runs at `alpha_seed`, are trained once);
+   OUT/alpha_stage.json keeps the alpha stage's own results.
 
 The primary readout, declared in the config (`primary`): the test end-loss differences of
 those effects and interactions at the budget, seeds and documents in their intervals; each
-gets a computed verdict (`verdict`). Everything else decompose prints is secondary.
+gets a computed verdict (`verdict`). Everything else decompose prints is secondary. `STUDY`
+runs through the driver (`driver.run`): decompose's setup, then both stages as its `stages`.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 
 import ml_collections
 
 from soma_jax.errors import UserError
-from soma_jax.studies import decompose, driver, planning, recipes, results, training
+from soma_jax.studies import (
+  base,
+  decompose,
+  decompose_report,
+  driver,
+  planning,
+  recipes,
+  results,
+  training,
+)
 
 SPEC = "issue 56 (1.5-SPSA against SPSA, on the decomposition's protocol of SPEC 9.8)"
 
@@ -86,15 +97,28 @@ def _alpha_name(row: str, alpha: float) -> str:
   return f"{row}_a{alpha:g}".replace(".", "p")
 
 
-def check(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, dict]:
-  """The study's own fields, then both stages' decompose configs checked before anything
-  trains (stage 2 at each row's first alpha); returns (stage 1's config, the first alphas)."""
+@dataclasses.dataclass(frozen=True)
+class Alphas:
+  """The study's own fields (`check`): both stages' rows, the alpha stage's plan, readouts."""
+  rows: decompose.Rows  # the comparison's
+  stage1: decompose.Rows  # the alpha stage's (`_config_alpha_stage`)
+  stage1_plan: planning.StudyPlan
+  searched: tuple[str, ...]  # alpha_rows
+  alphas: tuple
+  seed: int  # alpha_seed
+  primary: tuple[str, ...]
+  sign_kept: tuple[str, str]
+
+
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Alphas:
+  """The study's own fields, then both stages' decompose fields and the alpha stage's runs
+  checked before anything trains (the comparison's runs: `driver.preparing`)."""
   planning.check_fields(config, FIELDS)
   for row in config.alpha_rows:
     if row not in config.methods:
       raise UserError(f"alpha_rows names {row!r}, which is not a row of "
                       f"{', '.join(config.methods)}; fix: --config.alpha_rows='(\"soma15\",)'")
-  if config.alpha_seed not in planning.optimisation_seeds(config.first_seed, config.seeds):
+  if config.alpha_seed not in plan.seeds:
     raise UserError(f"alpha_seed={config.alpha_seed} is not one of the study's seeds; fix: "
                     f"--config.alpha_seed={config.first_seed}")
   if len(config.sign_kept) != 2 or any(e not in config.effects for e in config.sign_kept):
@@ -104,15 +128,15 @@ def check(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict,
     if p not in config.effects and p not in config.interactions:
       raise UserError(f"primary names {p!r}, which is no effect or interaction; fix: one of "
                       f"{', '.join([*config.effects, *config.interactions])}")
-  first = {row: float(config.alphas[0]) for row in config.alpha_rows}
-  stage1_config = stage1(config)
-  for c in (stage2(config, first), stage1_config):  # every field and run of both stages
-    plan, _ = driver.checked(decompose.STUDY, c)
-    training.check_runs(plan, planning.sized(c))
-  return stage1_config, first
+  rows = decompose.check(plan, config)
+  first = _config_alpha_stage(config)
+  first_plan, first_rows = driver.checked(decompose.STUDY, first)
+  training.check_runs(first_plan, planning.sized(first))
+  return Alphas(rows, first_rows, first_plan, tuple(config.alpha_rows), tuple(config.alphas),
+                config.alpha_seed, tuple(config.primary), tuple(config.sign_kept))
 
 
-def stage1(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def _config_alpha_stage(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The alpha stage: the reference and each alpha row at each alpha, on alpha_seed only."""
   c = ml_collections.ConfigDict(config.to_dict())
   c.seeds, c.first_seed = 1, config.alpha_seed
@@ -120,13 +144,11 @@ def stage1(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   keep = {ref: (config.methods[ref], config.rows[ref], config.start[ref])}
   for row in config.alpha_rows:
     for alpha in config.alphas:
-      m = ml_collections.ConfigDict(config.methods[row].to_dict())
+      m = recipes.copy(config.methods[row])
       m.spsa15.alpha = float(alpha)
       keep[_alpha_name(row, alpha)] = (m, f"{config.rows[row]}, alpha {alpha:g}",
                                        config.start[row])
-  c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
-  for name, (m, what, start) in keep.items():
-    c.methods[name], c.rows[name], c.start[name] = m, what, start
+  recipes.rows(c, keep)
   c.order = tuple(keep)
   c.effects, c.interactions = ml_collections.ConfigDict(), ml_collections.ConfigDict()
   c.row_base_lr = ml_collections.ConfigDict(
@@ -137,12 +159,40 @@ def stage1(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
-def stage2(config: ml_collections.ConfigDict, alphas: dict) -> ml_collections.ConfigDict:
-  """The comparison: the study's rows, each alpha row at its chosen alpha."""
-  c = ml_collections.ConfigDict(config.to_dict())
-  for row, alpha in alphas.items():
-    c.methods[row].spsa15.alpha = float(alpha)
-  return c
+def _rows_at(ready: base.Setup, plan: planning.StudyPlan, methods: dict) -> base.Setup:
+  """`ready` (the same data and seed runs) for other rows: each resolved, its cost printed."""
+  specs = training.check_runs(plan, methods)
+  return ready._replace(plan=plan, methods=methods, specs=specs,
+                        ops=planning.check_equal_ops(specs, 1.0, plan.unit))
+
+
+def stages(g: Alphas, ready: base.Setup) -> base.Stages:
+  """The alpha stage (decompose's stages on alpha_seed; OUT/alpha_stage.json, its command in
+  results.json), then the comparison with each alpha row at its chosen alpha; (the choice,
+  the comparison's Setup, its rows)."""
+  begun, plan = results.started(), g.stage1_plan
+  first = _rows_at(ready, plan, planning.sized(plan.config))
+  fields = decompose.measure(g.stage1, first, (yield from decompose.stages(g.stage1, first)))
+  results.dump_json(os.path.join(ready.out, "alpha_stage.json"), results.results(
+      plan.config.study, decompose.STUDY.spec, plan, "", begun, fields.pop("budget"),
+      ready.scored, ready.data_dir, ready.out, ready.seeds, **fields))
+  chosen = choose(fields, g.searched, g.alphas)
+  methods = {n: recipes.copy(c) for n, c in ready.methods.items()}
+  for row, r in chosen.items():
+    methods[row].spsa15.alpha = float(r["chosen"])
+  compared = _rows_at(ready, ready.plan, methods)
+  return chosen, compared, (yield from decompose.stages(g.rows, compared))
+
+
+def measure(g: Alphas, ready: base.Setup, gathered: tuple) -> dict:
+  """decompose's fields of the comparison, the alpha stage, the primary verdicts and whether
+  SOMA against the monolith keeps its sign."""
+  chosen, compared, described = gathered
+  fields = decompose.measure(g.rows, compared, described)
+  e1, e2 = (fields["effects"][e]["end_loss_difference"] for e in g.sign_kept)
+  return {**fields, "alpha_stage": {"seed": g.seed, "alphas": list(g.alphas), "rows": chosen},
+          "primary": primary(fields, g.primary),
+          "sign_kept": {"effects": list(g.sign_kept), "verdict": sign_kept(e1, e2)}}
 
 
 def choose(payload: dict, alpha_rows: tuple, alphas: tuple) -> dict:
@@ -181,27 +231,6 @@ def sign_kept(before: dict, after: dict) -> str:
   return "unresolved (an interval holds zero)"
 
 
-def run(config: ml_collections.ConfigDict, out: str, command: str = "", executor=None) -> dict:
-  """The alpha stage, then the comparison (each decompose's, `driver.run`, into OUT);
-  OUT/results.json is the comparison's with `alpha_stage` and the primary verdicts added,
-  table.md its table with them first; OUT/alpha_stage.json keeps the alpha stage's own
-  results."""
-  first_stage, _ = check(config)
-  alpha_payload = driver.run(decompose.STUDY, first_stage, out, command, executor)
-  with open(os.path.join(out, "alpha_stage.json"), "w") as f:
-    json.dump(alpha_payload, f, indent=1)
-  chosen = choose(alpha_payload, tuple(config.alpha_rows), tuple(config.alphas))
-  payload = driver.run(decompose.STUDY, stage2(config, {r: c["chosen"] for r, c in
-                                                   chosen.items()}), out, command, executor)
-  payload["study"], payload["spec"] = "spsa15", SPEC
-  payload["alpha_stage"] = {"seed": config.alpha_seed, "alphas": list(config.alphas),
-                            "rows": chosen}
-  payload["primary"] = primary(payload, tuple(config.primary))
-  e1, e2 = (payload["effects"][e]["end_loss_difference"] for e in config.sign_kept)
-  payload["sign_kept"] = {"effects": list(config.sign_kept), "verdict": sign_kept(e1, e2)}
-  return results.write(out, payload, table)
-
-
 def primary(payload: dict, names: tuple) -> dict:
   """The declared readouts: each effect's or interaction's test end-loss difference at the
   budget (seeds and documents) with its verdict."""
@@ -234,5 +263,11 @@ def table(p: dict) -> str:
       for row, r in st["rows"].items()) + ".",
       "", f"Sign of {' → '.join(p['sign_kept']['effects'])}: {p['sign_kept']['verdict']}.",
       "", "Secondary:", ""]
-  return "\n".join(lines) + decompose.table(p)
+  return "\n".join(lines) + decompose_report.table(p)
 
+
+STUDY = base.Study(spec=SPEC, config=config, check=check, stages=stages, measure=measure,
+                   table=table, plot=decompose_report.figures,
+                   # decompose's setup: the data, and the seed runs both stages continue
+                   setup=lambda g, plan, out, executor=None: decompose.setup(g.rows, plan, out,
+                                                                             executor))

@@ -118,10 +118,16 @@ def start_step(spec: spec_lib.RunSpec, start: dict) -> int:
 def seed_stage(plan: planning.StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
                data_dir: str, out: str, val: eval_lib.TestSet, checkpoints: int = 1):
   """`train_seeds` as a stage a study yields: (the seed runs' jobs, a function of their wall
-  seconds that returns their records)."""
+  seconds that returns their records). plan.own_starts: each optimisation seed s trains seed
+  runs of its own at seed_run_seed + s in OUT/seeds/seedS/NAME (one stage), so where a start
+  lands enters every interval (SPEC 9.8), and the records are {"seedS": {name: record}}."""
+  where = ({s: (plan.seed_run_seed + s, os.path.join(out, "seeds", f"seed{s}"))
+            for s in plan.seeds} if plan.own_starts
+           else {None: (plan.seed_run_seed, os.path.join(out, "seeds"))})
   jobs, records = _seed_stage(plan, planning.seed_configs(plan.config, cfgs), data_dir, val,
-                              checkpoints, {None: (plan.seed_run_seed, os.path.join(out, "seeds"))},
-                              out)
+                              checkpoints, where, out)
+  if plan.own_starts:
+    return jobs, lambda walls: {f"seed{s}": r for s, r in records(walls).items()}
   return jobs, lambda walls: records(walls)[None]
 
 
@@ -131,24 +137,8 @@ def train_seeds(plan: planning.StudyPlan, cfgs: dict[str, ml_collections.ConfigD
   """Trains every seed run for `seed_updates` updates at `seed_run_seed` in OUT/seeds/NAME
   (one stage: `train_all` with `executor`; a checkpoint after each 1/`checkpoints` of it);
   their cost, apart, and their final loss on the study's ensemble-validation set `val`
-  (`_spec`: the seed run's RunSpec)."""
+  (`_spec`: the seed run's RunSpec). plan.own_starts: each seed's own (`seed_stage`)."""
   jobs, records = seed_stage(plan, cfgs, data_dir, out, val, checkpoints)
-  return records(train_all(jobs, executor))
-
-
-def train_seed_sets(plan: planning.StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
-                    data_dir: str, out: str, val: eval_lib.TestSet, executor=None,
-                    checkpoints: int = 1) -> dict[int, dict[str, dict]]:
-  """{optimisation seed: {seed run: its record}}. plan.own_starts: seed s trains its own seed
-  runs at seed_run_seed + s in OUT/seeds/seedS/NAME (all in one stage), so where a start
-  lands enters every interval (SPEC 9.8); else every seed gets `train_seeds`' shared runs."""
-  if not plan.own_starts:
-    shared = train_seeds(plan, cfgs, data_dir, out, val, executor, checkpoints)
-    return {seed: shared for seed in plan.seeds}
-  where = {seed: (plan.seed_run_seed + seed, os.path.join(out, "seeds", f"seed{seed}"))
-           for seed in plan.seeds}
-  jobs, records = _seed_stage(plan, planning.seed_configs(plan.config, cfgs), data_dir, val,
-                              checkpoints, where, out)
   return records(train_all(jobs, executor))
 
 
