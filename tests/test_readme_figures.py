@@ -49,6 +49,7 @@ MEASURED_PAGES = {
     "docs/benchmarks.md": "", "docs/table7.md": "", "docs/table4.md": "", "docs/table6.md": "",
     "docs/ladder.md": "", "docs/decompose.md": "", "docs/sweeps.md": "",
     "docs/ablations.md": "", "docs/variance.md": "", "docs/eggroll.md": "## Measured",
+    "docs/narrow.md": "## Measured",
 }
 HEADLINE = "## Headline results"
 
