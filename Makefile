@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= demo_out
 # pytest-xdist workers for make test / test-all: one per core of the 2-core machines the
-# suite is sized for (967 tests on 2026-12-04: 55 min beside a running study at nice 10, so
-# over the 15-min target on idle cores too; docs/results/make_test.json is an older run);
+# suite is sized for (967 tests on 2026-12-04: 55 min beside a running study at nice 10; the
+# last idle run, 19.6 min, was already over the 15-min target; make_test.json is older);
 # each test file stays on one worker.
 TEST_WORKERS ?= 2
 # make demo DEVICE=gpu: the CUDA 12 build of JAX, then the GPU-sized quickstart notebook
