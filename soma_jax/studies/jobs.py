@@ -41,7 +41,7 @@ def check_existing(workdir: str, spec: spec_lib.RunSpec) -> None:
   seed = spec.config.get("init_from") or ""
   if not os.path.isfile(os.path.join(workdir, ckpt_lib.CONFIG_FILE)):
     theirs = ckpt_lib.last_history(seed).get("data_manifest_sha256") if seed else None
-    if theirs and now and theirs != now and not spec.config.get("init_from_other_data"):
+    if theirs and now and theirs != now and not spec.init_from_other_data:
       raise UserError(f"the seed run {seed!r} trained on data whose manifest.json had SHA-256 "
                       f"{theirs[:12]}; {data_dir!r} now holds {now[:12]} (the data was "
                       "re-prepared in place, or is another corpus); fix: --config.data_dir= "

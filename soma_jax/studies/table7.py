@@ -37,7 +37,7 @@ from soma_jax import budget as budget_lib
 from soma_jax import evaluate as eval_lib
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import base, driver, planning, recipes, results, scores, statistics, training
+from soma_jax.studies import base, planning, recipes, results, scores, statistics, training
 
 
 def config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -170,11 +170,6 @@ def searching(searches: list[Search], val: eval_lib.TestSet) -> base.Stages:
       search.record(point, val, wall)
     for search in searches:
       search.advance()
-
-
-def run_searches(searches: list[Search], val: eval_lib.TestSet, executor) -> None:
-  """`searching` with each stage trained by `executor` (`driver.through`)."""
-  driver.through(searching(searches, val), executor)
 
 
 GRID_FIELDS = {"lr_factors": planning.factors(), "lr_extend": planning.whole(0),
