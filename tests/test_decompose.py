@@ -160,3 +160,36 @@ def test_bad_fields_are_user_errors(data_two_shards, key, value, match):
   config[section][field] = value
   with pytest.raises(UserError, match=match):
     driver.checked(decompose.STUDY, config)
+
+
+# --------------------------------------------------------------------- the committed tables
+
+
+@pytest.mark.parametrize("name", ["decompose_cpu", "decompose_man_cpu"])
+def test_committed_table_is_its_json_rendered(name):
+  """docs/results/NAME.md is decompose_report.table of NAME.json, not an edited copy."""
+  from soma_jax.studies import decompose_report
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results")
+  with open(os.path.join(root, f"{name}.json")) as f:
+    p = json.load(f)
+  with open(os.path.join(root, f"{name}.md")) as f:
+    assert f.read() == decompose_report.table(p)
+
+
+def test_a_speedup_over_a_sliver_of_the_phases_is_not_readable():
+  """SPEC 9.8: on the man pages SOMA's and the monolith's compared-phase curves share 0.010 to
+  0.017 nats/byte of validation loss, 8-14% of SOMA's phase: not readable; on the built-in
+  corpus they share 57-68% of SOMA's phase and all of the monolith's: readable."""
+  from soma_jax.studies import decompose_report
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results")
+  with open(os.path.join(root, "decompose_man_cpu.json")) as f:
+    man = json.load(f)
+  with open(os.path.join(root, "decompose_cpu.json")) as f:
+    builtin = json.load(f)
+  got = decompose_report.common_range(man, "soma", "mono")
+  assert [round(c, 3) for c, _, _ in got] == [0.016, 0.010, 0.017]
+  assert max(fa for _, fa, _ in got) < 0.15
+  assert decompose_report.unreadable(man, "soma", "mono").startswith("not readable (common range")
+  assert decompose_report.unreadable(man, "soma", "soma_random") == ""
+  assert all(decompose_report.unreadable(builtin, e["a"], e["b"]) == ""
+             for e in builtin["effects"].values())

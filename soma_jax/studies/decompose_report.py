@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 
 import numpy as np
 
@@ -27,6 +28,65 @@ def _speed(stat: dict) -> str:
     return "- (no common range)"
   lo, hi = stat["speedup_ci95"] or (None, None)
   return f"{stat['speedup']:.2f}x" + ("" if lo is None else f" [{lo:.2f}, {hi:.2f}]")
+
+
+READABLE = 0.5  # SPEC 9.8: a speed-up is read where the common range is this share of each phase
+
+
+def common_range(p: dict, a: str, b: str) -> list[tuple[float, float, float]]:
+  """Per seed: the validation-loss range that a's and b's compared-phase curves both cover
+  (running minima, as `statistics.log_speedup` reads them), and its share of a's and of b's
+  own phase (start minus best loss)."""
+  def phase(row: str) -> list[tuple[float, float]]:
+    curves = ([x["loss"] for x in s["val_curve"]] for s in p["rows"][row]["per_seed"])
+    return [(c[0], min(c)) for c in curves]
+  out = []
+  for (sa, ea), (sb, eb) in zip(phase(a), phase(b), strict=True):
+    common = max(0.0, min(sa, sb) - max(ea, eb))
+    out.append((common, common / (sa - ea) if sa > ea else 0.0,
+                common / (sb - eb) if sb > eb else 0.0))
+  return out
+
+
+def _span(values: list[float], f: str) -> str:
+  lo, hi = format(min(values), f), format(max(values), f)
+  return lo if lo == hi else f"{lo}-{hi}"
+
+
+def unreadable(p: dict, a: str, b: str) -> str:
+  """SPEC 9.8's "not readable (common range X of Y)" for a compared-phase speed-up of a over b
+  whose common loss range is under half of either row's phase in some seed; "" when readable."""
+  got = common_range(p, a, b)
+  if min(min(fa, fb) for _, fa, fb in got) >= READABLE:
+    return ""
+  common, fa, fb = ([g[i] for g in got] for i in range(3))
+  pct = lambda v: _span([100 * x for x in v], ".0f") + "%"
+  return (f"not readable (common range {_span(common, '.3f')} nats/byte: {pct(fa)} of {a}'s "
+          f"phase, {pct(fb)} of {b}'s)")
+
+
+def _seed_costs(p: dict) -> str:
+  """From-initialisation readouts count each row's seed run first: a pair of rows on different
+  seed runs carries the ratio of the two totals at the budget whatever the compared phase does
+  (one sentence; "" when every effect's rows share a seed run)."""
+  seed = lambda row: p["rows"][row]["start"].split("/")[-1].split("@")[0]
+  budget = p["budget"]["amount"]
+  ratios: dict[tuple[str, str], list[str]] = {}
+  for name, e in p["effects"].items():
+    sa, sb = seed(e["a"]), seed(e["b"])
+    if sa != sb:
+      ratios.setdefault((sa, sb), []).append(name)
+  if not ratios:
+    return ""
+  ops = lambda s: p["seed_runs"][s]["ops"]
+  costs = ", ".join(f"{s} {ops(s):.4g}" for s in sorted({s for k in ratios for s in k}))
+  pairs = "; ".join(
+      f"{', '.join(names)}: ({ops(sb):.4g} + {budget:.4g}) / ({ops(sa):.4g} + {budget:.4g}) = "
+      f"{(ops(sb) + budget) / (ops(sa) + budget):.2f}" for (sa, sb), names in ratios.items())
+  return (f"From initialisation, each row's seed run counts first (operations: {costs}), then "
+          f"{budget:.4g} in the compared phase. Rows on different seed runs stand at a fixed "
+          f"ratio of totals at the budget, whatever the compared phase does ({pairs}); a "
+          "from-init speed-up near that ratio says little beyond the seed runs' costs.")
 
 
 def table(p: dict) -> str:
@@ -51,15 +111,28 @@ def table(p: dict) -> str:
             "compared phase | speed-up of a, from init |", "|---|---|---|---|---|---|"]
   for name, e in p["effects"].items():
     sp = e["log_speedup"]
+    compared = unreadable(p, e["a"], e["b"]) or _speed(sp["compared"])
     lines.append(f"| {name} | {e['a']} vs {e['b']} | {_both(e['gain_difference'])} | "
-                 f"{_ci(e['end_loss_difference'])} | {_speed(sp['compared'])} | "
+                 f"{_ci(e['end_loss_difference'])} | {compared} | "
                  f"{_speed(sp['from_init'])} |")
   for name, x in p["interactions"].items():
     sp = x["log_speedup"]
+    closed = [pair for pair in x["of"] if unreadable(p, *pair.split(" vs "))]
+    compared = (f"not readable ({' and '.join(closed)}'s is not)" if closed
+                else _ci(sp["compared"], 3))
     lines += ["", f"**{name}** ({x['of'][0]} minus {x['of'][1]}): gain difference "
               f"{_ci(x['gain_difference'])}, end-loss difference "
               f"{_ci(x['end_loss_difference'])}, log speed-up compared "
-              f"{_ci(sp['compared'], 3)}, from init {_ci(sp['from_init'], 3)}."]
+              f"{compared}, from init {_ci(sp['from_init'], 3)}."]
+  printed = len(re.findall(r"\[[-+]?[\d.]+, [-+]?[\d.]+\]", "\n".join(lines)))  # intervals
+  lines += ["", f"How to read it (SPEC 9.8, applied after the run: the study declared no primary "
+            f"readout before it): the primary readout is each effect's test end-loss difference "
+            f"(b's end − a's) at the budget; gains, speed-ups and the from-init readouts are "
+            f"secondary and descriptive. This table prints {printed} 95% intervals, none corrected "
+            f"for multiple comparisons: among intervals whose true effect is zero, about one in "
+            f"twenty excludes zero by chance. A compared-phase speed-up is read only where the "
+            f"loss range both curves cover is at least half of each row's phase (per seed), "
+            f"else it is not readable. " + _seed_costs(p)]
   lines += ["", "Intervals: seeds and documents (" + p["how"] + ")."]
   return "\n".join(lines) + "\n"
 
