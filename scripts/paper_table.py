@@ -51,6 +51,22 @@ def why(row: paper_rows.Row) -> str:
   return f"**{v}** ({'; '.join(how)})"
 
 
+def multiplicity() -> str:
+  """How many primary intervals the verdicts read (rows sharing an interval count it once),
+  and that none is corrected for multiple comparisons (SPEC 9.8: say how many)."""
+  seen: dict[tuple[float, float, float], list[str]] = {}
+  for r in ROWS:
+    for iv in r.intervals():
+      seen.setdefault((iv.mean, iv.lo, iv.hi), []).append(r.item)
+  shared = sorted({" and ".join(dict.fromkeys(items)) for items in seen.values()
+                   if len(set(items)) > 1})
+  return (f"The verdicts read {len(seen)} distinct primary intervals"
+          + (f" ({'; '.join(shared)} share theirs)" if shared else "") + "; only they carry a "
+          "verdict, and every other figure in a cell is descriptive. No interval is corrected for "
+          "multiple comparisons: among intervals whose true effect is zero, about one in twenty "
+          "excludes zero by chance.")
+
+
 def render_full() -> str:
   lines = [FULL[0], "| item | what it shows | command | ours (CPU scale) | paper | what differs "
            "| verdict (SPEC 9.8) |", "|---|---|---|---|---|---|---|"]
@@ -60,7 +76,7 @@ def render_full() -> str:
     lines.append(f"| {r.item} | {r.shows} | " + (f"`{r.command}`" if r.command else "-")
                  + f" | {_cell(ours)}" + (f" ({src})" if src else "")
                  + f" | {_cell(r.paper)} | {_cell(r.differs)} | {_cell(why(r))} |")
-  return "\n".join(lines + [FULL[1]])
+  return "\n".join(lines + ["", multiplicity(), FULL[1]])
 
 
 def render_compact() -> str:

@@ -170,16 +170,33 @@ def figure8() -> str:
   return f"{ends}; lowest N at shared budgets: {', '.join(f8['lowest'])}"
 
 
+def figure14_n1() -> tuple[list[float], int, bool]:
+  """Where Figure 14's map selects N = 1: the total budgets (device-s) of those columns, the
+  number of cells, and whether no other N has a checkpoint within those totals."""
+  f14 = load("fig7_cpu")["measured"]["figure14"]
+  cols = sorted({j for row in f14["lowest_n"] for j, n in enumerate(row) if n == 1})
+  totals = [f14["total_device_seconds"][j] for j in cols]
+  cells = sum(row[j] == 1 for row in f14["lowest_n"] for j in cols)
+  alone = not any(c["n_experts"] != 1 and c["total"] <= t for c in f14["checkpoints"]
+                  for t in totals)
+  return totals, cells, alone
+
+
 def figure14() -> str:
   f14 = load("fig7_cpu")["measured"]["figure14"]
   chosen = sorted({n for row in f14["lowest_n"] for n in row if n is not None})
-  only = [row[0] for row in f14["lowest_n"]]
-  elsewhere = {n for row in f14["lowest_n"] for n in row[1:]}
+  totals, cells, alone = figure14_n1()
+  where = ("where no other N has a checkpoint within the total" if alone
+           else "where another N also has a checkpoint within the total")
   return (f"N selected somewhere on the {len(f14['lowest_n'])} x {len(f14['lowest_n'][0])} "
           f"budget map: {', '.join(map(str, chosen))} ({len(f14['checkpoints'])} checkpoints); "
-          f"N = 1 only in the {f14['total_device_seconds'][0]:.2f} device-s column "
-          f"({only.count(1)} cells), where no other N has a checkpoint; elsewhere "
-          f"{'never' if 1 not in elsewhere else 'too'}")
+          f"N = 1 in {cells} cells, all in the {', '.join(f'{t:.2f}' for t in totals)} device-s "
+          f"column{'s' if len(totals) > 1 else ''}, {where}; elsewhere never")
+
+
+def figure14_brief() -> str:
+  _, _, alone = figure14_n1()
+  return "N = 1 only where nothing else fits" if alone else "N = 1 selected where others fit"
 
 
 def table11_primary() -> tuple[Interval, ...]:
@@ -286,15 +303,32 @@ def table9_primary() -> tuple[Interval, ...]:
                if "minus_ref" in r)
 
 
+TABLE9_PAPER_ORDER = ["soma_n2", "mono_k4", "mono_k64", "mono_k16"]  # the paper's, our names
+
+
 def table9() -> str:
-  r = load("table9_cpu")["measured"]
-  order = lambda k: r["rankings"][k] == [
-      "soma_n2", "mono_k4", "mono_k64", "mono_k16"]  # the paper's order, our names
+  d = load("table9_cpu")
+  r = d["measured"]
+  ranks = r["rankings"]
+  order = lambda k: (f"{' < '.join(ranks[k])} ("
+                     + ("" if ranks[k] == TABLE9_PAPER_ORDER else "not ") + "the paper's")
+  ivs = table9_primary()
+  clear = [iv.name for iv in ivs if not iv.lo <= iv.null <= iv.hi]
   return ("man pages (section 7) test: " + ", ".join(
       f"{n} {v['test']['mean']:.3f}" for n, v in r["rows"].items())
-      + f"; order as the paper's: external {order('external_test')}, in-domain "
-      f"{order('in_domain_test')}; monolith − SOMA: "
-      + "; ".join(f"{iv.name} {show(iv)}" for iv in table9_primary()) + " (2 seeds)")
+      + f"; seed means in order {order('external_test')} WikiText-103 order: SOMA, then 64, "
+      f"1,024 and 256 directions); in-domain {order('in_domain_test')} Table 4 order: SOMA, then "
+      "64 and 1,024 tied, 256 last); monolith − SOMA: " + "; ".join(f"{iv.name} {show(iv)}" for iv in ivs)
+      + f" ({len(d['seeds'])} seeds, seeds and documents; {len(clear)} of {len(ivs)} exclude "
+      f"zero: {', '.join(clear)})")
+
+
+def table9_brief() -> str:
+  r = load("table9_cpu")["measured"]
+  first = r["rankings"]["external_test"][0] == "soma_n2"
+  clear = [iv.name for iv in table9_primary() if not iv.lo <= iv.null <= iv.hi]
+  return (f"SOMA {'lowest' if first else 'not lowest'} in seed means; resolved: "
+          + (", ".join(clear) if clear else "no difference"))
 
 
 def table3() -> str:

@@ -99,7 +99,7 @@ ROWS = [
         "fig7,size=cpu", r.figure14, "N = 1 is never selected; more shards win under a tight "
         "per-expert budget", "the fig7 experts panel's checkpoints (paper: 44 of N = 1, 2, 8, "
         "256); wherever another N fits, N = 1 is not selected, as in the paper", ("fig7_cpu",),
-        brief="N = 1 only where nothing else fits", paper_brief="N = 1 never selected",
+        brief=r.figure14_brief, paper_brief="N = 1 never selected",
         no_verdict="a map of selections, no interval"),
     Row("Figure 15", "inference cost against loss at equal total size", COMPARE +
         "fig15,size=cpu", r.figure15, "more shards reduce inference cost; training progress "
@@ -160,8 +160,9 @@ ROWS = [
     Row("Table 9", "frozen evaluation on an external corpus", COMPARE + "table9,size=cpu",
         r.table9, "WikiText-103 test: SOMA N = 2 2.066; monoliths 2.254 / 2.363 / 2.290 (64 / "
         "256 / 1,024 directions)", "no WikiText-103 copy here (--config.wikitext=FOLDER reads "
-        "one): Linux man pages, section 7; Table 4's CPU rows, 2 seeds", ("table9_cpu",),
-        r.table9_primary, brief="SOMA lowest in seed means",
+        "one): Linux man pages, section 7; Table 4's CPU rows (mono_k4 / k16 / k64 for the "
+        "paper's 64 / 256 / 1,024 directions), 2 seeds", ("table9_cpu",),
+        r.table9_primary, brief=r.table9_brief,
         paper_brief="SOMA lowest"),
     Row("Table 10", "estimated loss of the allocations at three budgets", COMPARE +
         "fig13,size=cpu", r.table10, "(8, 64, 1,024) lowest at 2e18 / 4e18 / 8e18 operations: "
