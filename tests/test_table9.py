@@ -245,3 +245,16 @@ def test_the_training_corpus_is_refused_before_anything_trains(tmp_path, data_tw
   with pytest.raises(UserError, match="the one the rows train on"):
     driver.run(table9.STUDY, config, str(tmp_path / "out"))
   assert not os.path.exists(tmp_path / "out" / "seeds")
+
+
+def test_committed_table_is_its_json_rendered():
+  """docs/results/table9_cpu.md is table9.table of its JSON (regenerated, never hand-edited),
+  and its ranking sentence says which order is the paper's."""
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results")
+  with open(os.path.join(root, "table9_cpu.json")) as f:
+    p = json.load(f)
+  with open(os.path.join(root, "table9_cpu.md")) as f:
+    md = f.read()
+  assert md == table9.table(p)
+  assert "mono_k16 (the paper's); on in-domain" in md
+  assert "mono_k64 (not the paper's); our two orders alike: False" in md
