@@ -221,8 +221,8 @@ def test_torch_mezo_measures_both_sides():
 def test_study_steps_side_by_side_times_each_checkout_in_its_own_processes():
   import json
 
-  # one device per child (each side's own XLA_FLAGS): one compiled step, not also the
-  # layout's (the layout's step is timed by test_spsa_step_times_the_training_layout...)
+  # one device per child (each side's own XLA_FLAGS): one compiled step per child, not also
+  # the multi-device layout's (timed in the slow test_spsa_step_times_the_training_layout_...)
   one = "--xla_force_host_platform_device_count=1"
   out = json.loads(_bench_child(
       "study_steps", "--size=tiny", "--rows=one_expert", "--reps=1", "--rounds=1",
