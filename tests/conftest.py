@@ -68,6 +68,33 @@ def data_two_shards(tmp_path_factory, data_textdir) -> str:
   return out
 
 
+# The checkpoint-scores tests' validation set (test_checkpoint_scores, test_reliability_round6_b)
+CKPT_ROUTE, CKPT_SCORE = 8, 24  # pieces of 33 bytes inside the tiny preset's T = 32
+
+
+def ckpt_val_set(data_dir: str, max_windows: int = 0, split: str = "ensemble_val",
+                 route: int = CKPT_ROUTE):
+  """The validation windows a scored run scores at every checkpoint (route + score = 32)."""
+  from soma_jax import evaluate as eval_lib
+
+  return eval_lib.TestSet(data_dir, max_windows, split, route, CKPT_ROUTE + CKPT_SCORE - route)
+
+
+@pytest.fixture(scope="session")
+def scored_run(tmp_path_factory, data_two_shards):
+  """A tiny N = 2 budgeted run of 6 updates with 3 checkpoints, scored on validation by
+  training: (spec, workdir, val). Read-only: a test that changes it works on a copy."""
+  from soma_jax import config as config_lib
+  from soma_jax.studies import jobs, training
+
+  c = config_lib.base_config(n=2, size="tiny")
+  val = ckpt_val_set(data_two_shards)
+  spec = training.budgeted(c, data_two_shards, 0, None, "updates", 6, 3, score=val)
+  workdir = str(tmp_path_factory.mktemp("scored") / "run")
+  jobs.train(spec, workdir, "scored run")
+  return spec, workdir, val
+
+
 def pytest_configure(config):
   """Share compiled programs between tests and their subprocesses (persistent cache)."""
   cache = os.path.join(os.path.dirname(os.path.dirname(__file__)), ".pytest_cache", "jax")

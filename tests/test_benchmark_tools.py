@@ -221,9 +221,14 @@ def test_torch_mezo_measures_both_sides():
 def test_study_steps_side_by_side_times_each_checkout_in_its_own_processes():
   import json
 
+  # one device per child (each side's own XLA_FLAGS): one compiled step per child, not also
+  # the multi-device layout's (timed in the slow test_spsa_step_times_the_training_layout_...)
+  one = "--xla_force_host_platform_device_count=1"
   out = json.loads(_bench_child(
       "study_steps", "--size=tiny", "--rows=one_expert", "--reps=1", "--rounds=1",
-      "--nofigures", f"--against={ROOT}", "--against_set=spsa.unroll=2"))
+      "--nofigures", f"--against={ROOT}", "--against_set=spsa.unroll=2", f"--xla_flags={one}",
+      f"--against_xla_flags={one}"))
+  assert out["side_by_side"]["this_xla_flags"] == out["side_by_side"]["against_xla_flags"] == one
   row = out["side_by_side"]["rows"]["one_expert"]
   # each side's own config: the other side's field changed, this side's as the preset has it
   assert row["this_config"]["unroll"] == 1 and row["against_config"]["unroll"] == 2
@@ -249,9 +254,11 @@ def test_study_steps_set_takes_the_fields_type():
 def test_study_steps_pairs_time_both_sides_in_lock_step():
   import json
 
+  one = "--xla_force_host_platform_device_count=1"  # the side-by-side test's steps, cached
   out = json.loads(_bench_child(
       "study_steps", "--size=tiny", "--rows=one_expert", "--pairs=3", "--nofigures",
-      f"--against={ROOT}", "--set=spsa.unroll=2"))
+      f"--against={ROOT}", "--set=spsa.unroll=2", f"--xla_flags={one}",
+      f"--against_xla_flags={one}"))
   row = out["paired"]["rows"]["one_expert"]
   assert row["this"]["config"]["unroll"] == 2 and row["against"]["config"]["unroll"] == 1
   lo, hi = row["ratio_min_max"]

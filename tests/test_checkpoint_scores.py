@@ -13,29 +13,13 @@ import pytest
 
 from soma_jax import checkpoint_scores as scores_lib
 from soma_jax import config as config_lib
-from soma_jax import evaluate as eval_lib
 from soma_jax import runs
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import jobs, planning, scores, training
-
-ROUTE, SCORE = 8, 24  # pieces of 33 bytes inside the tiny preset's T = 32
-
-
-def val_set(data_dir: str, max_windows: int = 0, split: str = "ensemble_val",
-            route: int = ROUTE) -> eval_lib.TestSet:
-  return eval_lib.TestSet(data_dir, max_windows, split, route, ROUTE + SCORE - route)
-
-
-@pytest.fixture(scope="module")
-def scored_run(tmp_path_factory, data_two_shards):
-  """A tiny N = 2 budgeted run of 6 updates with 3 checkpoints, scored on validation."""
-  c = config_lib.base_config(n=2, size="tiny")
-  val = val_set(data_two_shards)
-  spec = training.budgeted(c, data_two_shards, 0, None, "updates", 6, 3, score=val)
-  workdir = str(tmp_path_factory.mktemp("scored") / "run")
-  jobs.train(spec, workdir, "scored run")
-  return spec, workdir, val
+from soma_jax.studies import planning, scores
+from tests.conftest import CKPT_ROUTE as ROUTE
+from tests.conftest import CKPT_SCORE as SCORE
+from tests.conftest import ckpt_val_set as val_set  # scored_run: a fixture in tests/conftest.py
 
 
 def restored_scores(workdir: str, step: int, spec, scorer) -> tuple[np.ndarray, dict]:

@@ -1,6 +1,7 @@
 """Issue 43's data items: folders read once, declared charsets, dictionary columns, one id rule,
 one registry of source formats, and the summary's counts of what a source passed over."""
 
+import functools
 import gzip
 import io
 import json
@@ -272,9 +273,10 @@ def test_build_md_data_section_names_every_source_and_option():
     sources.parse_source("jsonl")
 
 
+@functools.cache
 def _prepare_help() -> str:
   """prepare_data.py's --help text, from its own process (importing it here would define
-  its absl flags twice beside another entry point's)."""
+  its absl flags twice beside another entry point's); started once for the file's tests."""
   import subprocess
   import sys
 

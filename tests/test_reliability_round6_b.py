@@ -193,21 +193,6 @@ def test_a_study_with_runs_keeps_its_mark(tmp_path):
 # ----------------------------------------------------------------------------- a trained run
 
 
-@pytest.fixture(scope="module")
-def scored(tmp_path_factory, data_two_shards):
-  """A tiny N = 2 budgeted run of 6 updates, 3 checkpoints, scored on validation by training."""
-  from soma_jax import config as config_lib
-  from soma_jax.studies import jobs, training
-  from tests.test_checkpoint_scores import val_set
-
-  c = config_lib.base_config(n=2, size="tiny")
-  val = val_set(data_two_shards)
-  spec = training.budgeted(c, data_two_shards, 0, None, "updates", 6, 3, score=val)
-  workdir = str(tmp_path_factory.mktemp("scored") / "run")
-  jobs.train(spec, workdir, "scored run")
-  return spec, workdir, val
-
-
 def _another_run(workdir: str, dest: str) -> str:
   """A copy of `workdir` that is another run: its own first start (run_id), no scores."""
   import shutil
@@ -224,7 +209,7 @@ def _another_run(workdir: str, dest: str) -> str:
   return dest
 
 
-def test_score_files_copied_from_another_run_are_not_read(scored, tmp_path, monkeypatch):
+def test_score_files_copied_from_another_run_are_not_read(scored_run, tmp_path, monkeypatch):
   """Note: score files copied from another run were used unchecked; STEP.json names the run
   that wrote it (checkpoint.run_id), another run's are restored and scored instead. A whole
   run copied or moved keeps its own."""
@@ -234,7 +219,7 @@ def test_score_files_copied_from_another_run_are_not_read(scored, tmp_path, monk
   from soma_jax.studies import scores
   from tests.test_checkpoint_scores import count_restores
 
-  spec, workdir, val = scored
+  spec, workdir, val = scored_run
   assert scores_lib.read(workdir, 6, val.settings()) is not None
   other = _another_run(workdir, str(tmp_path / "other"))
   shutil.copytree(os.path.join(workdir, scores_lib.FOLDER), os.path.join(other, scores_lib.FOLDER))
@@ -248,7 +233,7 @@ def test_score_files_copied_from_another_run_are_not_read(scored, tmp_path, monk
 
 
 @pytest.mark.parametrize("value", ["x", None, [1], float("nan")])
-def test_a_tampered_counter_falls_back_to_the_checkpoint(scored, tmp_path, value):
+def test_a_tampered_counter_falls_back_to_the_checkpoint(scored_run, tmp_path, value):
   """Item 17: a string in a checkpoint-scores counter gave a traceback (float('x')); such a
   file is not read, and the checkpoint's own counters are restored."""
   import shutil
@@ -256,7 +241,7 @@ def test_a_tampered_counter_falls_back_to_the_checkpoint(scored, tmp_path, value
   from soma_jax import checkpoint_scores as scores_lib
   from soma_jax.studies import scores
 
-  spec, workdir, val = scored
+  spec, workdir, val = scored_run
   w = shutil.copytree(workdir, str(tmp_path / "w"))
   path = os.path.join(w, scores_lib.FOLDER, "6.json")
   with open(path) as f:
@@ -268,13 +253,13 @@ def test_a_tampered_counter_falls_back_to_the_checkpoint(scored, tmp_path, value
   assert scores.summary(w, spec, 0) == scores.summary(workdir, spec, 0)
 
 
-def test_a_truncated_summary_is_no_traceback(scored, tmp_path):
+def test_a_truncated_summary_is_no_traceback(scored_run, tmp_path):
   """Item 17: a truncated summary.json of a run is read as none (results.read_summary)."""
   import shutil
 
   from soma_jax.studies import results, scores
 
-  spec, workdir, _ = scored
+  spec, workdir, _ = scored_run
   w = shutil.copytree(workdir, str(tmp_path / "w"))
   with open(os.path.join(w, "summary.json"), "r+") as f:
     f.truncate(10)
@@ -282,7 +267,7 @@ def test_a_truncated_summary_is_no_traceback(scored, tmp_path):
   assert scores.summary(w, spec, 0)["budget_before_last_update"] is None
 
 
-def test_table3_runs_from_with_a_truncated_summary_is_one_line(scored, tmp_path):
+def test_table3_runs_from_with_a_truncated_summary_is_one_line(scored_run, tmp_path):
   """Item 17: a truncated summary.json in a runs_from folder gave a traceback; now one
   UserError naming the file, with a fix in compare.py's options."""
   import shutil
@@ -297,7 +282,7 @@ def test_table3_runs_from_with_a_truncated_summary_is_one_line(scored, tmp_path)
   settings = {}
   for name in (study.solo, study.ensemble):
     w = f"runs/{name}"
-    shutil.copytree(scored[1], folder / w)
+    shutil.copytree(scored_run[1], folder / w)
     settings[name] = {**study.shapes[name],
                       "per_seed": [{"seed": s, "workdir": w} for s in study.sweep.plan.seeds]}
   results = {"study": "fig7", "budget": {"amount": study.sweep.plan.budget},
@@ -314,7 +299,7 @@ def test_table3_runs_from_with_a_truncated_summary_is_one_line(scored, tmp_path)
 # ----------------------------------------------------------------------------- item 12
 
 
-def test_cost_counts_only_the_studys_runs(scored, tmp_path):
+def test_cost_counts_only_the_studys_runs(scored_run, tmp_path):
   """Item 12: results.json `cost` summed every summary.json under --out, another study's or
   a user's runs included; now only the runs the study trained or found finished
   (results.own, through train_all)."""
@@ -322,7 +307,7 @@ def test_cost_counts_only_the_studys_runs(scored, tmp_path):
 
   from soma_jax.studies import results
 
-  _, workdir, _ = scored
+  _, workdir, _ = scored_run
   out = tmp_path / "out"
   mine = str(shutil.copytree(workdir, out / "runs" / "seed0" / "mine"))
   shutil.copytree(workdir, out / "elsewhere" / "not_mine")  # under --out, not the study's

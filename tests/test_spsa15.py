@@ -166,7 +166,9 @@ def test_alpha_0_lambda_1_is_spsa(chunk, together):
   """curv = max(x ** 0, 1) = 1: three updates of every expert are SOMA's. With the signs
   together the clean row joins the signed rows of one vmapped pass and the states and losses
   are SOMA's bit for bit (on the CPU); with them apart the first chunk's 2 C + 1 rows run
-  together where SOMA runs C, then C: equal to float32 rounding. alpha = 0.1 moves them."""
+  together where SOMA runs C, then C: equal to float32 rounding. alpha = 0.1 moves them (checked
+  in one layout: the step hands its config to `estimate` alike in both, and
+  test_estimate_equals_the_formula_written_out checks the curvature in both layouts)."""
   spsa_leaves, spsa_losses = _three_steps(_step_cfg(None, chunk, together))
   same_leaves, same_losses = _three_steps(_step_cfg(S.Curvature(0.0, 1.0), chunk, together))
   if together and jax.default_backend() == "cpu":
@@ -176,8 +178,9 @@ def test_alpha_0_lambda_1_is_spsa(chunk, together):
   else:
     equal_to_rounding(same_leaves, spsa_leaves)
     np.testing.assert_allclose(same_losses, spsa_losses, rtol=1e-6)
-  scaled_leaves, _ = _three_steps(_step_cfg(S.Curvature(0.1, 1.0), chunk, together))
-  assert any(not np.array_equal(x, y) for x, y in zip(spsa_leaves, scaled_leaves))
+  if together:
+    scaled_leaves, _ = _three_steps(_step_cfg(S.Curvature(0.1, 1.0), chunk, together))
+    assert any(not np.array_equal(x, y) for x, y in zip(spsa_leaves, scaled_leaves))
 
 
 def test_the_method_is_soma_with_the_curvature_field():
