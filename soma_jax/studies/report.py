@@ -26,6 +26,29 @@ def save_figure(fig, path: str) -> None:
   plt.close(fig)
 
 
+LOSS = "ensemble-validation loss (nats/byte)"  # the y label of the studies' loss figures
+
+
+def mean_curve(per_seed: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+  """The seed-mean of equally long curves (each per-seed record's "curve"): (x = each point's
+  `key`, y = its loss)."""
+  x = np.mean([[q[key] for q in s["curve"]] for s in per_seed], axis=0)
+  y = np.mean([[q["loss"] for q in s["curve"]] for s in per_seed], axis=0)
+  return x, y
+
+
+def label(ax, xlabel: str, ylabel: str = LOSS, title: str | None = None, log: bool = False,
+          legend: int = 8) -> None:
+  """A figure's axis: log x (`log`), its labels, its title (fontsize 9), its legend."""
+  if log:
+    ax.set_xscale("log")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  if title is not None:
+    ax.set_title(title, fontsize=9)
+  ax.legend(fontsize=legend)
+
+
 def plot_offset(workdir: str) -> int:
   """Where step 0 of this run lies on its seed's curve: a warm-started run (its steps counted
   from 0) continues after its seed's updates; a continued one (init_state) already counts
