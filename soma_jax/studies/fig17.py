@@ -28,7 +28,7 @@ import numpy as np
 
 from soma_jax import evaluate as eval_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import base, driver, fig16, planning, recipes, report
+from soma_jax.studies import base, driver, fig16, planning, recipes, report, results
 
 PAPER = {
     "item": "Figure 17",
@@ -220,8 +220,8 @@ def table(p: dict) -> str:
               f"similarity {fmt(rel['pearson'], '+.3f')}, slope {fmt(rel['slope'], '+.4f')} "
               f"(per seed: {', '.join(fmt(s['relation']['pearson'], '+.3f') for s in r['per_seed'])}"
               f"); smallest reduction {r['min_loss_reduction']:.5f}.", "",
-              "| error similarity (range) | loss reduction | pairs | tokens per pair |",
-              "|---|---|---|---|"]
+              *results.head("| error similarity (range) | loss reduction | pairs | "
+                            "tokens per pair |")]
     for q in r["bins"]:
       lo, hi = q["error_similarity_range"]
       lines.append(f"| {q['error_similarity']:+.3f} ({lo:+.3f} to {hi:+.3f}) | "

@@ -304,8 +304,8 @@ def table(p: dict) -> str:
               f"{'yes' if r['falls_monotonically'] else 'no'} (in "
               f"{r['seeds_falling_monotonically']} of {len(p['seeds'])} seeds; the paper: "
               f"{PAPER['claims'][panel]}).", "",
-              "| setting | N | n_pert | B (accum) | params | ops / update | update s | "
-              "device s | start | end |", "|---|---|---|---|---|---|---|---|---|---|"]
+              *results.head("| setting | N | n_pert | B (accum) | params | ops / update | "
+                            "update s | device s | start | end |")]
     for name, value in zip(r["methods"], r["values"], strict=True):
       s = m["settings"][name]
       last = [q["curve"][-1] for q in s["per_seed"]]
@@ -321,9 +321,8 @@ def table(p: dict) -> str:
   if f14:
     lines += ["Figure 14 (lowest-loss N under a total and a per-expert budget; rows: per-expert "
               "device-seconds, columns: total):", "",
-              "| per-expert \\ total | " + " | ".join(f"{x:.3g}" for x in
-                                                   f14["total_device_seconds"]) + " |",
-              "|---|" + "---|" * len(f14["total_device_seconds"])]
+              *results.head("| per-expert \\ total | " + " | ".join(f"{x:.3g}" for x in
+                                                   f14["total_device_seconds"]) + " |")]
     for share, row in zip(f14["per_expert_device_seconds"], f14["lowest_n"], strict=True):
       lines.append(f"| {share:.3g} | " + " | ".join("-" if n is None else str(n) for n in row)
                    + " |")

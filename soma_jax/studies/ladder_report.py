@@ -23,11 +23,10 @@ def table(p: dict) -> str:
       "estimates each), r by Hessian-vector products. Gains: test, start - end; intervals: "
       "95% t across seeds.",
       "",
-      "| expert width | monolith width | params (SOMA / mono) | ops/update diff | rho expert | "
-      "rho mono | r expert | r mono | predicted ratio | measured gain ratio | SOMA gain | "
-      "mono gain | SOMA - control gain | rho summed | r summed | predicted vs summed | "
-      "measured vs summed | wall s |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+      *results.head("| expert width | monolith width | params (SOMA / mono) | ops/update diff | "
+                    "rho expert | rho mono | r expert | r mono | predicted ratio | measured "
+                    "gain ratio | SOMA gain | mono gain | SOMA - control gain | rho summed | r "
+                    "summed | predicted vs summed | measured vs summed | wall s |"),
   ]
   for r in p["rungs"]:
     m = r["mechanism"]
