@@ -18,7 +18,6 @@ is accumulated (`spsa.accum`), each accumulated batch with its own directions, a
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import ml_collections
 import numpy as np
@@ -161,11 +160,6 @@ def measure(alloc: Allocations, ready: base.Setup, gathered: tuple) -> dict:
           "paper": PAPER, "measured": measured}
 
 
-def figures(p: dict, out: str) -> None:
-  """OUT/fig13.png (`plot`)."""
-  plot(p, os.path.join(out, "fig13.png"))
-
-
 def table10(rows: dict, fractions: tuple[float, ...]) -> dict:
   """Each allocation's seed-mean validation loss at each fraction of the final operations:
   [lo, hi] over linear and log-operations interpolation between its checkpoints."""
@@ -241,5 +235,5 @@ def table(p: dict) -> str:
 
 STUDY = base.Study(spec="paper Figure 13 with Tables 10 and 11 (App. M allocations), scaled down "
                         "by SPEC 9.6", config=config, check=check, stages=stages,
-                   measure=measure, table=table, plot=figures,
+                   measure=measure, table=table, plot=report.png(plot, "fig13.png"),
                    data=driver.per_n(lambda alloc: alloc.n_experts))

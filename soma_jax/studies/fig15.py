@@ -42,12 +42,13 @@ from soma_jax.studies import (
   driver,
   planning,
   recipes,
+  report,
   scores,
   seeded,
   statistics,
   training,
 )
-from soma_jax.studies.fig15_report import PAPER, figures, table
+from soma_jax.studies.fig15_report import PAPER, plot, table
 
 PAPER_NS = (1, 2, 8, 256)  # the paper's rows; our largest N stands for its N = 256
 
@@ -260,5 +261,5 @@ def paper_rows(n_experts: dict) -> dict:
 
 STUDY = base.Study(spec="paper Figure 15 with Tables 12 and 13 (equal-size inference), scaled "
                         "down by SPEC 9.6", config=config, check=check, stages=stages,
-                   measure=measure, table=table, data=driver.per_n(), plot=figures,
-                   ops_tolerance=base.any_ops)
+                   measure=measure, table=table, data=driver.per_n(),
+                   plot=report.png(plot, "fig15.png"), ops_tolerance=base.any_ops)

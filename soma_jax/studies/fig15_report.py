@@ -4,8 +4,6 @@ table.md and fig15.png): test loss against inference cost for models of about eq
 
 from __future__ import annotations
 
-import os
-
 from soma_jax.studies import report, results
 
 PAPER = {
@@ -53,11 +51,6 @@ PAPER = {
 }
 
 
-def figures(p: dict, out: str) -> None:
-  """OUT/fig15.png (`plot`)."""
-  plot(p, os.path.join(out, "fig15.png"))
-
-
 def _label(n: int) -> str:
   return "Monolithic SPSA" if n == 1 else f"SOMA N={n}"
 
@@ -65,14 +58,10 @@ def _label(n: int) -> str:
 def plot(p: dict, path: str) -> None:
   """fig15.png: test loss against inference operations per token (left) and against measured
   throughput at the fastest batch (right), bars the 95% document-bootstrap intervals."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   from matplotlib.ticker import NullFormatter
 
   m = p["measured"]
-  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  fig, axes = report.plt.subplots(1, 2, figsize=(10, 4))
   spans = [[], []]
   for name, r in m["rows"].items():
     t = m["inference"]["rows"][name]

@@ -12,8 +12,8 @@ pass, per seed with a paired document-bootstrap interval, and across seeds the m
 results.json `measured`: per N and k the loss, and the gain captured at k = `mark_k` as a
 fraction of the k = 1 -> k = N gain (the paper: k = 4 captures most of it).
 
-`train` and `trained_in` (a finished fig16 folder, validated, read without training) are the
-ensembles the pair analysis (fig17.py) reads too.
+`ensembles` (a stage that trains them) and `trained_in` (a finished fig16 folder, validated,
+read without training) are the ensembles the pair analysis (fig17.py) reads too.
 """
 
 from __future__ import annotations
@@ -164,13 +164,6 @@ def ensembles(ens: Ensembles, ready: base.Setup) -> base.Stages:
   return Trained(ready.data.dirs, ready.data.sets, ready.seeds, done, ready.out)
 
 
-def train(ens: Ensembles, out: str, executor=None) -> Trained:
-  """The seed run, then every ensemble at every seed (`ensembles`), each stage by
-  `executor` (fig17 trains its ensembles so)."""
-  ready = driver.setup(STUDY, ens, ens.plan, out, executor)
-  return driver.through(ensembles(ens, ready), executor)
-
-
 def trained_in(ens: Ensembles, folder: str) -> Trained:
   """A finished fig16 folder's ensembles, read without training: its results.json must be
   fig16's, with the same `settings` (same methods, seeds, budget, corpus and scoring), and
@@ -289,11 +282,6 @@ def measure(ens: Ensembles, ready: base.Setup, gathered: tuple) -> dict:
                      "k = 1..N"}
 
 
-def figures(p: dict, out: str) -> None:
-  """OUT/fig16.png (`plot`)."""
-  plot(p, os.path.join(out, "fig16.png"))
-
-
 def plot(p: dict, path: str) -> None:
   """fig16.png: ensemble-validation loss against k per N (seed mean, each seed thin),
   the dashed line at k = mark."""
@@ -339,5 +327,5 @@ def table(p: dict) -> str:
 
 STUDY = base.Study(spec="paper Figure 16 (top-k routing on saved ensembles), scaled down by "
                         "SPEC 9.6", config=config, check=check, stages=stages, measure=measure,
-                   table=table, data=driver.per_n(lambda ens: ens.ns[-1]), plot=figures,
+                   table=table, data=driver.per_n(lambda ens: ens.ns[-1]), plot=report.png(plot, "fig16.png"),
                    ops_tolerance=base.any_ops)

@@ -4,8 +4,6 @@ measured gain ratio, and both against width.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from soma_jax.studies import report, results
@@ -80,6 +78,3 @@ def plot(p: dict, path: str) -> None:
   report.save_figure(fig, path)
 
 
-def figures(p: dict, out: str) -> None:
-  """OUT/ladder.png (`plot`)."""
-  plot(p, os.path.join(out, "ladder.png"))

@@ -37,6 +37,11 @@ def mean_curve(per_seed: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
   return x, y
 
 
+def png(plot, name: str):
+  """A Study's `plot` hook: `plot(payload, OUT/name)`."""
+  return lambda p, out: plot(p, os.path.join(out, name))
+
+
 def label(ax, xlabel: str, ylabel: str = LOSS, title: str | None = None, log: bool = False,
           legend: int = 8) -> None:
   """A figure's axis: log x (`log`), its labels, its title (fontsize 9), its legend."""
