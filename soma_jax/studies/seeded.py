@@ -1,7 +1,6 @@
 """The stage the sweeps share (fig7, fig9, fig13, fig15, fig16, table4, table5): every method at
 every optimisation seed, each continuing its seed run (`training.budgeted`), trained as one
-stage into OUT/runs/seedS/NAME and read back; and the corpus fields of a study whose rows
-differ in N (each N's data dir prepared from one corpus under OUT, `driver.per_n`)."""
+stage into OUT/runs/seedS/NAME and read back."""
 
 from __future__ import annotations
 
@@ -14,17 +13,6 @@ import ml_collections
 from soma_jax import evaluate as eval_lib
 from soma_jax import spec as spec_lib
 from soma_jax.studies import base, planning, scores, training
-
-
-def corpus(c: ml_collections.ConfigDict, source: str = "pystdlib") -> None:
-  """The corpus fields of a study whose rows differ in N: `source` and `prepare`."""
-  c.source = source  # each N's data dir is this corpus prepared into N shards under OUT
-  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
-
-
-def prepare_of(config: ml_collections.ConfigDict) -> dict:
-  """config.prepare as a dict (the keyword settings each N's data dir is prepared with)."""
-  return dict(config.get("prepare", {}).items())
 
 
 def workdir(out: str, seed: int, name: str) -> str:
