@@ -1,6 +1,6 @@
-"""The stage the sweeps share (fig7, fig9, fig13, fig15, fig16, table4, table5): every method at
-every optimisation seed, each continuing its seed run (`training.budgeted`), trained as one
-stage into OUT/runs/seedS/NAME and read back."""
+"""The stage the sweeps share (fig7, fig9, fig13, fig15, fig16, narrow, table4, table5): every
+method at every optimisation seed, each continuing its seed run (`training.budgeted`), trained
+as one stage into OUT/runs/seedS/NAME and read back."""
 
 from __future__ import annotations
 
