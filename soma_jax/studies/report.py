@@ -1,9 +1,11 @@
-"""A run report: loss curves (PNG), final numbers (JSON) and report.md for one or more runs."""
+"""A run report: loss curves (PNG), final numbers (JSON) and report.md for one or more runs; and
+what the studies' figures share (`save_figure`, `mean_curve`, `label`, `png`)."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 
 import matplotlib
 
@@ -37,7 +39,7 @@ def mean_curve(per_seed: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
   return x, y
 
 
-def png(plot, name: str):
+def png(plot: Callable[[dict, str], None], name: str) -> Callable[[dict, str], None]:
   """A Study's `plot` hook: `plot(payload, OUT/name)`."""
   return lambda p, out: plot(p, os.path.join(out, name))
 
