@@ -11,7 +11,7 @@ from soma_jax import runs, train
 from soma_jax import spec as spec_lib
 from soma_jax.data import pipeline
 from soma_jax.data.router import Router
-from soma_jax.studies import report
+from soma_jax.studies import report, results
 from tests.test_evaluate import hand_mixture
 from tests.test_train import tiny_config
 
@@ -72,3 +72,19 @@ def test_warm_start_copies_seed_into_every_expert(data_prepared, tmp_path):
       np.testing.assert_array_equal(xn[e], x1[0])
   for e in range(3):
     np.testing.assert_array_equal(head_N[e], head_1[0])
+
+
+def test_a_table_head_has_one_separator_per_cell():
+  """results.head counts the header's cells, a header joined from a list too (every study's
+  table.md starts its tables so)."""
+  assert results.head("| a | b |") == ["| a | b |", "|---|---|"]
+  seeds = [0, 1, 2]
+  head = "| row | " + " | ".join(f"seed {s}" for s in seeds) + " |"
+  assert results.head(head) == [head, "|---|---|---|---|"]
+
+
+def test_png_draws_into_the_study_folder(tmp_path):
+  """report.png: a Study's plot hook hands its plot OUT/name."""
+  drawn = []
+  report.png(lambda p, path: drawn.append((p, path)), "fig.png")({"x": 1}, str(tmp_path))
+  assert drawn == [({"x": 1}, os.path.join(str(tmp_path), "fig.png"))]

@@ -100,15 +100,15 @@ def table(p: dict) -> str:
       f"{ev['route_bytes']} bytes, score {ev['score_bytes']}, {ev['val_windows']} validation "
       f"pieces from {ev['val_documents']} documents, {ev['test_windows']} test pieces from "
       f"{ev['test_documents']} documents. " + results.load_line(p), "",
-      "| row | what | N x d_t | optimizer state | updates | test start → end | test gain [95% t] |",
-      "|---|---|---|---|---|---|---|"]
+      *results.head("| row | what | N x d_t | optimizer state | updates | test start → end | "
+                    "test gain [95% t] |")]
   for name, r in p["rows"].items():
     lines.append(f"| {name} | {r['what']} | {r['n_experts']} x {r['d_t']} | "
                  f"{r['optimizer_state']} | {r['updates']['mean']:.0f} | "
                  f"{r['start_loss']['test']:.4f} → {r['end_loss']['test']['mean']:.4f} | "
                  f"{_ci(r['gain']['test'])} |")
-  lines += ["", "| effect | a vs b | a's gain − b's (test) | b's end − a's (test) | speed-up of a, "
-            "compared phase | speed-up of a, from init |", "|---|---|---|---|---|---|"]
+  lines += ["", *results.head("| effect | a vs b | a's gain − b's (test) | b's end − a's (test) "
+                              "| speed-up of a, compared phase | speed-up of a, from init |")]
   for name, e in p["effects"].items():
     sp = e["log_speedup"]
     compared = unreadable(p, e["a"], e["b"]) or _speed(sp["compared"])

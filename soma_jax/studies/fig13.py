@@ -18,7 +18,6 @@ is accumulated (`spsa.accum`), each accumulated batch with its own directions, a
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import ml_collections
 import numpy as np
@@ -32,8 +31,8 @@ from soma_jax.studies import (
   report,
   results,
   scores,
+  seeded,
   statistics,
-  training,
 )
 
 PAPER = {
@@ -71,8 +70,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.curve_points = 4
   c.match_params = False
   c.table10_fractions = (0.25, 0.5, 1.0)  # of the final operations (the paper: 2, 4, 8e18)
-  c.source = "pystdlib"
-  c.prepare = ml_collections.ConfigDict()
+  recipes.corpus(c)
   n = 8 if cpu else 2
   # (n_pert, windows per batch, accumulated batches): the paper's (64, 1024), (256, 256),
   # (1024, 64) over 16, here n_pert x B = 256 (tiny: 8); B above the base by accumulation
@@ -121,43 +119,32 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Alloca
   fractions = planning.check_fractions(config, "table10_fractions", "(0.25, 0.5, 1.0)")
   planning.check_source(config)
   return Allocations(names, ns.pop(), fractions, config.source,
-                     dict(config.get("prepare", {}).items()))
+                     recipes.prepare_of(config))
 
 
 def stages(alloc: Allocations, ready: base.Setup) -> base.Stages:
   """Every allocation at every seed (one stage) from the seed run; each one's validation
   curve and final test losses: (rows, ends)."""
-  plan, seeds, out, (val, test) = ready.plan, ready.seeds, ready.out, ready.scored
-  planned, starts = {}, {}
-  for name, c in ready.methods.items():
-    c = ml_collections.ConfigDict(c.to_dict())
-    c.init_from_other_data = alloc.n_experts != 1
-    for seed in plan.seeds:
-      planned[(seed, name)] = training.budgeted(
-          c, ready.data_dir, seed, seeds[plan.start[name]], "updates", plan.budget,
-          plan.curve_points, f"methods.{name}.", score=val)
-    starts[name] = scores.start_losses(planned[(plan.seeds[0], name)],
-                                       {"validation": val, "test": test})
-  where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
-  walls = yield [(spec, where(*key), f"{key[1]} (seed {key[0]})")
-                 for key, spec in planned.items()]
+  plan, seeds, (val, test) = ready.plan, ready.seeds, ready.scored
+  planned = seeded.every_seed(ready, ready.methods, "updates", plan.budget)
+  starts = {name: scores.start_losses(planned[(plan.seeds[0], name)],
+                                      {"validation": val, "test": test})
+            for name in ready.methods}
   rows, ends = {}, {}
-  for (key, spec), wall in zip(planned.items(), walls, strict=True):
-    seed, name = key
-    c = spec.config
-    rows.setdefault(name, {"n_experts": spec.n_experts, "n_pert": c.spsa.n_pert,
-                           "batch": c.spsa.batch * c.spsa.accum, "accum": c.spsa.accum,
-                           "ops_per_update": spec.total_ops_per_update,
-                           "params": spec.method.ensemble_params,
-                           "start_loss": {k: float(v.mean()) for k, v in starts[name].items()},
-                           "per_seed": []})
-    first = training.start_step(spec, seeds[plan.start[name]])
-    points, _ = scores.curve(where(*key), spec, val, first, starts[name]["validation"].mean())
-    ends[key] = scores.final_losses(where(*key), spec, test)
-    rows[name]["per_seed"].append({"seed": seed, "curve": points,
-                                   "test_nats_per_byte": float(ends[key].mean()),
-                                   "wall_seconds_this_call": wall,
-                                   "workdir": planning.shown(where(*key), out)})
+  for run in (yield from seeded.trained(planned, ready.out)):
+    spec, c, key = run.spec, run.spec.config, (run.seed, run.name)
+    rows.setdefault(run.name, {"n_experts": spec.n_experts, "n_pert": c.spsa.n_pert,
+                               "batch": c.spsa.batch * c.spsa.accum, "accum": c.spsa.accum,
+                               "ops_per_update": spec.total_ops_per_update,
+                               "params": spec.method.ensemble_params,
+                               "start_loss": {k: float(v.mean())
+                                              for k, v in starts[run.name].items()},
+                               "per_seed": []})
+    points, _ = seeded.curve(run, seeds[plan.start[run.name]], val,
+                             starts[run.name]["validation"].mean())
+    ends[key] = scores.final_losses(run.workdir, spec, test)
+    rows[run.name]["per_seed"].append(seeded.record(
+        run, ready.out, curve=points, test_nats_per_byte=float(ends[key].mean())))
   return rows, ends
 
 
@@ -173,24 +160,13 @@ def measure(alloc: Allocations, ready: base.Setup, gathered: tuple) -> dict:
           "paper": PAPER, "measured": measured}
 
 
-def figures(p: dict, out: str) -> None:
-  """OUT/fig13.png (`plot`)."""
-  plot(p, os.path.join(out, "fig13.png"))
-
-
-def _mean_curve(r: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
-  x = np.mean([[p[key] for p in q["curve"]] for q in r["per_seed"]], axis=0)
-  y = np.mean([[p["loss"] for p in q["curve"]] for q in r["per_seed"]], axis=0)
-  return x, y
-
-
 def table10(rows: dict, fractions: tuple[float, ...]) -> dict:
   """Each allocation's seed-mean validation loss at each fraction of the final operations:
   [lo, hi] over linear and log-operations interpolation between its checkpoints."""
-  final = min(_mean_curve(r, "ops")[0][-1] for r in rows.values())
+  final = min(report.mean_curve(r["per_seed"], "ops")[0][-1] for r in rows.values())
   out = {"ops": [f * final for f in fractions], "estimated": {}}
   for name, r in rows.items():
-    x, y = _mean_curve(r, "ops")
+    x, y = report.mean_curve(r["per_seed"], "ops")
     lin = [float(np.interp(f * final, x, y)) for f in fractions]
     pos = x > 0  # the log reading starts at the first checkpoint (the start is at 0 ops)
     lx, ly = np.log(x[pos]), y[pos]
@@ -222,22 +198,14 @@ def table11(rows: dict, ends: dict, names: tuple, seeds: tuple, test, draws: int
 
 def plot(p: dict, path: str) -> None:
   """fig13.png: validation loss against operations (left) and device-seconds (right)."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  fig, axes = report.plt.subplots(1, 2, figsize=(10, 4))
   for ax, key, label in ((axes[0], "ops", "training operations (SPEC 7)"),
                          (axes[1], "device_seconds", "device-seconds of training updates")):
     for r in p["measured"]["allocations"].values():
-      x, y = _mean_curve(r, key)
+      x, y = report.mean_curve(r["per_seed"], key)
       ax.plot(x[1:], y[1:], marker="o", ms=3,
               label=f"n_pert {r['n_pert']}, B {r['batch']} ({r['accum']} x {r['batch'] // r['accum']})")
-    ax.set_xscale("log")
-    ax.set_xlabel(label)
-    ax.set_ylabel("ensemble-validation loss (nats/byte)")
-    ax.legend(fontsize=8)
+    report.label(ax, label, log=True)
   report.save_figure(fig, path)
 
 
@@ -250,15 +218,14 @@ def table(p: dict) -> str:
            f"({first['ops_per_update']:.3g} ops each) from one seed run ({b['seed_updates']} "
            f"updates, state continued), seeds {p['seeds']}. " + results.load_line(p), "",
            "Table 10 (estimated ensemble-validation loss, linear to log interpolation):", "",
-           "| allocation | " + " | ".join(f"{x:.3g} ops" for x in t10["ops"]) + " |",
-           "|---|" + "---|" * len(t10["ops"])]
+           *results.head("| allocation | " + " | ".join(f"{x:.3g} ops" for x in t10["ops"]) + " |")]
   for name, cells in t10["estimated"].items():
     r = rows[name]
     lines.append(f"| n_pert {r['n_pert']}, B {r['batch']} | "
                  + " | ".join(f"{lo:.4f}–{hi:.4f}" for lo, hi in cells) + " |")
   lines += ["", f"Table 11 (test after {b['amount']:g} updates at equal operations, mean over "
             f"{len(p['seeds'])} paired seeds; minus {t11['reference']}, 95% t):", "",
-            "| allocation | test | minus first |", "|---|---|---|"]
+            *results.head("| allocation | test | minus first |")]
   for name, r in t11["rows"].items():
     a = rows[name]
     lines.append(f"| n_pert {a['n_pert']}, B {a['batch']} | {results.pm(r['test'], digits=6)} | "
@@ -268,5 +235,5 @@ def table(p: dict) -> str:
 
 STUDY = base.Study(spec="paper Figure 13 with Tables 10 and 11 (App. M allocations), scaled down "
                         "by SPEC 9.6", config=config, check=check, stages=stages,
-                   measure=measure, table=table, plot=figures,
+                   measure=measure, table=table, plot=report.png(plot, "fig13.png"),
                    data=driver.per_n(lambda alloc: alloc.n_experts))

@@ -42,11 +42,13 @@ from soma_jax.studies import (
   driver,
   planning,
   recipes,
+  report,
   scores,
+  seeded,
   statistics,
   training,
 )
-from soma_jax.studies.fig15_report import PAPER, figures, table
+from soma_jax.studies.fig15_report import PAPER, plot, table
 
 PAPER_NS = (1, 2, 8, 256)  # the paper's rows; our largest N stands for its N = 256
 
@@ -74,8 +76,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.budget = 150.0 if cpu else 3.0
   c.curve_points = 1  # each row's end is what the figure reads (start and end on validation)
   c.params_tolerance = 0.02 if cpu else 0.1  # |params - reference's| / reference's (tiny: 5.2%)
-  c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
-  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  recipes.corpus(c)
   c.inference = ml_collections.ConfigDict()  # complete warm inference (soma_jax/inference.py)
   c.inference.batches = (8, 32, 128) if cpu else (2, 8)  # requests per batch; the fastest wins
   c.inference.repeats = 7  # timed batches after the warm-up; medians (the paper's seven)
@@ -145,7 +146,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Rows:
   check_sizes({n: s.method.ensemble_params for n, s in specs.items()}, plan.reference,
               config.params_tolerance)
   return Rows(plan, {name: methods[name] for name in ns}, ns, batches,  # rows by growing N
-              config.inference.repeats, config.source, dict(config.get("prepare", {}).items()))
+              config.inference.repeats, config.source, recipes.prepare_of(config))
 
 
 def check_sizes(params: dict, reference: str, tolerance: float) -> None:
@@ -162,27 +163,17 @@ def check_sizes(params: dict, reference: str, tolerance: float) -> None:
 def stages(rows: Rows, ready: base.Setup) -> base.Stages:
   """Every row at every seed (one stage), each at the operations of `budget` reference
   updates; each row's test losses, then the timed inference of the first seed's models."""
-  plan, seeds, out, (dirs, sets) = ready.plan, ready.seeds, ready.out, ready.data[:2]
+  plan, seeds, out, sets = ready.plan, ready.seeds, ready.out, ready.data.sets
   ops_budget = plan.budget * ready.specs[plan.reference].total_ops_per_update
-  planned = {}
-  for name, c in rows.methods.items():
-    c = ml_collections.ConfigDict(c.to_dict())
-    c.init_from_other_data = rows.n_experts[name] != 1  # the seed's windows, cut into N shards
-    for seed in plan.seeds:
-      planned[(seed, name)] = training.budgeted(
-          c, dirs[rows.n_experts[name]], seed, seeds[plan.start[name]], "ops", ops_budget,
-          plan.curve_points, f"methods.{name}.", score=sets[rows.n_experts[name]][0])
-  where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
-  walls = yield [(spec, where(*key), f"{key[1]} (seed {key[0]})")
-                 for key, spec in planned.items()]
-  wall = dict(zip(planned, walls, strict=True))
+  planned = seeded.every_seed(ready, rows.methods, "ops", ops_budget)
+  ran = yield from seeded.trained(planned, out)
   measured = {"rows": {}}
   for name in rows.methods:
     val, test = sets[rows.n_experts[name]]
-    measured["rows"][name] = trained_row(
-        plan, [(s, planned[(s, name)], where(s, name), wall[(s, name)]) for s in plan.seeds],
-        seeds[plan.start[name]], val, test, out)
-  measured["inference"] = timed_rows(rows, {n: where(plan.seeds[0], n) for n in rows.methods},
+    measured["rows"][name] = trained_row(plan, [r for r in ran if r.name == name],
+                                         seeds[plan.start[name]], val, test, out)
+  measured["inference"] = timed_rows(rows, {n: seeded.workdir(out, plan.seeds[0], n)
+                                            for n in rows.methods},
                                      sets)
   return measured, ops_budget
 
@@ -201,21 +192,21 @@ def measure(rows: Rows, ready: base.Setup, gathered: tuple) -> dict:
                  "seed's model"}
 
 
-def trained_row(plan: planning.StudyPlan, ran: list[tuple], start: dict,
+def trained_row(plan: planning.StudyPlan, ran: list[seeded.Run], start: dict,
                 val: eval_lib.TestSet, test: eval_lib.TestSet, out: str) -> dict:
-  """One row after training (`ran`: per seed (seed, spec, workdir, wall)): its size and
-  costs, each seed's validation curve, updates and seconds, and the test loss of the
-  seed-mean per-window losses with its 95% document-bootstrap interval (and at the start)."""
-  spec = ran[0][1]
+  """One row after training (`ran`: its run at each seed): its size and costs, each seed's
+  validation curve, updates and seconds, and the test loss of the seed-mean per-window losses
+  with its 95% document-bootstrap interval (and at the start)."""
+  spec = ran[0].spec
   first = training.start_step(spec, start)
   begin = scores.start_losses(spec, {"validation": val, "test": test})
   per_seed, ends = [], []
-  for seed, spec_s, workdir, wall in ran:
-    points, _ = scores.curve(workdir, spec_s, val, first, begin["validation"].mean())
-    ends.append(scores.final_losses(workdir, spec_s, test))
-    per_seed.append({"seed": seed, "curve": points, **scores.summary(workdir, spec_s, first),
-                     "test_nats_per_byte": float(ends[-1].mean()),
-                     "wall_seconds_this_call": wall, "workdir": planning.shown(workdir, out)})
+  for run in ran:
+    points, _ = seeded.curve(run, start, val, begin["validation"].mean())
+    ends.append(scores.final_losses(run.workdir, run.spec, test))
+    per_seed.append(seeded.record(run, out, curve=points,
+                                  **scores.summary(run.workdir, run.spec, first),
+                                  test_nats_per_byte=float(ends[-1].mean())))
   draws, boot_seed = plan.bootstrap_draws, plan.seeds[0]
   c = spec.config
   return {"n_experts": spec.n_experts, "d_t": c.model.d_t, "shared_head": spec.shared_head,
@@ -270,5 +261,5 @@ def paper_rows(n_experts: dict) -> dict:
 
 STUDY = base.Study(spec="paper Figure 15 with Tables 12 and 13 (equal-size inference), scaled "
                         "down by SPEC 9.6", config=config, check=check, stages=stages,
-                   measure=measure, table=table, data=driver.per_n(), plot=figures,
-                   ops_tolerance=base.any_ops)
+                   measure=measure, table=table, data=driver.per_n(),
+                   plot=report.png(plot, "fig15.png"), ops_tolerance=base.any_ops)

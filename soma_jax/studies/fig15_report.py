@@ -4,9 +4,7 @@ table.md and fig15.png): test loss against inference cost for models of about eq
 
 from __future__ import annotations
 
-import os
-
-from soma_jax.studies import report
+from soma_jax.studies import report, results
 
 PAPER = {
     "item": "Figure 15, Tables 12 and 13",
@@ -53,11 +51,6 @@ PAPER = {
 }
 
 
-def figures(p: dict, out: str) -> None:
-  """OUT/fig15.png (`plot`)."""
-  plot(p, os.path.join(out, "fig15.png"))
-
-
 def _label(n: int) -> str:
   return "Monolithic SPSA" if n == 1 else f"SOMA N={n}"
 
@@ -65,14 +58,10 @@ def _label(n: int) -> str:
 def plot(p: dict, path: str) -> None:
   """fig15.png: test loss against inference operations per token (left) and against measured
   throughput at the fastest batch (right), bars the 95% document-bootstrap intervals."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   from matplotlib.ticker import NullFormatter
 
   m = p["measured"]
-  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  fig, axes = report.plt.subplots(1, 2, figsize=(10, 4))
   spans = [[], []]
   for name, r in m["rows"].items():
     t = m["inference"]["rows"][name]
@@ -132,9 +121,9 @@ def table(p: dict) -> str:
            f"{inf['machine']['cpu_count']} CPUs, backend {inf['machine']['backend']}; load "
            f"average {load['start'][0]:.2f} before timing, {load['end'][0]:.2f} after. Peak: "
            "XLA's plan of the largest scoring program plus the host mixture arrays.", "",
-           "| model | batch | throughput (M tokens/s) | batch latency (ms) | peak (MiB) | "
-           "ops / token | paper: batch | throughput | latency (ms) | peak GPU memory |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           *results.head("| model | batch | throughput (M tokens/s) | batch latency (ms) | peak "
+                         "(MiB) | ops / token | paper: batch | throughput | latency (ms) | peak "
+                         "GPU memory |")]
   for name, r in m["rows"].items():
     t = inf["rows"][name]
     f = t["fastest"]
@@ -145,8 +134,8 @@ def table(p: dict) -> str:
   lines += ["", "Table 13: test loss (top-min(4, N), 95% document bootstrap) and training "
             "budgets; training seconds exclude the seed run, initialisation, evaluation and "
             "checkpoints.", "",
-            "| model | parameters | updates | training wall seconds | training device-seconds "
-            "| test loss | paper |", "|---|---|---|---|---|---|---|"]
+            *results.head("| model | parameters | updates | training wall seconds | training "
+                          "device-seconds | test loss | paper |")]
   for name, r in m["rows"].items():
     lo, hi = r["test"]["ci95"]
     lines.append(f"| {_label(r['n_experts'])} (width {r['d_t']}) | {r['params']:,} | "

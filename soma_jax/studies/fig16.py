@@ -12,8 +12,8 @@ pass, per seed with a paired document-bootstrap interval, and across seeds the m
 results.json `measured`: per N and k the loss, and the gain captured at k = `mark_k` as a
 fraction of the k = 1 -> k = N gain (the paper: k = 4 captures most of it).
 
-`train` and `trained_in` (a finished fig16 folder, validated, read without training) are the
-ensembles the pair analysis (fig17.py) reads too.
+`ensembles` (a stage that trains them) and `trained_in` (a finished fig16 folder, validated,
+read without training) are the ensembles the pair analysis (fig17.py) reads too.
 """
 
 from __future__ import annotations
@@ -29,7 +29,16 @@ import numpy as np
 from soma_jax import evaluate as eval_lib
 from soma_jax import runs as runs_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import base, datasets, driver, planning, recipes, report, results, training
+from soma_jax.studies import (
+  base,
+  datasets,
+  driver,
+  planning,
+  recipes,
+  report,
+  results,
+  seeded,
+)
 
 PAPER = {
     "item": "Figure 16",
@@ -65,8 +74,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.curve_points = 1  # the final checkpoint is the saved ensemble the figure scores
   c.ops_tolerance = 1.0  # the ensembles differ in cost per update (N)
   c.match_params = False  # fixed-width experts: more experts, more parameters
-  c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
-  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  recipes.corpus(c)
   # the figure's dashed line (the paper's top-4 routing), in 1..N of every ensemble
   c.mark_k = 4 if cpu else 2
   n_list = (8, 32) if cpu else (2, 6)  # the paper's 8 and 256
@@ -139,7 +147,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Ensemb
   planning.check_source(config)
   settings = json.loads(json.dumps({k: _plain(config[k]) for k in SETTINGS}))
   return Ensembles(plan, names, ns, config.mark_k, config.source,
-                   dict(config.get("prepare", {}).items()),
+                   recipes.prepare_of(config),
                    tuple(int(config.methods[n].data.seq_len) for n in names), settings)
 
 
@@ -147,34 +155,13 @@ def _plain(value):
   return value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
 
 
-def where(out: str, seed: int, name: str) -> str:
-  return os.path.join(out, "runs", f"seed{seed}", name)
-
-
 def ensembles(ens: Ensembles, ready: base.Setup) -> base.Stages:
   """Every ensemble at every optimisation seed (one stage), each continuing the seed's state
   on its own N-shard data dir under OUT; the Trained."""
-  plan, seeds, out, (dirs, sets) = ready.plan, ready.seeds, ready.out, ready.data[:2]
-  planned = {}
-  for name in ens.names:
-    run_c = ml_collections.ConfigDict(ready.methods[name].to_dict())
-    run_c.init_from_other_data = True  # the seed's windows, N shards
-    for seed in plan.seeds:
-      planned[(seed, name)] = training.budgeted(
-          run_c, dirs[ready.specs[name].n_experts], seed, seeds[plan.start[name]], "updates",
-          plan.budget, plan.curve_points, f"methods.{name}.")
-  walls = yield [(spec, where(out, *key), f"{key[1]} (seed {key[0]})")
-                 for key, spec in planned.items()]
-  done = tuple(Run(seed, name, spec.n_experts, where(out, seed, name), wall)
-               for ((seed, name), spec), wall in zip(planned.items(), walls, strict=True))
-  return Trained(dirs, sets, seeds, done, out)
-
-
-def train(ens: Ensembles, out: str, executor=None) -> Trained:
-  """The seed run, then every ensemble at every seed (`ensembles`), each stage by
-  `executor` (fig17 trains its ensembles so)."""
-  ready = driver.setup(STUDY, ens, ens.plan, out, executor)
-  return driver.through(ensembles(ens, ready), executor)
+  planned = seeded.every_seed(ready, ens.names, "updates", ready.plan.budget, score=False)
+  done = tuple(Run(r.seed, r.name, r.spec.n_experts, r.workdir, r.wall)
+               for r in (yield from seeded.trained(planned, ready.out)))
+  return Trained(ready.data.dirs, ready.data.sets, ready.seeds, done, ready.out)
 
 
 def trained_in(ens: Ensembles, folder: str) -> Trained:
@@ -295,20 +282,10 @@ def measure(ens: Ensembles, ready: base.Setup, gathered: tuple) -> dict:
                      "k = 1..N"}
 
 
-def figures(p: dict, out: str) -> None:
-  """OUT/fig16.png (`plot`)."""
-  plot(p, os.path.join(out, "fig16.png"))
-
-
 def plot(p: dict, path: str) -> None:
   """fig16.png: ensemble-validation loss against k per N (seed mean, each seed thin),
   the dashed line at k = mark."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = report.plt.subplots(figsize=(6, 4))
   ens = p["measured"]["ensembles"]
   for r in ens.values():
     line, = ax.plot(r["ks"], r["loss"], "o-", ms=3, label=f"SOMA N = {r['n_experts']}")
@@ -319,9 +296,7 @@ def plot(p: dict, path: str) -> None:
   ax.axvline(mark, ls="--", c="gray", label=f"k = {mark}")
   if max(r["n_experts"] for r in ens.values()) > 16:
     ax.set_xscale("log", base=2)
-  ax.set_xlabel("experts averaged k (top-k routing)")
-  ax.set_ylabel("ensemble-validation loss (nats/byte)")
-  ax.legend(fontsize=8)
+  report.label(ax, "experts averaged k (top-k routing)")
   report.save_figure(fig, path)
 
 
@@ -336,8 +311,8 @@ def table(p: dict) -> str:
     f = r["fraction_captured_at_mark"]
     lines += [f"**SOMA N = {r['n_experts']}**: k = {r['mark_k']} captures "
               f"{'n/a' if f is None else f'{f:.1%}'} of the k = 1 -> {r['n_experts']} gain "
-              f"({r['gain_k1_to_kN']:+.4f} nats/byte).", "", "| k | loss | per seed |",
-              "|---|---|---|"]
+              f"({r['gain_k1_to_kN']:+.4f} nats/byte).", "",
+              *results.head("| k | loss | per seed |")]
     for i, k in enumerate(r["ks"]):
       sd = "" if r["loss_sd"] is None else f" ± {r['loss_sd'][i]:.4f}"
       per = ", ".join(f"{q['k_sweep'][i]['nats_per_byte']:.4f}" for q in r["per_seed"])
@@ -352,5 +327,5 @@ def table(p: dict) -> str:
 
 STUDY = base.Study(spec="paper Figure 16 (top-k routing on saved ensembles), scaled down by "
                         "SPEC 9.6", config=config, check=check, stages=stages, measure=measure,
-                   table=table, data=driver.per_n(lambda ens: ens.ns[-1]), plot=figures,
+                   table=table, data=driver.per_n(lambda ens: ens.ns[-1]), plot=report.png(plot, "fig16.png"),
                    ops_tolerance=base.any_ops)

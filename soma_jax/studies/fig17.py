@@ -28,7 +28,7 @@ import numpy as np
 
 from soma_jax import evaluate as eval_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import base, driver, fig16, planning, recipes, report
+from soma_jax.studies import base, driver, fig16, planning, recipes, report, results
 
 PAPER = {
     "item": "Figure 17",
@@ -176,32 +176,20 @@ def measure(study: PairStudy, ready: base.Setup, gathered: tuple) -> dict:
           "ensemble_settings": study.ensembles.settings}
 
 
-def figures(p: dict, out: str) -> None:
-  """OUT/fig17.png (`plot`)."""
-  plot(p, os.path.join(out, "fig17.png"))
-
-
 def plot(p: dict, path: str) -> None:
   """fig17.png: per ensemble, every pair's loss reduction against its error similarity and
   the binned means."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   ens = p["measured"]["ensembles"]
-  fig, axes = plt.subplots(1, len(ens), figsize=(5 * len(ens), 4), squeeze=False)
+  fig, axes = report.plt.subplots(1, len(ens), figsize=(5 * len(ens), 4), squeeze=False)
   for ax, r in zip(axes[0], ens.values(), strict=True):
     pairs = [q for s in r["per_seed"] for q in s["pairs"]]
     ax.scatter([q["error_correlation"] for q in pairs], [q["loss_reduction"] for q in pairs],
                s=6, alpha=0.35, label="expert pair")
     ax.plot([b["error_similarity"] for b in r["bins"]], [b["loss_reduction"] for b in r["bins"]],
             "k-o", ms=4, label=f"binned mean (~{len(pairs) / len(r['bins']):.0f} pairs each)")
-    ax.set_xlabel("error similarity (shared token difficulty removed)")
-    ax.set_ylabel("loss reduction of the averaged pair (nats/byte)")
-    ax.set_title(f"SOMA N = {r['n_experts']}: {r['tokens_per_pair']:,} tokens per pair",
-                 fontsize=9)
-    ax.legend(fontsize=8)
+    report.label(ax, "error similarity (shared token difficulty removed)",
+                 "loss reduction of the averaged pair (nats/byte)",
+                 f"SOMA N = {r['n_experts']}: {r['tokens_per_pair']:,} tokens per pair")
   report.save_figure(fig, path)
 
 
@@ -220,8 +208,8 @@ def table(p: dict) -> str:
               f"similarity {fmt(rel['pearson'], '+.3f')}, slope {fmt(rel['slope'], '+.4f')} "
               f"(per seed: {', '.join(fmt(s['relation']['pearson'], '+.3f') for s in r['per_seed'])}"
               f"); smallest reduction {r['min_loss_reduction']:.5f}.", "",
-              "| error similarity (range) | loss reduction | pairs | tokens per pair |",
-              "|---|---|---|---|"]
+              *results.head("| error similarity (range) | loss reduction | pairs | "
+                            "tokens per pair |")]
     for q in r["bins"]:
       lo, hi = q["error_similarity_range"]
       lines.append(f"| {q['error_similarity']:+.3f} ({lo:+.3f} to {hi:+.3f}) | "
@@ -233,4 +221,4 @@ def table(p: dict) -> str:
 
 STUDY = base.Study(spec="paper Figure 17 (pairs of experts averaged), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
-                   plot=figures, setup=setup)
+                   plot=report.png(plot, "fig17.png"), setup=setup)

@@ -38,6 +38,7 @@ from soma_jax.studies import (
   report,
   results,
   scores,
+  seeded,
   statistics,
   training,
 )
@@ -85,8 +86,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.curve_points = 5 if cpu else 2  # checkpoints along each curve
   c.ops_tolerance = 1.0  # the settings differ in cost per update: that is the sweep
   c.match_params = False  # fixed-width experts: more experts, more parameters
-  c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
-  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  recipes.corpus(c)
   base = lambda n: recipes.recipe("soma.py", f"n={n},size={size}", size, c.base_lr)
   n_list = (1, 2, 8, 32) if cpu else (1, 2, 4)  # the paper's 1, 2, 8, 32, 256
   panel_n = 8 if cpu else 2  # the n_pert and batch panels' N (the paper's 8)
@@ -165,7 +165,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Sweep:
     if values != sorted(set(values)):
       raise UserError(f"panels.{panel}: its settings {values} must grow strictly along the panel")
     panels[panel] = tuple(names)
-  return Sweep(plan, panels, config.source, dict(config.get("prepare", {}).items()))
+  return Sweep(plan, panels, config.source, recipes.prepare_of(config))
 
 
 def check_setting(c: ml_collections.ConfigDict, panel: str) -> int:
@@ -181,35 +181,20 @@ def check_setting(c: ml_collections.ConfigDict, panel: str) -> int:
 def stages(sweep: Sweep, ready: base.Setup) -> base.Stages:
   """Every setting at every optimisation seed (one stage) from the seed run, on its N's
   shards; each one's validation curve: {setting: its record}."""
-  plan, seeds, out, specs, (dirs, sets) = (ready.plan, ready.seeds, ready.out, ready.specs,
-                                           ready.data[:2])
-  planned, starts = {}, {}
-  for name, c in ready.methods.items():
-    c = ml_collections.ConfigDict(c.to_dict())
-    c.init_from_other_data = specs[name].n_experts != 1  # the seed's windows, N shards
-    s = seeds[plan.start[name]]
-    for seed in plan.seeds:
-      planned[(seed, name)] = training.budgeted(c, dirs[specs[name].n_experts], seed, s,
-                                                "updates", plan.budget, plan.curve_points,
-                                                f"methods.{name}.",
-                                                score=sets[specs[name].n_experts][0])
-    first = planned[(plan.seeds[0], name)]
-    starts[name] = scores.start_losses(first, {"validation": sets[first.n_experts][0]})
-  where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
-  walls = yield [(spec, where(*key), f"{key[1]} (seed {key[0]})")
-                 for key, spec in planned.items()]
+  plan, seeds, sets = ready.plan, ready.seeds, ready.data.sets
+  planned = seeded.every_seed(ready, ready.methods, "updates", plan.budget)
+  starts = {name: scores.start_losses(planned[(plan.seeds[0], name)],
+                                      {"validation": sets[ready.specs[name].n_experts][0]})
+            for name in ready.methods}
   settings = {}
-  for (key, spec), wall in zip(planned.items(), walls, strict=True):
-    seed, name = key
-    if name not in settings:
-      settings[name] = describe(spec, seeds[plan.start[name]], starts[name])
-    first = training.start_step(spec, seeds[plan.start[name]])
-    points, _ = scores.curve(where(*key), spec, sets[spec.n_experts][0], first,
-                             starts[name]["validation"].mean())
-    settings[name]["per_seed"].append({"seed": seed, "curve": points,
-                                       "end_loss": points[-1]["loss"],
-                                       "wall_seconds_this_call": wall,
-                                       "workdir": planning.shown(where(*key), out)})
+  for run in (yield from seeded.trained(planned, ready.out)):
+    start = seeds[plan.start[run.name]]
+    if run.name not in settings:
+      settings[run.name] = describe(run.spec, start, starts[run.name])
+    points, _ = seeded.curve(run, start, sets[run.spec.n_experts][0],
+                            starts[run.name]["validation"].mean())
+    settings[run.name]["per_seed"].append(seeded.record(run, ready.out, curve=points,
+                                                       end_loss=points[-1]["loss"]))
   return settings
 
 
@@ -255,11 +240,7 @@ def describe(spec, seed: dict, start: dict) -> dict:
 
 def plot_map(f14: dict, path: str) -> None:
   """fig14.png: the lowest-loss N over (total, per-expert) budgets, its loss written in."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = report.plt
   ns = sorted({n for row in f14["lowest_n"] for n in row if n is not None})
   index = {n: i for i, n in enumerate(ns)}
   img = np.array([[np.nan if n is None else index[n] for n in row] for row in f14["lowest_n"]])
@@ -285,28 +266,18 @@ def plot_map(f14: dict, path: str) -> None:
 def plot(p: dict, path7: str, path8: str) -> None:
   """fig7.png: one panel per sweep, validation loss against training wall seconds (log-log);
   fig8.png: the experts panel against aggregate device-seconds and against operations."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = report.plt
   m = p["measured"]
-  mean_curve = lambda n, key: (
-      np.mean([[q[key] for q in s["curve"][1:]] for s in m["settings"][n]["per_seed"]], axis=0),
-      np.mean([[q["loss"] for q in s["curve"][1:]] for s in m["settings"][n]["per_seed"]],
-              axis=0))
+  mean_curve = lambda n, key: tuple(v[1:] for v in report.mean_curve(
+      m["settings"][n]["per_seed"], key))
   panels = m["panels"]
   fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
   for ax, (panel, r) in zip(axes[0], panels.items(), strict=True):
     for name, value in zip(r["methods"], r["values"], strict=True):
       x, y = mean_curve(name, "update_seconds")
       ax.plot(x, y, marker="o", ms=3, label=f"{r['axis']} = {value}")
-    ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("training wall seconds (updates only)")
-    ax.set_ylabel("ensemble-validation loss (nats/byte)")
-    ax.set_title(panel, fontsize=9)
-    ax.legend(fontsize=8)
+    report.label(ax, "training wall seconds (updates only)", title=panel, log=True)
   report.save_figure(fig, path7)
   if "experts" not in panels:
     return
@@ -317,10 +288,7 @@ def plot(p: dict, path7: str, path8: str) -> None:
     for name, value in zip(r["methods"], r["values"], strict=True):
       x, y = mean_curve(name, key)
       ax.plot(x, y, marker="o", ms=3, label=f"N = {value}")
-    ax.set_xscale("log")
-    ax.set_xlabel(label)
-    ax.set_ylabel("ensemble-validation loss (nats/byte)")
-    ax.legend(fontsize=8)
+    report.label(ax, label, log=True)
   report.save_figure(fig, path8)
 
 
@@ -336,8 +304,8 @@ def table(p: dict) -> str:
               f"{'yes' if r['falls_monotonically'] else 'no'} (in "
               f"{r['seeds_falling_monotonically']} of {len(p['seeds'])} seeds; the paper: "
               f"{PAPER['claims'][panel]}).", "",
-              "| setting | N | n_pert | B (accum) | params | ops / update | update s | "
-              "device s | start | end |", "|---|---|---|---|---|---|---|---|---|---|"]
+              *results.head("| setting | N | n_pert | B (accum) | params | ops / update | "
+                            "update s | device s | start | end |")]
     for name, value in zip(r["methods"], r["values"], strict=True):
       s = m["settings"][name]
       last = [q["curve"][-1] for q in s["per_seed"]]
@@ -353,9 +321,8 @@ def table(p: dict) -> str:
   if f14:
     lines += ["Figure 14 (lowest-loss N under a total and a per-expert budget; rows: per-expert "
               "device-seconds, columns: total):", "",
-              "| per-expert \\ total | " + " | ".join(f"{x:.3g}" for x in
-                                                   f14["total_device_seconds"]) + " |",
-              "|---|" + "---|" * len(f14["total_device_seconds"])]
+              *results.head("| per-expert \\ total | " + " | ".join(f"{x:.3g}" for x in
+                                                   f14["total_device_seconds"]) + " |")]
     for share, row in zip(f14["per_expert_device_seconds"], f14["lowest_n"], strict=True):
       lines.append(f"| {share:.3g} | " + " | ".join("-" if n is None else str(n) for n in row)
                    + " |")

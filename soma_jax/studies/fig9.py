@@ -37,6 +37,7 @@ from soma_jax.studies import (
   report,
   results,
   scores,
+  seeded,
   statistics,
   training,
 )
@@ -96,8 +97,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.budget = 1000.0 if cpu else 4.0  # updates per condition and seed
   c.curve_points = 4 if cpu else 2  # checkpoints scored: the figure's shown steps
   c.match_params = False  # one width: an ablation changes one factor, not the size
-  c.source = "pystdlib"  # the semantic, random and N = 1 data dirs: this corpus under OUT
-  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  recipes.corpus(c)  # the semantic, random and N = 1 data dirs: this corpus under OUT
   c.data_dir_random = ""  # prepared with --assignment=random; "" = source's under OUT
   soma = c.methods.soma_n2  # own delta-rule heads (SPEC 3.2), this project's CPU default
   shared = recipes.copy(soma)
@@ -188,7 +188,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Ablati
   n_experts = one_architecture(specs)
   return Ablation(methods, {n: specs[n] for n in methods},
                   {n: config.rows.get(n, "") for n in methods}, panels, cold,
-                  dict(config.row_data), contrasts, source, dict(config.get("prepare", {}).items()),
+                  dict(config.row_data), contrasts, source, recipes.prepare_of(config),
                   config.data_dir_random, n_experts)
 
 
@@ -254,32 +254,21 @@ def stages(study: Ablation, ready: base.Setup) -> base.Stages:
   """Every condition at every optimisation seed (one stage): each warm one continuing its
   seed run's state (from the N = 1 data: init_from_other_data), each cold one from a fresh
   init; {condition: its description and per-seed records}."""
-  plan, out, (dirs, sets) = ready.plan, ready.out, ready.data[:2]
+  plan, sets = ready.plan, ready.data.sets
   starts = {n: None if n in study.cold else ready.seeds[plan.start[n]] for n in study.methods}
-  planned = {}
-  for name, cfg in study.methods.items():
-    cfg = ml_collections.ConfigDict(cfg.to_dict())
-    cfg.init_from_other_data = starts[name] is not None
-    for seed in plan.seeds:
-      planned[(seed, name)] = training.budgeted(
-          cfg, dirs[study.data(name)], seed, starts[name], "updates", plan.budget,
-          plan.curve_points, f"methods.{name}.", score=sets[study.data(name)][0])
-  where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
-  walls = yield [(spec, where(*key), f"{key[1]} (seed {key[0]})")
-                 for key, spec in planned.items()]
+  planned = seeded.every_seed(ready, study.methods, "updates", plan.budget, study.data, starts)
   conditions = {}
-  for ((seed, name), spec), wall in zip(planned.items(), walls, strict=True):
-    c, start = spec.config, starts[name]
+  for run in (yield from seeded.trained(planned, ready.out)):
+    spec, name, start = run.spec, run.name, starts[run.name]
     r = conditions.setdefault(name, {
         "what": study.rows[name], "data": study.data(name), "n_experts": spec.n_experts,
-        "d_t": c.model.d_t, "shared_head": spec.shared_head, "train_head": spec.train_head,
-        "params": spec.method.ensemble_params, "ops_per_update": spec.total_ops_per_update,
+        "d_t": spec.config.model.d_t, "shared_head": spec.shared_head,
+        "train_head": spec.train_head, "params": spec.method.ensemble_params,
+        "ops_per_update": spec.total_ops_per_update,
         "start": "fresh init at the optimisation seed" if start is None
         else training.start_of(start), "per_seed": []})
-    r["per_seed"].append({"seed": seed, **run_record(spec, start, sets[study.data(name)][0],
-                                                     where(seed, name)),
-                          "wall_seconds_this_call": wall,
-                          "workdir": planning.shown(where(seed, name), out)})
+    r["per_seed"].append(seeded.record(
+        run, ready.out, **run_record(spec, start, sets[study.data(name)][0], run.workdir)))
   return conditions
 
 
@@ -313,14 +302,9 @@ def measure(study: Ablation, ready: base.Setup, conditions: dict) -> dict:
 def plot(p: dict, out: str) -> None:
   """OUT/fig9.png: one panel per ablation, each condition's mean ensemble-validation loss at each
   checkpoint after the start, with standard-error bars (offset a little along the axis)."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   m = p["measured"]
   panels = m["panels"]
-  fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+  fig, axes = report.plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
   for ax, r in zip(axes[0], panels.values(), strict=True):
     k = len(r["conditions"])
     for j, name in enumerate(r["conditions"]):
@@ -329,10 +313,7 @@ def plot(p: dict, out: str) -> None:
       x = np.array([s["update"] for s in steps]) + (j - (k - 1) / 2) * gap
       ax.errorbar(x, [s["mean"] for s in steps], yerr=[s["se"] or 0.0 for s in steps],
                   marker="o", ms=4, capsize=3, label=name)
-    ax.set_xlabel("updates after the start (seed cost excluded)")
-    ax.set_ylabel("ensemble-validation loss (nats/byte)")
-    ax.set_title(r["title"], fontsize=9)
-    ax.legend(fontsize=8)
+    report.label(ax, "updates after the start (seed cost excluded)", title=r["title"])
   report.save_figure(fig, os.path.join(out, "fig9.png"))
 
 
@@ -359,8 +340,8 @@ def table(p: dict) -> str:
            + results.load_line(p), ""]
   for r in m["panels"].values():
     updates = [s["update"] for s in m["conditions"][r["conditions"][0]]["steps"]]
-    lines += [f"**{r['title']}**", "", "| condition | heads | data | " + " | ".join(
-        f"update {u}" for u in updates) + " |", "|---|---|---|" + "---|" * len(updates)]
+    lines += [f"**{r['title']}**", "", *results.head("| condition | heads | data | " + " | ".join(
+        f"update {u}" for u in updates) + " |")]
     for name in r["conditions"]:
       c = m["conditions"][name]
       heads = ("shared, frozen" if c["shared_head"] else "own, delta rule" if c["train_head"]
@@ -375,7 +356,7 @@ def table(p: dict) -> str:
   lines += ["Final-step contrasts (a minus the better of the others, per seed; 95% t across "
             "seeds) and SPEC 9.8's matched-loss speed-up of a over b in updates (> 1: a "
             "faster; 95%, seeds and documents) beside the paper:", "",
-            "| contrast | a − b | ours | speed-up of a over b | paper |", "|---|---|---|---|---|"]
+            *results.head("| contrast | a − b | ours | speed-up of a over b | paper |")]
   for k, d in m["contrasts"].items():
     lines.append(f"| {k} | {d['a']} − {d['b']} | {results.ci(d, digits=4)} | "
                  f"{_speed(d['speedup'])} | {paper.get(k, '-')} |")

@@ -42,6 +42,7 @@ from soma_jax.studies import (
   driver,
   planning,
   recipes,
+  report,
   results,
   scores,
   statistics,
@@ -54,7 +55,7 @@ from soma_jax.studies.ladder_mechanism import (
   seed_descent,
   summed_descent,
 )
-from soma_jax.studies.ladder_report import figures, table
+from soma_jax.studies.ladder_report import plot, table
 
 SPEC = "SPEC 9.7 (this project's width ladder: Table 7's protocol at each width)"
 
@@ -334,4 +335,4 @@ def measure(ls: LadderSpec, ready: base.Setup, rungs: list[dict]) -> dict:
 
 
 STUDY = base.Study(spec=SPEC, config=config, check=check, stages=stages, measure=measure,
-                   table=table, setup=setup, plot=figures)
+                   table=table, setup=setup, plot=report.png(plot, "ladder.png"))

@@ -4,8 +4,6 @@ measured gain ratio, and both against width.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from soma_jax.studies import report, results
@@ -23,11 +21,10 @@ def table(p: dict) -> str:
       "estimates each), r by Hessian-vector products. Gains: test, start - end; intervals: "
       "95% t across seeds.",
       "",
-      "| expert width | monolith width | params (SOMA / mono) | ops/update diff | rho expert | "
-      "rho mono | r expert | r mono | predicted ratio | measured gain ratio | SOMA gain | "
-      "mono gain | SOMA - control gain | rho summed | r summed | predicted vs summed | "
-      "measured vs summed | wall s |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+      *results.head("| expert width | monolith width | params (SOMA / mono) | ops/update diff | "
+                    "rho expert | rho mono | r expert | r mono | predicted ratio | measured "
+                    "gain ratio | SOMA gain | mono gain | SOMA - control gain | rho summed | r "
+                    "summed | predicted vs summed | measured vs summed | wall s |"),
   ]
   for r in p["rungs"]:
     m = r["mechanism"]
@@ -81,6 +78,3 @@ def plot(p: dict, path: str) -> None:
   report.save_figure(fig, path)
 
 
-def figures(p: dict, out: str) -> None:
-  """OUT/ladder.png (`plot`)."""
-  plot(p, os.path.join(out, "ladder.png"))

@@ -43,6 +43,7 @@ from soma_jax.studies import (
   recipes,
   results,
   scores,
+  seeded,
   table7,
   training,
 )
@@ -367,14 +368,13 @@ def stages(n: Narrow, ready: base.Setup) -> base.Stages:
         base=n.row_base_lr.get(name, n.grid.base_lr), scorer=val)
   yield from table7.searching(list(found.values()), val)
   chosen = {name: (s.result()[0]["lr"], s.result()[0]["eps"]) for name, s in found.items()}
-  jobs = {(seed, name): (table7.grid_point(row_spec(n, ready, name, seed, 1.0, n.curve),
-                                           *chosen[name]),
-                         os.path.join(out, "runs", f"seed{seed}", name))
-          for seed in plan.seeds for name in ready.methods}
-  yield [(spec, w, f"seed {seed} {name}") for (seed, name), (spec, w) in jobs.items()]
+  planned = {(seed, name): table7.grid_point(row_spec(n, ready, name, seed, 1.0, n.curve),
+                                             *chosen[name])
+             for seed in plan.seeds for name in ready.methods}
   rows = {name: describe(n, ready, name, chosen[name]) for name in ready.methods}
-  for (seed, name), (spec, workdir) in jobs.items():
-    rows[name]["per_seed"].append(record(n, ready, name, spec, starts[(seed, name)], workdir))
+  for run in (yield from seeded.trained(planned, out)):
+    rows[run.name]["per_seed"].append(record(n, ready, run.name, run.spec,
+                                             starts[(run.seed, run.name)], run.workdir))
   return found, rows
 
 

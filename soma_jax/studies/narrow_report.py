@@ -64,8 +64,8 @@ def _ci(stat: dict | None, digits: int = 4) -> str:
 
 def _rows(p: dict) -> list[str]:
   keys = [f"{f:.6g}" for f in p["declared"]["test_fractions"]]
-  lines = ["| row | what | N x d_t | lr | updates | test at " + " / ".join(keys)
-           + " of the budget |", "|---|---|---|---|---|---|"]
+  lines = [*results.head("| row | what | N x d_t | lr | updates | test at " + " / ".join(keys)
+           + " of the budget |")]
   for name, r in p["rows"].items():
     tests = [np.mean([s["test"][k] for s in r["per_seed"]]) if k in r["per_seed"][0]["test"]
              else None for k in keys]
@@ -78,8 +78,8 @@ def _rows(p: dict) -> list[str]:
 
 def _primary(p: dict) -> list[str]:
   starts = "own starts" if p["intervals"]["kind"] == "seeds_own_starts" else "one shared start"
-  lines = [f"| primary readout | budget | b − a (test) [seeds ({starts}) and documents] | "
-           "seeds only | verdict |", "|---|---|---|---|---|"]
+  lines = [*results.head(f"| primary readout | budget | b − a (test) [seeds ({starts}) and "
+                         "documents] | seeds only | verdict |")]
   for name, r in p["readouts"]["primary"].items():
     for key, c in r.get("end_loss_difference", {}).items():
       lines.append(f"| {name} | {key} | {_ci(c)} | {_ci({**c, 'ci95': c['seeds_only_ci95']})}"
@@ -99,13 +99,13 @@ def _mechanism(p: dict) -> list[str]:
                                   else f"u = {m['crossing_update']:.0f} updates")
            + (f"; agrees with the primary readout at the full budget: "
               f"{m['agrees_with_primary']}" if "agrees_with_primary" in m else "") + ".", "",
-           "| u (updates) | D(u) | G(u) | D − G |", "|---|---|---|---|"]
+           *results.head("| u (updates) | D(u) | G(u) | D − G |")]
   lines += [f"| {q['update']:.0f} | {_ci(q['D'])} | {_ci(q['G'])} | {_ci(q['D_minus_G'])} |"
             for q in m["points"]]
   alone = p["readouts"]["secondary"].get("experts_alone")
   if alone:
-    lines += ["", "| u | mixture | experts alone (mean) | ensemble gain | per-expert edge |",
-              "|---|---|---|---|---|"]
+    lines += ["", *results.head("| u | mixture | experts alone (mean) | ensemble gain | "
+                                "per-expert edge |")]
     lines += [f"| {q['update']:.0f} | {_ci(q['mixture'])} | {_ci(q['experts_alone_mean'])} | "
               f"{_ci(q['ensemble_gain'])} | {_ci(q['per_expert_edge'])} |" for q in alone]
   return lines

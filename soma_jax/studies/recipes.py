@@ -252,3 +252,14 @@ def paper_study(arg: str | None, **defaults) -> tuple[ml_collections.ConfigDict,
   seeds, scoring and statistics) without its lr / eps search; (config, arguments)."""
   a = args(arg, seeds=0, **defaults)
   return pair(a["study"], a["size"], search=False), a
+
+
+def corpus(c: ml_collections.ConfigDict, source: str = "pystdlib") -> None:
+  """The corpus fields of a study whose rows differ in N: `source` and `prepare`."""
+  c.source = source  # each N's data dir is this corpus prepared into N shards under OUT
+  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+
+
+def prepare_of(config: ml_collections.ConfigDict) -> dict:
+  """config.prepare as a dict (the keyword settings each N's data dir is prepared with)."""
+  return dict(config.get("prepare", {}).items())

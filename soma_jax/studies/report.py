@@ -1,9 +1,11 @@
-"""A run report: loss curves (PNG), final numbers (JSON) and report.md for one or more runs."""
+"""A run report: loss curves (PNG), final numbers (JSON) and report.md for one or more runs; and
+what the studies' figures share (`save_figure`, `mean_curve`, `label`, `png`)."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 
 import matplotlib
 
@@ -24,6 +26,34 @@ def save_figure(fig, path: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+LOSS = "ensemble-validation loss (nats/byte)"  # the y label of the studies' loss figures
+
+
+def mean_curve(per_seed: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+  """The seed-mean of equally long curves (each per-seed record's "curve"): (x = each point's
+  `key`, y = its loss)."""
+  x = np.mean([[q[key] for q in s["curve"]] for s in per_seed], axis=0)
+  y = np.mean([[q["loss"] for q in s["curve"]] for s in per_seed], axis=0)
+  return x, y
+
+
+def png(plot: Callable[[dict, str], None], name: str) -> Callable[[dict, str], None]:
+  """A Study's `plot` hook: `plot(payload, OUT/name)`."""
+  return lambda p, out: plot(p, os.path.join(out, name))
+
+
+def label(ax, xlabel: str, ylabel: str = LOSS, title: str | None = None, log: bool = False,
+          legend: int = 8) -> None:
+  """A figure's axis: log x (`log`), its labels, its title (fontsize 9), its legend."""
+  if log:
+    ax.set_xscale("log")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  if title is not None:
+    ax.set_title(title, fontsize=9)
+  ax.legend(fontsize=legend)
 
 
 def plot_offset(workdir: str) -> int:

@@ -157,6 +157,11 @@ def load_line(p: dict) -> str:
   return f"Load average {la['start'][0]:.2f} at the start, {la['end'][0]:.2f} at the end."
 
 
+def head(header: str) -> list[str]:
+  """A markdown table's header line ("| a | b |") and its separator, one "---" per cell."""
+  return [header, "|" + "---|" * (header.count(" | ") + 1)]
+
+
 def pm(stat: dict, signed: bool = False, digits: int = 3) -> str:
   f = f"+.{digits}f" if signed else f".{digits}f"
   return f"{stat['mean']:{f}}" + ("" if stat["sd"] is None else f" ± {stat['sd']:.{digits}f}")

@@ -251,7 +251,7 @@ def table(p: dict) -> str:
   """The primary verdicts and the alpha stage, then decompose's table (secondary beyond)."""
   lines = [f"1.5-SPSA against SPSA (issue 56). Primary readout: test end loss at the budget "
            f"({len(p['primary'])} intervals, seeds and documents).", "",
-           "| primary | test end-loss difference [95%] | verdict |", "|---|---|---|"]
+           *results.head("| primary | test end-loss difference [95%] | verdict |")]
   for name, r in p["primary"].items():
     s = r["end_loss_difference"]
     ci = "-" if s.get("ci95") is None else f"[{s['ci95'][0]:+.4f}, {s['ci95'][1]:+.4f}]"

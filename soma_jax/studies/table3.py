@@ -252,8 +252,8 @@ def table(p: dict) -> str:
            f"fixed solo rate. Sweep from {p['fig7_folder']}; load average "
            f"{p['sweep_load_average']['start'][0]:.2f} at its start, "
            f"{p['sweep_load_average']['end'][0]:.2f} at its end.", "",
-           "| accounting | ours: device-seconds (mean over seeds) | ours / recorded | paper "
-           "GPU-hours | paper / recorded | calculation |", "|---|---|---|---|---|---|"]
+           *results.head("| accounting | ours: device-seconds (mean over seeds) | ours / "
+                         "recorded | paper GPU-hours | paper / recorded | calculation |")]
   for name, r in m["rows"].items():
     sd = r["ratio_to_recorded"]["sd"]
     lines.append(f"| {name} | {r['device_seconds']['mean']:.2f} | "

@@ -22,7 +22,6 @@ test curve read at the smallest operation count any budget row reached).
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import ml_collections
@@ -33,11 +32,11 @@ from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 from soma_jax.studies import (
   base,
-  driver,
   planning,
   recipes,
   results,
   scores,
+  seeded,
   statistics,
   training,
 )
@@ -138,38 +137,27 @@ def rows_stages(plan: planning.StudyPlan, methods: dict, where: tuple[str, str],
         records[(seed, plan.reference)]["updates"] if name in plan.match_updates else None,
         score=scored[1])
         for seed in plan.seeds for name in stage}
-    walls = yield [(row, os.path.join(out, "runs", f"seed{seed}", name), f"{name} (seed {seed})")
-                   for (seed, name), row in planned.items()]
-    for ((seed, name), row), wall in zip(planned.items(), walls, strict=True):
-      records[(seed, name)], ends[(seed, name)] = row_record(
-          row, out, seed, name, seeds[plan.start[name]], starts[name], scored, wall)
+    for run in (yield from seeded.trained(planned, out)):
+      records[(run.seed, run.name)], ends[(run.seed, run.name)] = row_record(
+          run, out, seeds[plan.start[run.name]], starts[run.name], scored)
   return records, ends
 
 
-def train_rows(plan: planning.StudyPlan, methods: dict, where: tuple[str, str],
-               seeds: dict, starts: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet],
-               executor=None) -> tuple[dict, dict]:
-  """`rows_stages`, each stage trained by `executor` (`driver.through`)."""
-  return driver.through(rows_stages(plan, methods, where, seeds, starts, scored), executor)
-
-
-def row_record(row: spec_lib.RunSpec, out: str, seed: int, name: str, start: dict,
-               start_w: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet], wall: float
-               ) -> tuple[dict, np.ndarray]:
+def row_record(run: seeded.Run, out: str, start: dict, start_w: dict,
+               scored: tuple[eval_lib.TestSet, eval_lib.TestSet]) -> tuple[dict, np.ndarray]:
   """One trained row at one seed scored: (its per-seed record, its end per-window test
   losses)."""
   val, test = scored
-  workdir = os.path.join(out, "runs", f"seed{seed}", name)
-  first = training.start_step(row, start)
-  points, end_test = scores.curve(workdir, row, test, first, start_w["test"].mean())
-  end_val = scores.final_losses(workdir, row, val)
-  done = scores.summary(workdir, row, first)
-  print(f"[table4] seed {seed} {name}: {done['updates']} updates, "
+  first = training.start_step(run.spec, start)
+  points, end_test = seeded.curve(run, start, test, start_w["test"].mean())
+  end_val = scores.final_losses(run.workdir, run.spec, val)
+  done = scores.summary(run.workdir, run.spec, first)
+  print(f"[table4] seed {run.seed} {run.name}: {done['updates']} updates, "
         f"{scores.budget_used(done):.4g} {done['budget_unit']}, test "
         f"{start_w['test'].mean():.4f} -> {end_test.mean():.4f}", flush=True)
-  return {"seed": seed, "start": training.start_of(start), **done,
-          "budget_used": scores.budget_used(done), "wall_seconds_this_call": wall,
-          "workdir": planning.shown(workdir, out), "curve": points, "curve_split": "test",
+  return {"seed": run.seed, "start": training.start_of(start), **done,
+          "budget_used": scores.budget_used(done), "wall_seconds_this_call": run.wall,
+          "workdir": planning.shown(run.workdir, out), "curve": points, "curve_split": "test",
           "test_nats_per_byte": float(end_test.mean()),
           **statistics.row_losses(start_w, {"validation": end_val, "test": end_test})}, end_test
 
@@ -263,7 +251,7 @@ def _line(name: str, r: dict, p: dict) -> str:
 def table(p: dict) -> str:
   """Markdown: the budget table (start, end, gains, gain differences), per-seed values, the
   equal-ops ranking beside it."""
-  ref, ev, n_seeds, b = p["reference"], p["eval"], len(p["seeds"]), p["budget"]
+  ref, ev, b = p["reference"], p["eval"], p["budget"]
   rank = sorted(p["methods"], key=lambda n: p["methods"][n]["test_nats_per_byte"]["mean"])
   lines = [
       f"Table 4 protocol (SPEC 9.1, 9.6) at this scale. Budget: {b['amount']:g} {b['unit']} per "
@@ -275,10 +263,10 @@ def table(p: dict) -> str:
       f"{p['load_average']['start'][0]:.2f} at the start, {p['load_average']['end'][0]:.2f} at "
       "the end.",
       "",
-      f"| row | budget | N | d_t | params | directions / update | ops / update | updates | "
-      f"{b['unit']} spent | start test | end test | gain test | gain validation | {ref} gain minus "
-      f"row gain (test) | end minus {ref} ({ref} wins) |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+      *results.head(f"| row | budget | N | d_t | params | directions / update | ops / update | "
+                    f"updates | {b['unit']} spent | start test | end test | gain test | gain "
+                    f"validation | {ref} gain minus row gain (test) | end minus {ref} "
+                    f"({ref} wins) |"),
   ]
   lines += [_line(name, r, p) for name, r in p["methods"].items()]
   eq = p["equal_ops"]
@@ -287,8 +275,7 @@ def table(p: dict) -> str:
             + " < ".join(f"{n} {eq['test_nats_per_byte'][n]['mean']:.3f}" for n in eq["ranking"])
             + ".", "", f"Per seed: gain (test), and {ref}'s gain minus it [95% paired document "
             "bootstrap: document noise around one start only].", "",
-            "| row | " + " | ".join(f"seed {s}" for s in p["seeds"]) + " |",
-            "|---|" + "---|" * n_seeds]
+            *results.head("| row | " + " | ".join(f"seed {s}" for s in p["seeds"]) + " |")]
   for name, r in p["methods"].items():
     g = p["gain_difference"].get(name)
     cells = [f"{q['gain']['test']:+.3f}" + ("" if g is None else

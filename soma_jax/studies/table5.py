@@ -18,7 +18,6 @@ N and budget: SOMA beside BPTT, mean +- sample sd over the optimisation seeds; r
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import ml_collections
 import numpy as np
@@ -31,8 +30,8 @@ from soma_jax.studies import (
   recipes,
   results,
   scores,
+  seeded,
   statistics,
-  training,
 )
 
 PAPER = {
@@ -63,8 +62,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the paper's three GPU-hour budgets are read as fractions of it.
   c.budget = 500.0 if cpu else 3.0
   c.budget_fractions = (0.5, 0.75, 1.0)  # the paper's 50 / 75 / 100 GPU-hours
-  c.source = "pystdlib"  # each N's data dir is this corpus prepared into N shards under OUT
-  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+  recipes.corpus(c)
   lr = c.base_lr
   seed = c.seed_runs.soma_expert
   c.methods, c.rows, c.start, c.seed_runs = (ml_collections.ConfigDict() for _ in range(4))
@@ -117,36 +115,23 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Grid:
   if sorted(set(pairs)) != pairs or any(
       sum(1 for n, _ in pairs if n == m) != 2 for m, _ in pairs):
     raise UserError(f"methods must hold one soma and one bptt row per N; have {rows}")
-  return Grid(rows, fractions, config.source, dict(config.get("prepare", {}).items()))
+  return Grid(rows, fractions, config.source, recipes.prepare_of(config))
 
 
 def stages(grid: Grid, ready: base.Setup) -> base.Stages:
   """Every row at every optimisation seed (one stage), each at the operations of `budget` of
   the reference's updates, from its N's seed run; their validation curves."""
-  plan, seeds, out, (dirs, sets) = ready.plan, ready.seeds, ready.out, ready.data[:2]
+  plan, seeds, sets = ready.plan, ready.seeds, ready.data.sets
   ops_budget = plan.budget * ready.specs[plan.reference].total_ops_per_update
-  planned, starts = {}, {}
-  for name, c in ready.methods.items():
-    c = ml_collections.ConfigDict(c.to_dict())
-    n = grid.rows[name][0]
-    c.init_from_other_data = n != 1  # the seed's windows, cut into N shards
-    for seed in plan.seeds:
-      planned[(seed, name)] = training.budgeted(
-          c, dirs[n], seed, seeds[plan.start[name]], "ops", ops_budget, plan.curve_points,
-          f"methods.{name}.", fresh=name in plan.fresh_optimizer, score=sets[n][0])
-    starts[name] = scores.start_losses(planned[(plan.seeds[0], name)],
-                                       {"validation": sets[n][0]})["validation"].mean()
-  where = lambda seed, name: os.path.join(out, "runs", f"seed{seed}", name)
-  walls = yield [(spec, where(*key), f"{key[1]} (seed {key[0]})")
-                 for key, spec in planned.items()]
+  planned = seeded.every_seed(ready, ready.methods, "ops", ops_budget)
+  val = lambda name: sets[grid.rows[name][0]][0]  # its N's validation set
+  starts = {name: scores.start_losses(planned[(plan.seeds[0], name)],
+                                      {"validation": val(name)})["validation"].mean()
+            for name in ready.methods}
   curves = {}
-  for (key, spec), wall in zip(planned.items(), walls, strict=True):
-    seed, name = key
-    first = training.start_step(spec, seeds[plan.start[name]])
-    points, _ = scores.curve(where(*key), spec, sets[grid.rows[name][0]][0], first,
-                             starts[name])
-    curves[key] = {"seed": seed, "curve": points, "wall_seconds_this_call": wall,
-                   "workdir": planning.shown(where(*key), out)}
+  for run in (yield from seeded.trained(planned, ready.out)):
+    points, _ = seeded.curve(run, seeds[plan.start[run.name]], val(run.name), starts[run.name])
+    curves[(run.seed, run.name)] = seeded.record(run, ready.out, curve=points)
   return planned, curves, starts, ops_budget
 
 
@@ -213,9 +198,8 @@ def table(p: dict) -> str:
            f"{p['reference']}), {len(p['seeds'])} seeds; ensemble validation "
            f"({p['eval']['val_windows_scored']} windows from {p['eval']['val_documents']} "
            f"documents), mean ± sample sd. " + results.load_line(p), "",
-           "| N | " + " | ".join(f"SOMA {f:g} | BPTT {f:g}" for f in fr)
-           + " | paper SOMA / BPTT at 50 / 75 / 100 GPU-hours |",
-           "|---|" + "---|---|" * len(fr) + "---|"]
+           *results.head("| N | " + " | ".join(f"SOMA {f:g} | BPTT {f:g}" for f in fr)
+           + " | paper SOMA / BPTT at 50 / 75 / 100 GPU-hours |")]
   for n, cells in m["cells"].items():
     paper = PAPER["rows"].get(n)
     theirs = ("-" if paper is None else " ; ".join(
@@ -224,8 +208,7 @@ def table(p: dict) -> str:
         f"{results.pm(cells[str(f)]['soma'], digits=4)} | "
         f"{results.pm(cells[str(f)]['bptt'], digits=4)}" for f in fr) + f" | {theirs} |")
   lines += ["", "Budgets are fractions of the operations budget (columns); rows:", "",
-            "| row | N | optimiser | width | params | lr | ops / update | start |",
-            "|---|---|---|---|---|---|---|---|"]
+            *results.head("| row | N | optimiser | width | params | lr | ops / update | start |")]
   for name, r in m["rows"].items():
     lines.append(f"| {name} | {r['n_experts']} | {r['optimizer']} | {r['d_t']} | "
                  f"{r['params']:,} | {r['lr']:g} | {r['ops_per_update']:.3g} | "

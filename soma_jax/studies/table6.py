@@ -250,9 +250,8 @@ def table(p: dict) -> str:
       f"starts: {other} {arch[other]['start_loss']['validation']:.4f}, {ref} "
       f"{arch[ref]['start_loss']['validation']:.4f}). Paper: 8.44M-parameter models, "
       "an equal GPU budget, its own ensemble validation set. " + results.load_line(p), "",
-      "| lr | initial eps | N = 1 (ours) | N = 2 (ours) | N=1 − N=2 (ours, 95% t) | "
-      "N = 1 (paper) | N = 2 (paper) | paper lr / eps |",
-      "|---|---|---|---|---|---|---|---|"]
+      *results.head("| lr | initial eps | N = 1 (ours) | N = 2 (ours) | N=1 − N=2 (ours, 95% t) | "
+                    "N = 1 (paper) | N = 2 (paper) | paper lr / eps |")]
   paper = {(c["lr"] / PAPER["base_lr"], c["eps"] / PAPER["base_lr"]): c for c in PAPER["cells"]}
   for r in m["cells"]:
     q = paper.get((r["lr_factor"], r["eps_factor"]))
@@ -264,8 +263,8 @@ def table(p: dict) -> str:
                  f"{results.ci(r['other_minus_ref'], digits=4)} | {theirs} |")
   sel = m["selected"]
   lines += ["", "Selected per seed (lowest unrounded validation), test scored once:", "",
-            "| seed | " + f"{other} lr / eps | {other} test | {ref} lr / eps | {ref} test | "
-            f"{other} − {ref} test [paired document 95%] |", "|---|---|---|---|---|---|"]
+            *results.head(f"| seed | {other} lr / eps | {other} test | {ref} lr / eps | "
+                          f"{ref} test | {other} − {ref} test [paired document 95%] |")]
   for a, b, d in zip(sel[other], sel[ref], m["selected_test_other_minus_ref"]["per_seed"],
                      strict=True):
     lines.append(f"| {a['seed']} | {a['lr']:g} / {a['eps']:g} | {a['test_nats_per_byte']:.4f} | "

@@ -343,10 +343,10 @@ def table(p: dict) -> str:
       f"average {p['load_average']['start'][0]:.2f} at the start, "
       f"{p['load_average']['end'][0]:.2f} at the end.",
       "",
-      f"| seed | {ref} lr / eps | updates | {ref} test start → end (gain) | {other} lr / eps | "
-      f"updates | {other} test start → end (gain) | {ref} gain minus {other} gain [95% "
-      f"document bootstrap] | end gap ({other} minus {ref}) |",
-      "|---|---|---|---|---|---|---|---|---|",
+      *results.head(f"| seed | {ref} lr / eps | updates | {ref} test start → end (gain) | "
+                    f"{other} lr / eps | updates | {other} test start → end (gain) | {ref} gain "
+                    f"minus {other} gain [95% document bootstrap] | end gap ({other} minus "
+                    f"{ref}) |"),
   ]
   lines += [_row(a, bb, gg) for a, bb, gg in zip(r["per_seed"], o["per_seed"], g["per_seed"],
                                                  strict=True)]

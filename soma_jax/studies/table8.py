@@ -34,6 +34,7 @@ from soma_jax.studies import (
   datasets,
   planning,
   recipes,
+  results,
   trained_sizes,
   variance,
   variance_settings,
@@ -310,9 +311,9 @@ def table(p: dict) -> str:
       f"expert's fixed batch) against an independent batch of the same size. Trained: "
       f"{p['trained']}. Batch: windows of T bytes per expert; cosine distance: the mean over "
       "experts. Paper: windows of its own length, 8.44M parameters.", "",
-      "| N | batch (init) | cos. dist. (init) | batch (trained) | cos. dist. (trained) | "
-      "max abs rel. change (init / trained) | paper batch | paper cos. dist. (init / "
-      "trained) |", "|---|---|---|---|---|---|---|---|"]
+      *results.head("| N | batch (init) | cos. dist. (init) | batch (trained) | cos. dist. "
+                    "(trained) | max abs rel. change (init / trained) | paper batch | paper "
+                    "cos. dist. (init / trained) |")]
   paper = {r["n"]: r for r in PAPER["rows"]}
   cell = lambda r: ("- | -" if r is None else
                     f"{r['batch']} x {r['seq_len']} | {r['cosine_distance']:.5f}")

@@ -2,7 +2,7 @@
 Table 4's SOMA and monolith rows, their checkpoints chosen first, scored on a corpus nobody
 trained on.
 
-Rows: Table 4's own (`table4.train_rows`; compare.py's study=table4 config with its other rows
+Rows: Table 4's own (`table4.rows_stages`; compare.py's study=table4 config with its other rows
 removed): SOMA N = 2 and the monolith of the same total size with 1x, 4x and 16x SOMA's
 directions on SOMA's batch (the paper's 64 / 256 / 1,024 against SOMA's 64), each continuing
 its architecture's seed run, every row on the same budget (SPEC 7's operations at size=cpu).
@@ -280,10 +280,10 @@ def table(p: dict) -> str:
       f"{x['score_bytes']} targets; the paper routes on bytes 0..255 and scores targets "
       "257..1024 of the whole window. Intervals: 95% document bootstrap per seed; across seeds "
       "mean ± sd and 95% t intervals (after ' / ': widened by the documents' variance).", "",
-      f"| row | N | d_t | params | n_pert | updates | step | external validation | external "
-      f"test | test − {ref} | in-domain test | in-domain − {ref} | paper GPU-h | paper "
-      "validation | paper test | paper in-domain test (Table 4) |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+      *results.head(f"| row | N | d_t | params | n_pert | updates | step | external validation "
+                    f"| external test | test − {ref} | in-domain test | in-domain − {ref} | "
+                    "paper GPU-h | paper validation | paper test | paper in-domain test "
+                    "(Table 4) |")]
   lines += [_line(n, p) for n in p["measured"]["rows"]]
   r = p["measured"]["rankings"]
   ours = {d["paper_row"]: n for n, d in p["methods"].items() if d["paper_row"] is not None}
@@ -297,8 +297,9 @@ def table(p: dict) -> str:
             f"{' < '.join(r['paper_in_domain_test'])}. An order of seed means resolves a pair only "
             f"where its interval above excludes zero.", "",
             "Per seed: external test [95% document bootstrap], minus the reference [paired 95%], "
-            "in-domain test.", "", "| row | seed | step | external validation | external test | "
-            f"test − {ref} | in-domain test |", "|---|---|---|---|---|---|---|"]
+            "in-domain test.", "",
+            *results.head(f"| row | seed | step | external validation | external test | "
+                          f"test − {ref} | in-domain test |")]
   for name, m in p["measured"]["rows"].items():
     for q in m["per_seed"]:
       d = q.get("minus_ref", {}).get("test")
