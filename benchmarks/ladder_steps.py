@@ -120,7 +120,8 @@ def rung(ls: ladder.LadderSpec, width: int, reps: int, mechanism: bool, data_dir
   cfgs = ladder.sized(ls, width)
   ref, mono = ls.reference, ls.other
   pair = ladder.rung_config(ls, width, control=False)
-  seed_cfgs = planning.seed_configs(pair, planning.sized(pair))
+  pair_specs = {name: planning.resolved(c) for name, c in planning.sized(pair).items()}
+  seed_cfgs = planning.seed_configs(planning.check_plan(pair), pair_specs)
   every = {**cfgs, **{f"seed_{name}": c for name, c in seed_cfgs.items()}}
   specs = {name: spec_lib.resolve(c) for name, c in every.items()}
   timed = {name: step_seconds(spec, reps) for name, spec in specs.items()}

@@ -52,10 +52,11 @@ from absl import flags
 from soma_jax import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STUDY = "study=decompose,size={size}"  # the study whose rows are timed
 ROWS = {
-    "soma": ("compare.py", "study=decompose,size={size}", "SOMA N = 2 width 32 (study shape)"),
-    "one_expert": ("compare.py", "study=decompose,size={size}", "one expert N = 1 width 32"),
-    "mono": ("compare.py", "study=decompose,size={size}", "monolith N = 1, matched width"),
+    "soma": ("compare.py", STUDY, "SOMA N = 2 width 32 (study shape)"),
+    "one_expert": ("compare.py", STUDY, "one expert N = 1 width 32"),
+    "mono": ("compare.py", STUDY, "monolith N = 1, matched width"),
     "bench": ("soma.py", "n=4,size={size}", "make bench: N = 4 width 64, n_pert 16"),
 }
 _ROWS = flags.DEFINE_list("rows", list(ROWS), f"rows, from {', '.join(ROWS)}")

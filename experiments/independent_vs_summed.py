@@ -24,7 +24,8 @@ def main(argv):
   del argv
   cli.log_devices()
   cli.absolute_paths(_CONFIG.value)
-  payload = independent.run(_CONFIG.value, cli.workdir_flag(_OUT.value, "--out"))
+  out = cli.workdir_flag(_OUT.value, "--out")
+  payload = independent.run(independent.check(_CONFIG.value), out)  # checked, then trained
   for p in payload["paired"]:
     print(f"step {p['step']:>6}: summed - independent = {p['diff_mean']:+.4f} "
           f"+- {p['diff_std']:.4f} nats/byte (sd over {len(p['per_seed'])} seeds; per seed "

@@ -29,7 +29,7 @@ def main(argv):
   del argv
   path, _, arg = _CONFIG.value.partition(":")
   config = load_config_file(os.path.abspath(path), arg or None)
-  print(independent.ensemble_workdir(independent.settings(config), _OUT.value))
+  print(independent.ensemble_workdir(independent.check(config), _OUT.value))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from soma_jax import cli
-from soma_jax.studies import trained_sizes
+from soma_jax.studies import trained_sizes, variance_settings
 
 _OUT = cli.output_flag("out", None, "folder for data_n{N}/ and N{N}/", kind="folder")
 _CONFIG = config_flags.DEFINE_config_file(
@@ -30,7 +30,8 @@ flags.mark_flag_as_required("out")
 
 def main(argv):
   del argv
-  for n, workdir in trained_sizes.train_all(_CONFIG.value, _OUT.value).items():
+  vs = variance_settings.variance_spec(_CONFIG.value)  # the config read once
+  for n, workdir in trained_sizes.train_all(vs, _OUT.value).items():
     print(f"N = {n}: {workdir}")
 
 

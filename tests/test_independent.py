@@ -78,7 +78,7 @@ def data_four_shards(tmp_path_factory, data_textdir):
 def tiny_ensemble(tmp_path_factory, data_four_shards):
   """The tiny SOMA recipe trained by the experiment itself: OUT/seed, then N = 4 from it."""
   out = str(tmp_path_factory.mktemp("ivs_ensemble"))
-  workdir = independent.ensemble_workdir(independent.settings(ivs_tiny_config(data_four_shards)), out)
+  workdir = independent.ensemble_workdir(independent.check(ivs_tiny_config(data_four_shards)), out)
   assert workdir == os.path.join(out, "ensemble")
   c = ckpt_lib.read_config(workdir)
   assert c.n_experts == 4 and c.init_from == os.path.join(out, "seed") and c.model.shared_head
@@ -131,7 +131,7 @@ def test_refuses_a_workdir_with_fewer_than_four_experts(tmp_path, data_prepared)
   config = ivs_tiny_config(data_prepared)
   config.init_from = workdir
   with pytest.raises(UserError, match="has 3 experts"):
-    independent.run(config, str(tmp_path / "out"))
+    independent.run(independent.check(config), str(tmp_path / "out"))
   for bad in ("0,1,2", "0,1,2,2", "0,1,x,3"):
     with pytest.raises(UserError, match="experts="):
       independent.parse_experts(bad)
@@ -187,7 +187,7 @@ def test_run_continues_the_checkpoint_in_both_arms(tmp_path, tiny_ensemble, data
   config.init_from = tiny_ensemble
   config.experts = "1,2,3,0"
   out = str(tmp_path / "ivs")
-  payload = independent.run(config, out)
+  payload = independent.run(independent.check(config), out)
   assert dtypes and set(dtypes) == {"float64"}, dtypes
   _, ckpt_state = _checkpoint(tiny_ensemble)
   for variant in independent.VARIANTS:

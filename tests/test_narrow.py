@@ -65,8 +65,8 @@ def test_shared_seed_runs_fail_the_own_start_check(data_two_shards, tmp_path):
   config = load_config("compare", "study=narrow,size=tiny")
   config.data_dir, config.own_starts = data_two_shards, False
   plan, _ = driver.checked(narrow.STUDY, config)
-  only = {"soma": planning.sized(config)["soma"]}
-  val, _ = datasets.eval_sets(plan.eval, data_two_shards, [only["soma"].data.seq_len])
+  only = {"soma": planning.resolved(planning.sized(config)["soma"])}
+  val, _ = datasets.eval_sets(plan.eval, data_two_shards, [only["soma"].seq_len])
   shared = training.train_seeds(plan, only, data_two_shards, str(tmp_path), val)
   shown = {f"seed{s}": {n: {k: v for k, v in r.items() if not k.startswith("_")}
                         for n, r in shared.items()} for s in plan.seeds}

@@ -218,63 +218,80 @@ def test_the_raw_config_check_sees_one():
   assert raw_config_functions(tree) == ["soma_jax/spec.py:1 place", "soma_jax/spec.py:3 f"]
 
 
-# Every study runs through the driver and takes a raw config only by `_at_a_study_door`'s
-# rule; the other modules of soma_jax/studies/ take one only at these doors; everything below
-# a door holds its typed spec (planning.StudyPlan, table7.Grid, ladder.LadderSpec,
+# In soma_jax/studies/ one rule, no list of doors: a raw config is taken by the driver, by a
+# study's config and checks, and by the builders of configs and specs (`_at_a_study_door`);
+# everything below holds its typed spec (planning.StudyPlan, table7.Grid, ladder.LadderSpec,
 # decompose.Rows, narrow.Narrow, spsa15.Alphas, independent.Settings,
-# variance_settings.VarianceSpec).
-# planning's and training's are the builders of each run's config; independent's `vc` is the variance study's config.
-STUDY_DOORS = {
-    "recipes.py": None,  # the configs the studies share: building configs is its whole job
-    "driver.py": None,  # the one driver: `run` and `measured` hand the config to `check`
-    "compare.py": {"run"},
-    "independent.py": {"settings", "variance_at", "run", "_payload", "_run_summary"},
-    "planning.py": {"check_fields", "check_plan", "check_source", "check_fractions",
-                    "resolved", "seed_configs", "sized"},
-    "training.py": {"check_runs", "budgeted", "seed_stage", "train_seeds"},
-    "trained_sizes.py": {"train_all"}, "variance.py": {"run_study"},
-    "variance_settings.py": {"variance_spec"},
-}
+# variance_settings.VarianceSpec, spec.RunSpec).
+DRIVER = ("driver.py", "compare.py")  # the one driver and its registry's door (`compare.run`)
+BUILT = re.compile(r"\bConfigDict\b|\bRunSpec\b|\bVarianceSpec\b")  # what a builder returns
 
 
-def _at_a_study_door(name: str) -> bool:
-  """The one rule of a study that runs through the driver: only its config (`config(arg)`,
-  compare.py's door, and its `_config_*` helpers) and its checks (`check(plan, config)` and
-  `check_*`, which read the config once into the study's typed grid) take a raw config."""
-  return name in ("config", "check") or name.startswith(("_config_", "check_"))
+def _at_a_study_door(rel: str, fn: ast.FunctionDef) -> bool:
+  """The one rule: the driver (DRIVER), a study's config (`config(arg)` and its `_config_*`
+  helpers) and its checks (`check(plan, config)` and `check_*`, which read the config once
+  into the study's typed grid), and a builder: a function that returns a config or a
+  resolved spec (recipes, `planning.sized`, `training.budgeted`, `variance_spec`)."""
+  returns = ast.unparse(fn.returns) if fn.returns is not None else ""
+  return (os.path.basename(rel) in DRIVER or fn.name in ("config", "check")
+          or fn.name.startswith(("_config_", "check_")) or bool(BUILT.search(returns)))
 
 
 def study_raw_config_functions(trees: dict[str, ast.Module]) -> list[str]:
-  """Functions of soma_jax/studies/ that take a raw config and are not a study's door."""
+  """Functions of soma_jax/studies/ that take a raw config and are not at a study's door."""
   found = []
   for path, tree in trees.items():
     rel = path.replace(os.sep, "/")
-    if not rel.startswith("soma_jax/studies/"):
-      continue
-    doors = STUDY_DOORS.get(os.path.basename(rel), set())
-    if doors is None:
-      continue
-    nodes = _functions(tree)
-    found += [f"{rel}:{n.lineno} {n.name}" for n in nodes
-              if n.name not in doors and not _at_a_study_door(n.name) and _takes_raw_config(n)]
+    if rel.startswith("soma_jax/studies/"):
+      found += [f"{rel}:{n.lineno} {n.name}" for n in _functions(tree)
+                if _takes_raw_config(n) and not _at_a_study_door(rel, n)]
   return found
 
 
 def test_studies_take_a_raw_config_only_at_their_doors():
-  """Issue 38, 51: in soma_jax/studies/ a raw config is taken only by a study's config and checks
-  (`_at_a_study_door`), by the driver and recipes, and at the doors of STUDY_DOORS."""
+  """Issue 38, 51: in soma_jax/studies/ a raw config is taken only by the driver, a study's
+  config and checks, and a builder of configs or specs (`_at_a_study_door`)."""
   assert study_raw_config_functions(_sources("soma_jax")) == []
 
 
 def test_the_study_door_check_sees_one():
-  """A door of STUDY_DOORS (independent's `run`) passes; a driven study's `run` does not."""
+  """A study's check, a builder and the driver pass; a study's `run` and a helper that
+  returns no config do not."""
   tree = {"soma_jax/studies/independent.py": ast.parse(
-      "def run(config):\n  pass\ndef rung_config(config, width):\n  pass\n"
-      "def sizes(ls, width):\n  pass\n"),
-      "soma_jax/studies/narrow.py": ast.parse(
-          "def check(plan, config):\n  pass\ndef run(config):\n  pass\n")}
-  assert study_raw_config_functions(tree) == ["soma_jax/studies/independent.py:3 rung_config",
-                                              "soma_jax/studies/narrow.py:3 run"]
+      "def check(config):\n  pass\ndef run(config):\n  pass\n"
+      "def sizes(ls, width):\n  pass\n"
+      "def rung(config, width) -> ml_collections.ConfigDict:\n  pass\n"
+      "def spec(c) -> spec_lib.RunSpec:\n  pass\ndef summary(c) -> dict:\n  pass\n"),
+      "soma_jax/studies/driver.py": ast.parse("def run(study, config):\n  pass\n")}
+  assert study_raw_config_functions(tree) == ["soma_jax/studies/independent.py:3 run",
+                                              "soma_jax/studies/independent.py:11 summary"]
+
+
+# Issue 51: functions of soma_jax/, experiments/, benchmarks/ and scripts/ that take a raw
+# config, doors included (70 before issue 51's refactor, 59 after it).
+RAW_CONFIG_CEILING = 60
+
+
+def raw_config_takers(trees: dict[str, ast.Module]) -> list[str]:
+  """Every top-level function and method that takes a raw config, doors included."""
+  return [f"{path}:{n.lineno} {n.name}" for path, tree in trees.items()
+          for n in _functions(tree) if _takes_raw_config(n)]
+
+
+def test_at_most_the_ceiling_of_functions_take_a_raw_config():
+  """A config is read at the doors (the driver, each study's config and check, spec.resolve,
+  each method's make, config builders, config.json I/O) and nowhere else: their count stays
+  at most RAW_CONFIG_CEILING."""
+  found = raw_config_takers(_sources("soma_jax", "experiments", "benchmarks", "scripts"))
+  assert len(found) <= RAW_CONFIG_CEILING, (
+      f"{len(found)} functions take a raw config (at most {RAW_CONFIG_CEILING}); pass the "
+      "RunSpec, a study's typed grid or their fields below the doors:\n" + "\n".join(found))
+
+
+def test_the_ceiling_count_sees_each_taker():
+  tree = {"x.py": ast.parse("def f(c):\n  pass\nclass K:\n  def g(self, config):\n    pass\n"
+                            "def h(spec: RunSpec):\n  pass\n")}
+  assert raw_config_takers(tree) == ["x.py:1 f", "x.py:4 g"]
 
 
 METHOD_API = {"Method", "Seed", "MAKERS", "make"}  # what soma_jax.methods offers outside it

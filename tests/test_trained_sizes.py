@@ -51,7 +51,7 @@ def trained(tmp_path_factory, data_textdir):
   for n in c.n_list:  # small data dirs (train_all reuses a prepared one, else pystdlib)
     prepare.prepare(f"textdir:{data_textdir}", n, os.path.join(out, f"data_n{n}"), test_docs=6,
                     ensemble_val_docs=3, min_df=2, svd_dims=16, val_fraction=0.05)
-  TS.train_all(c, out)
+  TS.train_all(variance_settings.variance_spec(c), out)
   return out
 
 
@@ -78,7 +78,7 @@ def test_every_n_trained_alike_and_reused(trained):
     assert pipeline.load_manifest(run.data.dir)["num_clusters"] == n
   before = {n: os.path.getmtime(os.path.join(TS.workdir(trained, n), "metrics.jsonl"))
             for n in c.n_list}
-  TS.train_all(c, trained)
+  TS.train_all(variance_settings.variance_spec(c), trained)
   assert before == {n: os.path.getmtime(os.path.join(TS.workdir(trained, n), "metrics.jsonl"))
                     for n in c.n_list}
 

@@ -42,7 +42,7 @@ class _Studies(dict):
 
   def __missing__(self, study):
     with enable_x64():
-      r = V.run_study(CONFIGS.get_config(f"{study},size=tiny"))
+      r = V.run_study(variance_settings.variance_spec(CONFIGS.get_config(f"{study},size=tiny")))
     self[study] = (r, ENTRY.write_outputs(json.loads(json.dumps(r, default=float)), self.out))
     return self[study]
 

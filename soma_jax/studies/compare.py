@@ -1,47 +1,7 @@
 """The paper's comparisons at any scale (SPEC 9): `run` dispatches on config.study.
 
-  table4  SPEC 9.1: how to spend a budget (SPEC 7's operations at size=cpu, on any machine):
-          SOMA N = 2, monoliths at 1x / 4x / 16x SOMA's directions, EGGROLL, BPTT, and the
-          head-only and summed-loss controls
-  table7  SPEC 9.2: SOMA N = 2 against the monolith of the same size at equal updates (equal
-          operations) and equal tuning (lr then eps grid, selection on validation, test once)
-  ladder  SPEC 9.7: table7 at each width of config.rungs, the descent ratio rho and the
-          effective rank r at each rung's start, and the summed-loss control
-  decompose SPEC 9.8: where SOMA's lead comes from: sharding under SPSA and backprop, random
-          shards, the summed loss, one expert alone, with matched-loss speed-ups
-  narrow  SPEC 9.8: sharding or a narrower model: SOMA N = 2 against one expert of its width
-          and the monolith as the budget grows to 16x decompose's, every seed its own start
-  fig7    the paper's Figures 7, 8 and 14: SOMA's validation loss against time as N
-          (fixed-width experts), n_pert and the effective batch B grow; which N is lowest
-          under a total and a per-expert budget
-  fig13   the paper's Figure 13 with Tables 10 and 11: SOMA N = 8 with n_pert x B fixed,
-          split three ways, curves, estimated losses at three budgets, test after equal ops
-  fig15   the paper's Figure 15 with Tables 12 and 13: the monolith and SOMA N = 2, 8, 32 of
-          equal total size, test loss against inference cost (complete warm inference
-          including routing, its fastest batch; operations of the selected experts)
-  fig9    the paper's Figure 9 (ablations): semantic vs random shards, warm vs cold start,
-          and the head (own delta-rule heads, the seed's frozen shared head, a frozen random
-          head), SOMA N = 2 of width 32, means and standard errors over seeds per checkpoint
-  fig16   the paper's Figure 16: top-k routing, k = 1 .. N, on saved SOMA ensembles (N = 8
-          and 32 at size=cpu), the gain captured at k = 4
-  fig17   the paper's Figure 17: every pair of experts of Figure 16's ensembles averaged,
-          loss reduction against error similarity (shared token difficulty removed)
-  table5  the paper's Table 5: SOMA against BPTT at N = 1, 2, 8 of equal total size, ensemble
-          validation at three fractions of one operations budget
-  table8  the paper's Table 8: the experts variance study's jax.grad references against an
-          independent batch of the same size per N, at init and trained: cosine distance
-          and what each variance value changes by
-  table9  the paper's Table 9: Table 4's SOMA and monolith rows, each final checkpoint
-          chosen first, scored frozen on a corpus nobody trained on (WikiText-103 raw, or
-          any SOURCE: the man pages by default), with the in-domain test beside it
-  table3  the paper's Table 3: Figure 7's largest N (its checkpoint after the sweep's
-          updates) and one expert alone, each seed's training compute by the paper's
-          conventions (recorded step times, the physical total, a fixed per-expert rate)
-  table6  the paper's Table 6: lr and initial eps sensitivity of the monolith and SOMA N = 2
-          at equal compute, the paper's five cells, mean +- sd over seeds
-  spsa15  issue 56: SOMA N = 2 and the monolith, each by SPSA and by 1.5-SPSA (method=soma15)
-          at equal operations, alpha chosen on one seed; does 1.5-SPSA help SOMA, the
-          monolith more, and does SOMA against the monolith keep its sign
+Each study is one module of soma_jax/studies/ and one line of STUDIES below; what each is, is
+the first paragraph of its module's docstring (`listing`: python experiments/compare.py --list).
 
 Every row continues its architecture's own seed run, optimizer state included (`protocol`,
 SPEC 9.6); every study field and run config is checked before anything trains

@@ -1,7 +1,7 @@
 """The one driver of the studies (`base.Study`): start, the plan's checks, sizing, the data
 sets, the seed runs, each stage's runs through the executor, the study's measure, results.json,
-table.md and figures. Only `run`, `measured` and `checked` take a raw config (the study's
-`check` reads it once into its typed grid)."""
+table.md and figures. Only `run` and `checked` take a raw config (the study's `check` reads it
+once into its typed grid; everything after holds the plan and the grid)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def preparing(study: base.Study, grid, plan: planning.StudyPlan, out: str,
   ops = planning.check_equal_ops(specs, study.ops_tolerance(grid, plan), plan.unit)
   data = (one_dir(plan, specs, out, scorers) if study.data is None
           else study.data(grid, plan, specs, out))
-  jobs, records = training.seed_stage(plan, methods, data.dirs[data.seeds], out,
+  jobs, records = training.seed_stage(plan, specs, data.dirs[data.seeds], out,
                                       data.sets[data.seeds][0], checkpoints)
   seeds = records((yield jobs))
   return base.Setup(plan, methods, specs, ops, data.dirs[data.main], data.sets[data.main],
@@ -79,12 +79,11 @@ def checked(study: base.Study, config: ml_collections.ConfigDict):
   return plan, study.check(plan, config)
 
 
-def measured(study: base.Study, config: ml_collections.ConfigDict, out: str, executor=None,
+def measured(study: base.Study, plan: planning.StudyPlan | None, grid, out: str, executor=None,
              scorers: tuple[eval_lib.TestSet, eval_lib.TestSet] | None = None
              ) -> tuple[base.Setup, dict]:
-  """The study's checks, setup and stages into OUT; (setup, the study's measured fields with
-  its `budget`)."""
-  plan, grid = checked(study, config)  # every field, and every run resolved, before data
+  """The checked study's setup and stages into OUT (`plan` and `grid` from `checked`); (setup,
+  the study's measured fields with its `budget`)."""
   os.makedirs(out, exist_ok=True)
   ready = (setup(study, grid, plan, out, executor, scorers) if study.setup is None
            else study.setup(grid, plan, out, executor))
@@ -100,7 +99,8 @@ def run(study: base.Study, config: ml_collections.ConfigDict, out: str, command:
   `scorers` = (validation, test) replaces the data dir's own (tests)."""
   begun = results.started(executor)
   os.makedirs(out, exist_ok=True)
-  ready, fields = measured(study, config, out, executor, scorers)
+  plan, grid = checked(study, config)  # every field, and every run resolved, before data
+  ready, fields = measured(study, plan, grid, out, executor, scorers)
   if len(ready.data.dirs) > 1:  # a study whose rows differ in N: each N's data dir
     fields["data_dirs"] = {n: planning.shown(d, out) for n, d in ready.data.dirs.items()}
   payload = (results.results(config.study, study.spec, ready.plan, command, begun,

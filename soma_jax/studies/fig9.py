@@ -227,7 +227,7 @@ def setup(study: Ablation, plan: planning.StudyPlan, out: str, executor=None) ->
     data.dirs["random"] = random_dir(study, out)
     data.sets["random"] = datasets.random_sets(
         plan.eval, data.dirs["random"], [s.seq_len for s in study.specs.values()], scored[n])
-  warm = {n: c for n, c in study.methods.items() if n not in study.cold}
+  warm = {n: s for n, s in study.specs.items() if n not in study.cold}
   seeds = training.train_seeds(plan, warm, dirs[1], out, scored[1][0], executor)
   return base.Setup(plan, study.methods, study.specs, {}, data.dirs[data.main],
                     data.sets[data.main], seeds, out, data)

@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from soma_jax import checkpoint as ckpt_lib
 from soma_jax import evaluate as eval_lib
 from soma_jax import runs, train_state
 from soma_jax import spec as spec_lib
@@ -41,7 +40,7 @@ from soma_jax.data import pipeline
 from soma_jax.errors import UserError
 from soma_jax.loop import Loop
 from soma_jax.methods import Method
-from soma_jax.studies import datasets, report, results, variance
+from soma_jax.studies import datasets, report, results, variance, variance_settings
 from soma_jax.studies.independent_data import FixedSample, doc_means, test_losses
 
 VARIANTS = ("independent", "summed")
@@ -71,8 +70,8 @@ def parse_experts(spec: str) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """The study's fields, checked once (`settings`). `seed_run`, `ensemble_run` and
-  `variance` stay configs: the training runs and the variance study they are built into."""
+  """The study's fields, checked once (`check`). `seed_run` and `ensemble_run` stay configs:
+  the training runs they are built into; `variance` is the variance study's settings."""
   experts: tuple[int, ...]
   steps: int
   lr: float
@@ -91,11 +90,12 @@ class Settings:
   init_from: str
   seed_run: ml_collections.ConfigDict
   ensemble_run: ml_collections.ConfigDict
-  variance: ml_collections.ConfigDict
+  variance: variance_settings.VarianceSpec  # on the continued experts' data: `_variance_spec`
 
 
-def settings(config: ml_collections.ConfigDict) -> Settings:
-  """The study config's fields, checked."""
+def check(config: ml_collections.ConfigDict) -> Settings:
+  """The study config's fields, checked and typed once: the study's one door (`run` and
+  everything below it hold the Settings)."""
   if config.num_seeds < 1:
     raise UserError(f"num_seeds={config.num_seeds} must be >= 1")
   if config.steps < 1 or config.lr <= 0 or config.eps <= 0:
@@ -106,8 +106,8 @@ def settings(config: ml_collections.ConfigDict) -> Settings:
       tuple(range(config.seed, config.seed + config.num_seeds)), sp.n_pert, sp.batch, sp.probe,
       sp.pert_chunk, config.seq_len, config.sample_windows, config.sample_seed,
       config.test_windows, config.bootstrap_draws, config.data_dir, config.init_from,
-      *(ml_collections.ConfigDict(config[k].to_dict())
-        for k in ("seed_run", "ensemble_run", "variance")))
+      *(ml_collections.ConfigDict(config[k].to_dict()) for k in ("seed_run", "ensemble_run")),
+      variance_settings.variance_spec(ml_collections.ConfigDict(config.variance.to_dict())))
 
 
 def ensemble_workdir(st: Settings, out: str) -> str:
@@ -199,11 +199,11 @@ def train_variant(start: train_state.TrainState, method: Method, ids: jax.Array,
   return curve, last, loop.state, time.perf_counter() - t0
 
 
-def variance_at(vc: ml_collections.ConfigDict, state: train_state.TrainState) -> dict:
+def variance_at(vs: variance_settings.VarianceSpec, state: train_state.TrainState) -> dict:
   """The shared-vs-separate study on `state`'s four experts, each on its own shard's
-  expert-validation windows (`vc.expert_shards`); the study's ratios, its points, and
+  expert-validation windows (`vs.expert_shards`); the study's ratios, its points, and
   its probe and data record."""
-  res = variance.run_study(vc, (state.body, state.head))
+  res = variance.run_study(vs, (state.body, state.head))
   print(f"[independent_vs_summed] shared-vs-separate variance: "
         f"{res['ratio_separate_vs_shared']:.2f}x in {res['seconds']:.0f} s", flush=True)
   keys = ("ratio_separate_vs_shared", "ratio_separate_vs_shared_se", "ratio_by_grouping",
@@ -226,11 +226,10 @@ def _seed_result(curves: dict, final: dict, doc_ids: np.ndarray, draws: int, see
           "docs_independent_lower": int(np.sum(docs > 0)), "num_docs": int(docs.size)}
 
 
-def run(config: ml_collections.ConfigDict, out: str) -> dict:
-  """Every seed, both variants, the variance at every state; writes results.json,
-  curves.csv and figure4.png in `out`."""
+def run(st: Settings, out: str) -> dict:
+  """Every seed, both variants, the variance at every state of the checked settings `st`
+  (`check`); writes results.json, curves.csv and figure4.png in `out`."""
   os.makedirs(out, exist_ok=True)
-  st = settings(config)
   ids = st.experts
   workdir = ensemble_workdir(st, out)
   ckpt_step, start, run = continuation_start(workdir, ids, st.lr, st.eps)
@@ -242,12 +241,12 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
     windows, doc_ids = windows[:st.test_windows], doc_ids[:st.test_windows]
   shared = bool(run.shared_head)
   score = lambda s: test_losses(s.body, s.head, windows, shared)  # noqa: E731
-  vc = _variance_config(st.variance, data_dir, ids)
+  vs = _variance_spec(st.variance, data_dir, ids)
   checkpoints, seeds = _checkpoints(st.steps), list(st.seeds)
   per_seed, variances = {}, {}
   expert_ids = jnp.asarray(ids, jnp.int32)
   with jax.enable_x64(True):
-    variances["start"] = variance_at(vc, start)
+    variances["start"] = variance_at(vs, start)
     for seed in seeds:
       curves, final = {}, {}
       for variant in VARIANTS:
@@ -255,26 +254,24 @@ def run(config: ml_collections.ConfigDict, out: str) -> dict:
         curves[variant], final[variant], end, secs = train_variant(
             start, method, expert_ids, sample.batches(seed, st.batch),
             st.steps, checkpoints, score)
-        variances[f"seed{seed}/{variant}"] = variance_at(vc, end)
+        variances[f"seed{seed}/{variant}"] = variance_at(vs, end)
         print(f"[independent_vs_summed] seed {seed} {variant}: {st.steps} updates in "
               f"{secs:.0f} s, test {curves[variant][-1]['test_nats_per_byte']:.4f} nats/byte",
               flush=True)
       per_seed[seed] = _seed_result(curves, final, doc_ids, st.bootstrap_draws, seed)
   payload = _payload(st, out, workdir, ckpt_step, run, data_dir, seeds, checkpoints,
-                     per_seed, variances, windows.shape[0], vc)
+                     per_seed, variances, windows.shape[0], vs)
   results.dump_json(os.path.join(out, "results.json"), payload)
   _write_csv(payload, os.path.join(out, "curves.csv"))
   _plot(payload, os.path.join(out, "figure4.png"))
   return payload
 
 
-def _variance_config(study_variance, data_dir: str, ids) -> ml_collections.ConfigDict:
-  """The variance study's config: `variance` on this data, over the continued experts."""
-  vc = ml_collections.ConfigDict(study_variance.to_dict())
-  vc.study = "shared_vs_separate"
-  vc.data_dir = data_dir
-  vc.expert_shards = ",".join(map(str, ids))
-  return vc
+def _variance_spec(vs: variance_settings.VarianceSpec, data_dir: str, ids
+                   ) -> variance_settings.VarianceSpec:
+  """The variance study's settings: `variance` on this data, over the continued experts."""
+  return variance_settings.with_changes(vs, study="shared_vs_separate", data_dir=data_dir,
+                                        expert_shards=",".join(map(str, ids)))
 
 
 def _paired(per_seed: dict, seeds: list[int], checkpoints: list[int]) -> list[dict]:
@@ -289,11 +286,11 @@ def _paired(per_seed: dict, seeds: list[int], checkpoints: list[int]) -> list[di
 
 
 def _payload(st: Settings, out, workdir, ckpt_step, run, data_dir, seeds, checkpoints, per_seed,
-             variances, num_windows, vc) -> dict:
+             variances, num_windows, vs: variance_settings.VarianceSpec) -> dict:
   payload = {
       "init_from": _shown(workdir, out), "init_step": ckpt_step,
-      "ensemble_run": _run_summary(run.config), "experts": list(st.experts),
-      "seed_run": (_run_summary(ckpt_lib.read_config(run.init_from))
+      "ensemble_run": _run_summary(run), "experts": list(st.experts),
+      "seed_run": (_run_summary(runs.read_spec(run.init_from))
                    if run.init_from and os.path.isdir(run.init_from) else None),
       "n_experts": NUM_EXPERTS, "d_t": run.config.model.d_t, "shared_head": run.shared_head,
       "n_pert": st.n_pert, "batch": st.batch, "probe": st.probe,
@@ -306,7 +303,7 @@ def _payload(st: Settings, out, workdir, ckpt_step, run, data_dir, seeds, checkp
       "difference": "summed - independent (test nats/byte; positive: independent is better)",
       "paired": _paired(per_seed, seeds, checkpoints),
       "runs": {str(s): r for s, r in per_seed.items()},
-      "variance": {"config": vc.to_dict(), "states": variances},
+      "variance": {"config": vs.config.to_dict(), "states": variances},
   }
   payload["summary"] = summarise(payload)
   return payload
@@ -336,13 +333,12 @@ def _shown(path: str, out: str) -> str:
   return path if rel.startswith("..") else os.path.join("OUT", rel)
 
 
-def _run_summary(saved: ml_collections.ConfigDict) -> dict:
-  """A training run's recipe, from its saved config.json."""
-  c = saved
-  return {"n_experts": c.n_experts, "d_t": c.model.d_t, "steps": c.steps, "lr": c.opt.lr,
-          "eps": c.spsa.eps, "n_pert": c.spsa.n_pert, "batch": c.spsa.batch,
-          "seq_len": c.data.seq_len, "train_head": c.opt.train_head,
-          "shared_head": c.model.shared_head}
+def _run_summary(run: spec_lib.RunSpec) -> dict:
+  """A training run's recipe, from its resolved spec (its width and directions as its
+  config.json records them)."""
+  return {"n_experts": run.n_experts, "d_t": run.config.model.d_t, "steps": run.cadence.steps,
+          "lr": run.lr, "eps": run.eps, "n_pert": run.config.spsa.n_pert, "batch": run.batch,
+          "seq_len": run.seq_len, "train_head": run.train_head, "shared_head": run.shared_head}
 
 
 def _write_csv(payload: dict, path: str) -> None:

@@ -319,33 +319,35 @@ def shown(path: str, out: str) -> str:
   return path if rel.startswith("..") else rel
 
 
-def seed_configs(config: ml_collections.ConfigDict, cfgs: dict[str, ml_collections.ConfigDict]
+def seed_configs(plan: StudyPlan, specs: dict[str, spec_lib.RunSpec]
                  ) -> dict[str, ml_collections.ConfigDict]:
-  """Each seed run's config: its recipe (config.seed_runs) at the model of the methods
-  that start from it (config.start); those methods must share one model."""
-  out = {}
-  for name, seed_c in config.seed_runs.items():
-    users = [m for m in cfgs if config.start[m] == name]
+  """Each seed run's config: its recipe (the config's seed_runs) at the model of the methods
+  that start from it (plan.start; `specs`: each method resolved, its model as its config
+  records it); those methods must share one model."""
+  out, seed_recipes = {}, plan.config.seed_runs
+  for name, seed_c in seed_recipes.items():
+    users = [m for m in specs if plan.start[m] == name]
     if not users:
       continue
-    models = {(cfgs[m].model.d_t, cfgs[m].model.d_e, cfgs[m].model.depth,
-               resolved(cfgs[m]).method.family) for m in users}
-    if len(models) > 1:
+    shapes = {m: (specs[m].config.model.d_t, specs[m].config.model.d_e,
+                  specs[m].config.model.depth, specs[m].method.family) for m in users}
+    if len(set(shapes.values())) > 1:
       raise UserError(f"methods {', '.join(users)} start from seed {name!r} but differ in "
                       "model size; fix: give each size its own seed run in config.start")
     s = ml_collections.ConfigDict(seed_c.to_dict())
-    ref = cfgs[users[0]]
-    s.model.update(d_t=ref.model.d_t, d_e=ref.model.d_e, depth=ref.model.depth)
-    if resolved(s).method.family != resolved(ref).method.family:
+    ref = specs[users[0]]
+    m = ref.config.model
+    s.model.update(d_t=m.d_t, d_e=m.d_e, depth=m.depth)
+    if resolved(s).method.family != ref.method.family:
       raise UserError(f"seed {name!r} is method={s.method} but {users[0]} is method="
-                      f"{ref.method}: a GRU seeds a GRU, an LSTM an LSTM")
+                      f"{ref.method.name}: a GRU seeds a GRU, an LSTM an LSTM")
     if s.n_experts != 1:
       raise UserError(f"seed_runs.{name}.n_experts={s.n_experts}; a seed is one model (SPEC 3.4)")
     out[name] = s
-  for m in cfgs:
-    if config.start.get(m) not in out:
-      raise UserError(f"start.{m}={config.start.get(m)!r} is not a seed run; have "
-                      f"{', '.join(config.seed_runs.keys())}")
+  for m in specs:
+    if plan.start.get(m) not in out:
+      raise UserError(f"start.{m}={plan.start.get(m)!r} is not a seed run; have "
+                      f"{', '.join(seed_recipes.keys())}")
   return out
 
 

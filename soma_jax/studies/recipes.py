@@ -153,7 +153,7 @@ def _finish(c: ml_collections.ConfigDict, size: str, match: dict, fresh: tuple,
   # step counter: BPTT, whose gradients are about d / n times smaller per coordinate than
   # SPSA's estimates, so the SPSA seed's second moments would damp its first updates ~100x.
   c.fresh_optimizer = fresh
-  c.seed_runs = seed_runs(size, c.base_lr, c.methods.eggroll if gru else None)
+  c.seed_runs = seed_runs(size, c.base_lr, gru)
   return c
 
 
@@ -187,19 +187,25 @@ def allocation(study: str, size: str, search: bool = True, controls: bool = True
                  gru=True)
 
 
-def _controls(size: str, lr: float) -> dict:
-  """Table 4's rows beside SOMA and the monoliths: EGGROLL, BPTT, two controls, as
-  {name: (training config, what it is, the seed run it starts from)}."""
-  cpu = size == "cpu"
+def eggroll(size: str) -> ml_collections.ConfigDict:
+  """Table 4's EGGROLL row at the study's scale (its GRU seed run is the same recipe)."""
   egg = method("eggroll.py", f"n=1,size={size}")
   egg.opt.lr = 0.01  # ES on a GRU: larger steps (the paper's recorded lr alpha = 0.01)
-  if cpu:
+  if size == "cpu":
     egg.eggroll.update(pop=32, pop_chunk=32)  # 128 members ran 1 update/s here
     # sigma 2^-3: what the recorded run (docs/results/compare_table4_cpu.json) took from
     # eggroll.py's cpu preset before its sweep (population 8,192, not 32) moved it to 0.25
     egg.eggroll.sigma = 2**-3
     egg.spsa.batch, egg.data.seq_len = 4, 256  # SOMA's windows
     egg.data.val_windows = 16
+  return egg
+
+
+def _controls(size: str, lr: float) -> dict:
+  """Table 4's rows beside SOMA and the monoliths: EGGROLL, BPTT, two controls, as
+  {name: (training config, what it is, the seed run it starts from)}."""
+  cpu = size == "cpu"
+  egg = eggroll(size)
   bptt = method("bptt.py", f"n=1,size={size}")  # backprop + Adam at bptt.py's lr
   if cpu:
     bptt.model.shared_head = False
@@ -227,24 +233,24 @@ def seed_run(size: str, lr: float) -> ml_collections.ConfigDict:
   return seed
 
 
-def seed_runs(size: str, lr: float, gru: ml_collections.ConfigDict | None = None
-              ) -> ml_collections.ConfigDict:
+def seed_runs(size: str, lr: float, gru: bool = False) -> ml_collections.ConfigDict:
   """Seed runs (SPEC 3.4 step 1): one per architecture, each for seed_updates updates; their
-  width comes from the methods that start from them (`gru`: EGGROLL's, Table 4's)."""
+  width comes from the methods that start from them (`gru`: EGGROLL's GRU, Table 4's)."""
   seed = seed_run(size, lr)
   runs = ml_collections.ConfigDict()
   runs.soma_expert = seed  # N = 1 at the width of one SOMA expert
   runs.monolith = copy(seed)  # at the monolith's width
-  if gru is not None:
-    runs.gru = copy(gru)  # EGGROLL's GRU
+  if gru:
+    runs.gru = copy(eggroll(size))  # EGGROLL's recipe (`eggroll`)
   return runs
 
 
-def rows(c: ml_collections.ConfigDict, table: dict) -> None:
-  """c.methods, c.rows and c.start from {name: (training config, what it is, seed run)}."""
+def rows(c: ml_collections.ConfigDict, table: dict) -> ml_collections.ConfigDict:
+  """c.methods, c.rows and c.start from {name: (training config, what it is, seed run)}; c."""
   c.methods, c.rows, c.start = (ml_collections.ConfigDict() for _ in range(3))
   for name, (cfg, what, seed) in table.items():
     c.methods[name], c.rows[name], c.start[name] = cfg, what, seed
+  return c
 
 
 def paper_study(arg: str | None, **defaults) -> tuple[ml_collections.ConfigDict, dict]:

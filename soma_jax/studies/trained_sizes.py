@@ -50,12 +50,11 @@ def run_config(vs: variance_settings.VarianceSpec, n: int, data_dir: str) -> ml_
   return run
 
 
-def train_all(spec: variance_settings.VarianceSpec | ml_collections.ConfigDict, out: str) -> dict[int, str]:
-  """Prepares the data and trains (or resumes, or reuses) every N's run of `spec` (a
-  `variance_settings.VarianceSpec`, or the config `variance_settings.variance_spec` reads); {N: workdir}."""
+def train_all(vs: variance_settings.VarianceSpec, out: str) -> dict[int, str]:
+  """Prepares the data and trains (or resumes, or reuses) every N's run of `vs`
+  (`variance_settings.variance_spec` of its config); {N: workdir}."""
   from soma_jax.data import prepare
 
-  vs = spec if isinstance(spec, variance_settings.VarianceSpec) else variance_settings.variance_spec(spec)
   done = {}
   for n in vs.n_list:
     data_dir = os.path.join(out, f"data_n{n}")

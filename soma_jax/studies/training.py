@@ -19,19 +19,20 @@ from soma_jax.studies import planning, results, scores
 
 def check_runs(plan: planning.StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
                by_updates: Iterable[str] | None = None) -> dict[str, spec_lib.RunSpec]:
-  """Every run the study trains resolved before any trains (each seed run, each method as
-  `budgeted` at the first seed), its errors named as the study's fields; an ops budget the
-  step cap cuts off, refused (the cheapest row needs the most updates). `by_updates`: the
-  methods that run to the reference's updates, not the budget (plan.match_updates)."""
+  """Every run the study trains resolved before any trains (each method as `budgeted` at the
+  first seed, then each seed run at its methods' model), its errors named as the study's
+  fields; an ops budget the step cap cuts off, refused (the cheapest row needs the most
+  updates). `by_updates`: the methods that run to the reference's updates, not the budget
+  (plan.match_updates). The methods' specs, which `seed_stage` builds the seed runs from."""
   by_updates, unit = plan.match_updates if by_updates is None else by_updates, plan.unit
-  for name, s in planning.seed_configs(plan.config, cfgs).items():  # each seed's: `check_plan`
-    budgeted(s, plan.data_dir, plan.seed_run_seed, None, "updates", plan.seed_updates, 1,
-             f"seed_runs.{name}.")
   specs = {}
   for name, c in cfgs.items():
     u, amount = ("updates", 1) if name in by_updates else (unit, plan.budget)
     specs[name] = budgeted(c, plan.data_dir, plan.seeds[0], None, u, amount,
                            plan.curve_points, f"methods.{name}.")
+  for name, s in planning.seed_configs(plan, specs).items():  # each seed's: `check_plan`
+    budgeted(s, plan.data_dir, plan.seed_run_seed, None, "updates", plan.seed_updates, 1,
+             f"seed_runs.{name}.")
   if unit != "ops":
     return specs
   rows = {n: s.total_ops_per_update for n, s in specs.items() if n not in by_updates}
@@ -115,30 +116,32 @@ def start_step(spec: spec_lib.RunSpec, start: dict) -> int:
   return int(start["step"]) if spec.init_state else 0
 
 
-def seed_stage(plan: planning.StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
+def seed_stage(plan: planning.StudyPlan, specs: dict[str, spec_lib.RunSpec],
                data_dir: str, out: str, val: eval_lib.TestSet, checkpoints: int = 1):
   """`train_seeds` as a stage a study yields: (the seed runs' jobs, a function of their wall
-  seconds that returns their records). plan.own_starts: each optimisation seed s trains seed
-  runs of its own at seed_run_seed + s in OUT/seeds/seedS/NAME (one stage), so where a start
-  lands enters every interval (SPEC 9.8), and the records are {"seedS": {name: record}}."""
+  seconds that returns their records); the seed runs of the methods `specs` (`check_runs`),
+  each at its methods' model (`planning.seed_configs`). plan.own_starts: each optimisation
+  seed s trains seed runs of its own at seed_run_seed + s in OUT/seeds/seedS/NAME (one
+  stage), so where a start lands enters every interval (SPEC 9.8), and the records are
+  {"seedS": {name: record}}."""
   where = ({s: (plan.seed_run_seed + s, os.path.join(out, "seeds", f"seed{s}"))
             for s in plan.seeds} if plan.own_starts
            else {None: (plan.seed_run_seed, os.path.join(out, "seeds"))})
-  jobs, records = _seed_stage(plan, planning.seed_configs(plan.config, cfgs), data_dir, val,
+  jobs, records = _seed_stage(plan, planning.seed_configs(plan, specs), data_dir, val,
                               checkpoints, where, out)
   if plan.own_starts:
     return jobs, lambda walls: {f"seed{s}": r for s, r in records(walls).items()}
   return jobs, lambda walls: records(walls)[None]
 
 
-def train_seeds(plan: planning.StudyPlan, cfgs: dict[str, ml_collections.ConfigDict],
+def train_seeds(plan: planning.StudyPlan, specs: dict[str, spec_lib.RunSpec],
                 data_dir: str, out: str, val: eval_lib.TestSet, executor=None,
                 checkpoints: int = 1) -> dict[str, dict]:
   """Trains every seed run for `seed_updates` updates at `seed_run_seed` in OUT/seeds/NAME
   (one stage: `train_all` with `executor`; a checkpoint after each 1/`checkpoints` of it);
   their cost, apart, and their final loss on the study's ensemble-validation set `val`
   (`_spec`: the seed run's RunSpec). plan.own_starts: each seed's own (`seed_stage`)."""
-  jobs, records = seed_stage(plan, cfgs, data_dir, out, val, checkpoints)
+  jobs, records = seed_stage(plan, specs, data_dir, out, val, checkpoints)
   return records(train_all(jobs, executor))
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from soma_jax import config as config_lib
@@ -22,7 +21,7 @@ from soma_jax import model as model_lib
 from soma_jax import sizing, spsa, train_state
 from soma_jax import spec as spec_lib
 from soma_jax.loop import Loop
-from soma_jax.studies.variance_settings import Trained, VarianceSpec, sized_model, variance_spec
+from soma_jax.studies.variance_settings import Trained, VarianceSpec, sized_model
 from soma_jax.studies.variance_windows import disjoint_windows, expert_windows
 from soma_jax.variance_measure import (
   block_errors,
@@ -388,10 +387,9 @@ STUDIES = {"shared_vs_separate": study_shared_vs_separate, "n_pert": study_n_per
            "experts": study_experts, "batch": study_batch, "reference": study_reference}
 
 
-def run_study(spec: VarianceSpec | ml_collections.ConfigDict, params=None) -> dict:
-  """Runs the study of `spec` (a `VarianceSpec`, or the config `variance_spec` reads); returns
-  its JSON-ready result with the config and run time."""
-  vs = spec if isinstance(spec, VarianceSpec) else variance_spec(spec)
+def run_study(vs: VarianceSpec, params=None) -> dict:
+  """Runs the study of `vs` (`variance_spec` of its config); returns its JSON-ready result
+  with the config and run time."""
   t0 = time.perf_counter()
   out = STUDIES[vs.study](vs, params)
   out.update(study=vs.study, seconds=time.perf_counter() - t0, x64=bool(jax.config.jax_enable_x64),
