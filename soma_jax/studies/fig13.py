@@ -70,7 +70,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.curve_points = 4
   c.match_params = False
   c.table10_fractions = (0.25, 0.5, 1.0)  # of the final operations (the paper: 2, 4, 8e18)
-  recipes.corpus(c)
+  c.update(recipes.corpus())
   n = 8 if cpu else 2
   # (n_pert, windows per batch, accumulated batches): the paper's (64, 1024), (256, 256),
   # (1024, 64) over 16, here n_pert x B = 256 (tiny: 8); B above the base by accumulation
@@ -119,7 +119,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Alloca
   fractions = planning.check_fractions(config, "table10_fractions", "(0.25, 0.5, 1.0)")
   planning.check_source(config)
   return Allocations(names, ns.pop(), fractions, config.source,
-                     recipes.prepare_of(config))
+                     recipes.settings(config.get("prepare")))
 
 
 def stages(alloc: Allocations, ready: base.Setup) -> base.Stages:

@@ -76,7 +76,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.budget = 150.0 if cpu else 3.0
   c.curve_points = 1  # each row's end is what the figure reads (start and end on validation)
   c.params_tolerance = 0.02 if cpu else 0.1  # |params - reference's| / reference's (tiny: 5.2%)
-  recipes.corpus(c)
+  c.update(recipes.corpus())
   c.inference = ml_collections.ConfigDict()  # complete warm inference (soma_jax/inference.py)
   c.inference.batches = (8, 32, 128) if cpu else (2, 8)  # requests per batch; the fastest wins
   c.inference.repeats = 7  # timed batches after the warm-up; medians (the paper's seven)
@@ -146,7 +146,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Rows:
   check_sizes({n: s.method.ensemble_params for n, s in specs.items()}, plan.reference,
               config.params_tolerance)
   return Rows(plan, {name: methods[name] for name in ns}, ns, batches,  # rows by growing N
-              config.inference.repeats, config.source, recipes.prepare_of(config))
+              config.inference.repeats, config.source, recipes.settings(config.get("prepare")))
 
 
 def check_sizes(params: dict, reference: str, tolerance: float) -> None:

@@ -74,7 +74,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.curve_points = 1  # the final checkpoint is the saved ensemble the figure scores
   c.ops_tolerance = 1.0  # the ensembles differ in cost per update (N)
   c.match_params = False  # fixed-width experts: more experts, more parameters
-  recipes.corpus(c)
+  c.update(recipes.corpus())
   # the figure's dashed line (the paper's top-4 routing), in 1..N of every ensemble
   c.mark_k = 4 if cpu else 2
   n_list = (8, 32) if cpu else (2, 6)  # the paper's 8 and 256
@@ -147,7 +147,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Ensemb
   planning.check_source(config)
   settings = json.loads(json.dumps({k: _plain(config[k]) for k in SETTINGS}))
   return Ensembles(plan, names, ns, config.mark_k, config.source,
-                   recipes.prepare_of(config),
+                   recipes.settings(config.get("prepare")),
                    tuple(int(config.methods[n].data.seq_len) for n in names), settings)
 
 

@@ -86,7 +86,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.curve_points = 5 if cpu else 2  # checkpoints along each curve
   c.ops_tolerance = 1.0  # the settings differ in cost per update: that is the sweep
   c.match_params = False  # fixed-width experts: more experts, more parameters
-  recipes.corpus(c)
+  c.update(recipes.corpus())
   base = lambda n: recipes.recipe("soma.py", f"n={n},size={size}", size, c.base_lr)
   n_list = (1, 2, 8, 32) if cpu else (1, 2, 4)  # the paper's 1, 2, 8, 32, 256
   panel_n = 8 if cpu else 2  # the n_pert and batch panels' N (the paper's 8)
@@ -165,7 +165,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Sweep:
     if values != sorted(set(values)):
       raise UserError(f"panels.{panel}: its settings {values} must grow strictly along the panel")
     panels[panel] = tuple(names)
-  return Sweep(plan, panels, config.source, recipes.prepare_of(config))
+  return Sweep(plan, panels, config.source, recipes.settings(config.get("prepare")))
 
 
 def check_setting(c: ml_collections.ConfigDict, panel: str) -> int:

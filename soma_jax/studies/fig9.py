@@ -97,7 +97,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.budget = 1000.0 if cpu else 4.0  # updates per condition and seed
   c.curve_points = 4 if cpu else 2  # checkpoints scored: the figure's shown steps
   c.match_params = False  # one width: an ablation changes one factor, not the size
-  recipes.corpus(c)  # the semantic, random and N = 1 data dirs: this corpus under OUT
+  c.update(recipes.corpus())  # the semantic, random and N = 1 data dirs: this corpus under OUT
   c.data_dir_random = ""  # prepared with --assignment=random; "" = source's under OUT
   soma = c.methods.soma_n2  # own delta-rule heads (SPEC 3.2), this project's CPU default
   shared = recipes.copy(soma)
@@ -188,7 +188,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Ablati
   n_experts = one_architecture(specs)
   return Ablation(methods, {n: specs[n] for n in methods},
                   {n: config.rows.get(n, "") for n in methods}, panels, cold,
-                  dict(config.row_data), contrasts, source, recipes.prepare_of(config),
+                  dict(config.row_data), contrasts, source, recipes.settings(config.get("prepare")),
                   config.data_dir_random, n_experts)
 
 

@@ -260,12 +260,13 @@ def paper_study(arg: str | None, **defaults) -> tuple[ml_collections.ConfigDict,
   return pair(a["study"], a["size"], search=False), a
 
 
-def corpus(c: ml_collections.ConfigDict, source: str = "pystdlib") -> None:
-  """The corpus fields of a study whose rows differ in N: `source` and `prepare`."""
-  c.source = source  # each N's data dir is this corpus prepared into N shards under OUT
-  c.prepare = ml_collections.ConfigDict()  # prepare.prepare's keyword settings (tests)
+def corpus(source: str = "pystdlib") -> ml_collections.ConfigDict:
+  """The corpus fields of a study whose rows differ in N (`c.update(corpus())`): `source`, the
+  corpus each N's data dir is prepared from under OUT, and `prepare`, prepare.prepare's keyword
+  settings (tests)."""
+  return ml_collections.ConfigDict({"source": source, "prepare": ml_collections.ConfigDict()})
 
 
-def prepare_of(config: ml_collections.ConfigDict) -> dict:
-  """config.prepare as a dict (the keyword settings each N's data dir is prepared with)."""
-  return dict(config.get("prepare", {}).items())
+def settings(section) -> dict:
+  """A config section (e.g. `config.get("prepare")`) as a plain dict; None as {}."""
+  return dict((section or {}).items())

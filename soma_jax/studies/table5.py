@@ -62,7 +62,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the paper's three GPU-hour budgets are read as fractions of it.
   c.budget = 500.0 if cpu else 3.0
   c.budget_fractions = (0.5, 0.75, 1.0)  # the paper's 50 / 75 / 100 GPU-hours
-  recipes.corpus(c)
+  c.update(recipes.corpus())
   lr = c.base_lr
   seed = c.seed_runs.soma_expert
   c.methods, c.rows, c.start, c.seed_runs = (ml_collections.ConfigDict() for _ in range(4))
@@ -115,7 +115,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Grid:
   if sorted(set(pairs)) != pairs or any(
       sum(1 for n, _ in pairs if n == m) != 2 for m, _ in pairs):
     raise UserError(f"methods must hold one soma and one bptt row per N; have {rows}")
-  return Grid(rows, fractions, config.source, recipes.prepare_of(config))
+  return Grid(rows, fractions, config.source, recipes.settings(config.get("prepare")))
 
 
 def stages(grid: Grid, ready: base.Setup) -> base.Stages:
