@@ -15,11 +15,11 @@ import os
 import sys
 
 from soma_jax.errors import UserError, check_output
-from soma_jax.studies import paper_rows
+from soma_jax.studies import paper, paper_rows
 from soma_jax.studies.verdict import NO_VERDICT, NOT_COMPARABLE
 
-ROOT = paper_rows.r.ROOT
-RESULTS = paper_rows.r.RESULTS
+ROOT = paper.ROOT
+RESULTS = paper.RESULTS
 ROWS = paper_rows.ROWS
 FILES = ("README.md", os.path.join("docs", "reproducing.md"))
 FULL = ("<!-- paper-table: start -->", "<!-- paper-table: end -->")
@@ -32,15 +32,15 @@ def _cell(text: str) -> str:
 
 def _short_command(command: str) -> str:
   """`study=table4` for a compare.py study, else the script or module and its config."""
-  if command.startswith(paper_rows.COMPARE):
-    return f"`study={command[len(paper_rows.COMPARE):].split(',')[0]}`"
+  if command.startswith(paper.COMPARE):
+    return f"`study={command[len(paper.COMPARE):].split(',')[0]}`"
   words = command.split()
   config = next((w.split("configs/", 1)[1] for w in words if "configs/" in w), "")
   head = words[2] if words[1] == "-m" else os.path.basename(words[1])
   return f"`{config or head}`"
 
 
-def why(row: paper_rows.Row) -> str:
+def why(row: paper.Row) -> str:
   """The verdict cell of the full table: the verdict and what it reads, or why there is none."""
   v = row.verdict()
   if v == NOT_COMPARABLE:

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from scripts import paper_table
-from soma_jax.studies import paper_rows
+from soma_jax.studies import paper
 from soma_jax.studies import verdict as verdict_lib
 from soma_jax.studies.verdict import Interval
 
@@ -29,7 +29,7 @@ def test_every_measured_row_reads_a_committed_json():
       for s in r.sources:
         assert os.path.isfile(os.path.join(paper_table.RESULTS, f"{s}.json")), (r.item, s)
     else:
-      assert r.ours.startswith(paper_rows.NOT_YET) and not r.sources, r.item
+      assert r.ours.startswith(paper.NOT_YET) and not r.sources, r.item
       assert re.search(r"issue \d+|needs", r.ours), r.item  # says what will run it
 
 

@@ -2,7 +2,7 @@
 `GradientTransformation` and soma_jax.methods' `Method`), run by one driver (`driver.run`).
 
 A study says which runs it trains (`stages`), what it measures of them (`measure`, pure) and
-how it shows them (`table`, `plot`, `paper_row`); the driver owns everything else: the start,
+how it shows them (`table`, `plot`, `paper_rows`); the driver owns everything else: the start,
 the plan's checks, sizing, the data sets, the seed runs, each stage through the executor,
 results.json and table.md. `compare.STUDIES` maps each name to its Study, in one place.
 
@@ -21,7 +21,9 @@ results.json and table.md. `compare.STUDIES` maps each name to its Study, in one
                            fields (pure: no run is trained or read)
   table(payload)           table.md
   plot(payload, out)       its figures, before results.json is written (None: none)
-  paper_row(payload)       its row of the paper table (None: none)
+  paper_rows               its rows of the paper table (`paper.StudyRow`: each reads the
+                           study's committed JSON and is bound to the study's registered name
+                           by `paper_rows.ROWS`, which gives it its command; (): none)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any, NamedTuple
 
 from soma_jax import evaluate as eval_lib
 from soma_jax import spec as spec_lib
-from soma_jax.studies import planning
+from soma_jax.studies import paper, planning
 
 Job = tuple[spec_lib.RunSpec, str, str]  # a run to train: (its spec, its folder, what it is)
 Stages = Generator[list[Job], list[float], Any]
@@ -87,7 +89,8 @@ class Study(NamedTuple):
   # study's finished runs instead of training (fig17); None: the driver's (`driver.setup`).
   setup: Callable[..., Setup] | None = None
   plot: Callable[[dict, str], None] | None = None
-  paper_row: Callable[[dict], Any] | None = None
+  # Its rows of the paper table (docs/reproducing.md), readers of its committed JSON.
+  paper_rows: tuple[paper.StudyRow, ...] = ()
   # False: a study without the shared plan (methods, seed runs, budget: `planning.check_plan`;
   # table8): its `check` gets plan None and reads its own fields, its own `setup` gives a
   # Setup without plan, and its `measure` every results.json field beyond `results.common`.

@@ -48,7 +48,7 @@ from soma_jax.studies import (
   statistics,
   training,
 )
-from soma_jax.studies.fig15_report import PAPER, plot, table
+from soma_jax.studies.fig15_report import PAPER, PAPER_ROWS, plot, table
 
 PAPER_NS = (1, 2, 8, 256)  # the paper's rows; our largest N stands for its N = 256
 
@@ -262,4 +262,5 @@ def paper_rows(n_experts: dict) -> dict:
 STUDY = base.Study(spec="paper Figure 15 with Tables 12 and 13 (equal-size inference), scaled "
                         "down by SPEC 9.6", config=config, check=check, stages=stages,
                    measure=measure, table=table, data=driver.per_n(),
-                   plot=report.png(plot, "fig15.png"), ops_tolerance=base.any_ops)
+                   plot=report.png(plot, "fig15.png"), ops_tolerance=base.any_ops,
+                   paper_rows=PAPER_ROWS)

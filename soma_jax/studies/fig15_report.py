@@ -1,10 +1,11 @@
 """Figure 15 and Tables 12 and 13 of the paper (`PAPER`), and ours beside them (`fig15.py`'s
-table.md and fig15.png): test loss against inference cost for models of about equal total size.
+table.md and fig15.png): test loss against inference cost for models of about equal total size;
+and their rows of the paper table, read from the committed results.json (PAPER_ROWS).
 """
 
 from __future__ import annotations
 
-from soma_jax.studies import report, results
+from soma_jax.studies import paper, report, results
 
 PAPER = {
     "item": "Figure 15, Tables 12 and 13",
@@ -144,3 +145,46 @@ def table(p: dict) -> str:
                  f"[{lo:.4f}, {hi:.4f}] (start {r['start_test']['nats_per_byte']:.4f}) | "
                  f"{_paper13(paper_n.get(name))} |")
   return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ the paper table's rows
+
+def ours_figure15(d: dict) -> str:
+  m = d["measured"]  # ops per token count the routed experts, as the paper's
+  return "; ".join(f"N = {r['n_experts']}: test {r['test']['nats_per_byte']:.4f} at "
+                   f"{m['inference']['rows'][n]['ops_per_token'] / 1e6:.2f}M ops per token"
+                   for n, r in m["rows"].items()) + " (top-min(4, N), selected experts)"
+
+
+def ours_table12(d: dict) -> str:
+  t = d["measured"]["inference"]
+  names = {"mono": "monolith", "soma_n2": "N = 2", "soma_n8": "N = 8", "soma_n32": "N = 32"}
+  return "; ".join(f"{names.get(n, n)}: {r['fastest']['tokens_per_second'] / 1e6:.4f} M tokens/s "
+                   f"at batch {r['fastest']['batch']}" for n, r in t["rows"].items())
+
+
+def ours_table13(d: dict) -> str:
+  return "; ".join(f"N = {r['n_experts']} (width {r['d_t']}): {r['test']['nats_per_byte']:.4f}"
+                   f" after {r['updates']['mean']:.0f} updates"
+                   for r in d["measured"]["rows"].values()) + " (test, top-min(4, N))"
+
+
+PAPER_ROWS = (
+    paper.StudyRow(
+        "Figure 15", "inference cost against loss at equal total size", ours_figure15, "more "
+        "shards reduce inference cost; training progress changes the ranking", "1.06M params, N "
+        "up to 32 (paper 256), one seed, 3.2e12 operations per row",
+        brief="N = 32 cheapest per token", paper_brief="more shards cheaper",
+        no_verdict="one seed"),
+    paper.StudyRow(
+        "Table 12", "complete warm inference at the fastest batch", ours_table12, "0.555 / 0.468 "
+        "/ 0.257 / 2.36 M tokens/s (monolith, N = 2, 8, 256; one GPU)", "2 CPU cores; 192 scored "
+        "tokens per 257-byte request (paper 768 of 1,024)",
+        brief="N = 32 fastest, N = 2 and 8 below the monolith", paper_brief="N = 256 fastest",
+        no_verdict="one timing on one machine"),
+    paper.StudyRow(
+        "Table 13", "test loss and budgets of the inference comparison", ours_table13, "N = 8 "
+        "1.71; N = 256 1.75 and 1.68 (top-4)", "one budget in operations for every row (paper: "
+        "budgets differ per row)", brief="N = 8 lowest", paper_brief="N = 256 1.68",
+        no_verdict="one seed"),
+)

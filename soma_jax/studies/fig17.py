@@ -28,7 +28,7 @@ import numpy as np
 
 from soma_jax import evaluate as eval_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import base, driver, fig16, planning, recipes, report, results
+from soma_jax.studies import base, driver, fig16, paper, planning, recipes, report, results
 
 PAPER = {
     "item": "Figure 17",
@@ -219,6 +219,26 @@ def table(p: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def ours_figure17(d: dict) -> str:
+  ens = d["measured"]["ensembles"]
+  return "; ".join(f"N = {r['n_experts']}: {r['relation']['pairs']} pairs, correlation of "
+                   f"reduction with similarity {r['relation']['pearson']:+.2f}, smallest "
+                   f"reduction {r['min_loss_reduction']:.4f}" for r in ens.values())
+
+
+def brief_figure17(d: dict) -> str:
+  ens = d["measured"]["ensembles"].values()
+  return "correlation " + " and ".join(f"{e['relation']['pearson']:+.2f}" for e in ens)
+
+
+PAPER_ROWS = (paper.StudyRow(
+    "Figure 17", "pairs' error similarity against their averaging gain", ours_figure17,
+    "averaging helps more when experts err differently (~1,300 pairs per point, 749,568 tokens)",
+    "fig16's ensembles; 98,304 tokens per pair, 10 bins of about 6 (N = 8) and 99 (N = 32) pairs",
+    brief=brief_figure17, paper_brief="negative relation",
+    no_verdict="a correlation over pooled pairs, no interval",
+    flags=" --config.ensembles_from=runs/fig16_cpu"),)
+
 STUDY = base.Study(spec="paper Figure 17 (pairs of experts averaged), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
-                   plot=report.png(plot, "fig17.png"), setup=setup)
+                   plot=report.png(plot, "fig17.png"), setup=setup, paper_rows=PAPER_ROWS)

@@ -42,7 +42,13 @@ from soma_jax.studies import (
   statistics,
   training,
 )
-from soma_jax.studies.fig7_readouts import PANEL_KEYS, budget_map, lowest_at_compute, panel_readout
+from soma_jax.studies.fig7_readouts import (
+  PANEL_KEYS,
+  PAPER_ROWS,
+  budget_map,
+  lowest_at_compute,
+  panel_readout,
+)
 
 PAPER = {
     "item": "Figures 7, 8 and 14",
@@ -337,4 +343,5 @@ def table(p: dict) -> str:
 
 STUDY = base.Study(spec="paper Figures 7, 8 and 14 (App. M sweeps), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
-                   data=driver.per_n(), plot=figures, ops_tolerance=base.any_ops)
+                   data=driver.per_n(), plot=figures, ops_tolerance=base.any_ops,
+                   paper_rows=PAPER_ROWS)

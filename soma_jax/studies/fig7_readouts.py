@@ -1,11 +1,14 @@
 """Figures 7, 8 and 14's readouts (`fig7.py`), pure functions of the settings' scored curves:
 each panel's order (does the end loss fall with the setting), Figure 8's lowest N at equal
-aggregate compute, Figure 14's lowest-loss N under a total and a per-expert budget.
+aggregate compute, Figure 14's lowest-loss N under a total and a per-expert budget; and their
+rows of the paper table, read from the committed results.json (PAPER_ROWS).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from soma_jax.studies import paper
 
 PANEL_KEYS = {"experts": "n_experts", "n_pert": "n_pert", "batch": "batch"}
 
@@ -88,3 +91,78 @@ def budget_map(names: tuple, settings: dict, cells: int = 9) -> dict:
                  "device-seconds of training updates, log grids); each cell the N of the "
                  "lowest seed-mean validation loss among the experts panel's checkpoints with "
                  "total <= T and total / N <= P (None: no checkpoint fits)"}
+
+
+# ------------------------------------------------------------------ the paper table's rows
+
+def _panel(p: dict, panel: str) -> str:
+  r = p["measured"]["panels"][panel]
+  ends = ", ".join(f"{v}: {e:.3f}" for v, e in zip(r["values"], r["end_loss"], strict=True))
+  verdict = "falls" if r["falls_monotonically"] else "does not fall"
+  return (f"{r['axis']} {ends} (end validation; {verdict} monotonically, "
+          f"{r['seeds_falling_monotonically']} of {len(p['seeds'])} seeds)")
+
+
+def ours_figure7(p: dict) -> str:
+  return "; ".join(_panel(p, k) for k in ("experts", "n_pert", "batch"))
+
+
+def ours_figure8(d: dict) -> str:
+  p = d["measured"]
+  f8, r = p["figure8"], p["panels"]["experts"]
+  ends = ", ".join(
+      f"N = {v}: {e:.3f} at {p['settings'][n]['per_seed'][0]['curve'][-1]['device_seconds']:.3g} s"
+      for n, v, e in zip(r["methods"], r["values"], r["end_loss"], strict=True))
+  if not f8["lowest"]:
+    return f"end validation at aggregate device-seconds (seed 0): {ends}; the curves share no budget"
+  return f"{ends}; lowest N at shared budgets: {', '.join(f8['lowest'])}"
+
+
+def figure14_n1(f14: dict) -> tuple[list[float], int, bool]:
+  """Where Figure 14's map selects N = 1: the total budgets (device-s) of those columns, the
+  number of cells, and whether no other N has a checkpoint within those totals."""
+  cols = sorted({j for row in f14["lowest_n"] for j, n in enumerate(row) if n == 1})
+  totals = [f14["total_device_seconds"][j] for j in cols]
+  cells = sum(row[j] == 1 for row in f14["lowest_n"] for j in cols)
+  alone = not any(c["n_experts"] != 1 and c["total"] <= t for c in f14["checkpoints"]
+                  for t in totals)
+  return totals, cells, alone
+
+
+def ours_figure14(d: dict) -> str:
+  f14 = d["measured"]["figure14"]
+  chosen = sorted({n for row in f14["lowest_n"] for n in row if n is not None})
+  totals, cells, alone = figure14_n1(f14)
+  where = ("where no other N has a checkpoint within the total" if alone
+           else "where another N also has a checkpoint within the total")
+  return (f"N selected somewhere on the {len(f14['lowest_n'])} x {len(f14['lowest_n'][0])} "
+          f"budget map: {', '.join(map(str, chosen))} ({len(f14['checkpoints'])} checkpoints); "
+          f"N = 1 in {cells} cells, all in the {', '.join(f'{t:.2f}' for t in totals)} device-s "
+          f"column{'s' if len(totals) > 1 else ''}, {where}; elsewhere never")
+
+
+def brief_figure14(d: dict) -> str:
+  _, _, alone = figure14_n1(d["measured"]["figure14"])
+  return "N = 1 only where nothing else fits" if alone else "N = 1 selected where others fit"
+
+
+PAPER_ROWS = (
+    paper.StudyRow(
+        "Figure 7", "sweeps over N, n_pert and B against time", ours_figure7, "loss falls "
+        "monotonically with N, n_pert and B", "width-32 experts, 300 updates per setting from "
+        "one seed, 2 seeds; N up to 32 (paper 256); x axis: training seconds",
+        brief="falls with N, n_pert and B in 2 of 2 seeds", paper_brief="falls with each",
+        no_verdict="2 seeds: a count of monotonic falls"),
+    paper.StudyRow(
+        "Figure 8", "the N sweep against aggregate compute", ours_figure8, "more experts do not "
+        "lower loss at every budget", "device-seconds on 2 CPU cores",
+        brief="no budget shared by every N", paper_brief="a crossing in N",
+        not_comparable="no budget here is shared by every N, so the paper's crossing cannot be "
+        "read"),
+    paper.StudyRow(
+        "Figure 14", "which N wins under a total and a per-expert budget", ours_figure14,
+        "N = 1 is never selected; more shards win under a tight per-expert budget", "the fig7 "
+        "experts panel's checkpoints (paper: 44 of N = 1, 2, 8, 256); wherever another N fits, "
+        "N = 1 is not selected, as in the paper", brief=brief_figure14,
+        paper_brief="N = 1 never selected", no_verdict="a map of selections, no interval"),
+)

@@ -41,7 +41,7 @@ from soma_jax.studies import (
   statistics,
   training,
 )
-from soma_jax.studies.fig9_readouts import contrast, step_stats
+from soma_jax.studies.fig9_readouts import PAPER_ROWS, contrast, step_stats
 
 PAPER = {
     "item": "Figure 9",
@@ -365,4 +365,4 @@ def table(p: dict) -> str:
 
 STUDY = base.Study(spec="paper Figure 9 (ablations: shards, start, head), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
-                   plot=plot, setup=setup)
+                   plot=plot, setup=setup, paper_rows=PAPER_ROWS)

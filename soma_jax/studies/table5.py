@@ -26,6 +26,7 @@ from soma_jax.errors import UserError
 from soma_jax.studies import (
   base,
   driver,
+  paper,
   planning,
   recipes,
   results,
@@ -33,6 +34,7 @@ from soma_jax.studies import (
   seeded,
   statistics,
 )
+from soma_jax.studies.verdict import Interval, from_stat
 
 PAPER = {
     "item": "Table 5",
@@ -216,6 +218,33 @@ def table(p: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def _at_full_budget(cells: dict, n: str) -> dict:
+  return cells[n][max(cells[n], key=float)]
+
+
+def primary_table5(d: dict) -> tuple[Interval, ...]:
+  cells = d["measured"]["cells"]
+  return tuple(from_stat(f"N = {n}", _at_full_budget(cells, n)["bptt_minus_soma"], paper=-1)
+               for n in cells)
+
+
+def ours_table5(d: dict) -> str:
+  cells = d["measured"]["cells"]
+  last = lambda n: _at_full_budget(cells, n)
+  return "; ".join(f"N = {n}: SOMA {last(n)['soma']['mean']:.3f}, BPTT {last(n)['bptt']['mean']:.3f}"
+                   f", BPTT − SOMA {paper.ci(last(n)['bptt_minus_soma'])}"
+                   for n in cells) + " (validation, full budget, t over 3 seeds)"
+
+
+PAPER_ROWS = (paper.StudyRow(
+    "Table 5", "SOMA against BPTT at N = 1, 2, 8", ours_table5, "BPTT lower at every N; at 100 "
+    "GPU-hours SOMA 2.0343 / 1.8257 / 2.0179, BPTT 1.0091 / 1.0535 / 1.1776", "330k params "
+    "(N = 8 at width 32), one operations budget, 3 seeds, every SPSA row at lr 0.0025 and every "
+    "BPTT row at 0.003, untuned; the orderings over N differ from the paper's (SOMA here falls "
+    "with N, the paper's is lowest at N = 2; BPTT here lowest at N = 2, the paper's at N = 1) "
+    "and are not read until each row is tuned", primary_table5,
+    paper_brief="BPTT below SOMA by ~1"),)
+
 STUDY = base.Study(spec="paper Table 5 (SOMA against BPTT at N = 1, 2, 8), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
-                   ops_tolerance=base.any_ops, data=driver.per_n())
+                   ops_tolerance=base.any_ops, data=driver.per_n(), paper_rows=PAPER_ROWS)

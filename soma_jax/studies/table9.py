@@ -58,7 +58,7 @@ from soma_jax.studies.external_corpus import (
   check_not_trained_on,
   external_sets,
 )
-from soma_jax.studies.table9_readouts import PAPER, readout
+from soma_jax.studies.table9_readouts import PAPER, PAPER_ROWS, readout
 
 SELECTION_FILE = "selection.json"  # the chosen checkpoints, written before external scoring
 FIELDS = {
@@ -320,4 +320,5 @@ def _ci_cell(v: dict) -> str:
 
 STUDY = base.Study(spec="paper Table 9 (frozen external evaluation of Table 4's rows), scaled "
                         "down by SPEC 9.6", config=config, check=check, stages=stages,
-                   measure=measure, table=table, data=data, ops_tolerance=base.any_ops)
+                   measure=measure, table=table, data=data, ops_tolerance=base.any_ops,
+                   paper_rows=PAPER_ROWS)

@@ -1,6 +1,7 @@
 """Table 9's readouts (`table9.py`), pure statistics over the scored checkpoints: each row per
 seed with document-bootstrap intervals, across seeds, minus the reference, both rankings; and
-the paper's Table 9 they are read against.
+the paper's Table 9 they are read against; and its row of the paper table, read from the
+committed results.json (PAPER_ROWS).
 """
 
 from __future__ import annotations
@@ -8,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from soma_jax import evaluate as eval_lib
-from soma_jax.studies import planning, statistics
+from soma_jax.studies import paper, planning, statistics
 from soma_jax.studies.external_corpus import HALVES
+from soma_jax.studies.verdict import Interval, from_stat
 
 # The paper's Table 9 (../shared/paper/figures-and-tables.txt), nats/byte on WikiText-103
 # raw, and beside it the same checkpoints' in-domain test loss from its Table 4 (FineWeb-Edu
@@ -107,3 +109,50 @@ def rankings(rows: dict) -> dict:
           "paper_in_domain_test": paper_dom,
           "how": "seed means of each row's test loss, lowest first; the paper's in-domain "
                  "order from Table 4 (monolith 64 and 1,024 tie at 2.00 there)"}
+
+
+# ------------------------------------------------------------------ the paper table's row
+
+def primary_table9(d: dict) -> tuple[Interval, ...]:
+  rows = d["measured"]["rows"]
+  return tuple(from_stat(f"{n} − SOMA", r["minus_ref"]["test"]) for n, r in rows.items()
+               if "minus_ref" in r)
+
+
+TABLE9_PAPER_ORDER = ["soma_n2", "mono_k4", "mono_k64", "mono_k16"]  # the paper's, our names
+
+
+def _resolved(ivs: tuple[Interval, ...]) -> list[str]:
+  """The intervals that exclude their null."""
+  return [iv.name for iv in ivs if not iv.lo <= iv.null <= iv.hi]
+
+
+def ours_table9(d: dict) -> str:
+  r = d["measured"]
+  ranks = r["rankings"]
+  order = lambda k: (f"{' < '.join(ranks[k])} ("
+                     + ("" if ranks[k] == TABLE9_PAPER_ORDER else "not ") + "the paper's")
+  ivs = primary_table9(d)
+  clear = _resolved(ivs)
+  return ("man pages (section 7) test: " + ", ".join(
+      f"{n} {v['test']['mean']:.3f}" for n, v in r["rows"].items())
+      + f"; seed means in order {order('external_test')} WikiText-103 order: SOMA, then 64, "
+      f"1,024 and 256 directions); in-domain {order('in_domain_test')} Table 4 order: SOMA, then "
+      "64 and 1,024 tied, 256 last); monolith − SOMA: " + paper.shown(ivs)
+      + f" ({len(d['seeds'])} seeds, seeds and documents; {len(clear)} of {len(ivs)} exclude "
+      f"zero: {', '.join(clear)})")
+
+
+def brief_table9(d: dict) -> str:
+  first = d["measured"]["rankings"]["external_test"][0] == "soma_n2"
+  clear = _resolved(primary_table9(d))
+  return (f"SOMA {'lowest' if first else 'not lowest'} in seed means; resolved: "
+          + (", ".join(clear) if clear else "no difference"))
+
+
+PAPER_ROWS = (paper.StudyRow(
+    "Table 9", "frozen evaluation on an external corpus", ours_table9, "WikiText-103 test: SOMA "
+    "N = 2 2.066; monoliths 2.254 / 2.363 / 2.290 (64 / 256 / 1,024 directions)", "no "
+    "WikiText-103 copy here (--config.wikitext=FOLDER reads one): Linux man pages, section 7; "
+    "Table 4's CPU rows (mono_k4 / k16 / k64 for the paper's 64 / 256 / 1,024 directions), 2 "
+    "seeds", primary_table9, brief=brief_table9, paper_brief="SOMA lowest"),)
