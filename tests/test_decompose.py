@@ -1,5 +1,7 @@
 """study=decompose (SPEC 9.8): the matched-loss speed-up against hand values, and the study at
-size=tiny (rows, effects with intervals, speed-ups, random shards, fresh Adam)."""
+size=tiny (rows, effects with intervals, speed-ups, random shards, fresh Adam, the backprop
+one-expert row, every seed its own start, the seed runs' curves in results.json and the
+from-init speed-ups recomputed from them)."""
 
 import csv
 import json
@@ -11,8 +13,9 @@ import pytest
 
 from soma_jax.data import prepare
 from soma_jax.errors import UserError
-from soma_jax.studies import decompose, driver, statistics
+from soma_jax.studies import decompose, decompose_report, driver, statistics, table7
 from tests.test_compare import load_config
+from tests.test_narrow import assert_own_starts
 
 # --------------------------------------------------------------------- speed-up math
 
@@ -95,6 +98,140 @@ def test_rows_run_equal_operations_from_their_seeds(decomposed):
   assert rows["soma_bptt"]["start_loss"] == rows["soma"]["start_loss"]
   # every row's grid is its own: the bptt rows around their own base
   assert rows["soma_bptt"]["lr_base"] == config.row_base_lr.soma_bptt != rows["soma"]["lr_base"]
+
+
+def seed_records(seed_runs: dict) -> list[dict]:
+  """Every seed run record of a results.json's `seed_runs`: {name: record}, or with own
+  starts {"seedS": {name: record}}."""
+  nested = all("workdir" not in r for r in seed_runs.values())
+  return [r for runs in seed_runs.values() for r in runs.values()] if nested else list(
+      seed_runs.values())
+
+
+def assert_seed_curves(seed_runs: dict, checkpoints: int) -> None:
+  """Issue 54: every seed run keeps its validation curve in results.json: its checkpoints, at
+  most `checkpoints` (none at its initialisation: nothing is scored again), steps and
+  operations counted from initialisation and increasing, the last at the record's end (step,
+  operations, validation loss)."""
+  records = seed_records(seed_runs)
+  assert records
+  for r in records:
+    curve = r["val_curve"]
+    assert 1 <= len(curve) <= min(checkpoints, r["step"]), (r["workdir"], len(curve))
+    steps, ops = [q["step"] for q in curve], [q["ops"] for q in curve]
+    assert steps[0] > 0 and all(a < b for a, b in zip(steps, steps[1:])), steps
+    assert ops == [s * r["ops_per_update"] for s in steps] and ops[0] > 0, ops
+    assert [q["update"] for q in curve] == steps
+    last = curve[-1]
+    assert (last["step"], last["ops"]) == (r["step"], r["ops"])
+    assert last["loss"] == r["ensemble_val_nats_per_byte"], (last, r)
+    assert all(math.isfinite(q["loss"]) for q in curve)
+
+
+def from_init(p: dict, row: str, i: int) -> tuple[np.ndarray, np.ndarray]:
+  """Row `row`'s i-th seed's validation curve from initialisation, from results.json alone:
+  the seed run's initialisation (ops 0) and checkpoints, then the compared phase after its
+  start, its operations counted on from the seed run's."""
+  r = p["rows"][row]
+  x = r["per_seed"][i]
+  seed = p["seed_runs"][f"seed{x['seed']}"][r["seed_run"]]
+  assert x["start"] == f"{seed['workdir']}@{seed['step']}"
+  ops = [0.0] + [q["ops"] for q in seed["val_curve"]]
+  loss = [x["init_val_nats_per_byte"]] + [q["loss"] for q in seed["val_curve"]]
+  ops += [ops[-1] + q["ops"] for q in x["val_curve"][1:]]
+  loss += [q["loss"] for q in x["val_curve"][1:]]
+  return np.array(ops, np.float64), np.array(loss, np.float64)
+
+
+def test_seed_runs_keep_their_curves(decomposed):
+  """Issue 54: each seed run's validation curve is in results.json (decompose's seed runs
+  checkpoint curve_points times), compact, its last point the record's end."""
+  config, out, p = decomposed
+  assert_seed_curves(p["seed_runs"], config.curve_points)
+  assert all(len(r["val_curve"]) > 1 for r in seed_records(p["seed_runs"]))  # a curve, not a point
+  with open(os.path.join(out, "results.json")) as f:
+    assert_seed_curves(json.load(f)["seed_runs"], config.curve_points)
+
+
+def test_from_init_speedups_recompute_from_results_json(decomposed):
+  """SPEC 9.8: from-init readouts count the seed runs' operations and keep their curves in
+  results.json; every effect's per-seed from-init log speed-up is recomputed from it."""
+  config, out, p = decomposed
+  with open(os.path.join(out, "results.json")) as f:
+    p = json.load(f)
+  checked = 0
+  for e in p["effects"].values():
+    got = e["log_speedup"]["from_init"]["per_seed"]
+    for i, want in enumerate(got):
+      again = statistics.log_speedup(from_init(p, e["a"], i), from_init(p, e["b"], i))
+      assert (again is None) == (want is None), (e["a"], e["b"], i)
+      if want is not None:
+        assert again == pytest.approx(want, rel=1e-9, abs=1e-12), (e["a"], e["b"], i)
+        checked += 1
+  assert checked > 0
+
+
+def test_every_seed_its_own_start(decomposed):
+  """SPEC 9.8, issue 54: decompose's default gives each optimisation seed its own seed runs,
+  and results.json says so; each seed's rows continue that seed's own (the check fails where
+  every seed shares one: tests/test_narrow.py)."""
+  config, out, p = decomposed
+  assert config.own_starts is True
+  assert_own_starts(p["seed_runs"], out, p["seeds"], config.seed_run_seed)
+  assert p["intervals"]["kind"] == "seeds_own_starts"
+  for name, r in p["rows"].items():
+    runs = [p["seed_runs"][f"seed{x['seed']}"][r["seed_run"]] for x in r["per_seed"]]
+    assert [x["start"] for x in r["per_seed"]] == [
+        f"{s['workdir']}@{s['step']}" for s in runs], name
+    assert len({x["start_loss"]["test"] for x in r["per_seed"]}) == config.seeds, name
+  md = open(os.path.join(out, "table.md")).read()
+  assert "each optimisation seed its own" in md and "seeds' mean" in md
+
+
+def test_decompose_and_table7_default_to_own_starts():
+  for size in ("tiny", "cpu"):
+    for study in ("decompose", "table7"):
+      assert load_config("compare", f"study={study},size={size}").own_starts is True, study
+  assert table7.config("study=table7,size=tiny").own_starts is True
+
+
+def test_one_expert_by_backprop(decomposed):
+  """Issue 54: one expert of SOMA's width by backprop, fresh Adam from SOMA's seed run, with
+  the contrasts beside the other backprop rows and their interactions with SPSA's."""
+  config, out, p = decomposed
+  rows = p["rows"]
+  one = rows["one_expert_bptt"]
+  assert (one["n_experts"], one["d_t"]) == (1, rows["soma"]["d_t"])
+  assert one["gradient"] == rows["soma_bptt"]["gradient"] != rows["soma"]["gradient"]
+  assert one["optimizer_state"].startswith("fresh") and one["seed_run"] == "soma_expert"
+  assert one["lr_base"] == config.row_base_lr.one_expert_bptt
+  for s in one["per_seed"]:
+    assert s["val_curve"][0]["step"] == 0  # fresh Adam counts its updates from 0
+  # the same seed run's parameters as SOMA's experts: the same start, seed by seed
+  for x, y in zip(one["per_seed"], rows["one_expert"]["per_seed"], strict=True):
+    assert x["start"] == y["start"]
+    assert x["start_loss"]["test"] == pytest.approx(y["start_loss"]["test"], abs=1e-9)
+  effects, inter = p["effects"], p["interactions"]
+  assert (effects["sharding_at_width_bptt"]["a"], effects["sharding_at_width_bptt"]["b"]) == (
+      "soma_bptt", "one_expert_bptt")
+  assert (effects["narrow_vs_wide_bptt"]["a"], effects["narrow_vs_wide_bptt"]["b"]) == (
+      "one_expert_bptt", "mono_bptt")
+  for name, (e1, e2) in (("interaction_at_width", ("sharding_at_width", "sharding_at_width_bptt")),
+                         ("interaction_narrow_vs_wide", ("narrow_vs_wide", "narrow_vs_wide_bptt"))):
+    x = inter[name]
+    assert x["of"] == [f"{effects[e]['a']} vs {effects[e]['b']}" for e in (e1, e2)]
+    assert x["end_loss_difference"]["mean"] == pytest.approx(
+        effects[e1]["end_loss_difference"]["mean"] - effects[e2]["end_loss_difference"]["mean"],
+        abs=1e-6)
+    lo, hi = x["end_loss_difference"]["ci95"]
+    assert lo <= x["end_loss_difference"]["mean"] <= hi
+  md = open(os.path.join(out, "table.md")).read()
+  assert "| one_expert_bptt |" in md and "**interaction_at_width**" in md
+  for e in ("sharding_at_width_bptt", "narrow_vs_wide_bptt"):  # SPEC 9.8's readable rule
+    line = next(x for x in md.splitlines() if x.startswith(f"| {e} |"))
+    want = (decompose_report.unreadable(p, *config.effects[e])
+            or decompose_report._speed(effects[e]["log_speedup"]["compared"]))
+    assert line.split(" | ")[4] == want, line
 
 
 def test_effects_carry_intervals_and_both_speedups(decomposed):

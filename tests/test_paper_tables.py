@@ -25,6 +25,8 @@ from soma_jax.studies import (
   training,
 )
 from tests.test_compare import _spec7_ops_per_update, load_config
+from tests.test_decompose import assert_seed_curves
+from tests.test_narrow import assert_own_starts
 
 
 def expert(tree, e: int):
@@ -89,9 +91,24 @@ def assert_common_fields(payload: dict, config) -> None:
     lay = payload["layout"][name]
     assert lay == m["layout"] and lay["devices"] >= lay["expert_devices"] * lay["pert_devices"]
     assert "FSO" in lay["why"] or "DDPP" in lay["why"] or "device" in lay["why"], lay
-  for s in payload["seed_runs"].values():  # equal updates, at a seed no row uses
+  for opt, s in seed_runs(payload):  # equal updates, at a seed no row uses
     assert s["updates"] == config.seed_updates and s["step"] == config.seed_updates
-    assert s["seed"] == config.seed_run_seed and s["seed"] not in payload["seeds"]
+    assert s["seed"] == config.seed_run_seed + (opt or 0) and s["seed"] not in payload["seeds"]
+
+
+def seed_runs(payload: dict) -> list[tuple[int | None, dict]]:
+  """(the optimisation seed, record) of every seed run: each seed's own (own starts: results.json
+  `intervals`), else the one every seed shares (None)."""
+  if payload.get("intervals", {}).get("kind") != "seeds_own_starts":
+    return [(None, s) for s in payload["seed_runs"].values()]
+  return [(opt, s) for opt in payload["seeds"]
+          for s in payload["seed_runs"][f"seed{opt}"].values()]
+
+
+def seed_run(payload: dict, config, name: str, seed: int) -> dict:
+  """The seed run record method `name` continues at optimisation seed `seed`."""
+  own = payload["intervals"]["kind"] == "seeds_own_starts"
+  return (payload["seed_runs"][f"seed{seed}"] if own else payload["seed_runs"])[config.start[name]]
 
 
 @pytest.fixture(scope="module")
@@ -127,13 +144,13 @@ def _expected_search(tried: list[dict], config) -> tuple[float, list[float]]:
 
 def test_table7_selects_on_validation_only(table7_run):
   config, out, payload, test = table7_run
-  # The start of each architecture (once) and the selected checkpoint of each architecture
-  # and seed; nothing else read the test set.
-  assert test.calls == 2 + 2 * config.seeds
+  # The start of each architecture and seed (each seed its own: issue 54) and the selected
+  # checkpoint of each architecture and seed; nothing else read the test set.
+  assert config.own_starts and test.calls == 2 * config.seeds + 2 * config.seeds
   base = config.base_lr
   for name, m in payload["methods"].items():
-    seed = payload["seed_runs"][config.start[name]]
     for p in m["per_seed"]:
+      seed = seed_run(payload, config, name, p["seed"])
       tried = p["configurations"]
       lr, lrs = _expected_search(tried, config)
       stage2 = [r for r in tried if r["lr"] == lr]
@@ -187,16 +204,24 @@ def test_table7_rows_report_gains(table7_run):
 
 def test_table7_continues_the_seeds_state(table7_run):
   """Every compared run starts from its seed's whole train state: parameters, Adam moments
-  and count, and the step counter, bit for bit, whatever the optimisation seed."""
+  and count, and the step counter, bit for bit, whatever the optimisation seed; each
+  optimisation seed continues its own seed run (issue 54), which results.json records with
+  its curve."""
   config, out, payload, _ = table7_run
   methods = planning.sized(config)
+  assert payload["intervals"]["kind"] == "seeds_own_starts"
+  assert_own_starts(payload["seed_runs"], out, payload["seeds"], config.seed_run_seed)
+  assert_seed_curves(payload["seed_runs"], 1)  # table7's seed runs: one checkpoint, the end
   for name, m in payload["methods"].items():
-    seed = payload["seed_runs"][config.start[name]]
-    assert m["start"] == f"{seed['workdir']}@{seed['step']}"
-    firsts = [p["curve"][0] for p in m["per_seed"]]
-    assert all(f == firsts[0] for f in firsts) and firsts[0]["step"] == seed["step"], name
-    # The warm start is used: the start scores what the seed scored at its end.
-    assert firsts[0]["loss"] == seed["ensemble_val_nats_per_byte"], name
+    assert m["start"] == "each seed's own (per_seed start)"
+    for p in m["per_seed"]:
+      seed = seed_run(payload, config, name, p["seed"])
+      assert p["start"] == f"{seed['workdir']}@{seed['step']}"
+      assert p["curve"][0]["step"] == seed["step"], name
+      # The warm start is used: the start scores what the seed scored at its end.
+      assert p["curve"][0]["loss"] == seed["ensemble_val_nats_per_byte"], name
+    assert len({p["curve"][0]["loss"] for p in m["per_seed"]}) == config.seeds, name
+    seed = seed_run(payload, config, name, payload["seeds"][0])
     seed_dir = os.path.join(out, seed["workdir"])
     record = {**seed, "_path": seed_dir}
     configs = [training.budgeted(methods[name], config.data_dir, s, record, "updates", 1, 1)

@@ -9,10 +9,13 @@ semantic shards' sizes (`soma_random`: `prepare_data.py --assignment=random`, ro
 own shards' centroids, scored on the same windows), the summed-loss control with its own lr
 grid (`soma_summed`), and one expert of SOMA's width on all the data (`one_expert`, N = 1,
 its seed continued: `keep_width`), which separates "a narrower model learns faster early
-under SPSA" from sharding.
+under SPSA" from sharding, and the same expert by backprop (`one_expert_bptt`), which asks
+the same of backprop.
 
-Protocol (`protocol`, SPEC 9.6): every row continues the seed run of its architecture (SPSA
-rows with the seed's whole state, `fresh_optimizer` rows with its parameters only); the
+Protocol (`protocol`, SPEC 9.6, 9.8): every optimisation seed s continues seed runs of its
+own, trained at seed_run_seed + s (`own_starts`, `training.seed_stage`; results.json
+`intervals` says which), each row the seed run of its architecture (SPSA rows with the seed's
+whole state, `fresh_optimizer` rows with its parameters only); the
 budget is the reference's `budget` updates, every row running the operations those take
 (SPEC 7's count: one expert does half of SOMA's per update, backprop about 3/8 of it at
 n_pert = 4); each row and seed searches lr over base x lr_factors (its base: `row_base_lr`,
@@ -26,7 +29,8 @@ over b (`speedup`) read two ways: over the compared phase (the common loss range
 validation curves, each from its own start) and along the whole trajectory from
 initialisation in operations, the seed runs included (what training from scratch pays);
 `interactions` (e1, e2): e1's values minus e2's per seed (the zero-order-specific part of
-sharding: sharding under SPSA minus sharding under backprop). `STUDY` runs through the driver
+sharding: sharding under SPSA minus sharding under backprop; the same at equal width, and
+narrow against wide). `STUDY` runs through the driver
 (`driver.run`); its table, effects.csv and curves are drawn by `decompose_report.py`.
 """
 
@@ -67,11 +71,16 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     python experiments/compare.py --config=experiments/configs/compare.py:study=decompose,size=cpu --out=runs/decompose
     ...:study=decompose,size=cpu,seeds=5   (the headline's seed count)
+
+  Cost at size=cpu, 3 seeds on 2 idle cores, from docs/results/decompose_cpu.json's per-update
+  times: about 80 min for the seven rows with shared starts, plus about 6 min for
+  one_expert_bptt and 1 min per seed for its own seed runs; 5 seeds about 2.5 h.
   """
   a = recipes.args(arg, seeds=0)
   size, cpu = a["size"], a["size"] == "cpu"
   c = recipes.pair(a["study"], size)
   c.seeds = a["seeds"] or (3 if cpu else 2)
+  c.own_starts = True  # seed s continues its own seed runs, trained at seed_run_seed + s
   # One lr grid per row around its own centre (row_base_lr, else base_lr), grown past an
   # edge at most lr_extend times; eps stays at base_lr (Table 7's eps stage moved the selected
   # validation loss by 0.0026 at most, its lr grid by 0.068 to 0.159).
@@ -82,18 +91,26 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   recipes.rows(c, rows)
   c.reference = "soma"
   c.order = tuple(rows)
-  c.keep_width = ("one_expert",)  # at SOMA's expert width; the others match SOMA's params
-  c.fresh_optimizer = ("soma_bptt", "mono_bptt")  # the SPSA seed's parameters, fresh Adam
-  c.row_base_lr = ml_collections.ConfigDict({"soma_bptt": 3e-3, "mono_bptt": 3e-3})  # bptt.py's
+  c.keep_width = ("one_expert", "one_expert_bptt")  # SOMA's expert width; the others match
+  # SOMA's params. The backprop rows: the SPSA seed's parameters with fresh Adam, bptt.py's lr
+  c.fresh_optimizer = ("soma_bptt", "one_expert_bptt", "mono_bptt")
+  c.row_base_lr = ml_collections.ConfigDict(
+      {"soma_bptt": 3e-3, "one_expert_bptt": 3e-3, "mono_bptt": 3e-3})
   c.row_data = ml_collections.ConfigDict({"soma_random": "random"})  # else the semantic shards
   c.data_dir_random = ""  # prepared with --assignment=random; "" = the built-in one under OUT
   c.effects = ml_collections.ConfigDict({  # name: (a, b), read as a against b
       "sharding_spsa": ("soma", "mono"), "sharding_bptt": ("soma_bptt", "mono_bptt"),
       "semantic_vs_random": ("soma", "soma_random"),
       "independent_vs_summed": ("soma", "soma_summed"),
-      "sharding_at_width": ("soma", "one_expert"), "narrow_vs_wide": ("one_expert", "mono")})
-  # name: (effect 1, effect 2), effect 1 minus effect 2: the zero-order-specific part
-  c.interactions = ml_collections.ConfigDict({"interaction": ("sharding_spsa", "sharding_bptt")})
+      "sharding_at_width": ("soma", "one_expert"), "narrow_vs_wide": ("one_expert", "mono"),
+      "sharding_at_width_bptt": ("soma_bptt", "one_expert_bptt"),
+      "narrow_vs_wide_bptt": ("one_expert_bptt", "mono_bptt")})
+  # name: (effect 1, effect 2), effect 1 minus effect 2 per seed: what is zero-order-specific
+  # in sharding (at equal size; at equal width) and in a narrower model
+  c.interactions = ml_collections.ConfigDict({
+      "interaction": ("sharding_spsa", "sharding_bptt"),
+      "interaction_at_width": ("sharding_at_width", "sharding_at_width_bptt"),
+      "interaction_narrow_vs_wide": ("narrow_vs_wide", "narrow_vs_wide_bptt")})
   return c
 
 
@@ -115,10 +132,12 @@ def _config_rows(soma: ml_collections.ConfigDict, mono: ml_collections.ConfigDic
                          "soma_expert")
   rows["one_expert"] = (recipes.recipe("soma.py", f"n=1,size={size}", size, lr),
                         "one expert of SOMA's width on all the data (N = 1)", "soma_expert")
-  for name, n, seed in (("soma_bptt", 2, "soma_expert"), ("mono_bptt", 1, "monolith")):
+  for name, n, seed, what in (
+      ("soma_bptt", 2, "soma_expert", "SOMA N = 2"),
+      ("one_expert_bptt", 1, "soma_expert", "one expert of SOMA's width on all the data (N = 1)"),
+      ("mono_bptt", 1, "monolith", "the monolith")):
     bptt = recipes.recipe("bptt.py", f"n={n},size={size}", size, lr)
     bptt.method = "bptt"
-    what = "SOMA N = 2" if n == 2 else "the monolith"
     rows[name] = (bptt, f"{what} by backprop, fresh Adam", seed)
   return rows
 
@@ -213,81 +232,105 @@ def seed_curve(record: dict, val: eval_lib.TestSet) -> tuple[np.ndarray, np.ndar
   return np.array([p["ops"] for p in points], np.float64), np.stack(keep)
 
 
-def searches(rows: Rows, ready: base.Setup, where: dict, described: dict,
+def starts(ready: base.Setup, where: dict, ops_budget: float) -> dict:
+  """{(seed, row): (the seed run record the row continues at that optimisation seed, its
+  per-window start losses on validation and test)}, each row's start scored once per seed
+  run it continues (once per row and seed with own starts, once per row where every seed
+  shares one)."""
+  plan, got, scored = ready.plan, {}, {}
+  for seed in plan.seeds:
+    for name, c in ready.methods.items():
+      s = training.seed_of(plan, ready.seeds, seed, name)
+      if (name, s["_path"]) not in scored:
+        first = training.budgeted(c, where[name][0], seed, s, "ops", ops_budget, 1,
+                                  fresh=name in plan.fresh_optimizer)
+        scored[(name, s["_path"])] = scores.start_losses(
+            first, dict(zip(("validation", "test"), where[name][1])))
+      got[(seed, name)] = (s, scored[(name, s["_path"])])
+  return got
+
+
+def searches(rows: Rows, ready: base.Setup, where: dict, begun: dict,
              ops_budget: float) -> dict:
   """{(seed, row): its lr search} (`table7.Search`): every row at every optimisation seed,
-  budgeted to `ops_budget` operations from its seed run (`fresh_optimizer` rows: its
-  parameters only), on its data (`where[row]` = (data dir, (validation, test)))."""
+  budgeted to `ops_budget` operations from that seed's seed run (`begun`: `starts`;
+  `fresh_optimizer` rows: its parameters only), on its data (`where[row]` = (data dir,
+  (validation, test)))."""
   plan, found = ready.plan, {}
   for seed in plan.seeds:
     for name, c in ready.methods.items():
-      s = ready.seeds[plan.start[name]]
+      s, start_w = begun[(seed, name)]
       spec = training.budgeted(c, where[name][0], seed, s, "ops", ops_budget, plan.curve_points,
                                fresh=name in plan.fresh_optimizer, score=where[name][1][0])
       found[(seed, name)] = table7.Search(
           spec, rows.grid, os.path.join(ready.out, "runs", f"seed{seed}", name),
           f"seed {seed} {name}", {"step": training.start_step(spec, s),
-                                  "val": described[name]["_start_w"]["validation"].mean()},
+                                  "val": start_w["validation"].mean()},
           base=rows.base(name), scorer=where[name][1][0])
   return found
 
 
-def row_record(search: table7.Search, test: eval_lib.TestSet, start_w: dict,
+def row_record(search: table7.Search, test: eval_lib.TestSet, begun: tuple,
                seed_path: tuple[np.ndarray, np.ndarray], out: str) -> dict:
-  """One row at one seed, its selected configuration scored on test once: start, end and
-  gain per split, its validation curves (`_curves`: compared phase from its start; from
-  initialisation, the seed run first) and the grid."""
+  """One row at one seed, its selected configuration scored on test once: its start (`begun`
+  = (seed run record, per-window start losses)), end and gain per split, its validation
+  curves (`_curves`: compared phase from its start; from initialisation, the seed run's
+  initialisation and checkpoints first, whose loss `init_val_nats_per_byte` and the seed
+  run's `val_curve` let results.json recompute it) and the grid."""
   chosen, tried, grid = search.result()
+  seed, start_w = begun
   point = (chosen["lr"], chosen["eps"])
   windows = np.stack([start_w["validation"], *search.windows[point]])
   ops = np.array([p["ops"] for p in chosen["val_curve"]], np.float64)
   seed_ops, seed_w = seed_path
   end_test = scores.final_losses(chosen["workdir"], search.spec, test)
   ends = {"validation": windows[-1], "test": end_test}
-  return {"seed": search.spec.config.seed, "lr": chosen["lr"], "eps": chosen["eps"], **grid,
-          "updates": chosen["updates"], "ops": chosen["ops"],
+  return {"seed": search.spec.config.seed, "start": training.start_of(seed),
+          "init_val_nats_per_byte": float(seed_w[0].mean()), "lr": chosen["lr"],
+          "eps": chosen["eps"], **grid, "updates": chosen["updates"], "ops": chosen["ops"],
           **statistics.row_losses(start_w, ends), "val_curve": chosen["val_curve"],
           "configurations": [{"lr": r["lr"], "eps": r["eps"], "workdir": planning.shown(
               r["workdir"], out), "val_nats_per_byte": r["val_nats_per_byte"]} for r in tried],
           "_curves": {"compared": (ops, windows),
                       "from_init": (np.concatenate([seed_ops, seed_ops[-1] + ops[1:]]),
                                     np.concatenate([seed_w, windows[1:]]))},
-          "_test_w": end_test}
+          "_test_w": end_test, "_start_w": start_w}
 
 
 def describe(name: str, spec, rows: Rows, plan: planning.StudyPlan, seed: dict) -> dict:
+  """A row's settings (its per_seed records follow); `start`: the seed checkpoint every seed
+  continues (`seed`), or with own starts a pointer to each per_seed record's."""
   fresh = name in plan.fresh_optimizer
   return {"method": spec.method.name, "gradient": spec.method.describe["gradient"],
           "what": rows.rows[name], "n_experts": spec.n_experts, "d_t": spec.config.model.d_t,
           "params": spec.method.ensemble_params, "ops_per_update": spec.total_ops_per_update,
           "data": rows.data(name), "optimizer_state": ("fresh (the seed's parameters only)"
                                                        if fresh else "the seed's, continued"),
-          "start": training.start_of(seed), "lr_base": rows.base(name), "per_seed": []}
+          "seed_run": plan.start[name], "start": ("each seed's own (per_seed start)"
+                                                  if plan.own_starts else training.start_of(seed)),
+          "lr_base": rows.base(name), "per_seed": []}
 
 
 def stages(rows: Rows, ready: base.Setup) -> base.Stages:
-  """Each row's description and start losses (at its first optimisation seed's budgeted run:
-  every seed continues the same seed run), every row at every seed searched on its lr grid
-  (`table7.searching`), each selected run scored on test once; OUT/curves.png (`plot`: the
-  per-window curves stay out of results.json); the rows."""
+  """Each row's description and start losses at each seed's seed run (`starts`), every row
+  at every seed searched on its lr grid (`table7.searching`), each selected run scored on
+  test once; OUT/curves.png (`plot`: the per-window curves stay out of results.json); the
+  rows."""
   plan, out, val = ready.plan, ready.out, ready.scored[0]
   kinds = {"semantic": (ready.data_dir, ready.scored), "random": ready.data.extra}
   where = {name: kinds[rows.data(name)] for name in ready.methods}  # (dir, (val, test))
   budget = _ops_budget(ready)
-  seed_paths = {name: seed_curve(r, val) for name, r in ready.seeds.items()}
-  described = {}
-  for name, c in ready.methods.items():
-    s = ready.seeds[plan.start[name]]
-    first = training.budgeted(c, where[name][0], plan.seeds[0], s, "ops", budget, 1,
-                              fresh=name in plan.fresh_optimizer)
-    start_w = scores.start_losses(first, dict(zip(("validation", "test"), where[name][1])))
-    described[name] = {**describe(name, first, rows, plan, s), "_start_w": start_w}
-  found = searches(rows, ready, where, described, budget)
+  begun = starts(ready, where, budget)
+  runs = {s["_path"]: s for s, _ in begun.values()}
+  seed_paths = {path: seed_curve(s, val) for path, s in runs.items()}
+  described = {name: describe(name, ready.specs[name], rows, plan, begun[(plan.seeds[0], name)][0])
+               for name in ready.methods}
+  found = searches(rows, ready, where, begun, budget)
   yield from table7.searching(list(found.values()), val)
-  for (_, name), search in found.items():
-    described[name]["per_seed"].append(row_record(search, where[name][1][1],
-                                                  described[name]["_start_w"],
-                                                  seed_paths[plan.start[name]], out))
+  for (seed, name), search in found.items():
+    s = begun[(seed, name)]
+    described[name]["per_seed"].append(row_record(search, where[name][1][1], s,
+                                                  seed_paths[s[0]["_path"]], out))
   plot(described, os.path.join(out, "curves.png"))
   return described
 
@@ -301,8 +344,9 @@ def measure(rows: Rows, ready: base.Setup, described: dict) -> dict:
   """Each row across seeds, the effects and the interactions."""
   plan = ready.plan
   for r in described.values():
-    per = r["per_seed"]
-    r["start_loss"] = per[0]["start_loss"]
+    per = r["per_seed"]  # the seeds' mean start: each seed's own, or the one they share
+    r["start_loss"] = {k: float(np.mean([p["start_loss"][k] for p in per]))
+                       for k in ("validation", "test")}
     for key in ("gain", "end_loss"):
       r[key] = {s: statistics.t_interval([p[key][s] for p in per]) for s in ("validation", "test")}
     r["updates"] = statistics.across_seeds([p["updates"] for p in per])
@@ -314,6 +358,7 @@ def measure(rows: Rows, ready: base.Setup, described: dict) -> dict:
   return {"budget": {"unit": "ops", "amount": _ops_budget(ready), "per": "row and seed",
                      "reference_updates": plan.budget, "seed_updates": plan.seed_updates,
                      "ops_per_update": ready.ops},
+          "intervals": planning.interval_kind(plan),
           "rows": results.public(described), "effects": results.public(effects),
           "interactions": results.public(inter), "how": HOW,
           "tuning": {**rows.grid.record(), "row_base_lr": rows.row_base_lr},

@@ -69,7 +69,8 @@ def _seed_costs(p: dict) -> str:
   """From-initialisation readouts count each row's seed run first: a pair of rows on different
   seed runs carries the ratio of the two totals at the budget whatever the compared phase does
   (one sentence; "" when every effect's rows share a seed run)."""
-  seed = lambda row: p["rows"][row]["start"].split("/")[-1].split("@")[0]
+  seed = lambda row: (p["rows"][row].get("seed_run")
+                      or p["rows"][row]["start"].split("/")[-1].split("@")[0])
   budget = p["budget"]["amount"]
   ratios: dict[tuple[str, str], list[str]] = {}
   for name, e in p["effects"].items():
@@ -78,7 +79,7 @@ def _seed_costs(p: dict) -> str:
       ratios.setdefault((sa, sb), []).append(name)
   if not ratios:
     return ""
-  ops = lambda s: p["seed_runs"][s]["ops"]
+  ops = lambda s: seed_runs(p)[s]["ops"]
   costs = ", ".join(f"{s} {ops(s):.4g}" for s in sorted({s for k in ratios for s in k}))
   pairs = "; ".join(
       f"{', '.join(names)}: ({ops(sb):.4g} + {budget:.4g}) / ({ops(sa):.4g} + {budget:.4g}) = "
@@ -89,15 +90,29 @@ def _seed_costs(p: dict) -> str:
           "from-init speed-up near that ratio says little beyond the seed runs' costs.")
 
 
+def own_starts(p: dict) -> bool:
+  """Whether every optimisation seed continued seed runs of its own (results.json
+  `intervals`; a results.json written before it has none: one shared start)."""
+  return p.get("intervals", {}).get("kind") == "seeds_own_starts"
+
+
+def seed_runs(p: dict) -> dict:
+  """{name: record} of the seed runs (the first seed's, with own starts: every seed's run the
+  same updates, so the same operations)."""
+  runs = p["seed_runs"]
+  return runs[f"seed{p['seeds'][0]}"] if own_starts(p) else runs
+
+
 def table(p: dict) -> str:
   """Markdown: the rows (start, end, gain), the effects with their intervals, the
   interactions."""
   b, ev = p["budget"], p["eval"]
   lines = [
-      f"Decomposition ({p['spec']}): every row from its seed run, {b['amount']:.4g} operations "
-      f"per row and seed ({b['reference_updates']:g} of {p['reference']}'s updates), lr searched "
-      f"per row and seed on validation, test once. {len(p['seeds'])} seeds; evaluation: route "
-      f"{ev['route_bytes']} bytes, score {ev['score_bytes']}, {ev['val_windows']} validation "
+      f"Decomposition ({p['spec']}): every row from its seed run"
+      f"{' (each optimisation seed its own)' if own_starts(p) else ''}, "
+      f"{b['amount']:.4g} operations per row and seed ({b['reference_updates']:g} of "
+      f"{p['reference']}'s updates), lr searched per row and seed on validation, test once. "
+      f"{len(p['seeds'])} seeds; evaluation: route {ev['route_bytes']} bytes, score {ev['score_bytes']}, {ev['val_windows']} validation "
       f"pieces from {ev['val_documents']} documents, {ev['test_windows']} test pieces from "
       f"{ev['test_documents']} documents. " + results.load_line(p), "",
       *results.head("| row | what | N x d_t | optimizer state | updates | test start → end | "
@@ -133,7 +148,10 @@ def table(p: dict) -> str:
             f"twenty excludes zero by chance. A compared-phase speed-up is read only where the "
             f"loss range both curves cover is at least half of each row's phase (per seed), "
             f"else it is not readable. " + _seed_costs(p)]
-  lines += ["", "Intervals: seeds and documents (" + p["how"] + ")."]
+  lines += ["", "Intervals: seeds and documents (" + p["how"] + ")." + (
+      " Every optimisation seed continued seed runs of its own (trained at seed_run_seed + s), "
+      "so where a start lands is in every interval; a row's start is the seeds' mean."
+      if own_starts(p) else "")]
   return "\n".join(lines) + "\n"
 
 

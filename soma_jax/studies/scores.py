@@ -44,13 +44,23 @@ def _point(data_state: dict, step: int, start_step: int, ops_update: int, loss: 
 def curve(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet,
           start_step: int, start_loss: float, keep: list | None = None
           ) -> tuple[list[dict], np.ndarray]:
-  """The start (the seed's state, `start_loss` on `scorer`, at the seed's step) and each of
-  the run's checkpoints scored by `scorer`: ([{step, update, ops, device_seconds,
-  cpu_seconds, loss}], per-window losses of the last checkpoint). `update` and `ops` are
-  this run's, counted from its start. `keep`: a list each checkpoint's per-window losses are
-  appended to."""
-  opu = spec.total_ops_per_update
-  points, last = [_point({}, start_step, start_step, opu, float(start_loss))], None
+  """The start (the seed's state, `start_loss` on `scorer`, at the seed's step), then each of
+  the run's checkpoints (`checkpoint_curve`): ([{step, update, ops, device_seconds,
+  cpu_seconds, loss}], per-window losses of the last checkpoint). `update` and `ops` are this
+  run's, counted from its start."""
+  start = _point({}, start_step, start_step, spec.total_ops_per_update, float(start_loss))
+  points, last = checkpoint_curve(workdir, spec, scorer, start_step, keep)
+  return [start, *points], last
+
+
+def checkpoint_curve(workdir: str, spec: spec_lib.RunSpec, scorer: eval_lib.TestSet,
+                     start_step: int, keep: list | None = None
+                     ) -> tuple[list[dict], np.ndarray]:
+  """Each of the run's checkpoints after `start_step` scored by `scorer` (read where training
+  scored it on this set: `scored_at`): ([{step, update, ops, device_seconds, cpu_seconds,
+  loss}], per-window losses of the last). `update` and `ops` are counted from `start_step`.
+  `keep`: a list each checkpoint's per-window losses are appended to."""
+  opu, points, last = spec.total_ops_per_update, [], None
   for s in (s for s in checkpoints(workdir) if s > start_step):
     last, data_state = scored_at(workdir, s, spec, scorer)
     if keep is not None:

@@ -200,16 +200,16 @@ def interaction_effect(s1: dict, s2: dict, key: str) -> dict:
 
 
 def effect(rows: dict, a: str, b: str, scored: tuple, draws: int) -> dict:
-  """Row a against row b over the seeds both ran (`rows[r]`: its per-window start losses
-  `_start_w`, and per seed its test end losses `_test_w` and validation curves `_curves`
-  {"compared", "from_init"}: (ops_P, windows_PxN)): a's gain minus b's (test,
-  `gain_difference`), b's end loss minus a's (test), and a's log matched-loss speed-up over
-  b on validation, in the compared phase and from initialisation (`speedup_effect`);
-  `scored` = (validation, test)."""
+  """Row a against row b over the seeds both ran (`rows[r]["per_seed"]`: per seed its
+  per-window start losses `_start_w` (its own start, or the one every seed shares), test end
+  losses `_test_w` and validation curves `_curves` {"compared", "from_init"}:
+  (ops_P, windows_PxN)): a's gain minus b's (test, `gain_difference`), b's end loss minus
+  a's (test), and a's log matched-loss speed-up over b on validation, in the compared phase
+  and from initialisation (`speedup_effect`); `scored` = (validation, test)."""
   val, test = scored
   ra, rb = rows[a]["per_seed"], rows[b]["per_seed"]
   start = lambda r: r["_start_w"]["test"]
-  gains_w = [(start(rows[a]) - x["_test_w"], start(rows[b]) - y["_test_w"])
+  gains_w = [(start(x) - x["_test_w"], start(y) - y["_test_w"])
              for x, y in zip(ra, rb, strict=True)]
   end_w = np.stack([y["_test_w"] - x["_test_w"] for x, y in zip(ra, rb, strict=True)])
   gain = gain_difference(ra, rb, gains_w, test.doc_ids, draws)

@@ -2,7 +2,9 @@
 same total size at equal compute and equal tuning.
 
 Per architecture and optimisation seed, continuing that architecture's seed run (`protocol`:
-equal seed updates, the seed's whole train state, the same start for every seed):
+equal seed updates, the seed's whole train state; each optimisation seed s its own seed runs,
+trained at seed_run_seed + s (`own_starts`, SPEC 9.8; off, every seed shares one, as the
+width ladder's rungs do), results.json `intervals` saying which):
 1. lr in base x lr_factors at eps = base (0.25x ... 4x); while the lowest final
    ensemble-validation loss is at the grid's edge, the grid grows by a factor of 2 past it
    (at most `lr_extend` times); a selected lr still at the edge is flagged;
@@ -15,7 +17,8 @@ architectures do equal operations per update: `planning.check_equal_ops` prints 
 refuses a pair more than `ops_tolerance` apart), with checkpoints after each quarter scored
 on the ensemble-validation windows. The setting with the lowest final validation loss is
 selected, and only its final checkpoint is scored on the test set, once (the start, the
-same for every configuration, is scored on test once per architecture, before any run).
+same for every configuration, is scored on test once per architecture and seed run, before
+any run).
 Reported per seed: start, end and gain (start - end) on validation and test, the end test
 difference (monolith minus SOMA) with its document-bootstrap CI; across seeds: SOMA's gain
 minus the monolith's with its 95% t interval (`statistics.gain_difference`).
@@ -43,12 +46,18 @@ from soma_jax.studies.verdict import Interval, from_stat
 
 def config(arg: str | None = None) -> ml_collections.ConfigDict:
   """study=table7: SOMA N = 2 against the monolith with equal tuning (5 optimisation seeds,
-  1,000-update seeds and 1,000 updates per configuration at size=cpu; size=tiny: tests).
+  each with its own 1,000-update seed runs, and 1,000 updates per configuration at size=cpu;
+  size=tiny: tests).
 
     python experiments/compare.py --config=experiments/configs/compare.py:study=table7,size=cpu --out=runs/table7
+
+  Cost at size=cpu on 2 idle cores, from docs/results/table7_cpu.json's per-update times:
+  about 25 min of updates for the searches and 3 min for the ten seed runs.
   """
   a = recipes.args(arg)
-  return recipes.pair(a["study"], a["size"])
+  c = recipes.pair(a["study"], a["size"])
+  c.own_starts = True  # seed s continues its own seed runs, trained at seed_run_seed + s
+  return c
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,27 +214,33 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Grid:
 
 
 def stages(grid: Grid, ready: base.Setup) -> base.Stages:
-  """Each architecture's start scored (test: once), then every architecture x seed's search
-  (`searching`), then each selected run's test losses (once); (described, finals, starts)."""
-  plan, (val, test), seeds, out = ready.plan, ready.scored, ready.seeds, ready.out
-  described, finals, starts = {}, {}, {}
-  for name, c in ready.methods.items():
-    s = seeds[plan.start[name]]
-    first = training.budgeted(c, ready.data_dir, plan.seeds[0], s, plan.unit, plan.budget, 1)
-    starts[name] = scores.start_losses(first, {"validation": val, "test": test})  # test: once
-    described[name] = describe(first, s, training.layout_of(first))
+  """Each architecture's start scored (test: once per seed run), then every architecture x
+  seed's search (`searching`), then each selected run's test losses (once); (described,
+  finals, starts), finals and starts by (seed, architecture)."""
+  plan, (val, test), out = ready.plan, ready.scored, ready.out
+  seed_of = lambda seed, name: training.seed_of(plan, ready.seeds, seed, name)
+  described, finals, starts, scored = {}, {}, {}, {}
+  for seed in plan.seeds:
+    for name, c in ready.methods.items():
+      s = seed_of(seed, name)
+      if (name, s["_path"]) not in scored:  # test: once per seed run
+        first = training.budgeted(c, ready.data_dir, seed, s, plan.unit, plan.budget, 1)
+        scored[(name, s["_path"])] = scores.start_losses(first, {"validation": val, "test": test})
+        if name not in described:
+          described[name] = describe(first, s, training.layout_of(first), plan.own_starts)
+      starts[(seed, name)] = scored[(name, s["_path"])]
   searches = {(seed, name): Search(
-      training.budgeted(c, ready.data_dir, seed, seeds[plan.start[name]], plan.unit,
+      training.budgeted(c, ready.data_dir, seed, seed_of(seed, name), plan.unit,
                         plan.budget, plan.curve_points, score=val), grid,
       os.path.join(out, "runs", f"seed{seed}", name), f"seed {seed} {name}",
-      {"step": seeds[plan.start[name]]["step"], "val": starts[name]["validation"].mean()})
+      {"step": seed_of(seed, name)["step"], "val": starts[(seed, name)]["validation"].mean()})
       for seed in plan.seeds for name, c in ready.methods.items()}
   yield from searching(list(searches.values()), val)
   for (seed, name), search in searches.items():
     chosen, tried, grids = search.result()
     finals[(seed, name)] = scores.final_losses(chosen["workdir"], search.spec, test)  # once
     described[name]["per_seed"].append(per_seed_record(
-        seed, seeds[plan.start[name]], chosen, tried, grids, out, starts[name],
+        seed, seed_of(seed, name), chosen, tried, grids, out, starts[(seed, name)],
         finals[(seed, name)]))
   return described, finals, starts
 
@@ -238,6 +253,7 @@ def measure(grid: Grid, ready: base.Setup, gathered: tuple) -> dict:
                                 plan.bootstrap_draws)
   return {"budget": {"unit": plan.unit, "per": "configuration",
                      "seed_updates": plan.seed_updates, "ops_per_update": ready.ops},
+          "intervals": planning.interval_kind(plan),
           "tuning": {**grid.record(),
                      "selection": "final ensemble-validation loss; test scored once, selected "
                                   "only (and the start once per architecture)"},
@@ -245,12 +261,15 @@ def measure(grid: Grid, ready: base.Setup, gathered: tuple) -> dict:
           "methods": described, "gain_difference": gain_difference}
 
 
-def describe(spec: spec_lib.RunSpec, seed: dict, layout: dict) -> dict:
+def describe(spec: spec_lib.RunSpec, seed: dict, layout: dict, own: bool = False) -> dict:
+  """An architecture's settings; `start`: the seed checkpoint every seed continues (`seed`),
+  or with own starts (`own`) a pointer to each per_seed record's."""
   c = spec.config  # the architecture's settings as its config names them
   return {"method": spec.method.name, "n_experts": spec.n_experts, "d_t": c.model.d_t,
           "params": spec.method.ensemble_params, "n_pert": c.spsa.n_pert,
           "batch": c.spsa.batch, "seq_len": spec.seq_len, "weight_decay": spec.weight_decay,
-          "ops_per_update": spec.total_ops_per_update, "start": training.start_of(seed),
+          "ops_per_update": spec.total_ops_per_update,
+          "start": "each seed's own (per_seed start)" if own else training.start_of(seed),
           "layout": layout, "per_seed": []}
 
 
@@ -284,12 +303,14 @@ def differences(described: dict, finals: dict, starts: dict, ref: str, other: st
     rec.update({"minus_ref": d["diff"], "minus_ref_ci95": d["ci95"]})
     described[ref]["per_seed"][i].update({"minus_ref": 0.0})
     diffs.append(d["diff"])
-    gains_w.append((starts[ref]["test"] - end_ref, starts[other]["test"] - end_other))
+    gains_w.append((starts[(seed, ref)]["test"] - end_ref,
+                    starts[(seed, other)]["test"] - end_other))
   for name in (ref, other):
     per = described[name]["per_seed"]
     described[name]["test_nats_per_byte"] = statistics.across_seeds(
         [r["test_nats_per_byte"] for r in per])
-    described[name]["start_loss"] = per[0]["start_loss"]  # the same for every seed
+    described[name]["start_loss"] = {  # the seeds' mean: each seed's own, or the one shared
+        s: float(np.mean([r["start_loss"][s] for r in per])) for s in ("validation", "test")}
     described[name]["gain"] = {s: statistics.t_interval([r["gain"][s] for r in per])
                              for s in ("validation", "test")}
   described[other]["minus_ref"] = statistics.across_seeds(diffs)
@@ -327,8 +348,11 @@ def table(p: dict) -> str:
   ref, other, ev, b = p["reference"], p["other"], p["eval"], p["budget"]
   r, o = p["methods"][ref], p["methods"][other]
   g = p["gain_difference"][other]
+  own = p.get("intervals", {}).get("kind") == "seeds_own_starts"  # absent: written before
+  runs = p["seed_runs"]
   seeds = ", ".join(f"{k} {s['updates']} updates at seed {s['seed']}"
-                    for k, s in p["seed_runs"].items())
+                    for k, s in (runs[f"seed{p['seeds'][0]}"] if own else runs).items())
+  seeds += " for the first seed; every seed its own, at seed_run_seed + s" if own else ""
   lines = [
       f"Table 7 protocol (SPEC 9.2, 9.6) at this scale: {ref} (N={r['n_experts']}, "
       f"d_t={r['d_t']}, {r['params']:,} params, {r['ops_per_update']:,} ops/update, "
@@ -361,7 +385,7 @@ def table(p: dict) -> str:
       f"{results.ci(o['gain']['test'], 4)}; validation: {ref} "
       f"{results.ci(r['gain']['validation'], 4)}, {other} "
       f"{results.ci(o['gain']['validation'], 4)}.",
-      "", f"Start gap ({other} minus {ref}): test {start_gap['test']:+.4f}, validation "
+      "", f"Start gap ({other} minus {ref}{', the seeds mean' if own else ''}): test {start_gap['test']:+.4f}, validation "
       f"{start_gap['validation']:+.4f}; end gap, test: {results.pm(o['minus_ref'], True, 4)} "
       f"({ref} lower in {o['ref_wins']} of {n} seeds). Byte unigram "
       f"{p['unigram_test_nats_per_byte']:.3f}."]

@@ -139,8 +139,11 @@ def train_seeds(plan: planning.StudyPlan, specs: dict[str, spec_lib.RunSpec],
                 checkpoints: int = 1) -> dict[str, dict]:
   """Trains every seed run for `seed_updates` updates at `seed_run_seed` in OUT/seeds/NAME
   (one stage: `train_all` with `executor`; a checkpoint after each 1/`checkpoints` of it);
-  their cost, apart, and their final loss on the study's ensemble-validation set `val`
-  (`_spec`: the seed run's RunSpec). plan.own_starts: each seed's own (`seed_stage`)."""
+  their cost, apart, their final loss on the study's ensemble-validation set `val` and their
+  curve on it (`val_curve`: each checkpoint's step, update, ops and loss, counted from
+  initialisation, `scores.checkpoint_curve`; a from-init readout is recomputed from it,
+  SPEC 9.8) (`_spec`: the seed run's RunSpec). plan.own_starts: each seed's own
+  (`seed_stage`)."""
   jobs, records = seed_stage(plan, specs, data_dir, out, val, checkpoints)
   return records(train_all(jobs, executor))
 
@@ -162,15 +165,22 @@ def _seed_stage(plan: planning.StudyPlan, runs_c: dict, data_dir: str, val: eval
   def records(walls: list[float]) -> dict:
     got = {key: {} for key in where}
     for ((key, name), (spec, workdir, s)), wall in zip(planned.items(), walls, strict=True):
+      curve, last = scores.checkpoint_curve(workdir, spec, val, 0)
       got[key][name] = {
           "workdir": planning.shown(workdir, out), "method": s.method, "d_t": s.model.d_t,
           "depth": s.model.depth, "lr": s.opt.lr, "eps": s.spsa.eps, "n_pert": s.spsa.n_pert,
           "batch": s.spsa.batch, "seq_len": s.data.seq_len, "seed": spec.config.seed,
           **scores.summary(workdir, spec, 0), "ops_per_update": spec.total_ops_per_update,
-          "ensemble_val_nats_per_byte": float(scores.final_losses(workdir, spec, val).mean()),
+          "ensemble_val_nats_per_byte": float(last.mean()), "val_curve": curve,
           "wall_seconds_this_call": wall, "_path": workdir, "_spec": spec}
     return got
   return jobs, records
+
+
+def seed_of(plan: planning.StudyPlan, records: dict, seed: int, name: str) -> dict:
+  """The seed run record (`seed_stage`'s `records`) that method `name` continues at
+  optimisation seed `seed`: that seed's own (plan.own_starts), else the one every seed shares."""
+  return (records[f"seed{seed}"] if plan.own_starts else records)[plan.start[name]]
 
 
 def start_of(seed_record: dict) -> str:
