@@ -53,6 +53,7 @@ PAPER = {
 ROWS = ("recorded", "physical", "fixed_solo_rate")
 SAME = ("n_experts", "d_t", "n_pert", "batch", "accum")  # what runs_from must share with us
 OWN_FIELDS = ("solo", "ensemble", "runs_from")  # table3's; the rest is fig7's config
+SWEEP = "fig7"  # the name fig7 is registered by (compare.STUDIES): its results and its folder
 
 
 def config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -95,7 +96,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Accoun
       "ensemble": (f"a method of config.methods other than solo ({config.solo!r})",
                    lambda v: v in config.methods and v != config.solo)})
   sub = ml_collections.ConfigDict({k: v for k, v in config.to_dict().items()
-                                   if k not in OWN_FIELDS} | {"study": "fig7"})
+                                   if k not in OWN_FIELDS} | {"study": SWEEP})
   sweep = fig7.check(plan, sub)
   specs = training.check_runs(plan, planning.sized(sub))
   solo, ens = specs[config.solo], specs[config.ensemble]
@@ -111,7 +112,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Accoun
   where = config.runs_from.strip()
   if where and not os.path.isdir(where):
     raise UserError(f"runs_from={where!r} is not a folder; fix: the --out of a finished "
-                    "study=fig7 run, or --config.runs_from= (train here)")
+                    f"study={SWEEP} run, or --config.runs_from= (train here)")
   return Accounting(sub, sweep, config.solo, config.ensemble, where,
                     {config.solo: _shape(solo), config.ensemble: _shape(ens)})
 
@@ -125,8 +126,8 @@ def _shape(spec) -> dict:
 def sweep_in(study: Accounting, folder: str) -> dict:
   """A finished fig7 folder's results.json, read without training: fig7's, with both settings
   of the same shape, budget and seeds, and every run's summary.json; else a UserError."""
-  fix = "fix: run study=fig7 with these settings there first, or --config.runs_from= (train here)"
-  theirs = results.finished_study(folder, "fig7", "runs_from", fix)
+  fix = f"fix: run study={SWEEP} with these settings there first, or --config.runs_from= (train here)"
+  theirs = results.finished_study(folder, SWEEP, "runs_from", fix)
   plan = study.sweep.plan
   settings = theirs.get("measured", {}).get("settings", {})
   for name in (study.solo, study.ensemble):
@@ -156,7 +157,7 @@ def _summary(folder: str, workdir: str) -> dict:
                              done["updates"] > 0 and done["update_seconds"] > 0):
     raise UserError(f"{folder!r}: {workdir}/summary.json is missing, unreadable or lacks its "
                     f"counters ({', '.join(COUNTED)}); fix: --config.runs_from= a finished "
-                    "study=fig7 whose runs are whole, or another --out to train them again")
+                    f"study={SWEEP} whose runs are whole, or another --out to train them again")
   return done
 
 
@@ -221,7 +222,7 @@ def setup(study: Accounting, plan: planning.StudyPlan, out: str, executor=None) 
     folder = os.path.abspath(study.runs_from)
     sweep = sweep_in(study, folder)
   else:
-    folder = os.path.join(out, "fig7")
+    folder = os.path.join(out, SWEEP)
     sweep = driver.run(fig7.STUDY, study.sweep_config, folder, "", executor)
   data_dir = os.path.join(folder, sweep["data_dir"])
   scored = datasets.eval_sets(plan.eval, data_dir, [v["seq_len"] for v in study.shapes.values()])
