@@ -264,7 +264,7 @@ def test_table4_rows_budget_and_starts(table4_run):
       assert g["mean"] == pytest.approx(np.mean(diffs)) and len(g["ci95"]) == 2
   assert set(payload["gain_difference"]) == set(methods) - {"soma_n2"}
   assert methods["soma_n2_summed"]["ops_per_update"] == methods["soma_n2"]["ops_per_update"]
-  assert methods["eggroll"]["start"].startswith(os.path.join("seeds", "gru"))
+  assert methods["eggroll"]["start"].startswith(os.path.join("seeds", "seed0", "gru"))
   assert set(payload["equal_ops"]["ranking"]) == {"soma_n2", "mono_k4", "eggroll"}
   table = open(os.path.join(out, "table.md")).read()
   assert all(f"| {name} |" in table for name in methods) and "equal operations" in table
@@ -314,7 +314,7 @@ def test_table4_each_rows_lr_is_its_grids_validation_argmin_used_by_every_seed(t
 
 
 def test_table4_lr_fields_refused():
-  for key, value in (("select_fraction", 0), ("select_fraction", "half"),
+  for key, value in (("select_fraction", 0.0), ("select_fraction", 2.0),
                      ("lr_factors", (2.0, 4.0)), ("eps_factors", (2.0,))):
     config = load_config("compare", "study=table4,size=tiny")
     config[key] = value

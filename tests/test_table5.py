@@ -44,7 +44,7 @@ def test_bad_fields_are_refused():
   with pytest.raises(UserError, match="fresh Adam"):
     driver.checked(table5.STUDY, config)[1]
   for key, value in (("select_fraction", 0.0), ("select_fraction", 1.5),
-                     ("select_fraction", True), ("lr_factors", (1.0, 2.0)),
+                     ("select_fraction", -0.25), ("lr_factors", (1.0, 2.0)),
                      ("lr_factors", (0.5, -1.0, 2.0))):
     config = load_config("compare", "study=table5,size=tiny")
     config[key] = value
