@@ -49,6 +49,37 @@ def assert_own_starts(seed_runs: dict, out: str, seeds: list[int], run_seed: int
       assert not np.array_equal(first, flat), f"seed run {name}: two seeds share its parameters"
 
 
+def assert_selected(selection: dict, out: str, centres: dict, factors, first: int) -> None:
+  """Each row's lr is the lowest final validation loss of its grid (`factors` x its centre)
+  trained on the first seed: every candidate's loss read back from its folder's last
+  checkpoint score, the first in grid order on a tie; the edge flag says whether the choice
+  is the grid's smallest or largest lr."""
+  for name, sel in selection.items():
+    grid = [f * centres[name] for f in factors]
+    assert sel["seed"] == first and sel["lr_grid"] == pytest.approx(sorted(grid)), name
+    tried = sel["configurations"]
+    assert [c["lr"] for c in tried] == pytest.approx(grid), name  # trained in grid order
+    for c in tried:
+      folder = os.path.join(out, c["workdir"], "checkpoint_scores")
+      last = max((f for f in os.listdir(folder) if f.endswith(".npy")), key=lambda f: int(f[:-4]))
+      c["_read"] = float(np.load(os.path.join(folder, last)).mean())
+      assert c["val_nats_per_byte"] == pytest.approx(c["_read"], abs=1e-12), (name, c["lr"])
+    best = min(tried, key=lambda c: c["_read"])  # the first in grid order on a tie
+    assert sel["lr"] == best["lr"], (name, [(c["lr"], c["_read"]) for c in tried])
+    assert sel["lr_at_edge"] == (sel["lr"] in (min(grid), max(grid))), name
+
+
+def assert_runs_at(out: str, workdirs: list[str], lr: float) -> None:
+  """Every run of `workdirs` (each seed's) was configured with `lr`, and trained at it (its
+  first logged lr)."""
+  for w in workdirs:
+    with open(os.path.join(out, w, "config.json")) as f:
+      assert json.load(f)["opt"]["lr"] == lr, w
+    with open(os.path.join(out, w, "metrics.jsonl")) as f:
+      logged = next(r["lr"] for r in map(json.loads, f) if "lr" in r)
+    assert np.asarray(logged) == pytest.approx(lr, rel=1e-6), w
+
+
 def test_every_seed_its_own_start(narrowed):
   config, out, p = narrowed
   seeds = p["seeds"]
@@ -58,6 +89,14 @@ def test_every_seed_its_own_start(narrowed):
     assert len({s["seed_run"] for s in r["per_seed"]}) == len(seeds), name
   starts = [s["start_loss"]["validation"] for s in p["rows"]["soma"]["per_seed"]]
   assert len(set(starts)) == len(seeds)
+
+
+def test_each_rows_lr_is_its_grids_validation_argmin_used_by_every_seed(narrowed):
+  config, out, p = narrowed
+  centres = {n: config.row_base_lr.get(n, config.base_lr) for n in config.order}
+  assert_selected(p["selection"], out, centres, config.lr_factors, p["seeds"][0])
+  for name, r in p["rows"].items():
+    assert_runs_at(out, [s["workdir"] for s in r["per_seed"]], p["selection"][name]["lr"])
 
 
 def test_shared_seed_runs_fail_the_own_start_check(data_two_shards, tmp_path):

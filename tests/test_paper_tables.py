@@ -26,7 +26,7 @@ from soma_jax.studies import (
 )
 from tests.test_compare import _spec7_ops_per_update, load_config
 from tests.test_decompose import assert_seed_curves
-from tests.test_narrow import assert_own_starts
+from tests.test_narrow import assert_own_starts, assert_runs_at, assert_selected
 
 
 def expert(tree, e: int):
@@ -264,11 +264,10 @@ def test_table4_rows_budget_and_starts(table4_run):
   assert (payload["eval"]["val_windows"], payload["eval"]["test_windows"]) == (
       val.windows.shape[0], test.windows.shape[0])
   for name, m in methods.items():
-    seed = payload["seed_runs"][config.start[name]]
-    firsts = [p["curve"][0] for p in m["per_seed"]]
-    assert all(f == firsts[0] for f in firsts), name
+    assert len({p["start"] for p in m["per_seed"]}) == len(payload["seeds"]), name  # own starts
     for p in m["per_seed"]:
-      assert p["start"] == m["start"] and len(p["curve"]) >= 2
+      seed = payload["seed_runs"][f"seed{p['seed']}"][config.start[name]]  # its seed's own
+      assert p["start"] == f"{seed['workdir']}@{seed['step']}" and len(p["curve"]) >= 2
       assert p["ops"] == p["updates"] * m["ops_per_update"], name
       assert p["curve"][-1]["ops"] == p["ops"], name
       if m["method"] == "soma":  # SPEC 7 written out (the controls: below)
@@ -276,7 +275,9 @@ def test_table4_rows_budget_and_starts(table4_run):
       # Budget rows and controls (SOMA's updates) alike: exactly the budget's updates.
       assert_updates_exactly(p, seed["step"], config.budget)
       assert_gains(p)
-      assert p["start_loss"]["test"] == p["curve"][0]["loss"] == m["start_loss"]["test"]
+      assert p["start_loss"]["test"] == p["curve"][0]["loss"]
+    assert m["start_loss"]["test"] == pytest.approx(np.mean(
+        [p["start_loss"]["test"] for p in m["per_seed"]]))  # the seeds' mean
     if name != "soma_n2":
       g = payload["gain_difference"][name]
       diffs = [a["gain"]["test"] - b["gain"]["test"]
@@ -284,7 +285,7 @@ def test_table4_rows_budget_and_starts(table4_run):
       assert g["mean"] == pytest.approx(np.mean(diffs)) and len(g["ci95"]) == 2
   assert set(payload["gain_difference"]) == set(methods) - {"soma_n2"}
   assert methods["soma_n2_summed"]["ops_per_update"] == methods["soma_n2"]["ops_per_update"]
-  assert methods["eggroll"]["start"].startswith(os.path.join("seeds", "gru"))
+  assert methods["eggroll"]["start"].startswith(os.path.join("seeds", "seed0", "gru"))
   assert set(payload["equal_ops"]["ranking"]) == {"soma_n2", "mono_k4", "eggroll"}
   table = open(os.path.join(out, "table.md")).read()
   assert all(f"| {name} |" in table for name in methods) and "equal operations" in table
@@ -292,17 +293,57 @@ def test_table4_rows_budget_and_starts(table4_run):
 
 def test_table4_head_only_bodies_do_not_change(table4_run):
   config, out, payload = table4_run
-  seed_body, seed_head, _ = runs.restore_params(os.path.join(out, "seeds", "soma_expert"))
-  for p in payload["methods"]["head_only"]["per_seed"]:
+  for p in payload["methods"]["head_only"]["per_seed"]:  # each from its own seed's seed run
+    seed_body, seed_head, _ = runs.restore_params(
+        os.path.join(out, "seeds", f"seed{p['seed']}", "soma_expert"))
     body, head, _ = runs.restore_params(os.path.join(out, p["workdir"]))
     for e in range(2):
       assert leaves_equal(expert(body, e), expert(seed_body, 0))
       assert not np.array_equal(head[e], seed_head[0])  # the delta-rule heads trained
   # SOMA itself moves its bodies from the same start.
-  soma = payload["methods"]["soma_n2"]["per_seed"][0]
+  soma = payload["methods"]["soma_n2"]["per_seed"][-1]
   body, _, _ = runs.restore_params(os.path.join(out, soma["workdir"]))
   assert not leaves_equal(jax.tree.map(lambda x: x[0], body),
                           jax.tree.map(lambda x: x[0], seed_body))
+
+
+def test_table4_each_rows_lr_is_its_grids_validation_argmin_used_by_every_seed(table4_run):
+  """Every row (SOMA, the monolith, EGGROLL and the controls alike) on its own grid around
+  its config's lr, on seed 0, on validation; every seed at the selected lr; a control's grid
+  at the updates of the reference's selected run."""
+  config, out, payload = table4_run
+  sel, methods = payload["selection"], payload["methods"]
+  assert set(sel) == set(methods)
+  assert_selected(sel, out, {n: c.opt.lr for n, c in config.methods.items()},
+                  config.lr_factors, payload["seeds"][0])
+  for name, m in methods.items():
+    assert m["lr"] == sel[name]["lr"]
+    assert_runs_at(out, [p["workdir"] for p in m["per_seed"]], sel[name]["lr"])
+  for control in config.match_updates:
+    assert sel[control]["updates"] == sel["soma_n2"]["updates"]
+  assert sel["soma_n2"]["updates"] == 1  # select_fraction of the 3-update budget: one update
+  assert payload["intervals"]["kind"] == "seeds_own_starts"
+  assert_own_starts(payload["seed_runs"], out, payload["seeds"], config.seed_run_seed)
+  o = payload["ordering"]
+  ends = {n: m["test_nats_per_byte"]["mean"] for n, m in methods.items()}
+  assert o["ours"] == sorted(["soma_n2", "mono_k4", "eggroll"], key=ends.get)
+  assert o["paper"] == ["soma_n2", "mono_k4", "eggroll"] and o["pairs"] == 3
+  assert o["soma_below_monoliths"] == {"mono_k4": ends["soma_n2"] < ends["mono_k4"]}
+  table = open(os.path.join(out, "table.md")).read()
+  assert "Against the paper's Table 4" in table and "soma_n2 1.76" in table
+  assert all(f"| {name} | " in table for name in sel)
+
+
+def test_table4_lr_fields_refused():
+  for key, value in (("select_fraction", 0.0), ("select_fraction", 2.0),
+                     ("lr_factors", (2.0, 4.0)), ("eps_factors", (2.0,))):
+    config = load_config("compare", "study=table4,size=tiny")
+    config[key] = value
+    with pytest.raises(UserError, match=f"--config.{key}=") as e:
+      driver.checked(table4.STUDY, config)
+    assert "\n" not in str(e.value)
+  config = load_config("compare", "study=table4,size=cpu")
+  assert (config.own_starts, config.lr_factors, config.select_fraction) == (True, (0.5, 1, 2), 0.25)
 
 
 def _specs(cfgs: dict) -> dict:

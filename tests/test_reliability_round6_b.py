@@ -506,12 +506,12 @@ def test_table4_budget_column_is_in_the_studys_unit_for_every_row(name):
   """Item 8: head_only's 1193 updates stood under "ops" (and "cpu_seconds"); every row's
   budget column now holds what it spent in the study's unit, and the committed tables are
   the JSON's."""
-  from soma_jax.studies import table4
+  from soma_jax.studies import table4_report
 
   with open(os.path.join(ROOT, "docs", "results", f"{name}.json")) as f:
     p = json.load(f)
   unit = p["budget"]["unit"]
-  text = table4.table(p)
+  text = table4_report.table(p)
   with open(os.path.join(ROOT, "docs", "results", f"{name}.md")) as f:
     assert f.read() == text
   for row, r in p["methods"].items():

@@ -11,10 +11,10 @@ Protocol: every optimisation seed s continues its own seed runs, trained at seed
 operations (SPEC 7's count: one_expert runs twice SOMA's updates), times its row_fraction,
 with checkpoints at `curve_fractions` of it (log-spaced), each scored on the spread
 validation set inside the run. lr: a grid of lr_factors around each row's centre
-(`row_base_lr`) on the first seed at `select_fraction` of its budget, selected on validation
-(`table7.Search`), then fixed for every seed. Test is scored once per row and seed at each
-budget of `test_fractions`, declared in the config before anything trains. At every
-checkpoint each SOMA expert is also scored alone on every validation window.
+(`row_base_lr`) on the first seed at `select_fraction` of its budget, selected on validation,
+then fixed for every seed (`selection`, shared with table4 and table5). Test is scored once
+per row and seed at each budget of `test_fractions`, declared in the config before anything
+trains. At every checkpoint each SOMA expert is also scored alone on every validation window.
 
 Readouts (`narrow_readouts`), declared in the config: primary, the test end-loss contrasts of
 `primary` at each declared budget (seeds with their starts and test documents in the
@@ -44,6 +44,7 @@ from soma_jax.studies import (
   results,
   scores,
   seeded,
+  selection,
   table7,
   training,
 )
@@ -51,9 +52,7 @@ from soma_jax.studies import narrow_readouts as readouts
 
 SPEC = ("SPEC 9.8 (sharding or a narrower model: SOMA against one expert of its width as the "
         "budget grows, every seed with its own start)")
-FIELDS = {"select_fraction": ("a number in (0, 1]", lambda v: isinstance(v, int | float)
-                              and not isinstance(v, bool) and 0 < v <= 1),
-          "corpus": planning.one_of("builtin", "man"),
+FIELDS = {**selection.FIELDS, "corpus": planning.one_of("builtin", "man"),
           "man_root": ("a string", lambda v: isinstance(v, str)),
           "man_sections": ("a tuple of section numbers", lambda v: isinstance(v, tuple | list)
                            and len(v) > 0 and all(isinstance(x, int) for x in v))}
@@ -282,7 +281,7 @@ def _ops(ready: base.Setup) -> float:
 
 def _start(ready: base.Setup, seed: int, name: str) -> dict:
   """The seed run record row `name` continues at optimisation seed `seed` (its own)."""
-  return ready.seeds[f"seed{seed}"][ready.plan.start[name]]
+  return seeded.start(ready.plan, ready.seeds, seed, name)
 
 
 def row_spec(n: Narrow, ready: base.Setup, name: str, seed: int, share: float,
@@ -352,25 +351,23 @@ def describe(n: Narrow, ready: base.Setup, name: str, chosen: tuple) -> dict:
 
 def stages(n: Narrow, ready: base.Setup) -> base.Stages:
   """Every row's start scored at every seed, its lr grid on the first seed at select_fraction
-  of its budget (`table7.searching`), then every row at every seed at its selected (lr, eps)
-  (one stage); (the searches, {row: {.., per_seed}})."""
+  of its budget (`selection.selecting`), then every row at every seed at its selected (lr,
+  eps) (one stage); (the searches, {row: {.., per_seed}})."""
   plan, out, (val, test) = ready.plan, ready.out, ready.scored
   starts = {(seed, name): scores.start_losses(row_spec(n, ready, name, seed, 1.0),
                                               {"validation": val, "test": test})
             for seed in plan.seeds for name in ready.methods}
-  first, found = plan.seeds[0], {}
-  for name in ready.methods:
-    spec = row_spec(n, ready, name, first, n.select_fraction)
-    found[name] = table7.Search(
-        spec, n.grid, os.path.join(out, "runs", "select", name), f"select {name}",
-        {"step": training.start_step(spec, _start(ready, first, name)),
-         "val": starts[(first, name)]["validation"].mean()},
-        base=n.row_base_lr.get(name, n.grid.base_lr), scorer=val)
-  yield from table7.searching(list(found.values()), val)
-  chosen = {name: (s.result()[0]["lr"], s.result()[0]["eps"]) for name, s in found.items()}
-  planned = {(seed, name): table7.grid_point(row_spec(n, ready, name, seed, 1.0, n.curve),
-                                             *chosen[name])
-             for seed in plan.seeds for name in ready.methods}
+  first = plan.seeds[0]
+  specs = {name: row_spec(n, ready, name, first, n.select_fraction) for name in ready.methods}
+  begins = {name: selection.start(spec, _start(ready, first, name),
+                                  starts[(first, name)]["validation"].mean())
+            for name, spec in specs.items()}
+  found = selection.searches(n.grid, specs, begins,
+                             {name: n.row_base_lr.get(name, n.grid.base_lr) for name in specs},
+                             dict.fromkeys(specs, val), os.path.join(out, "runs", "select"))
+  chosen = yield from selection.selecting(found)
+  planned = selection.fixed({(seed, name): row_spec(n, ready, name, seed, 1.0, n.curve)
+                             for seed in plan.seeds for name in ready.methods}, chosen)
   rows = {name: describe(n, ready, name, chosen[name]) for name in ready.methods}
   for run in (yield from seeded.trained(planned, out)):
     rows[run.name]["per_seed"].append(record(n, ready, run.name, run.spec,
@@ -388,7 +385,7 @@ def measure(n: Narrow, ready: base.Setup, gathered: tuple) -> dict:
                      "ops_per_update": ready.ops, "row_fraction": n.row_fraction},
           "corpus": ready.data.extra, "intervals": narrow_report.intervals(plan),
           "declared": narrow_report.declared(n),
-          "selection": narrow_report.selection(found, ready.out),
+          "selection": selection.report(found, ready.out),
           "rows": results.public(rows), "readouts": results.public(got),
           "intervals_printed": narrow_report.count_intervals(got)}
 

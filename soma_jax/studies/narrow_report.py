@@ -35,20 +35,6 @@ def declared(study) -> dict:
                           "a null written with its bound"}
 
 
-def selection(found: dict, out: str) -> dict:
-  """Each row's lr search (the first seed at select_fraction of its budget)."""
-  got = {}
-  for name, search in found.items():
-    chosen, tried, grid = search.result()
-    got[name] = {"seed": search.spec.config.seed, "lr": chosen["lr"], "eps": chosen["eps"],
-                 "lr_grid": grid["lr_grid"], "lr_at_edge": grid["lr_at_edge"],
-                 "updates": chosen["updates"],
-                 "configurations": [{"lr": r["lr"], "eps": r["eps"],
-                                     "val_nats_per_byte": r["val_nats_per_byte"],
-                                     "workdir": planning.shown(r["workdir"], out)} for r in tried]}
-  return got
-
-
 def count_intervals(x) -> int:
   """How many intervals the readouts print (every non-null ci95)."""
   if isinstance(x, dict):

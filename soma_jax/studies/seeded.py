@@ -1,6 +1,7 @@
 """The stage the sweeps share (fig7, fig9, fig13, fig15, fig16, narrow, table4, table5): every
-method at every optimisation seed, each continuing its seed run (`training.budgeted`), trained
-as one stage into OUT/runs/seedS/NAME and read back."""
+method at every optimisation seed, each continuing its seed run (`training.budgeted`; with
+plan.own_starts, that seed's own: `start`), trained as one stage into OUT/runs/seedS/NAME and
+read back."""
 
 from __future__ import annotations
 
@@ -20,6 +21,13 @@ def workdir(out: str, seed: int, name: str) -> str:
   return os.path.join(out, "runs", f"seed{seed}", name)
 
 
+def start(plan: planning.StudyPlan, seeds: dict, seed: int, name: str) -> dict:
+  """The seed run record method `name` continues at optimisation seed `seed` (`seeds`: the
+  seed runs' records, base.Setup.seeds): that seed's own (plan.own_starts:
+  `training.seed_stage`'s {"seedS": {run: record}}), else the one every seed shares."""
+  return (seeds[f"seed{seed}"] if plan.own_starts else seeds)[plan.start[name]]
+
+
 class Run(NamedTuple):
   """One trained run of a stage (`trained`)."""
   seed: int
@@ -31,10 +39,12 @@ class Run(NamedTuple):
 
 def every_seed(ready: base.Setup, names, unit: str, amount: float,
                data: Callable[[str], Any] | None = None, starts: dict | None = None,
-               score: bool = True) -> dict[tuple[int, str], spec_lib.RunSpec]:
-  """{(seed, name): its run}, method by method, each at every optimisation seed: continuing
-  `starts[name]` (default its seed run, plan.start; None: a fresh init) to `amount` of `unit`
-  on the data dir ready.data.dirs[data(name)] (default its N's), with fresh Adam moments where
+               score: bool = True, seeds: tuple[int, ...] | None = None,
+               checkpoints: int | None = None) -> dict[tuple[int, str], spec_lib.RunSpec]:
+  """{(seed, name): its run}, method by method, each at every optimisation seed (or `seeds`):
+  continuing `starts[name]` (default its seed run at that seed, `start`; None: a fresh init)
+  to `amount` of `unit` with `checkpoints` (default plan.curve_points) on the data dir
+  ready.data.dirs[data(name)] (default its N's), with fresh Adam moments where
   plan.fresh_optimizer names it; `score`: its checkpoints scored by training on that dir's
   validation set. A run of N > 1 experts continuing a seed run reads the seed's windows
   (init_from_other_data: the seed trained on the one-shard data)."""
@@ -42,12 +52,12 @@ def every_seed(ready: base.Setup, names, unit: str, amount: float,
   data = data or (lambda name: ready.specs[name].n_experts)
   planned = {}
   for name in names:
-    start = ready.seeds[plan.start[name]] if starts is None else starts[name]
     c = ml_collections.ConfigDict(ready.methods[name].to_dict())
-    c.init_from_other_data = start is not None and ready.specs[name].n_experts != 1
-    for seed in plan.seeds:
+    for seed in plan.seeds if seeds is None else seeds:
+      seed_run = start(plan, ready.seeds, seed, name) if starts is None else starts[name]
+      c.init_from_other_data = seed_run is not None and ready.specs[name].n_experts != 1
       planned[(seed, name)] = training.budgeted(
-          c, dirs[data(name)], seed, start, unit, amount, plan.curve_points,
+          c, dirs[data(name)], seed, seed_run, unit, amount, checkpoints or plan.curve_points,
           f"methods.{name}.", fresh=name in plan.fresh_optimizer,
           score=sets[data(name)][0] if score else None)
   return planned

@@ -236,3 +236,16 @@ def interaction(e1: dict, e2: dict) -> dict:
   out["log_speedup"] = {k: interaction_effect(e1["log_speedup"], e2["log_speedup"], k)
                         for k in ("compared", "from_init")}
   return out
+
+
+def ordering(ours: dict[str, float], paper: dict[str, float]) -> dict:
+  """Our order of the rows both hold (lowest first, by `ours`: seed means) against the
+  paper's: {ours, paper, pairs: the pairs the paper orders (a tie orders none), agreeing: how
+  many of them ours orders alike, same: all of them, left_out: our rows the paper lacks}. An
+  order of means resolves no pair by itself (the intervals do)."""
+  both = [k for k in ours if k in paper]
+  pairs = [(a, b) for i, a in enumerate(both) for b in both[i + 1:] if paper[a] != paper[b]]
+  agreeing = sum((ours[a] < ours[b]) == (paper[a] < paper[b]) for a, b in pairs)
+  return {"ours": sorted(both, key=ours.get), "paper": sorted(both, key=paper.get),
+          "pairs": len(pairs), "agreeing": int(agreeing), "same": agreeing == len(pairs),
+          "left_out": [k for k in ours if k not in paper]}

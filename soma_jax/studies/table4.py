@@ -18,10 +18,19 @@ Reported per row: operations, updates and the budget used; per seed the start, e
 interval across seeds (`statistics.gain_difference`); the end test loss with its paired CI
 against SOMA; and beside it, labelled as such, the ranking at equal operations (each row's
 test curve read at the smallest operation count any budget row reached).
+
+Protocol (SPEC 9.8): every optimisation seed s continues its own seed runs, trained at
+seed_run_seed + s (`own_starts`); every row's lr (SOMA's, the monoliths', EGGROLL's opt.lr,
+BPTT's and the controls' alike) is selected on a grid of lr_factors around its config's lr,
+trained on the first seed at `select_fraction` of its budget (a control: of the reference's
+selected run's updates), on validation, then fixed for every seed (`selection`); EGGROLL's
+sigma and SPSA's eps stay at their config's (eps at the centre lr, tied). table.md states the
+ordering of the rows' end test losses against the paper's (`PAPER`).
 """
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import ml_collections
@@ -35,13 +44,21 @@ from soma_jax.studies import (
   paper,
   planning,
   recipes,
-  results,
   scores,
   seeded,
+  selection,
   statistics,
+  table4_report,
+  table7,
   training,
 )
 from soma_jax.studies.verdict import Interval, from_stat
+
+# The paper's Table 4 (test loss near 150 GPU-hours, three significant figures) by our rows:
+# SOMA N = 2 (n_pert 64), the monoliths at 1x / 4x / 16x its directions (64 / 256 / 1,024),
+# EGGROLL; the paper has no BPTT row or controls.
+PAPER = {"item": "Table 4", "test_nats_per_byte": {
+    "soma_n2": 1.76, "mono_k4": 2.00, "mono_k16": 2.11, "mono_k64": 2.00, "eggroll": 2.21}}
 
 
 def config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -51,57 +68,109 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
     python experiments/compare.py --config=experiments/configs/compare.py:study=table4,size=cpu --out=runs/table4
   """
   a = recipes.args(arg)
-  return recipes.allocation(a["study"], a["size"])
+  c = recipes.allocation(a["study"], a["size"])
+  c.own_starts = True  # seed s continues its own seed runs, trained at seed_run_seed + s
+  # lr: a grid of lr_factors around each row's own lr (SOMA, monoliths and controls 0.0025,
+  # EGGROLL 0.01, BPTT bptt.py's) on the first seed at select_fraction of its budget, selected
+  # on validation, then fixed for every seed (eps at the centre; `selection`); the Table 7
+  # grid fields `allocation` sets are replaced. Tiny: one update per point, the tests' speed.
+  c.lr_factors, c.lr_extend = (0.5, 1.0, 2.0), 0
+  c.eps_factors, c.eps_extend = (1.0,), 0
+  c.select_fraction = 0.25 if a["size"] == "cpu" else 0.1
+  return c
 
 
 class Rows(NamedTuple):
-  """Table 4's own fields (`check`): what each row stands for in the paper's table."""
+  """Table 4's own fields (`check`): what each row stands for in the paper's table, its lr
+  grid and select_fraction."""
   rows: dict[str, str]
+  lr: table7.Grid  # each row's lr grid (factors of its own lr: `selection`)
+  select_fraction: float  # of its budget, each grid point's on the first seed
 
 
 def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Rows:
-  """The controls match the reference's updates, and are methods."""
+  """The controls match the reference's updates, and are methods; the lr grid and
+  select_fraction."""
   ref = plan.reference
   for name, target in plan.match_updates.items():
     if name not in config.methods or target != ref:
       raise UserError(f"match_updates.{name}={target!r}: controls match the reference {ref!r}, "
                       f"and must be methods; fix: --config.match_updates.{name}={ref}")
-  return Rows({n: config.rows.get(n, "") for n in config.methods})
+  lr = table7.check_grid(config)
+  planning.check_fields(config, selection.FIELDS)
+  return Rows({n: config.rows.get(n, "") for n in config.methods}, lr,
+              float(config.select_fraction))
 
 
 def run_config(name: str, methods: dict, plan: planning.StudyPlan, data_dir: str, seed: int,
-               start: dict, ref_updates: int | None,
-               score: eval_lib.TestSet | None = None) -> spec_lib.RunSpec:
-  """The run of row `name` (its training config in `methods`) at one seed: to the budget, or
-  (a control) to the reference's updates in this seed. `score`: the set its curve is read on
-  (the test set), scored by training at each checkpoint (`training.budgeted`)."""
+               start: dict, ref_updates: int | None, score: eval_lib.TestSet | None = None,
+               share: float = 1.0, checkpoints: int | None = None) -> spec_lib.RunSpec:
+  """The run of row `name` (its training config in `methods`) at one seed: to `share` of the
+  budget, or (a control) to the reference's updates in this seed, with `checkpoints` (default
+  plan.curve_points). `score`: the set its curve is read on (the test set; the selection's:
+  validation), scored by training at each checkpoint (`training.budgeted`)."""
   fresh = name in plan.fresh_optimizer  # its seed's parameters, fresh Adam moments
+  points = checkpoints or plan.curve_points
   if name in plan.match_updates:
     return training.budgeted(methods[name], data_dir, seed, start, "updates", ref_updates,
-                             plan.curve_points, fresh=fresh, score=score)
-  return training.budgeted(methods[name], data_dir, seed, start, plan.unit, plan.budget,
-                           plan.curve_points, fresh=fresh, score=score)
+                             points, fresh=fresh, score=score)
+  return training.budgeted(methods[name], data_dir, seed, start, plan.unit, plan.budget * share,
+                           points, fresh=fresh, score=score)
 
 
 def stages(grid: Rows, ready: base.Setup) -> base.Stages:
-  """Each row's start scored, then every row at every seed (`rows_stages`); (described, per-seed
-  records, end test losses, starts)."""
-  plan, (val, test) = ready.plan, ready.scored
-  starts, described = {}, {}
-  for n, c in ready.methods.items():
-    start = ready.seeds[plan.start[n]]
-    first = training.budgeted(c, ready.data_dir, plan.seeds[0], start, plan.unit, 1, 1)
-    starts[n] = scores.start_losses(first, {"validation": val, "test": test})
-    described[n] = describe(n, first, plan, start, training.layout_of(first))
+  """Each row's start scored at every seed (its own: own_starts), each row's lr selected on
+  the first seed (`selecting`), then every row at every seed at its lr (`rows_stages`);
+  (described, per-seed records, end test losses, starts, the searches)."""
+  plan, (val, test), seeds = ready.plan, ready.scored, ready.seeds
+  starts, described, scored = {}, {}, {}
+  for seed in plan.seeds:
+    for n, c in ready.methods.items():
+      start = seeded.start(plan, seeds, seed, n)
+      first = training.budgeted(c, ready.data_dir, seed, start, plan.unit, 1, 1)
+      if (start["workdir"], n) not in scored:  # a start shared by seeds is scored once
+        scored[(start["workdir"], n)] = scores.start_losses(first, {"validation": val,
+                                                                    "test": test})
+      starts[(seed, n)] = scored[(start["workdir"], n)]
+      if seed == plan.seeds[0]:
+        described[n] = describe(n, first, plan, start, training.layout_of(first))
+  found = yield from selecting(grid, ready, starts)
+  lrs = selection.chosen(found)
+  for n, (lr, eps) in lrs.items():
+    described[n].update(lr=lr, eps=eps)
   records, ends = yield from rows_stages(plan, ready.methods, (ready.data_dir, ready.out),
-                                         ready.seeds, starts, ready.scored)
-  return described, records, ends, starts
+                                         seeds, starts, ready.scored, lrs)
+  return described, records, ends, starts, found
+
+
+def selecting(grid: Rows, ready: base.Setup, starts: dict) -> base.Stages:
+  """Every row's lr grid on the first seed (`selection`), on validation: the budget rows at
+  select_fraction of the budget, then the controls at the updates of the reference's selected
+  run; {row: its search}."""
+  plan, val, first = ready.plan, ready.scored[0], ready.plan.seeds[0]
+  found = {}
+  for stage in ([n for n in ready.methods if n not in plan.match_updates],
+                [n for n in ready.methods if n in plan.match_updates]):
+    ref = found[plan.reference].result()[0]["updates"] if found else None
+    runs = {n: seeded.start(plan, ready.seeds, first, n) for n in stage}
+    specs = {n: run_config(n, ready.methods, plan, ready.data_dir, first, runs[n], ref,
+                           score=val, share=grid.select_fraction, checkpoints=1)
+             for n in stage}
+    now = selection.searches(
+        grid.lr, specs, {n: selection.start(s, runs[n], starts[(first, n)]["validation"].mean())
+                         for n, s in specs.items()},
+        {n: s.lr for n, s in specs.items()}, dict.fromkeys(specs, val),
+        os.path.join(ready.out, "runs", "select"))
+    yield from selection.selecting(now)
+    found |= now
+  return found
 
 
 def measure(grid: Rows, ready: base.Setup, gathered: tuple) -> dict:
   """Each row's per-seed records with its end gap to the reference, aggregated; the gain
-  differences and the ranking at equal operations."""
-  described, records, ends, starts = gathered
+  differences, the ranking at equal operations, the lr selection and the ordering against the
+  paper's."""
+  described, records, ends, starts, found = gathered
   plan, test, ref = ready.plan, ready.scored[1], ready.plan.reference
   for seed in plan.seeds:
     for name in ready.methods:
@@ -121,27 +190,54 @@ def measure(grid: Rows, ready: base.Setup, gathered: tuple) -> dict:
                                                 plan.bootstrap_draws)}
   fields["equal_ops"] = equal_ops(fields, [n for n in ready.methods
                                            if n not in plan.match_updates])
+  fields.update(intervals=planning.interval_kind(plan), paper=PAPER,
+                tuning=selection.tuning(grid.lr, grid.select_fraction),
+                selection=selection.report(found, ready.out),
+                ordering=ordering({n: r["test_nats_per_byte"]["mean"]
+                                   for n, r in described.items()}))
   return fields
 
 
+def ordering(ends: dict[str, float]) -> dict:
+  """The rows' end test losses (seed means) against the paper's Table 4: the order of the rows
+  both have (`statistics.ordering`; the paper's 64 and 1,024 directions tie at 2.00), and
+  SOMA below each monolith (the paper: 1.76 against 2.00-2.11)."""
+  monoliths = [n for n in ends if n.startswith("mono") and n in PAPER["test_nats_per_byte"]]
+  return {"of": "end test loss, seed means (an order of means resolves no pair by itself: "
+                "gain_difference's intervals do)",
+          **statistics.ordering(ends, PAPER["test_nats_per_byte"]),
+          "soma_below_monoliths": {m: bool(ends["soma_n2"] < ends[m]) for m in monoliths}
+          if "soma_n2" in ends else {}}
+
+
+def _start_w(starts: dict, seed: int, name: str) -> dict:
+  """A row's start losses at a seed: starts[(seed, row)] (own starts), else starts[row]."""
+  return starts[(seed, name)] if (seed, name) in starts else starts[name]
+
+
 def rows_stages(plan: planning.StudyPlan, methods: dict, where: tuple[str, str],
-                seeds: dict, starts: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet]
-                ) -> base.Stages:
+                seeds: dict, starts: dict, scored: tuple[eval_lib.TestSet, eval_lib.TestSet],
+                lrs: dict | None = None) -> base.Stages:
   """Every row at every optimisation seed in two stages: the rows on the budget, then the
-  controls at the reference's updates in their seed. Returns ({(seed, row): its per-seed
-  record}, {(seed, row): its end per-window test losses})."""
+  controls at the reference's updates in their seed; each continuing its seed run at that
+  seed (`seeded.start`), at its selected (lr, eps) where `lrs` names it (else its config's).
+  `starts`: each row's start losses, {(seed, row): ...} or {row: ...}. Returns ({(seed, row):
+  its per-seed record}, {(seed, row): its end per-window test losses})."""
   data_dir, out = where
   records, ends = {}, {}
   for stage in ([n for n in methods if n not in plan.match_updates],
                 [n for n in methods if n in plan.match_updates]):
     planned = {(seed, name): run_config(
-        name, methods, plan, data_dir, seed, seeds[plan.start[name]],
+        name, methods, plan, data_dir, seed, seeded.start(plan, seeds, seed, name),
         records[(seed, plan.reference)]["updates"] if name in plan.match_updates else None,
         score=scored[1])
         for seed in plan.seeds for name in stage}
+    if lrs:
+      planned = selection.fixed(planned, lrs)
     for run in (yield from seeded.trained(planned, out)):
       records[(run.seed, run.name)], ends[(run.seed, run.name)] = row_record(
-          run, out, seeds[plan.start[run.name]], starts[run.name], scored)
+          run, out, seeded.start(plan, seeds, run.seed, run.name),
+          _start_w(starts, run.seed, run.name), scored)
   return records, ends
 
 
@@ -178,8 +274,8 @@ def gain_differences(described: dict, ends: dict, starts: dict, ref: str,
     if name == ref:
       continue
     seeds = [q["seed"] for q in r["per_seed"]]
-    gains_w = [(starts[ref]["test"] - ends[(s, ref)], starts[name]["test"] - ends[(s, name)])
-               for s in seeds]
+    gains_w = [(_start_w(starts, s, ref)["test"] - ends[(s, ref)],
+                _start_w(starts, s, name)["test"] - ends[(s, name)]) for s in seeds]
     out[name] = statistics.gain_difference(described[ref]["per_seed"], r["per_seed"], gains_w,
                                          test.doc_ids, draws)
   return out
@@ -206,7 +302,11 @@ def aggregate(r: dict) -> None:
   for key in ("test_nats_per_byte", "minus_ref", "updates", "ops", "device_seconds",
               "cpu_seconds", "budget_used"):
     r[key] = statistics.across_seeds([p[key] for p in per])
-  r["start_loss"] = per[0]["start_loss"]  # the same for every seed
+  if len({p["start"] for p in per}) == 1:  # one start every seed shares
+    r["start_loss"] = per[0]["start_loss"]
+  else:  # each seed its own: their mean
+    r["start_loss"] = {s: float(np.mean([p["start_loss"][s] for p in per]))
+                       for s in per[0]["start_loss"]}
   r["gain"] = {s: statistics.t_interval([p["gain"][s] for p in per]) for s in ("validation", "test")}
   r["ref_wins"] = int(sum(p["minus_ref"] > 0 for p in per))
   r["ref_wins_ci_excludes_zero"] = int(sum(p["minus_ref_ci95"][0] > 0 for p in per))
@@ -226,70 +326,6 @@ def equal_ops(payload: dict, names: list[str]) -> dict:
   return {"ops": ops, "how": "each row's test curve (its start and its checkpoints) "
           "interpolated linearly in operations at the smallest final ops of any budget row",
           "test_nats_per_byte": at, "ranking": order}
-
-
-def _fmt(x: float) -> str:
-  for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-    if x >= div:
-      return f"{x / div:.3g}{unit}"
-  return f"{x:.3g}"
-
-
-def _line(name: str, r: dict, p: dict) -> str:
-  """One row of the main table; its budget column in the study's unit for every row (a
-  control that ran to the reference's updates too: what it spent, in that unit)."""
-  ref, n_seeds, unit = p["reference"], len(p["seeds"]), p["budget"]["unit"]
-  dirs = r["directions_per_update"] if r["directions_per_update"] is not None else "-"
-  g = p["gain_difference"].get(name)
-  return (f"| {name} | {r['budget']} | {r['n_experts']} | {r['d_t']} | {_fmt(r['params'])} | "
-          f"{dirs} | {_fmt(r['ops_per_update'])} | {r['updates']['mean']:.0f} | "
-          f"{r[unit]['mean']:.4g} | {r['start_loss']['test']:.4f} | "
-          f"{results.pm(r['test_nats_per_byte'], digits=4)} | {results.ci(r['gain']['test'])} | "
-          f"{results.ci(r['gain']['validation'])} | " + ("-" if g is None else results.ci(g))
-          + " | " + ("-" if name == ref else f"{results.pm(r['minus_ref'], True)} "
-                    f"({r['ref_wins']}/{n_seeds})") + " |")
-
-
-def table(p: dict) -> str:
-  """Markdown: the budget table (start, end, gains, gain differences), per-seed values, the
-  equal-ops ranking beside it."""
-  ref, ev, b = p["reference"], p["eval"], p["budget"]
-  rank = sorted(p["methods"], key=lambda n: p["methods"][n]["test_nats_per_byte"]["mean"])
-  lines = [
-      f"Table 4 protocol (SPEC 9.1, 9.6) at this scale. Budget: {b['amount']:g} {b['unit']} per "
-      f"row and seed ({b['controls']}). Every row continues its architecture's seed run "
-      f"({b['seed_updates']} updates, optimizer state included). Evaluation: route on "
-      f"{ev['route_bytes']} bytes, score the next {ev['score_bytes']} ({ev['test_windows']} "
-      f"test windows from {ev['test_documents']} documents); seeds {p['seeds']}; gains are "
-      f"start − end, with 95% t intervals over seeds; load average "
-      f"{p['load_average']['start'][0]:.2f} at the start, {p['load_average']['end'][0]:.2f} at "
-      "the end.",
-      "",
-      *results.head(f"| row | budget | N | d_t | params | directions / update | ops / update | "
-                    f"updates | {b['unit']} spent | start test | end test | gain test | gain "
-                    f"validation | {ref} gain minus row gain (test) | end minus {ref} "
-                    f"({ref} wins) |"),
-  ]
-  lines += [_line(name, r, p) for name, r in p["methods"].items()]
-  eq = p["equal_ops"]
-  lines += ["", f"Ranking by end test loss at this budget: {' < '.join(rank)}.",
-            f"Ranking at equal operations ({_fmt(eq['ops'])} ops, {eq['how']}): "
-            + " < ".join(f"{n} {eq['test_nats_per_byte'][n]['mean']:.3f}" for n in eq["ranking"])
-            + ".", "", f"Per seed: gain (test), and {ref}'s gain minus it [95% paired document "
-            "bootstrap: document noise around one start only].", "",
-            *results.head("| row | " + " | ".join(f"seed {s}" for s in p["seeds"]) + " |")]
-  for name, r in p["methods"].items():
-    g = p["gain_difference"].get(name)
-    cells = [f"{q['gain']['test']:+.3f}" + ("" if g is None else
-             f", {d['diff']:+.3f} [{d['bootstrap_ci95'][0]:+.3f}, {d['bootstrap_ci95'][1]:+.3f}]")
-             for q, d in zip(r["per_seed"], g["per_seed"] if g else r["per_seed"], strict=True)]
-    lines.append(f"| {name} | " + " | ".join(cells) + " |")
-  lines += ["", f"Byte-unigram baseline on the same targets: {p['unigram_test_nats_per_byte']:.3f} "
-            "nats/byte. Seed runs (cost excluded): " + "; ".join(
-                f"{k} {s['method']} d_t={s['d_t']}: {s['updates']} updates at seed {s['seed']}, "
-                f"ensemble val {s['ensemble_val_nats_per_byte']:.3f}"
-                for k, s in p["seed_runs"].items()) + "."]
-  return "\n".join(lines) + "\n"
 
 
 def primary_table4(d: dict) -> tuple[Interval, ...]:
@@ -317,6 +353,7 @@ PAPER_ROWS = (paper.StudyRow(
     result="{name}_ops_cpu"),)
 
 STUDY = base.Study(spec="SPEC 9.1 (paper App. I.1, Table 4 / Figure 1), scaled down by SPEC 9.6",
-                   config=config, check=check, stages=stages, measure=measure, table=table,
+                   config=config, check=check, stages=stages, measure=measure,
+                   table=table4_report.table,
                    ops_tolerance=base.any_ops,  # unequal costs per update are Table 4's point
                    paper_rows=PAPER_ROWS)

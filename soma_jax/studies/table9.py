@@ -48,6 +48,7 @@ from soma_jax.studies import (
   results,
   scores,
   table4,
+  table4_report,
   training,
 )
 from soma_jax.studies.external_corpus import (
@@ -253,7 +254,7 @@ def _line(name: str, p: dict) -> str:
       " / [{:+.3f}, {:+.3f}]".format(*g["test"]["seeds_and_documents"]["ci95"]))
   steps = sorted({q["checkpoint_step"] for q in m["per_seed"]})
   label = "" if d["paper_row"] is None else f" ({PAPER['rows'][d['paper_row']]['label']})"
-  return (f"| {name}{label} | {d['n_experts']} | {d['d_t']} | {table4._fmt(d['params'])} | "
+  return (f"| {name}{label} | {d['n_experts']} | {d['d_t']} | {table4_report.fmt(d['params'])} | "
           f"{d['n_pert']} | {np.mean([q['updates'] for q in m['per_seed']]):.0f} | "
           f"{'/'.join(map(str, steps))} | {results.pm(m['validation'])} | "
           f"{results.pm(m['test'])} | " + ("-" if g is None else results.ci(g["test"]) + both)
