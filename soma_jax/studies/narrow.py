@@ -281,7 +281,7 @@ def _ops(ready: base.Setup) -> float:
 
 def _start(ready: base.Setup, seed: int, name: str) -> dict:
   """The seed run record row `name` continues at optimisation seed `seed` (its own)."""
-  return seeded.start(ready.plan, ready.seeds, seed, name)
+  return training.seed_of(ready.plan, ready.seeds, seed, name)
 
 
 def row_spec(n: Narrow, ready: base.Setup, name: str, seed: int, share: float,

@@ -1,6 +1,6 @@
 """The stage the sweeps share (fig7, fig9, fig13, fig15, fig16, narrow, table4, table5): every
 method at every optimisation seed, each continuing its seed run (`training.budgeted`; with
-plan.own_starts, that seed's own: `start`), trained as one stage into OUT/runs/seedS/NAME and
+plan.own_starts, that seed's own: `training.seed_of`), trained as one stage into OUT/runs/seedS/NAME and
 read back."""
 
 from __future__ import annotations
@@ -21,13 +21,6 @@ def workdir(out: str, seed: int, name: str) -> str:
   return os.path.join(out, "runs", f"seed{seed}", name)
 
 
-def start(plan: planning.StudyPlan, seeds: dict, seed: int, name: str) -> dict:
-  """The seed run record method `name` continues at optimisation seed `seed` (`seeds`: the
-  seed runs' records, base.Setup.seeds): that seed's own (plan.own_starts:
-  `training.seed_stage`'s {"seedS": {run: record}}), else the one every seed shares."""
-  return (seeds[f"seed{seed}"] if plan.own_starts else seeds)[plan.start[name]]
-
-
 class Run(NamedTuple):
   """One trained run of a stage (`trained`)."""
   seed: int
@@ -42,7 +35,7 @@ def every_seed(ready: base.Setup, names, unit: str, amount: float,
                score: bool = True, seeds: tuple[int, ...] | None = None,
                checkpoints: int | None = None) -> dict[tuple[int, str], spec_lib.RunSpec]:
   """{(seed, name): its run}, method by method, each at every optimisation seed (or `seeds`):
-  continuing `starts[name]` (default its seed run at that seed, `start`; None: a fresh init)
+  continuing `starts[name]` (default its seed run at that seed, `training.seed_of`; None: a fresh init)
   to `amount` of `unit` with `checkpoints` (default plan.curve_points) on the data dir
   ready.data.dirs[data(name)] (default its N's), with fresh Adam moments where
   plan.fresh_optimizer names it; `score`: its checkpoints scored by training on that dir's
@@ -54,7 +47,7 @@ def every_seed(ready: base.Setup, names, unit: str, amount: float,
   for name in names:
     c = ml_collections.ConfigDict(ready.methods[name].to_dict())
     for seed in plan.seeds if seeds is None else seeds:
-      seed_run = start(plan, ready.seeds, seed, name) if starts is None else starts[name]
+      seed_run = training.seed_of(plan, ready.seeds, seed, name) if starts is None else starts[name]
       c.init_from_other_data = seed_run is not None and ready.specs[name].n_experts != 1
       planned[(seed, name)] = training.budgeted(
           c, dirs[data(name)], seed, seed_run, unit, amount, checkpoints or plan.curve_points,

@@ -126,7 +126,7 @@ def stages(grid: Rows, ready: base.Setup) -> base.Stages:
   starts, described, scored = {}, {}, {}
   for seed in plan.seeds:
     for n, c in ready.methods.items():
-      start = seeded.start(plan, seeds, seed, n)
+      start = training.seed_of(plan, seeds, seed, n)
       first = training.budgeted(c, ready.data_dir, seed, start, plan.unit, 1, 1)
       if (start["workdir"], n) not in scored:  # a start shared by seeds is scored once
         scored[(start["workdir"], n)] = scores.start_losses(first, {"validation": val,
@@ -152,7 +152,7 @@ def selecting(grid: Rows, ready: base.Setup, starts: dict) -> base.Stages:
   for stage in ([n for n in ready.methods if n not in plan.match_updates],
                 [n for n in ready.methods if n in plan.match_updates]):
     ref = found[plan.reference].result()[0]["updates"] if found else None
-    runs = {n: seeded.start(plan, ready.seeds, first, n) for n in stage}
+    runs = {n: training.seed_of(plan, ready.seeds, first, n) for n in stage}
     specs = {n: run_config(n, ready.methods, plan, ready.data_dir, first, runs[n], ref,
                            score=val, share=grid.select_fraction, checkpoints=1)
              for n in stage}
@@ -220,7 +220,7 @@ def rows_stages(plan: planning.StudyPlan, methods: dict, where: tuple[str, str],
                 lrs: dict | None = None) -> base.Stages:
   """Every row at every optimisation seed in two stages: the rows on the budget, then the
   controls at the reference's updates in their seed; each continuing its seed run at that
-  seed (`seeded.start`), at its selected (lr, eps) where `lrs` names it (else its config's).
+  seed (`training.seed_of`), at its selected (lr, eps) where `lrs` names it (else its config's).
   `starts`: each row's start losses, {(seed, row): ...} or {row: ...}. Returns ({(seed, row):
   its per-seed record}, {(seed, row): its end per-window test losses})."""
   data_dir, out = where
@@ -228,7 +228,7 @@ def rows_stages(plan: planning.StudyPlan, methods: dict, where: tuple[str, str],
   for stage in ([n for n in methods if n not in plan.match_updates],
                 [n for n in methods if n in plan.match_updates]):
     planned = {(seed, name): run_config(
-        name, methods, plan, data_dir, seed, seeded.start(plan, seeds, seed, name),
+        name, methods, plan, data_dir, seed, training.seed_of(plan, seeds, seed, name),
         records[(seed, plan.reference)]["updates"] if name in plan.match_updates else None,
         score=scored[1])
         for seed in plan.seeds for name in stage}
@@ -236,7 +236,7 @@ def rows_stages(plan: planning.StudyPlan, methods: dict, where: tuple[str, str],
       planned = selection.fixed(planned, lrs)
     for run in (yield from seeded.trained(planned, out)):
       records[(run.seed, run.name)], ends[(run.seed, run.name)] = row_record(
-          run, out, seeded.start(plan, seeds, run.seed, run.name),
+          run, out, training.seed_of(plan, seeds, run.seed, run.name),
           _start_w(starts, run.seed, run.name), scored)
   return records, ends
 

@@ -157,7 +157,7 @@ def stages(grid: Grid, ready: base.Setup) -> base.Stages:
   specs = {name: spec for (_, name), spec in seeded.every_seed(
       ready, ready.methods, "ops", ops_budget * grid.select_fraction, seeds=(first,),
       checkpoints=1).items()}
-  begins = {name: selection.start(spec, seeded.start(plan, seeds, first, name),
+  begins = {name: selection.start(spec, training.seed_of(plan, seeds, first, name),
                                   starts[(first, name)]) for name, spec in specs.items()}
   found = selection.searches(grid.lr, specs, begins, {n: s.lr for n, s in specs.items()},
                              {name: val(name) for name in specs},
@@ -165,7 +165,7 @@ def stages(grid: Grid, ready: base.Setup) -> base.Stages:
   planned = selection.fixed(planned, (yield from selection.selecting(found)))
   curves = {}
   for run in (yield from seeded.trained(planned, ready.out)):
-    seed_run = seeded.start(plan, seeds, run.seed, run.name)
+    seed_run = training.seed_of(plan, seeds, run.seed, run.name)
     points, _ = seeded.curve(run, seed_run, val(run.name), starts[(run.seed, run.name)])
     curves[(run.seed, run.name)] = seeded.record(run, ready.out, seed_run=training.start_of(
         seed_run), start_loss=float(starts[(run.seed, run.name)]), curve=points)
