@@ -72,9 +72,9 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
     python experiments/compare.py --config=experiments/configs/compare.py:study=decompose,size=cpu --out=runs/decompose
     ...:study=decompose,size=cpu,seeds=5   (the headline's seed count)
 
-  Cost at size=cpu, 3 seeds on 2 idle cores, from docs/results/decompose_cpu.json's per-update
-  times: about 80 min for the seven rows with shared starts, plus about 6 min for
-  one_expert_bptt and 1 min per seed for its own seed runs; 5 seeds about 2.5 h.
+  Cost at size=cpu on 2 cores, from docs/results/decompose_cpu.json's per-update times: the
+  seven rows' searches 4,100 s of updates at 3 seeds, one_expert_bptt about 1,100 s more, each
+  seed's own seed runs about 1 min; about 1.6 h at 3 seeds, 2.7 h at 5 (docs/decompose.md).
   """
   a = recipes.args(arg, seeds=0)
   size, cpu = a["size"], a["size"] == "cpu"

@@ -51,8 +51,8 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     python experiments/compare.py --config=experiments/configs/compare.py:study=table7,size=cpu --out=runs/table7
 
-  Cost at size=cpu on 2 idle cores, from docs/results/table7_cpu.json's per-update times:
-  about 25 min of updates for the searches and 3 min for the ten seed runs.
+  Cost at size=cpu on 2 cores, from docs/results/table7_cpu.json's per-update times: 28 min
+  of updates for the searches, 2 min for the ten seed runs; about 35 min in all.
   """
   a = recipes.args(arg)
   c = recipes.pair(a["study"], a["size"])
