@@ -16,7 +16,7 @@ and at the monolith's width):
 - `isolated_step_seconds`: the median of `--reps` rounds of the step alone, each waited for
   (`step_timing.benchmark`, in the layout training uses). On these 2 cores it read 38.9 ms
   at width 32 where training ran 19 ms per update (the loop dispatches update t + 1 before
-  waiting for update t; docs/results/ladder_steps_isolated.json, table7_cpu.json); both are
+  waiting for update t; docs/results/ladder_steps_isolated.json, table7_cpu_shared_start.json); both are
   kept so the gap is on record.
 With `--mechanism`, the wall seconds of `ladder_mechanism.seed_descent`'s measurement
 (config.mechanism) of one expert and of the monolith on random windows from a fresh init.

@@ -1,6 +1,6 @@
 r"""How much each tuning stage of a Table 7 search moved the selected validation loss.
 
-  python -m scripts.grid_spread --results=docs/results/table7_cpu.json \
+  python -m scripts.grid_spread --results=docs/results/table7_cpu_shared_start.json \
       --json=docs/results/table7_grid_spread.json
 
 For every architecture and optimisation seed of a study=table7 results.json: the spread (largest minus smallest final ensemble-validation loss) over the

@@ -80,7 +80,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   if cpu:  # to fit the first pass's 3 rungs in about an hour: Table 7's lr grid without its
     # 4x point (never selected there: SOMA took 1x in 5 of 5 seeds, the monolith 0.25x or
     # 0.5x; an edge choice still grows it twice, to 4x and 8x or 0.125x and 0.0625x), and no
-    # eps stage: in Table 7's 10 searches (docs/results/table7_cpu.json) eps 0.5x..2x moved
+    # eps stage: in Table 7's 10 shared-start searches (docs/results/table7_cpu_shared_start.json) eps 0.5x..2x moved
     # the selected run's validation loss by 0.0026 at most, the lr grid by 0.068 to 0.159
     c.lr_factors = (0.25, 0.5, 1.0, 2.0)
     c.eps_factors = (1.0,)

@@ -51,8 +51,8 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     python experiments/compare.py --config=experiments/configs/compare.py:study=table7,size=cpu --out=runs/table7
 
-  Cost at size=cpu on 2 cores, from docs/results/table7_cpu.json's per-update times: 28 min
-  of updates for the searches, 2 min for the ten seed runs; about 35 min in all.
+  Cost at size=cpu on 2 cores, measured (docs/results/table7_cpu.json `cost`): 2,101 s for
+  82 runs, 87% of it in training updates.
   """
   a = recipes.args(arg)
   c = recipes.pair(a["study"], a["size"])
@@ -411,7 +411,7 @@ def ours_table7(d: dict) -> str:
 PAPER_ROWS = (paper.StudyRow(
     "Table 7", "SOMA N = 2 against the monolith at equal tuning", ours_table7, "monolith − SOMA "
     "test +0.0396 ± 0.0057 (sd; 3 of 3 seeds)", "ours a gain difference from equal-update seeds "
-    "(one start shared by every seed), 82k params; validation 128 windows from 79 documents",
+    "(each seed its own start), 82k params; validation 128 windows from 79 documents",
     primary_table7, paper_brief="+0.0396 ± 0.0057"),)
 
 STUDY = base.Study(spec="SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6",
