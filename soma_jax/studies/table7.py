@@ -209,7 +209,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Grid:
   del plan
   grid = check_grid(config)
   if len(config.methods) != 2:
-    raise UserError(f"study=table7 compares two architectures; config.methods has "
+    raise UserError(f"study={STUDY.name} compares two architectures; config.methods has "
                     f"{len(config.methods)}")
   return grid
 
@@ -340,6 +340,7 @@ PAPER_ROWS = (paper.StudyRow(
     "(one start shared by every seed), 82k params; validation 128 windows from 79 documents",
     primary_table7, paper_brief="+0.0396 ± 0.0057"),)
 
-STUDY = base.Study(spec="SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6",
+STUDY = base.Study(name="table7",
+                   spec="SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
                    paper_rows=PAPER_ROWS)
