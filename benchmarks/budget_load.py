@@ -36,10 +36,10 @@ from soma_jax import spec as spec_lib
 from soma_jax import train as train_lib
 from soma_jax.config import BUDGET_UNITS
 from soma_jax.errors import UserError
-from soma_jax.studies import datasets, planning, training
+from soma_jax.studies import datasets, planning, table4, training
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", "experiments/configs/compare.py:study=table4,size=cpu",
+    "config", f"experiments/configs/compare.py:study={table4.STUDY.name},size=cpu",
     "a compare.py study config: its methods are the rows", lock_config=True)
 _ROW = flags.DEFINE_string("row", "soma_n2", "the row (config.methods.NAME) to train")
 _BUDGET = flags.DEFINE_float("budget", 40.0, "budget of each run, in each unit of --units")

@@ -47,7 +47,8 @@ from soma_jax.data import pipeline
 from soma_jax.studies import datasets, driver, ladder, ladder_mechanism, planning, scores, training
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "experiments/configs/compare.py:study=ladder,size=cpu|tiny[,rungs=...]",
+    "config", None,
+    f"experiments/configs/compare.py:study={ladder.STUDY.name},size=cpu|tiny[,rungs=...]",
     lock_config=True)
 _JSON = cli.output_flag("json", None, "write the results here")
 _REPS = flags.DEFINE_integer("reps", 5, "timed rounds per step (the median is reported)")

@@ -52,7 +52,7 @@ from absl import flags
 from soma_jax import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STUDY = "study=decompose,size={size}"  # the study whose rows are timed
+STUDY = "study={study},size={size}"  # decompose's rows (`study_name`)
 ROWS = {
     "soma": ("compare.py", STUDY, "SOMA N = 2 width 32 (study shape)"),
     "one_expert": ("compare.py", STUDY, "one expert N = 1 width 32"),
@@ -108,12 +108,22 @@ def _typed(old, value: str):
     return value
 
 
+def study_name() -> str:
+  """The name of the study whose rows are timed (decompose) in this side's checkout: its
+  Study's, or its module's in a checkout from before `base.Study.name`."""
+  from soma_jax.studies import decompose
+
+  return getattr(getattr(decompose, "STUDY", None), "name", decompose.__name__.rsplit(".")[-1])
+
+
 def row_config(name: str, size: str, sets: list[tuple[str, str]]):
   """A row's training config (the checkout's own config files), with `sets` applied."""
   from soma_jax.config import load_config_file
 
   file, arg, _ = ROWS[name]
-  c = load_config_file(os.path.join("experiments", "configs", file), arg.format(size=size))
+  study = study_name() if file == "compare.py" else None
+  c = load_config_file(os.path.join("experiments", "configs", file),
+                       arg.format(size=size, study=study))
   if file == "compare.py":
     try:
       from soma_jax.studies.planning import sized

@@ -55,8 +55,9 @@ def main(argv):
     print(compare.listing())
     return
   if _CONFIG.value is None or not _OUT.value:
+    study = next(iter(compare.STUDIES))  # any: the registry's first
     raise UserError("--config and --out are required; fix: e.g. --config=experiments/configs/"
-                    "compare.py:study=table7,size=tiny --out=runs/table7 (--list: the studies)")
+                    f"compare.py:study={study},size=tiny --out=runs/{study} (--list: the studies)")
   cli.log_devices()
   command = "python " + shlex.join(sys.argv)
   cli.absolute_paths(_CONFIG.value)

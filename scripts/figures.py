@@ -29,6 +29,7 @@ import tempfile
 import time
 
 from soma_jax.errors import check_output_args
+from soma_jax.studies import table4, table7
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,7 +83,7 @@ FIGURES = {
     **{f"compare_{study}_cpu": Figure(
         ("experiments/compare.py", f"--config=experiments/configs/compare.py:study={study},size=cpu",
          "--out={out}"), json="{out}/results.json", cheap=False)
-       for study in ("table4", "table7")},
+       for study in (table4.STUDY.name, table7.STUDY.name)},
     "independent_vs_summed_cpu": Figure(
         ("experiments/independent_vs_summed.py",
          "--config=experiments/configs/independent_vs_summed.py:cpu", "--out={out}"),

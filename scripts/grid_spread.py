@@ -17,6 +17,7 @@ import json
 
 from soma_jax import cli
 from soma_jax.errors import UserError, check_output_args, exit_on_user_error
+from soma_jax.studies import table7
 
 
 def spread(values: list[float]) -> float | None:
@@ -38,7 +39,8 @@ def grid_spread(results: dict) -> dict:
   try:
     base, methods = results["tuning"]["base_lr"], results["methods"]
   except (KeyError, TypeError):
-    raise UserError("--results has no 'tuning' and 'methods': give a study=table7 results.json") from None
+    raise UserError("--results has no 'tuning' and 'methods': give a "
+                    f"study={table7.STUDY.name} results.json") from None
   searches = {name: [search_spread(p, base) for p in m["per_seed"]] for name, m in methods.items()}
   out = {"study": results.get("study"), "base_eps": base, "searches": searches}
   for stage in ("lr_stage_spread", "eps_stage_spread"):

@@ -97,9 +97,10 @@ def rung(ls: ladder.LadderSpec, width: int, out: str, data_dir: str, scored,
 
 def recorded_rungs(ls: ladder.LadderSpec, results: dict) -> dict[int, dict]:
   """The recorded rung of every width of the config, its mechanism settings the config's."""
-  if results.get("study") != "ladder":
-    raise UserError("--results is not a study=ladder results.json; fix: the results.json "
-                    "experiments/compare.py wrote with study=ladder")
+  name = ladder.STUDY.name
+  if results.get("study") != name:
+    raise UserError(f"--results is not a study={name} results.json; fix: the results.json "
+                    f"experiments/compare.py wrote with study={name}")
   if results["mechanism"] != ls.mechanism.record():
     raise UserError(f"--results measured with mechanism {results['mechanism']}, the config "
                     f"with {ls.mechanism.record()}; fix: the config the results were run with")
@@ -132,7 +133,8 @@ def remeasure(ls: ladder.LadderSpec, out: str, results: dict, data_dir: str = ""
 def main(argv: list[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", required=True,
-                      help="experiments/configs/compare.py:study=ladder,size=cpu,rungs=...")
+                      help=f"experiments/configs/compare.py:study={ladder.STUDY.name},size=cpu,"
+                      "rungs=...")
   parser.add_argument("--out", required=True, help="seed runs go to OUT/rungW/seeds")
   parser.add_argument("--results", required=True, help="the ladder's recorded results.json")
   parser.add_argument("--data_dir", default="", help="a prepared data dir with 2 shards")

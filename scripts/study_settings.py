@@ -19,7 +19,7 @@ from soma_jax import cli
 from soma_jax import spec as spec_lib
 from soma_jax.config import load_config_file
 from soma_jax.errors import check_output_args
-from soma_jax.studies import driver, ladder, planning
+from soma_jax.studies import base, driver, ladder, planning, table4, table7
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "experiments", "configs", "compare.py")
@@ -27,12 +27,12 @@ KEYS = ("seeds", "seed_updates", "seed_run_seed", "budget", "budget_unit", "budg
         "lr_factors", "eps_factors", "lr_extend", "eps_extend", "ops_tolerance", "bootstrap_draws")
 
 
-def study(name: str) -> dict:
+def study(s: base.Study) -> dict:
   """One study's settings at size=cpu and its rows' sizes."""
-  config = load_config_file(CONFIG, f"study={name},size=cpu")
+  config = load_config_file(CONFIG, f"study={s.name},size=cpu")
   out = {k: config.to_dict()[k] for k in KEYS if k in config}
   out["eval"] = config.eval.to_dict()
-  rows = planning.sized(config) if name != "ladder" else {}
+  rows = planning.sized(config) if s is not ladder.STUDY else {}
   out["rows"] = {n: {"method": c.method, "d_t": c.model.d_t, "n_experts": c.n_experts,
                      "n_pert": c.spsa.n_pert, "batch": c.spsa.batch, "seq_len": c.data.seq_len,
                      "params": spec_lib.resolve(c).method.ensemble_params,
@@ -44,8 +44,8 @@ def study(name: str) -> dict:
         row["updates_matched_to"] = matched[n]
       else:
         row["updates_in_budget"] = math.ceil(config.budget / row["ops_per_update"])
-  if name == "ladder":
-    _, ls = driver.checked(ladder.STUDY, config)
+  if s is ladder.STUDY:
+    _, ls = driver.checked(s, config)
     out["rungs"] = [ladder.sizes(ls, w) for w in ls.widths]
     out["mechanism"] = ls.mechanism.record()
   return out
@@ -56,7 +56,7 @@ def main() -> None:
   parser.add_argument("--json", default=None, help="write the result here")
   args = parser.parse_args()
   check_output_args(parser, args, json="file")
-  cli.emit_json({s: study(s) for s in ("table7", "table4", "ladder")}, args.json)
+  cli.emit_json({s.name: study(s) for s in (table7.STUDY, table4.STUDY, ladder.STUDY)}, args.json)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Every command in docs/commands.md's table and in README's code blocks runs as written (as far
-as --help shows), and docs/layout.md's tree lists every module on a line of its own."""
+as --help shows), and docs/layout.md's tree lists every module on a line of its own (the studies
+by a pattern: `<study>.py`, `<study>_*.py`)."""
 
 from __future__ import annotations
 
@@ -191,12 +192,40 @@ def _modules() -> set[str]:
   return out
 
 
+STUDY = "<study>"  # a name in the tree standing for each registered study's module name
+
+
+def study_modules() -> list[str]:
+  """The module names of compare.STUDIES' studies, which the tree's `<study>` lines stand for."""
+  import inspect
+
+  from soma_jax.studies import compare
+
+  return [inspect.getmodule(s.config).__name__.rsplit(".", 1)[1] for s in compare.STUDIES.values()]
+
+
+def expand(pattern: str, studies: list[str]) -> set[str]:
+  """The files a `<study>` line of the tree stands for: each study's module (`<study>.py`) or
+  its companions (`<study>_*.py`)."""
+  import glob
+
+  return {os.path.relpath(p, ROOT).replace(os.sep, "/")
+          for name in studies for p in glob.glob(os.path.join(ROOT, pattern.replace(STUDY, name)))}
+
+
 def test_layout_lists_every_module_once():
+  """Every module on a line of its own, but a study and its companions: the tree's `<study>.py`
+  and `<study>_*.py` lines cover every registered study, so adding one leaves layout.md alone."""
   with open(os.path.join(ROOT, "docs", "layout.md"), encoding="utf-8") as f:
     listed = layout_paths(f.read())
-  files = [p for p in listed if not p.endswith("/")]
+  files = [p for p in listed if not p.endswith("/") and STUDY not in p]
   assert len(files) == len(set(files)), "a module is listed twice in docs/layout.md"
-  missing = sorted(_modules() - set(files))
-  gone = sorted(p for p in listed if not os.path.exists(os.path.join(ROOT, p)))
+  studies = study_modules()
+  covered = {p: expand(p, studies) for p in listed if STUDY in p}
+  assert covered and all(covered.values()), f"a <study> line matches nothing: {covered}"
+  both = set(files) & set().union(*covered.values())
+  assert not both, f"docs/layout.md lists {sorted(both)} on its own and as <study>"
+  missing = sorted(_modules() - set(files) - set().union(*covered.values()))
+  gone = sorted(p for p in listed if STUDY not in p and not os.path.exists(os.path.join(ROOT, p)))
   assert not missing, f"docs/layout.md does not list {missing}"
   assert not gone, f"docs/layout.md lists what does not exist: {gone}"

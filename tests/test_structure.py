@@ -150,6 +150,40 @@ def test_the_name_checks_match_what_they_forbid():
   assert not KEY_SNIFF.search('body["blocks"][0]["lstm"]') and not KEY_SNIFF.search('== "soma"')
 
 
+def study_names_written(trees: dict[str, ast.Module], names: list[str]) -> list[str]:
+  """Where a string of code (not a docstring, not a Study's own `name=`) is a study's name or
+  says `study=NAME` or `runs/NAME`: the places a renamed study would be missed."""
+  said = re.compile(rf"^({'|'.join(names)})$|\b(study=|runs/)({'|'.join(names)})(?![a-z0-9])")
+  found = []
+  for path, tree in trees.items():
+    skip = set()
+    for node in ast.walk(tree):
+      body = getattr(node, "body", None)
+      if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and body and isinstance(
+          body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        skip.add(id(body[0].value))  # a docstring: its commands are for readers
+      if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "Study":
+        skip |= {id(k.value) for k in node.keywords if k.arg == "name"}
+    found += [f"{path}:{n.lineno} {n.value!r}" for n in ast.walk(tree)
+              if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip
+              and said.search(n.value)]
+  return found
+
+
+def test_a_study_name_is_written_only_in_its_study():
+  """Renaming a study is one edit (`base.Study.name`): code reads the name from its Study."""
+  from soma_jax.studies import compare
+
+  assert study_names_written(_sources(*FOLDERS), list(compare.STUDIES)) == []
+
+
+def test_the_study_name_check_sees_one():
+  tree = ast.parse('"""study=fig7 in a docstring."""\nS = base.Study(name="fig7")\n'
+                   'def f():\n  return g(c, "fig7"), f"study=fig7,size={s}", "runs/fig7_cpu"\n')
+  assert sorted(f.split(" ", 1)[1] for f in study_names_written({"x.py": tree}, ["fig7"])) == [
+      "'fig7'", "'runs/fig7_cpu'", "'study=fig7,size='"]
+
+
 def test_no_sys_path_edits_in_benchmarks_scripts_or_tests():
   found = [f"{p}:{i}" for p, i, line in
            _lines(("benchmarks", "scripts", "tests"), skip=(os.path.join("tests", "test_structure.py"),))

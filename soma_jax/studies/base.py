@@ -4,7 +4,7 @@
 A study says which runs it trains (`stages`), what it measures of them (`measure`, pure) and
 how it shows them (`table`, `plot`, `paper_rows`); the driver owns everything else: the start,
 the plan's checks, sizing, the data sets, the seed runs, each stage through the executor,
-results.json and table.md. `compare.STUDIES` maps each name to its Study, in one place.
+results.json and table.md. `compare.STUDIES` maps each Study's `name` to it, in one place.
 
   config(arg)              the study's ConfigDict (compare.py:study=NAME,size=...,KEY=VALUE)
   check(plan, config)      the study's own fields checked before anything trains: its typed
@@ -22,8 +22,8 @@ results.json and table.md. `compare.STUDIES` maps each name to its Study, in one
   table(payload)           table.md
   plot(payload, out)       its figures, before results.json is written (None: none)
   paper_rows               its rows of the paper table (`paper.StudyRow`: each reads the
-                           study's committed JSON and is bound to the study's registered name
-                           by `paper_rows.ROWS`, which gives it its command; (): none)
+                           study's committed JSON and is bound to the study's name by
+                           `paper_rows.ROWS`, which gives it its command; (): none)
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def plan_ops(grid: Any, plan: planning.StudyPlan) -> float:
 
 class Study(NamedTuple):
   """One study with its hooks bound (the module docstring), run by the driver."""
+  name: str  # config.study and results.json's `study`: the one place a study's name is written
   spec: str  # what results.json's `spec` records: the SPEC section it reproduces
   config: Callable[[str | None], Any]
   table: Callable[[dict], str]

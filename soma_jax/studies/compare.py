@@ -43,16 +43,12 @@ from soma_jax.studies import (
   table9,
 )
 
-# The one list of compare.py's studies: config.study -> its Study (`base.Study`). The config
-# file, the entry point's --help and --list all read it.
-STUDIES = {"table4": table4.STUDY, "table7": table7.STUDY,
-           "ladder": ladder.STUDY, "decompose": decompose.STUDY,
-           "table5": table5.STUDY, "table6": table6.STUDY,
-           "fig7": fig7.STUDY, "fig13": fig13.STUDY, "fig9": fig9.STUDY,
-           "fig15": fig15.STUDY, "fig16": fig16.STUDY,
-           "fig17": fig17.STUDY, "table8": table8.STUDY,
-           "table9": table9.STUDY, "table3": table3.STUDY,
-           "narrow": narrow.STUDY, "spsa15": spsa15.STUDY}
+# The one list of compare.py's studies, each named by its Study (`base.Study.name`): config.study
+# -> its Study. The config file, the entry point's --help and --list all read it.
+STUDIES = {s.name: s for s in (table4.STUDY, table7.STUDY, ladder.STUDY, decompose.STUDY,
+                               table5.STUDY, table6.STUDY, fig7.STUDY, fig13.STUDY, fig9.STUDY,
+                               fig15.STUDY, fig16.STUDY, fig17.STUDY, table8.STUDY, table9.STUDY,
+                               table3.STUDY, narrow.STUDY, spsa15.STUDY)}
 
 
 def _study(name: object) -> base.Study:

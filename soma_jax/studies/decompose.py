@@ -377,6 +377,7 @@ HOW = ("effects: a against b per seed (a's gain minus b's, test; b's end loss mi
        "seed and both rows); interactions: effect 1 minus effect 2 per seed, the same way")
 
 
-STUDY = base.Study(spec=SPEC, config=config, check=check, stages=stages, measure=measure,
+STUDY = base.Study(name="decompose",
+                   spec=SPEC, config=config, check=check, stages=stages, measure=measure,
                    table=table, ops_tolerance=base.any_ops, data=data, setup=setup,
                    plot=figures)

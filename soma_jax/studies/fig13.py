@@ -286,7 +286,8 @@ PAPER_ROWS = (
         paper_brief="within 0.0001"),
 )
 
-STUDY = base.Study(spec="paper Figure 13 with Tables 10 and 11 (App. M allocations), scaled down "
+STUDY = base.Study(name="fig13",
+                   spec="paper Figure 13 with Tables 10 and 11 (App. M allocations), scaled down "
                         "by SPEC 9.6", config=config, check=check, stages=stages,
                    measure=measure, table=table, plot=report.png(plot, "fig13.png"),
                    data=driver.per_n(lambda alloc: alloc.n_experts), paper_rows=PAPER_ROWS)

@@ -127,8 +127,8 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Rows:
   `params_tolerance` of the reference's after sizing."""
   planning.check_fields(config, FIELDS)
   if plan.unit != "updates" or not config.match_params:
-    raise UserError("fig15's rows are of equal total size and run the operations of `budget` "
-                    "reference updates; fix: --config.budget_unit=updates "
+    raise UserError(f"{STUDY.name}'s rows are of equal total size and run the operations of "
+                    "`budget` reference updates; fix: --config.budget_unit=updates "
                     "--config.match_params=True")
   batches = check_batches(config.inference.batches)
   planning.check_source(config)
@@ -259,7 +259,8 @@ def paper_rows(n_experts: dict) -> dict:
   return out
 
 
-STUDY = base.Study(spec="paper Figure 15 with Tables 12 and 13 (equal-size inference), scaled "
+STUDY = base.Study(name="fig15",
+                   spec="paper Figure 15 with Tables 12 and 13 (equal-size inference), scaled "
                         "down by SPEC 9.6", config=config, check=check, stages=stages,
                    measure=measure, table=table, data=driver.per_n(),
                    plot=report.png(plot, "fig15.png"), ops_tolerance=base.any_ops,

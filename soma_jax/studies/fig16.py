@@ -170,9 +170,9 @@ def trained_in(ens: Ensembles, folder: str) -> Trained:
   fig16's, with the same `settings` (same methods, seeds, budget, corpus and scoring), and
   every run's newest checkpoint and data dir present; else a UserError naming the fix."""
   folder = os.path.abspath(folder)
-  fix = ("fix: run study=fig16 with the same settings there first, or "
+  fix = (f"fix: run study={STUDY.name} with the same settings there first, or "
          "--config.ensembles_from= (train here)")
-  theirs = results.finished_study(folder, "fig16", "ensembles_from", fix)
+  theirs = results.finished_study(folder, STUDY.name, "ensembles_from", fix)
   got = theirs.get("ensemble_settings") or {}
   differ = [k for k in SETTINGS if got.get(k) != ens.settings[k]]
   if differ:
@@ -352,7 +352,8 @@ PAPER_ROWS = (paper.StudyRow(
     "k = N", brief=brief_figure16, paper_brief="k = 4 captures most",
     no_verdict="fractions of a gain over 2 seeds, no interval"),)
 
-STUDY = base.Study(spec="paper Figure 16 (top-k routing on saved ensembles), scaled down by "
+STUDY = base.Study(name="fig16",
+                   spec="paper Figure 16 (top-k routing on saved ensembles), scaled down by "
                         "SPEC 9.6", config=config, check=check, stages=stages, measure=measure,
                    table=table, data=driver.per_n(lambda ens: ens.ns[-1]), plot=report.png(plot, "fig16.png"),
                    ops_tolerance=base.any_ops, paper_rows=PAPER_ROWS)

@@ -77,7 +77,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> PairSt
   where = config.ensembles_from.strip()
   if where and not os.path.isdir(where):
     raise UserError(f"ensembles_from={where!r} is not a folder; fix: the --out of a finished "
-                    "study=fig16 run, or --config.ensembles_from= (train here)")
+                    f"study={fig16.STUDY.name} run, or --config.ensembles_from= (train here)")
   return PairStudy(ens, where, config.bins)
 
 
@@ -237,8 +237,9 @@ PAPER_ROWS = (paper.StudyRow(
     "fig16's ensembles; 98,304 tokens per pair, 10 bins of about 6 (N = 8) and 99 (N = 32) pairs",
     brief=brief_figure17, paper_brief="negative relation",
     no_verdict="a correlation over pooled pairs, no interval",
-    flags=" --config.ensembles_from=runs/fig16_cpu"),)
+    flags=f" --config.ensembles_from=runs/{fig16.STUDY.name}_cpu"),)
 
-STUDY = base.Study(spec="paper Figure 17 (pairs of experts averaged), scaled down by SPEC 9.6",
+STUDY = base.Study(name="fig17",
+                   spec="paper Figure 17 (pairs of experts averaged), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
                    plot=report.png(plot, "fig17.png"), setup=setup, paper_rows=PAPER_ROWS)

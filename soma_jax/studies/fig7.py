@@ -341,7 +341,8 @@ def table(p: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-STUDY = base.Study(spec="paper Figures 7, 8 and 14 (App. M sweeps), scaled down by SPEC 9.6",
+STUDY = base.Study(name="fig7",
+                   spec="paper Figures 7, 8 and 14 (App. M sweeps), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
                    data=driver.per_n(), plot=figures, ops_tolerance=base.any_ops,
                    paper_rows=PAPER_ROWS)

@@ -363,6 +363,7 @@ def table(p: dict) -> str:
   return "\n".join(lines) + "\n\n" + p["interpretation"] + "\n"
 
 
-STUDY = base.Study(spec="paper Figure 9 (ablations: shards, start, head), scaled down by SPEC 9.6",
+STUDY = base.Study(name="fig9",
+                   spec="paper Figure 9 (ablations: shards, start, head), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
                    plot=plot, setup=setup, paper_rows=PAPER_ROWS)

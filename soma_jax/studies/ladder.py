@@ -198,7 +198,7 @@ def _other(methods: list[str], reference: str, control: str) -> str:
   """The monolith: the method that is neither the reference nor the control."""
   others = [n for n in methods if n not in (reference, control)]
   if len(others) != 1:
-    raise UserError(f"study=ladder needs SOMA ({reference}), one monolith and the "
+    raise UserError(f"study={STUDY.name} needs SOMA ({reference}), one monolith and the "
                     f"control ({control}); config.methods has {', '.join(methods)}")
   return others[0]
 
@@ -334,5 +334,6 @@ def measure(ls: LadderSpec, ready: base.Setup, rungs: list[dict]) -> dict:
           "other": ls.other, "control": ls.control, "rungs": rungs}
 
 
-STUDY = base.Study(spec=SPEC, config=config, check=check, stages=stages, measure=measure,
+STUDY = base.Study(name="ladder",
+                   spec=SPEC, config=config, check=check, stages=stages, measure=measure,
                    table=table, setup=setup, plot=report.png(plot, "ladder.png"))

@@ -71,7 +71,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   """
   a = recipes.args(arg, seeds=0, corpus="builtin", width=0)
   if a["corpus"] not in ("builtin", "man"):
-    raise UserError(f"compare.py:study=narrow,size={a['size']},corpus={a['corpus']}: use "
+    raise UserError(f"compare.py:study={STUDY.name},size={a['size']},corpus={a['corpus']}: use "
                     "size=cpu or tiny and corpus=builtin or man")
   size, cpu = a["size"], a["size"] == "cpu"
   c = recipes.pair(a["study"], size)
@@ -390,6 +390,7 @@ def measure(n: Narrow, ready: base.Setup, gathered: tuple) -> dict:
           "intervals_printed": narrow_report.count_intervals(got)}
 
 
-STUDY = base.Study(spec=SPEC, config=config, check=check, stages=stages, measure=measure,
+STUDY = base.Study(name="narrow",
+                   spec=SPEC, config=config, check=check, stages=stages, measure=measure,
                    table=narrow_report.table, ops_tolerance=base.any_ops, data=data,
                    plot=narrow_report.plot)

@@ -266,7 +266,8 @@ def table(p: dict) -> str:
   return "\n".join(lines) + decompose_report.table(p)
 
 
-STUDY = base.Study(spec=SPEC, config=config, check=check, stages=stages, measure=measure,
+STUDY = base.Study(name="spsa15",
+                   spec=SPEC, config=config, check=check, stages=stages, measure=measure,
                    table=table, plot=decompose_report.figures,
                    # decompose's setup: the data, and the seed runs both stages continue
                    setup=lambda g, plan, out, executor=None: decompose.setup(g.rows, plan, out,

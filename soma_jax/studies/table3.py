@@ -53,7 +53,7 @@ PAPER = {
 ROWS = ("recorded", "physical", "fixed_solo_rate")
 SAME = ("n_experts", "d_t", "n_pert", "batch", "accum")  # what runs_from must share with us
 OWN_FIELDS = ("solo", "ensemble", "runs_from")  # table3's; the rest is fig7's config
-SWEEP = "fig7"  # the name fig7 is registered by (compare.STUDIES): its results and its folder
+SWEEP = fig7.STUDY.name  # the name fig7 is registered by: its results and its folder
 
 
 def config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -301,6 +301,7 @@ PAPER_ROWS = (paper.StudyRow(
     "not reproduced (its measurement is not given)", brief=brief_table3,
     paper_brief="physical 1.18x", no_verdict="one accounting of one checkpoint"),)
 
-STUDY = base.Study(spec="paper Table 3 (compute accounting), scaled down by SPEC 9.6",
+STUDY = base.Study(name="table3",
+                   spec="paper Table 3 (compute accounting), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
                    setup=setup, paper_rows=PAPER_ROWS)

@@ -352,7 +352,8 @@ PAPER_ROWS = (paper.StudyRow(
     "paper's 256 worst", primary_table4, paper_brief="SOMA 1.76, monoliths 2.00-2.11",
     result="{name}_ops_cpu"),)
 
-STUDY = base.Study(spec="SPEC 9.1 (paper App. I.1, Table 4 / Figure 1), scaled down by SPEC 9.6",
+STUDY = base.Study(name="table4",
+                   spec="SPEC 9.1 (paper App. I.1, Table 4 / Figure 1), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure,
                    table=table4_report.table,
                    ops_tolerance=base.any_ops,  # unequal costs per update are Table 4's point

@@ -330,6 +330,7 @@ PAPER_ROWS = (paper.StudyRow(
     "and are not read until each row is tuned", primary_table5,
     paper_brief="BPTT below SOMA by ~1"),)
 
-STUDY = base.Study(spec="paper Table 5 (SOMA against BPTT at N = 1, 2, 8), scaled down by SPEC 9.6",
+STUDY = base.Study(name="table5",
+                   spec="paper Table 5 (SOMA against BPTT at N = 1, 2, 8), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
                    ops_tolerance=base.any_ops, data=driver.per_n(), paper_rows=PAPER_ROWS)

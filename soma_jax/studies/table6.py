@@ -112,7 +112,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Cells:
   del plan
   cells = check_cells(config)
   if len(config.methods) != 2:
-    raise UserError(f"study=table6 compares two architectures; config.methods has "
+    raise UserError(f"study={STUDY.name} compares two architectures; config.methods has "
                     f"{len(config.methods)}")
   return cells
 
@@ -295,6 +295,7 @@ PAPER_ROWS = (paper.StudyRow(
     "2.2370 at lr 0.00125 / eps 0.0025; N = 2 lower in every cell", "82k params; 1,000 updates "
     "per cell", primary_table6, paper_brief="N = 2 lower in every cell"),)
 
-STUDY = base.Study(spec="paper Table 6 (lr and initial eps sensitivity), scaled down by SPEC 9.6",
+STUDY = base.Study(name="table6",
+                   spec="paper Table 6 (lr and initial eps sensitivity), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
                    paper_rows=PAPER_ROWS)

@@ -25,7 +25,7 @@ minus the monolith's with its 95% t interval (`statistics.gain_difference`).
 
 `STUDY` runs through the driver (`driver.run`); its setup (`driver.preparing`) and `stages` are
 one such comparison on given data and scorers, reusable at any width (the width ladder of SPEC
-9.7 yields one per rung).
+9.7 yields one per rung). Its table.md is drawn by `table7_report.py`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from soma_jax import budget as budget_lib
 from soma_jax import evaluate as eval_lib
 from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
-from soma_jax.studies import base, paper, planning, recipes, results, scores, statistics, training
+from soma_jax.studies import base, paper, planning, recipes, scores, statistics, training
+from soma_jax.studies.table7_report import table
 from soma_jax.studies.verdict import Interval, from_stat
 
 
@@ -208,7 +209,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Grid:
   del plan
   grid = check_grid(config)
   if len(config.methods) != 2:
-    raise UserError(f"study=table7 compares two architectures; config.methods has "
+    raise UserError(f"study={STUDY.name} compares two architectures; config.methods has "
                     f"{len(config.methods)}")
   return grid
 
@@ -321,81 +322,6 @@ def differences(described: dict, finals: dict, starts: dict, ref: str, other: st
       described[ref]["per_seed"], described[other]["per_seed"], gains_w, test.doc_ids, draws)}
 
 
-def _setting(q: dict) -> str:
-  """'0.00125 / 0.0025', with * after an lr (or eps) selected at its grid's edge."""
-  return (f"{q['selected']['lr']:g}{'*' if q['lr_at_edge'] else ''} / "
-          f"{q['selected']['eps']:g}{'*' if q['eps_at_edge'] else ''}")
-
-
-def _row(a: dict, b: dict, g: dict) -> str:
-  move = lambda q: (f"{q['start_loss']['test']:.4f} → {q['end_loss']['test']:.4f} "
-                    f"({q['gain']['test']:+.4f})")
-  lo, hi = g["bootstrap_ci95"]
-  return (f"| {a['seed']} | {_setting(a)} | {a['updates']} | {move(a)} | {_setting(b)} | "
-          f"{b['updates']} | {move(b)} | {g['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
-          f"{b['minus_ref']:+.4f} |")
-
-
-def _both(g: dict) -> str:
-  """The seeds-and-documents interval of a gain difference, '[lo, hi]' (or '-': one seed)."""
-  ci95 = g.get("seeds_and_documents", {}).get("ci95")
-  return "-" if ci95 is None else f"[{ci95[0]:+.4f}, {ci95[1]:+.4f}]"
-
-
-def table(p: dict) -> str:
-  """Markdown: the setup, one row per seed (start → end, gains), then the gain difference
-  across seeds, the validation view and the flags."""
-  ref, other, ev, b = p["reference"], p["other"], p["eval"], p["budget"]
-  r, o = p["methods"][ref], p["methods"][other]
-  g = p["gain_difference"][other]
-  own = p.get("intervals", {}).get("kind") == "seeds_own_starts"  # absent: written before
-  runs = p["seed_runs"]
-  seeds = ", ".join(f"{k} {s['updates']} updates at seed {s['seed']}"
-                    for k, s in (runs[f"seed{p['seeds'][0]}"] if own else runs).items())
-  seeds += " for the first seed; every seed its own, at seed_run_seed + s" if own else ""
-  lines = [
-      f"Table 7 protocol (SPEC 9.2, 9.6) at this scale: {ref} (N={r['n_experts']}, "
-      f"d_t={r['d_t']}, {r['params']:,} params, {r['ops_per_update']:,} ops/update, "
-      f"{r['layout']['why']}) vs {other} (N={o['n_experts']}, d_t={o['d_t']}, "
-      f"{o['params']:,} params, {o['ops_per_update']:,} ops/update, {o['layout']['why']}). "
-      f"Budget {b['amount']:g} {b['unit']} per configuration, continuing seed runs ({seeds}) "
-      f"with their optimizer state. lr grid {p['tuning']['base_lr']:g} x "
-      f"{p['tuning']['lr_factors']} (extended up to {p['tuning']['lr_extend']} times past an "
-      f"edge), then eps x {p['tuning']['eps_factors']}; * = selected at the grid's edge. "
-      f"Selection on ensemble validation ({ev['val_windows']} windows); test scored once. "
-      f"Evaluation: route on {ev['route_bytes']} bytes, score the next {ev['score_bytes']} "
-      f"({ev['test_windows']} test windows from {ev['test_documents']} documents). Load "
-      f"average {p['load_average']['start'][0]:.2f} at the start, "
-      f"{p['load_average']['end'][0]:.2f} at the end.",
-      "",
-      *results.head(f"| seed | {ref} lr / eps | updates | {ref} test start → end (gain) | "
-                    f"{other} lr / eps | updates | {other} test start → end (gain) | {ref} gain "
-                    f"minus {other} gain [95% document bootstrap] | end gap ({other} minus "
-                    f"{ref}) |"),
-  ]
-  lines += [_row(a, bb, gg) for a, bb, gg in zip(r["per_seed"], o["per_seed"], g["per_seed"],
-                                                 strict=True)]
-  n = len(o["per_seed"])
-  start_gap = {s: o["start_loss"][s] - r["start_loss"][s] for s in ("validation", "test")}
-  lines += [
-      "", f"**{ref}'s gain minus {other}'s gain, test: {results.ci(g, 4)}** (mean and 95% t "
-      f"interval over {n} seeds, conditional on the test documents; with the documents' noise "
-      f"too {_both(g)}; validation {results.ci(g['validation'], 4)}). Gains (start − "
-      f"end), test: {ref} {results.ci(r['gain']['test'], 4)}, {other} "
-      f"{results.ci(o['gain']['test'], 4)}; validation: {ref} "
-      f"{results.ci(r['gain']['validation'], 4)}, {other} "
-      f"{results.ci(o['gain']['validation'], 4)}.",
-      "", f"Start gap ({other} minus {ref}{', the seeds mean' if own else ''}): test {start_gap['test']:+.4f}, validation "
-      f"{start_gap['validation']:+.4f}; end gap, test: {results.pm(o['minus_ref'], True, 4)} "
-      f"({ref} lower in {o['ref_wins']} of {n} seeds). Byte unigram "
-      f"{p['unigram_test_nats_per_byte']:.3f}."]
-  edges = sum(q["lr_at_edge"] for q in r["per_seed"] + o["per_seed"])
-  if edges:
-    lines += ["", f"{edges} of {2 * n} searches selected an lr at the edge of their grid "
-              "(after extending it): the optimum may lie outside it."]
-  return "\n".join(lines) + "\n"
-
-
 def primary_table7(d: dict) -> tuple[Interval, ...]:
   return (from_stat("SOMA's gain − the monolith's", d["gain_difference"]["mono"]),)
 
@@ -414,6 +340,7 @@ PAPER_ROWS = (paper.StudyRow(
     "(each seed its own start), 82k params; validation 128 windows from 79 documents",
     primary_table7, paper_brief="+0.0396 ± 0.0057"),)
 
-STUDY = base.Study(spec="SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6",
+STUDY = base.Study(name="table7",
+                   spec="SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6",
                    config=config, check=check, stages=stages, measure=measure, table=table,
                    paper_rows=PAPER_ROWS)

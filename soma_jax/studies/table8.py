@@ -353,7 +353,8 @@ PAPER_ROWS = (paper.StudyRow(
     "own 4-window batch (paper: 1,600 to 8,000 windows), so an independent batch differs far "
     "more"),)
 
-STUDY = base.Study(spec="paper Table 8 (BPTT reference against an independent batch), on the "
+STUDY = base.Study(name="table8",
+                   spec="paper Table 8 (BPTT reference against an independent batch), on the "
                         "experts variance study (Figure 10, left) at this size",
                    config=config, check=check, stages=stages, measure=measure, table=table,
                    setup=setup, planned=False, paper_rows=PAPER_ROWS)

@@ -319,7 +319,8 @@ def _ci_cell(v: dict) -> str:
   return f"{v['mean']:.4f} [{v['ci95'][0]:.4f}, {v['ci95'][1]:.4f}]"
 
 
-STUDY = base.Study(spec="paper Table 9 (frozen external evaluation of Table 4's rows), scaled "
+STUDY = base.Study(name="table9",
+                   spec="paper Table 9 (frozen external evaluation of Table 4's rows), scaled "
                         "down by SPEC 9.6", config=config, check=check, stages=stages,
                    measure=measure, table=table, data=data, ops_tolerance=base.any_ops,
                    paper_rows=PAPER_ROWS)
