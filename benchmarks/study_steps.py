@@ -32,8 +32,12 @@ steps are compiled once, in two long-lived processes (this file's `--serve` mode
 its side's checkout as above); then for each row P pairs of one update per side back to
 back, which side goes first alternating, so both updates of a pair see the same load. Per
 row: each pair's ratio, their median, quartiles and extremes, and the load average at
-each pair. On a loaded machine read the ratios, not the seconds; run an A/A pair (against
-this checkout's own commit, nothing set) beside a lever to see the harness's noise.
+each pair, for wall seconds (`ratio_median`, ...) and for each process's CPU seconds, all
+threads (`cpu_ratio_median`, ...). On a loaded machine read the ratios, not the seconds;
+where a higher-priority job holds the cores, a step's wall time is mostly waiting for one
+and the CPU ratio is the steadier reading (it does not see a lever that only overlaps work,
+e.g. two devices running at once). Run an A/A pair (against this checkout's own commit,
+nothing set) beside a lever to see the harness's noise.
 """
 
 from __future__ import annotations
@@ -221,11 +225,12 @@ def row_step(name: str, size: str, sets):
   else:
     run = lambda: sharded.run()[0].body
 
-  def once() -> float:
+  def once() -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds, all threads) of one update."""
     with memory.matmul_precision(spec.precision):
-      t = time.perf_counter()
+      t, c = time.perf_counter(), time.process_time()
       jax.block_until_ready(run())
-      return time.perf_counter() - t
+      return time.perf_counter() - t, time.process_time() - c
 
   once()  # warm-up
   cfg = spec.method.step_config(placed.chunk.chunk)
@@ -236,14 +241,15 @@ def row_step(name: str, size: str, sets):
 
 def serve(rows: list[str], size: str, sets) -> None:
   """--serve: compile every row, say READY with their descriptions, then for each stdin line
-  naming a row time one update of it and answer its seconds (lines starting with '@')."""
+  naming a row time one update of it and answer its (wall, CPU) seconds (lines starting
+  with '@')."""
   steps = {name: row_step(name, size, sets) for name in rows}
   print("@" + json.dumps({name: d for name, (_, d) in steps.items()}), flush=True)
   for line in sys.stdin:
     name = line.strip()
     if not name:
       break
-    print(f"@{steps[name][0]()!r}", flush=True)
+    print("@" + json.dumps(steps[name][0]()), flush=True)
 
 
 class Server:
@@ -267,10 +273,11 @@ class Server:
     from soma_jax.errors import UserError
     raise UserError(f"a --serve child ({self.proc.args[-1]}) stopped: see its stderr above")
 
-  def time(self, row: str) -> float:
+  def time(self, row: str) -> tuple[float, float]:
+    """(wall, CPU) seconds of one update of `row`."""
     self.proc.stdin.write(row + "\n")
     self.proc.stdin.flush()
-    return float(self._answer())
+    return tuple(json.loads(self._answer()))
 
   def close(self):
     self.proc.stdin.close()
@@ -303,16 +310,23 @@ def paired(against: str, rows: list[str], size: str, reps: int) -> dict:
          "against_xla_flags": _AGAINST_XLA_FLAGS.value,
          "load_average_1m": spread(loads), "rows": {}}
   for name in rows:
-    t, a = times[name]["this"], times[name]["against"]
-    ratios = [x / y for x, y in zip(t, a)]
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    out["rows"][name] = {
-        "row": ROWS[name][2], "this": this_side.rows[name], "against": other_side.rows[name],
-        "this_step_seconds_median": statistics.median(t),
-        "against_step_seconds_median": statistics.median(a),
-        "ratio_median": statistics.median(ratios), "ratio_quartiles": [q[0], q[2]],
-        "ratio_min_max": [min(ratios), max(ratios)],
-        "ratio_of_medians": statistics.median(t) / statistics.median(a)}
+    out["rows"][name] = {"row": ROWS[name][2], "this": this_side.rows[name],
+                         "against": other_side.rows[name]}
+    # wall seconds (the keys without a prefix), and the processes' CPU seconds ("cpu_"): on
+    # a machine whose cores another, higher-priority job holds, a step's wall time is mostly
+    # waiting for a core, while its CPU time is the work the step did
+    for clock, prefix in ((0, ""), (1, "cpu_")):
+      t = [x[clock] for x in times[name]["this"]]
+      a = [x[clock] for x in times[name]["against"]]
+      ratios = [x / y for x, y in zip(t, a)]
+      q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+      out["rows"][name] |= {
+          f"{prefix}this_step_seconds_median": statistics.median(t),
+          f"{prefix}against_step_seconds_median": statistics.median(a),
+          f"{prefix}ratio_median": statistics.median(ratios),
+          f"{prefix}ratio_quartiles": [q[0], q[2]],
+          f"{prefix}ratio_min_max": [min(ratios), max(ratios)],
+          f"{prefix}ratio_of_medians": statistics.median(t) / statistics.median(a)}
   return out
 
 

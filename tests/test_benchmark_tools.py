@@ -261,6 +261,8 @@ def test_study_steps_pairs_time_both_sides_in_lock_step():
       f"--against_xla_flags={one}"))
   row = out["paired"]["rows"]["one_expert"]
   assert row["this"]["config"]["unroll"] == 2 and row["against"]["config"]["unroll"] == 1
-  lo, hi = row["ratio_min_max"]
-  assert 0 < lo <= row["ratio_median"] <= hi
+  for clock in ("", "cpu_"):  # wall seconds, and the processes' CPU seconds
+    lo, hi = row[f"{clock}ratio_min_max"]
+    assert 0 < lo <= row[f"{clock}ratio_median"] <= hi
+    assert row[f"{clock}this_step_seconds_median"] > 0
   assert out["paired"]["pairs"] == 3 and len(out["paired"]["load_average_1m"]["values"]) == 3
