@@ -323,7 +323,7 @@ def ours_table5(d: dict) -> str:
 
 PAPER_ROWS = (paper.StudyRow(
     "Table 5", "SOMA against BPTT at N = 1, 2, 8", ours_table5, "BPTT lower at every N; at 100 "
-    "GPU-hours SOMA 2.0343 / 1.8257 / 2.0179, BPTT 1.0091 / 1.0535 / 1.1776", "330k params "
+    "GPU-hours SOMA 2.0343 / 1.8257 / 2.0179, BPTT 1.0091 / 1.0535 / 1.1776", "329k params "
     "(N = 8 at width 32), one operations budget, 3 seeds, each its own start; each row's lr "
     "from its own 3-point grid on seed 0 (SOMA N = 1 at the grid's low edge, BPTT N = 8 at its "
     "high edge); the orders of the means over N differ from the paper's (SOMA's fall with N, "
