@@ -347,9 +347,9 @@ PAPER_ROWS = (paper.StudyRow(
     "Figure 1, Table 4", "how to spend a budget: SOMA N = 2 against monoliths with more "
     "directions, EGGROLL", ours_table4, "test 1.76 (SOMA) against 2.00 / 2.11 / 2.00 (64 / 256 / "
     "1,024 directions), EGGROLL 2.21, near 150 GPU-hours", "82k params; SPEC 7 operations, not "
-    "GPU-hours; gains from equal-update seeds, not end losses; the monoliths at SOMA's lr 0.0025 "
-    "as the paper's (Table 7 finds their best 4x lower); ranking: 16 directions best here, the "
-    "paper's 256 worst", primary_table4, paper_brief="SOMA 1.76, monoliths 2.00-2.11",
+    "GPU-hours; gains from equal-update seeds (each seed its own), not end losses; each row's lr "
+    "from its own 3-point grid on seed 0 (six of eight rows at an edge); the monoliths' order: "
+    "4 directions lowest here, the paper's 256 worst", primary_table4, paper_brief="SOMA 1.76, monoliths 2.00-2.11",
     result="{name}_ops_cpu"),)
 
 STUDY = base.Study(name="table4",
