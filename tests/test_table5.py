@@ -146,3 +146,14 @@ def test_table_carries_the_papers_values(tabled):
   md = open(os.path.join(out, "table.md")).read()
   assert "2.1237 / 1.0198" in md and "| 2 |" in md
   assert p["paper"]["item"] == "Table 5"
+
+
+def test_the_paper_row_reads_the_grid_edges_from_the_selection():
+  """The rows at a grid's edge are read from results.json `selection` (low: the grid's least
+  lr), not written by hand beside the row."""
+  from soma_jax.studies import selection
+
+  picked = lambda lr, edge: {"lr": lr, "lr_grid": [0.00125, 0.0025, 0.005], "lr_at_edge": edge}
+  selected = {"a": picked(0.00125, True), "b": picked(0.0025, False), "c": picked(0.005, True)}
+  assert selection.edges(selected) == "lr at its grid's edge in 2 of 3 rows: a (low), c (high)"
+  assert selection.edges({"b": picked(0.0025, False)}) == "every lr inside its grid"

@@ -84,6 +84,15 @@ def report(found: dict[str, table7.Search], out: str) -> dict:
   return got
 
 
+def edges(selected: dict) -> str:
+  """The rows whose chosen lr sits at its grid's edge, read from results.json `selection`:
+  "lr at its grid's edge: a (low), b (high)", or "every lr inside its grid"."""
+  at = [f"{name} ({'low' if s['lr'] == min(s['lr_grid']) else 'high'})"
+        for name, s in selected.items() if s["lr_at_edge"]]
+  return (f"lr at its grid's edge in {len(at)} of {len(selected)} rows: {', '.join(at)}"
+          if at else "every lr inside its grid")
+
+
 def lines(selected: dict, tune: dict) -> list[str]:
   """table.md: how the lrs were selected, then per row its grid's validation losses and the
   choice (* at the grid's edge)."""
