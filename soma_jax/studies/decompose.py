@@ -72,9 +72,9 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
     python experiments/compare.py --config=experiments/configs/compare.py:study=decompose,size=cpu --out=runs/decompose
     ...:study=decompose,size=cpu,seeds=5   (the headline's seed count)
 
-  Cost at size=cpu on 2 cores, from docs/results/decompose_cpu.json's per-update times: the
-  seven rows' searches 4,100 s of updates at 3 seeds, one_expert_bptt about 1,100 s more, each
-  seed's own seed runs about 1 min; about 1.6 h at 3 seeds, 2.7 h at 5 (docs/decompose.md).
+  Cost at size=cpu on 2 cores (docs/results/decompose_cpu.json `cost`, 5 seeds): 158 runs,
+  5,440 s in training updates and 650 s scoring (it was resumed once, so its wall_seconds
+  counts the second process only).
   """
   a = recipes.args(arg, seeds=0)
   size, cpu = a["size"], a["size"] == "cpu"

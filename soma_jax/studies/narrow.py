@@ -107,7 +107,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.order = tuple(rows)
   c.keep_width = ("one_expert", "one_expert_bptt")  # width 32; the others match SOMA's params
   c.fresh_optimizer = ("soma_bptt", "one_expert_bptt", "mono_bptt")
-  # lr grid centres: decompose's selections at size=cpu (docs/results/decompose_cpu.json)
+  # lr grid centres: decompose's selections at size=cpu (docs/results/decompose_cpu_shared_start.json)
   c.row_base_lr = ml_collections.ConfigDict({
       "soma": 0.0025, "one_expert": 0.00125, "mono": 0.000625,
       "soma_bptt": 0.006, "one_expert_bptt": 0.006, "mono_bptt": 0.003})
