@@ -342,6 +342,9 @@ def test_the_study_at_size_tiny(data_two_shards, tmp_path):
     assert len(r["per_seed"]) == 2, name
     for s in r["per_seed"]:
       assert p["budget"]["amount"] <= s["ops"] < p["budget"]["amount"] + ops[name], name
+  assert p["intervals"]["kind"] == "seeds_own_starts"  # SPEC 9.8: every seed its own start
+  for name, r in p["rows"].items():
+    assert [s["start"].split("/")[1] for s in r["per_seed"]] == ["seed0", "seed1"], name
   assert list(p["primary"]) == ["spsa15_on_soma", "helps_mono_more", "sharding_spsa15"]
   assert all(r["verdict"] for r in p["primary"].values())
   assert p["sign_kept"]["effects"] == ["sharding_spsa", "sharding_spsa15"]

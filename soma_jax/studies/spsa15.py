@@ -74,6 +74,7 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   recipes.rows(c, rows)
   c.reference, c.order = "soma", tuple(rows)
   c.keep_width, c.fresh_optimizer = (), ()
+  c.own_starts = True  # seed s continues its own seed runs, trained at seed_run_seed + s
   c.row_base_lr, c.row_data = ml_collections.ConfigDict(), ml_collections.ConfigDict()
   c.data_dir_random = ""
   c.alphas = (0.1, 0.3)  # 1.5-SPSA's exponent, chosen per row on alpha_seed by validation
