@@ -32,11 +32,10 @@ def _line(name: str, r: dict, p: dict) -> str:
 
 
 def _said(p: dict, readout: str) -> str:
-  """', primary' or ', secondary' as results.json declares `readout`, with the interval an
-  end difference shows; '' for a payload that declares none."""
+  """', primary' or ', secondary' as results.json declares `readout` ('' where it declares
+  none: a payload measured before the declaration)."""
   said = role(p, readout)
-  both = ", seeds and documents" if readout == END and END in p else ""
-  return (f", {said}" if said else "") + both
+  return f", {said}" if said else ""
 
 
 def order_lines(p: dict) -> list[str]:
@@ -77,7 +76,8 @@ def table(p: dict) -> str:
       *results.head(f"| row | budget | N | d_t | params | directions / update | ops / update | "
                     f"updates | {b['unit']} spent | start test | end test | gain test | gain "
                     f"validation | {ref} gain minus row gain (test{_said(p, GAIN)}) | end minus "
-                    f"{ref} (test{_said(p, END)}) ({ref} wins) |"),
+                    f"{ref}" + (f" (test{_said(p, END)}, seeds and documents)" if END in p else "")
+                    + f" ({ref} wins) |"),
   ]
   lines += [_line(name, r, p) for name, r in p["methods"].items()]
   eq = p["equal_ops"]

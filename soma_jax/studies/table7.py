@@ -388,5 +388,4 @@ PAPER_ROWS = (paper.StudyRow(
 STUDY = base.Study(name="table7",
                    spec="SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6",
                    config=config, check=check, stages=study_stages, measure=study_measure,
-                   table=table,
-                   paper_rows=PAPER_ROWS)
+                   table=table, paper_rows=PAPER_ROWS)

@@ -6,6 +6,8 @@ value in the paper's direction, "contradicts" when it excludes it the other way,
 when it holds it. A row whose protocol differs in a way that decides the reading is "not
 comparable" whatever its interval says, and says why. A row with several primary intervals
 (Table 4's three monoliths) carries one verdict where all agree, else each verdict's count.
+A study that records several readouts (Tables 7 and 4: `READOUTS`) declares one primary in its
+config; results.json says which (`declared`), and only that one is read for a verdict.
 """
 
 from __future__ import annotations
