@@ -13,7 +13,7 @@ from scipy import stats as scipy_stats
 
 from soma_jax import evaluate as eval_lib
 from soma_jax.data import pipeline
-from soma_jax.studies import datasets, statistics
+from soma_jax.studies import datasets, statistics, verdict
 
 # Windows per document, split order: the built-in corpus's first five ensemble-validation
 # documents hold 28, 32, 8, 4 and 56 windows, so its first 128 windows come from 5 of them.
@@ -204,3 +204,51 @@ def test_gain_difference_interval_carries_document_noise():
   # Here the documents dominate: the seeds' interval alone is far too narrow.
   assert (hi - lo) > 3 * (t_hi - t_lo)
   assert "seeds_and_documents" in g["how"] and "widened" in g["how"]
+
+
+def test_end_difference_by_hand():
+  """SPEC 9.8's primary readout: the other row's test end loss minus the reference's across 3
+  seeds, against a hand computation: the t interval over the seeds' differences, and that
+  interval widened by the documents' bootstrap variance, here by the closed form for equal
+  windows per document (resampling D documents: Var = var_ddof0(document means) / D)."""
+  rng = np.random.default_rng(7)
+  seeds, docs, per_doc = 3, 40, 2
+  doc_ids = np.repeat(np.arange(docs), per_doc)
+  doc_effect = rng.normal(scale=0.05, size=docs)[doc_ids]  # shared by every seed
+  ref, other, ends_w = [], [], []
+  for s in range(seeds):
+    ref_w = rng.normal(2.9, 0.05, doc_ids.size)
+    other_w = ref_w + 0.03 + doc_effect + rng.normal(0, 0.005) + rng.normal(0, 0.001, doc_ids.size)
+    ends_w.append((ref_w, other_w))
+    ref.append({"seed": s, "end_loss": {"test": float(ref_w.mean()), "validation": 2.8}})
+    other.append({"seed": s, "end_loss": {"test": float(other_w.mean()),
+                                          "validation": 2.83 + 0.01 * s}})
+  e = statistics.end_difference(ref, other, ends_w, doc_ids, draws=20_000)
+  d = np.array([o.mean() - r.mean() for r, o in ends_w])  # other minus ref, per seed
+  t = scipy_stats.t.ppf(0.975, seeds - 1)
+  sd = d.std(ddof=1)
+  assert e["mean"] == pytest.approx(d.mean()) and e["mean"] > 0  # the sign: other - ref
+  np.testing.assert_allclose(e["ci95"], d.mean() + np.array([-1, 1]) * t * sd / np.sqrt(seeds))
+  v = np.array([0.03, 0.04, 0.05])
+  np.testing.assert_allclose(e["validation"]["ci95"],
+                             v.mean() + np.array([-1, 1]) * t * v.std(ddof=1) / np.sqrt(seeds))
+  diff_SxN = np.stack([o - r for r, o in ends_w])
+  doc_means = diff_SxN.mean(axis=0).reshape(docs, per_doc).mean(axis=1)
+  doc_var = doc_means.var() / docs  # the bootstrap's variance in closed form
+  both = e["seeds_and_documents"]
+  assert both["document_sd"] ** 2 == pytest.approx(doc_var, rel=0.05)
+  half = (both["ci95"][1] - both["ci95"][0]) / 2
+  assert half == pytest.approx(t * np.sqrt(sd**2 / seeds + doc_var), rel=0.03)
+  np.testing.assert_allclose(  # exactly the widened interval of the reported document_sd
+      both["ci95"], d.mean() + np.array([-1, 1]) * t * np.sqrt(
+          sd**2 / seeds + both["document_sd"] ** 2))
+  assert half > 2 * t * sd / np.sqrt(seeds)  # here the documents' noise dominates
+  for s, q in enumerate(e["per_seed"]):
+    assert q["seed"] == s and q["diff"] == pytest.approx(d[s])
+    assert q["bootstrap_ci95"][0] < q["diff"] < q["bootstrap_ci95"][1]
+  assert e["how"].startswith("this row's test end loss minus the reference's")
+  # gain_difference's shape, which the verdict reads with both noises
+  assert set(e) == {"split", "mean", "sd", "n", "ci95", "per_seed", "seeds_and_documents",
+                    "validation", "how"}
+  iv = verdict.from_stat("end", e)
+  assert (iv.lo, iv.hi, iv.how) == (*both["ci95"], "seeds and documents")

@@ -23,6 +23,7 @@ from soma_jax.studies import (
   table4,
   table7,
   training,
+  verdict,
 )
 from tests.test_compare import _spec7_ops_per_update, load_config
 from tests.test_decompose import assert_seed_curves
@@ -200,6 +201,34 @@ def test_table7_rows_report_gains(table7_run):
   for a, b, d in zip(r["per_seed"], o["per_seed"], g["per_seed"], strict=True):
     start_gap = b["start_loss"]["test"] - a["start_loss"]["test"]
     assert d["diff"] == pytest.approx(b["minus_ref"] - start_gap, abs=1e-6)
+  assert_end_difference(payload, "soma_n2", "mono")
+  (iv,) = table7.primary_table7(payload)  # the declared readout carries the verdict
+  e = payload["end_difference"]["mono"]
+  assert (iv.mean, iv.lo, iv.hi) == (e["mean"], *e["seeds_and_documents"]["ci95"])
+  (iv,) = table7.primary_table7({**payload, "primary": verdict.declared(verdict.GAIN)})
+  assert (iv.mean, iv.lo, iv.hi) == (g["mean"], *g["seeds_and_documents"]["ci95"])
+  table = open(os.path.join(out, "table.md")).read()
+  assert "**mono's test end loss minus soma_n2's" in table and "(primary: " in table
+  assert "soma_n2's gain minus mono's gain" in table and "(secondary: " in table
+
+
+def assert_end_difference(payload: dict, ref: str, other: str) -> None:
+  """results.json's end difference of `other` (SPEC 9.8's primary, declared so): its test end
+  loss minus the reference's across seeds, by hand; per seed the paired bootstrap the row's
+  minus_ref records; the seeds-and-documents interval around the seeds' one."""
+  assert payload["primary"] == verdict.declared(verdict.END)
+  assert payload["primary"]["secondary"] == ["gain_difference"]
+  a, b = payload["methods"][ref]["per_seed"], payload["methods"][other]["per_seed"]
+  e = payload["end_difference"][other]
+  diffs = [q["end_loss"]["test"] - p["end_loss"]["test"] for p, q in zip(a, b, strict=True)]
+  half = scipy_stats.t.ppf(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / np.sqrt(len(diffs))
+  assert e["mean"] == pytest.approx(np.mean(diffs)) and e["n"] == len(diffs)
+  np.testing.assert_allclose(e["ci95"], [np.mean(diffs) - half, np.mean(diffs) + half])
+  for d, q in zip(e["per_seed"], b, strict=True):
+    assert d["seed"] == q["seed"] and d["bootstrap_ci95"] == q["minus_ref_ci95"]
+    assert d["diff"] == pytest.approx(q["minus_ref"], abs=1e-12)
+  lo, hi = e["seeds_and_documents"]["ci95"]
+  assert lo <= e["ci95"][0] and e["ci95"][1] <= hi
 
 
 def test_table7_continues_the_seeds_state(table7_run):
@@ -283,7 +312,9 @@ def test_table4_rows_budget_and_starts(table4_run):
       diffs = [a["gain"]["test"] - b["gain"]["test"]
                for a, b in zip(methods["soma_n2"]["per_seed"], m["per_seed"], strict=True)]
       assert g["mean"] == pytest.approx(np.mean(diffs)) and len(g["ci95"]) == 2
+      assert_end_difference(payload, "soma_n2", name)
   assert set(payload["gain_difference"]) == set(methods) - {"soma_n2"}
+  assert set(payload["end_difference"]) == set(methods) - {"soma_n2"}
   assert methods["soma_n2_summed"]["ops_per_update"] == methods["soma_n2"]["ops_per_update"]
   assert methods["eggroll"]["start"].startswith(os.path.join("seeds", "seed0", "gru"))
   assert set(payload["equal_ops"]["ranking"]) == {"soma_n2", "mono_k4", "eggroll"}
@@ -344,6 +375,18 @@ def test_table4_lr_fields_refused():
     assert "\n" not in str(e.value)
   config = load_config("compare", "study=table4,size=cpu")
   assert (config.own_starts, config.lr_factors, config.select_fraction) == (True, (0.5, 1, 2), 0.25)
+
+
+@pytest.mark.parametrize("study", [table7.STUDY, table4.STUDY])
+def test_primary_readout_declared_in_the_config(study):
+  """SPEC 9.8: the config declares the primary readout, the end difference by default; a
+  readout the study does not record is refused before anything trains."""
+  config = load_config("compare", f"study={study.name},size=cpu")
+  assert config.primary == verdict.END
+  assert driver.checked(study, config)[1].primary == verdict.END
+  config.primary = "speedup"
+  with pytest.raises(UserError, match="--config.primary="):
+    driver.checked(study, config)
 
 
 def _specs(cfgs: dict) -> dict:

@@ -17,12 +17,6 @@ def _ci(stat: dict, digits: int = 4) -> str:
   return "-" if stat.get("mean") is None else results.ci(stat, digits)
 
 
-def _both(stat: dict, digits: int = 4) -> str:
-  """Mean [seeds-and-documents interval] of a gain difference (its own `seeds_and_documents`)."""
-  ci95 = stat.get("seeds_and_documents", {}).get("ci95")
-  return results.ci({"mean": stat["mean"], "ci95": ci95}, digits)
-
-
 def _speed(stat: dict) -> str:
   if stat.get("mean") is None:
     return "- (no common range)"
@@ -127,7 +121,7 @@ def table(p: dict) -> str:
   for name, e in p["effects"].items():
     sp = e["log_speedup"]
     compared = unreadable(p, e["a"], e["b"]) or _speed(sp["compared"])
-    lines.append(f"| {name} | {e['a']} vs {e['b']} | {_both(e['gain_difference'])} | "
+    lines.append(f"| {name} | {e['a']} vs {e['b']} | {results.both(e['gain_difference'])} | "
                  f"{_ci(e['end_loss_difference'])} | {compared} | "
                  f"{_speed(sp['from_init'])} |")
   for name, x in p["interactions"].items():

@@ -33,6 +33,14 @@ def ci(stat: dict, digits: int = 3, both: bool = False) -> str:
   return f"{stat['mean']:{f}} [{lo:{f}}, {hi:{f}}]"
 
 
+def declared_after(d: dict) -> str:
+  """'; ...' saying the JSON's primary readout was declared after its runs (`remeasured`:
+  re-measured from the same runs under another declaration), else ''."""
+  r = d.get("remeasured")
+  return "" if r is None else (f"; primary declared after the runs (theirs: "
+                               f"{r['primary_declared_by_the_runs']}), re-measured from them")
+
+
 def show(iv: Interval, digits: int = 3) -> str:
   """'+0.051 [+0.038, +0.063]'; a ratio (null 1) with 2 decimals and no sign."""
   if iv.null:

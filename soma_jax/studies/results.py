@@ -174,3 +174,10 @@ def ci(stat: dict, digits: int = 3) -> str:
     return f"{stat['mean']:{f}}"
   lo, hi = stat["ci95"]
   return f"{stat['mean']:{f}} [{lo:{f}}, {hi:{f}}]"
+
+
+def both(stat: dict, digits: int = 4) -> str:
+  """'+0.012 [-0.003, +0.027]': the mean and its seeds-and-documents interval
+  (`statistics.seed_difference`), or the mean alone for one seed."""
+  ci95 = stat.get("seeds_and_documents", {}).get("ci95")
+  return ci({"mean": stat["mean"], "ci95": ci95}, digits)

@@ -1,7 +1,7 @@
 """The studies' statistics (SPEC 9.6, 9.8): paired document bootstraps, t intervals over
-seeds, the t interval widened by the documents' variance, gains and their differences,
-matched-loss speed-ups from loss curves (crossings), and one row's effect against another's
-(`effect`, `interaction`)."""
+seeds, the t interval widened by the documents' variance, gains, two rows' differences in
+gain or end loss across seeds (`seed_difference`), matched-loss speed-ups from loss curves
+(crossings), and one row's effect against another's (`effect`, `interaction`)."""
 
 from __future__ import annotations
 
@@ -78,33 +78,51 @@ def row_losses(start: dict, end: dict) -> dict:
   return {"start_loss": s, "end_loss": e, "gain": {k: s[k] - e[k] for k in s}}
 
 
-def gain_difference(ref: list[dict], other: list[dict], gains_w: list[tuple], doc_ids,
-                    draws: int) -> dict:
-  """The reference's gain minus another row's, over the seeds both ran (per-seed records
-  with `seed` and `gain`), on test (with validation beside it): the mean with its 95% t
-  interval across seeds, and per seed the paired document bootstrap of the per-window
-  difference (end gap - start gap); `seeds_and_documents`: the t interval widened by the
-  documents' bootstrap variance of the seed-mean difference (`widened_t_interval`), both
-  noises. `gains_w`: per seed (ref, other) per-window test gains."""
-  diff = {split: [a["gain"][split] - b["gain"][split] for a, b in zip(ref, other, strict=True)]
-          for split in ("test", "validation")}
-  per_seed = []
-  for a, (ref_w, other_w) in zip(ref, gains_w, strict=True):
-    d = paired(other_w, ref_w, doc_ids, draws, a["seed"])  # ref gain - other gain per window
-    per_seed.append({"seed": a["seed"], "diff": d["diff"], "bootstrap_ci95": d["ci95"]})
-  diff_SxN = np.stack([np.asarray(r, np.float64) - np.asarray(o, np.float64) for r, o in gains_w])
-  both = widened_t_interval(diff["test"], document_variance(diff_SxN, doc_ids, draws,
-                                                            ref[0]["seed"]))
-  return {"split": "test", **t_interval(diff["test"]), "per_seed": per_seed,
-          "seeds_and_documents": {"ci95": both["ci95"], "document_sd": both["document_sd"]},
-          "validation": t_interval(diff["validation"]),
-          "how": "reference gain minus this row's gain (= end gap minus start gap); ci95: "
-                 "t interval across optimisation seeds (conditional on the test documents); "
-                 "bootstrap_ci95: paired test-document bootstrap around this seed's runs "
-                 "(document noise only); seeds_and_documents.ci95: both noises, the seed t "
+INTERVALS_HOW = ("ci95: t interval across optimisation seeds (conditional on the test "
+                 "documents); bootstrap_ci95: paired test-document bootstrap around this seed's "
+                 "runs (document noise only); seeds_and_documents.ci95: both noises, the seed t "
                  "interval widened by the documents' variance, mean +- t_{0.975, S-1} * "
                  "sqrt(sd^2 / S + document_sd^2), document_sd the paired test-document "
-                 "bootstrap sd of the seed-mean difference"}
+                 "bootstrap sd of the seed-mean difference")
+
+
+def seed_difference(first: list[dict], second: list[dict], key: str, windows: list[tuple],
+                    doc_ids, draws: int, what: str) -> dict:
+  """first[key] minus second[key] over the seeds both ran (per-seed records with `seed` and
+  `key`: {"test": value, "validation": value}), on test (with validation beside it): the mean
+  with its 95% t interval across seeds; per seed the paired document bootstrap of the
+  per-window difference; `seeds_and_documents`: the t interval widened by the documents'
+  bootstrap variance of the seed-mean difference (`widened_t_interval`), both noises.
+  `windows`: per seed (first's, second's) per-window test values; `what` opens `how`."""
+  diff = {split: [a[key][split] - b[key][split] for a, b in zip(first, second, strict=True)]
+          for split in ("test", "validation")}
+  per_seed = []
+  for a, (first_w, second_w) in zip(first, windows, strict=True):
+    d = paired(second_w, first_w, doc_ids, draws, a["seed"])  # first - second per window
+    per_seed.append({"seed": a["seed"], "diff": d["diff"], "bootstrap_ci95": d["ci95"]})
+  diff_SxN = np.stack([np.asarray(f, np.float64) - np.asarray(s, np.float64) for f, s in windows])
+  both = widened_t_interval(diff["test"], document_variance(diff_SxN, doc_ids, draws,
+                                                            first[0]["seed"]))
+  return {"split": "test", **t_interval(diff["test"]), "per_seed": per_seed,
+          "seeds_and_documents": {"ci95": both["ci95"], "document_sd": both["document_sd"]},
+          "validation": t_interval(diff["validation"]), "how": f"{what}; {INTERVALS_HOW}"}
+
+
+def gain_difference(ref: list[dict], other: list[dict], gains_w: list[tuple], doc_ids,
+                    draws: int) -> dict:
+  """The reference's gain minus another row's (`seed_difference`; per window: end gap -
+  start gap). `gains_w`: per seed (ref, other) per-window test gains."""
+  return seed_difference(ref, other, "gain", gains_w, doc_ids, draws,
+                         "reference gain minus this row's gain (= end gap minus start gap)")
+
+
+def end_difference(ref: list[dict], other: list[dict], ends_w: list[tuple], doc_ids,
+                   draws: int) -> dict:
+  """Another row's test end loss minus the reference's (`seed_difference` on the records'
+  `end_loss`): SPEC 9.8's primary readout, with each seed's own start in the seeds' noise.
+  `ends_w`: per seed (ref, other) per-window test end losses."""
+  return seed_difference(other, ref, "end_loss", [(o, r) for r, o in ends_w], doc_ids, draws,
+                         "this row's test end loss minus the reference's (the end gap)")
 
 
 # ------------------------------------------------------------------ matched-loss speed-ups

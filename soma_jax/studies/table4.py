@@ -14,10 +14,13 @@ and seed on any machine, since the rows do unequal operations per update and no 
 an operation count; updates at size=tiny; any other unit with --config.budget_unit). A
 budget the step cap would cut off is refused before anything trains (`planning.check_plan`).
 Reported per row: operations, updates and the budget used; per seed the start, end and gain
-(start - end) on validation and test; SOMA's gain minus each row's gain with its 95% t
-interval across seeds (`statistics.gain_difference`); the end test loss with its paired CI
-against SOMA; and beside it, labelled as such, the ranking at equal operations (each row's
-test curve read at the smallest operation count any budget row reached).
+(start - end) on validation and test; the end test loss with its paired CI against SOMA;
+across seeds, each with its 95% t interval and its seeds-and-documents interval, each row's
+test end loss minus SOMA's (`statistics.end_difference`) and SOMA's gain minus the row's
+(`statistics.gain_difference`), the config declaring which one is primary (`primary`, SPEC
+9.8's end difference by default; results.json `primary`: only it carries a verdict); and
+beside it, labelled as such, the ranking at equal operations (each row's test curve read at
+the smallest operation count any budget row reached).
 
 Protocol (SPEC 9.8): every optimisation seed s continues its own seed runs, trained at
 seed_run_seed + s (`own_starts`); every row's lr (SOMA's, the monoliths', EGGROLL's opt.lr,
@@ -52,7 +55,7 @@ from soma_jax.studies import (
   table7,
   training,
 )
-from soma_jax.studies.verdict import Interval, from_stat
+from soma_jax.studies.verdict import END, GAIN, Interval, declared, from_stat, primary_stats
 
 # The paper's Table 4 (test loss near 150 GPU-hours, three significant figures) by our rows:
 # SOMA N = 2 (n_pert 64), the monoliths at 1x / 4x / 16x its directions (64 / 256 / 1,024),
@@ -77,20 +80,24 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.lr_factors, c.lr_extend = (0.5, 1.0, 2.0), 0
   c.eps_factors, c.eps_extend = (1.0,), 0
   c.select_fraction = 0.25 if a["size"] == "cpu" else 0.1
+  # The primary readout, declared before anything trains (SPEC 9.8): the test end loss at the
+  # budget (END), or the compared phase's gain (GAIN); the other is secondary, no verdict.
+  c.primary = END
   return c
 
 
 class Rows(NamedTuple):
   """Table 4's own fields (`check`): what each row stands for in the paper's table, its lr
-  grid and select_fraction."""
+  grid, select_fraction and the primary readout."""
   rows: dict[str, str]
   lr: table7.Grid  # each row's lr grid (factors of its own lr: `selection`)
   select_fraction: float  # of its budget, each grid point's on the first seed
+  primary: str  # one of verdict.READOUTS: the readout that carries the verdict
 
 
 def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Rows:
-  """The controls match the reference's updates, and are methods; the lr grid and
-  select_fraction."""
+  """The controls match the reference's updates, and are methods; the lr grid,
+  select_fraction and the primary readout."""
   ref = plan.reference
   for name, target in plan.match_updates.items():
     if name not in config.methods or target != ref:
@@ -99,7 +106,7 @@ def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Rows:
   lr = table7.check_grid(config)
   planning.check_fields(config, selection.FIELDS)
   return Rows({n: config.rows.get(n, "") for n in config.methods}, lr,
-              float(config.select_fraction))
+              float(config.select_fraction), table7.check_primary(config))
 
 
 def run_config(name: str, methods: dict, plan: planning.StudyPlan, data_dir: str, seed: int,
@@ -167,9 +174,9 @@ def selecting(grid: Rows, ready: base.Setup, starts: dict) -> base.Stages:
 
 
 def measure(grid: Rows, ready: base.Setup, gathered: tuple) -> dict:
-  """Each row's per-seed records with its end gap to the reference, aggregated; the gain
-  differences, the ranking at equal operations, the lr selection and the ordering against the
-  paper's."""
+  """Each row's per-seed records with its end gap to the reference, aggregated; the end and
+  gain differences with the declared primary, the ranking at equal operations, the lr
+  selection and the ordering against the paper's."""
   described, records, ends, starts, found = gathered
   plan, test, ref = ready.plan, ready.scored[1], ready.plan.reference
   for seed in plan.seeds:
@@ -186,8 +193,8 @@ def measure(grid: Rows, ready: base.Setup, gathered: tuple) -> dict:
                                    "seed, not the budget"},
             "layout": {n: r["layout"] for n, r in described.items()}, "rows": grid.rows,
             "methods": described,
-            "gain_difference": gain_differences(described, ends, starts, ref, test,
-                                                plan.bootstrap_draws)}
+            **differences(described, ends, starts, ref, test, plan.bootstrap_draws),
+            "primary": declared(grid.primary)}
   fields["equal_ops"] = equal_ops(fields, [n for n in ready.methods
                                            if n not in plan.match_updates])
   fields.update(intervals=planning.interval_kind(plan), paper=PAPER,
@@ -204,7 +211,7 @@ def ordering(ends: dict[str, float]) -> dict:
   SOMA below each monolith (the paper: 1.76 against 2.00-2.11)."""
   monoliths = [n for n in ends if n.startswith("mono") and n in PAPER["test_nats_per_byte"]]
   return {"of": "end test loss, seed means (an order of means resolves no pair by itself: "
-                "gain_difference's intervals do)",
+                "end_difference's intervals do)",
           **statistics.ordering(ends, PAPER["test_nats_per_byte"]),
           "soma_below_monoliths": {m: bool(ends["soma_n2"] < ends[m]) for m in monoliths}
           if "soma_n2" in ends else {}}
@@ -266,18 +273,21 @@ def _paired(ends: dict, ref: str, name: str, seed: int, test: eval_lib.TestSet,
   return {"minus_ref": d["diff"], "minus_ref_ci95": d["ci95"]}
 
 
-def gain_differences(described: dict, ends: dict, starts: dict, ref: str,
-                     test: eval_lib.TestSet, draws: int) -> dict:
-  """{row: the reference's gain minus the row's} for every row but the reference."""
-  out = {}
+def differences(described: dict, ends: dict, starts: dict, ref: str,
+                test: eval_lib.TestSet, draws: int) -> dict:
+  """{GAIN: {row: the reference's gain minus the row's}, END: {row: the row's test end loss
+  minus the reference's}} for every row but the reference."""
+  out = {GAIN: {}, END: {}}
   for name, r in described.items():
     if name == ref:
       continue
     seeds = [q["seed"] for q in r["per_seed"]]
-    gains_w = [(_start_w(starts, s, ref)["test"] - ends[(s, ref)],
-                _start_w(starts, s, name)["test"] - ends[(s, name)]) for s in seeds]
-    out[name] = statistics.gain_difference(described[ref]["per_seed"], r["per_seed"], gains_w,
-                                         test.doc_ids, draws)
+    ends_w = [(ends[(s, ref)], ends[(s, name)]) for s in seeds]
+    gains_w = [(_start_w(starts, s, ref)["test"] - e_ref, _start_w(starts, s, name)["test"] - e)
+               for s, (e_ref, e) in zip(seeds, ends_w, strict=True)]
+    per = described[ref]["per_seed"], r["per_seed"]
+    out[GAIN][name] = statistics.gain_difference(*per, gains_w, test.doc_ids, draws)
+    out[END][name] = statistics.end_difference(*per, ends_w, test.doc_ids, draws)
   return out
 
 
@@ -328,33 +338,41 @@ def equal_ops(payload: dict, names: list[str]) -> dict:
           "test_nats_per_byte": at, "ranking": order}
 
 
+# Each readout as the paper row names it (SOMA the reference; each interval one monolith's).
+NAMES = {END: "the monoliths' test end minus SOMA's", GAIN: "SOMA's test gain minus the monoliths'"}
+MONOLITHS = {f"mono_k{k}": f"{k} dirs" for k in (4, 16, 64)}  # the primary intervals' rows
+
+
 def primary_table4(d: dict) -> tuple[Interval, ...]:
-  g = d["gain_difference"]
-  return tuple(from_stat(f"{k} dirs", g[f"mono_k{k}"]) for k in (4, 16, 64))
+  _, stats = primary_stats(d)
+  return tuple(from_stat(name, stats[row]) for row, name in MONOLITHS.items())
 
 
 def ours_table4(d: dict) -> str:
-  g, end = d["gain_difference"], d["equal_ops"]["test_nats_per_byte"]
-  ends = ", ".join(f"{end[k]['mean']:.3f}" for k in ("mono_k4", "mono_k16", "mono_k64"))
-  ci = lambda k: paper.ci(g[k], both=True)
-  out = (f"SOMA's test gain minus the monoliths' at {d['budget']['amount']:.2g} ops: 4 "
-         f"directions {ci('mono_k4')}, 16 {ci('mono_k16')}, 64 {ci('mono_k64')} "
-         f"({len(d['seeds'])} seeds, seeds and documents); test ends SOMA "
-         f"{end['soma_n2']['mean']:.3f}, monoliths {ends} (4 / 16 / 64)")
+  p, end = d["primary"], d["equal_ops"]["test_nats_per_byte"]
+  ends = ", ".join(f"{end[k]['mean']:.3f}" for k in MONOLITHS)
+  said = lambda k: (f"{NAMES[k]}: 4 directions {paper.ci(d[k]['mono_k4'], both=True)}, 16 "
+                    f"{paper.ci(d[k]['mono_k16'], both=True)}, 64 "
+                    f"{paper.ci(d[k]['mono_k64'], both=True)}")
+  out = (f"at {d['budget']['amount']:.2g} ops, {said(p['readout'])} (primary; "
+         f"{len(d['seeds'])} seeds, seeds and documents); secondary: "
+         f"{'; '.join(map(said, p['secondary']))}; test ends SOMA {end['soma_n2']['mean']:.3f}, "
+         f"monoliths {ends} (4 / 16 / 64)")
   if "ordering" not in d:  # measured before each row's lr was selected
-    return out
+    return out + paper.declared_after(d)
   o = d["ordering"]
   return (f"{out}; {selection.edges(d['selection'])}; order of the means, lowest first: "
           f"{' < '.join(o['ours'])} (the paper's {' < '.join(o['paper'])}; {o['agreeing']} of "
-          f"{o['pairs']} pairs alike)")
+          f"{o['pairs']} pairs alike){paper.declared_after(d)}")
 
 
 PAPER_ROWS = (paper.StudyRow(
     "Figure 1, Table 4", "how to spend a budget: SOMA N = 2 against monoliths with more "
     "directions, EGGROLL", ours_table4, "test 1.76 (SOMA) against 2.00 / 2.11 / 2.00 (64 / 256 / "
     "1,024 directions), EGGROLL 2.21, near 150 GPU-hours", "82k params; SPEC 7 operations, not "
-    "GPU-hours; gains from equal-update seeds (each seed its own), not end losses; each row's lr "
-    "from its own 3-point grid on seed 0, not extended past an edge", primary_table4, paper_brief="SOMA 1.76, monoliths 2.00-2.11",
+    "GPU-hours; end losses continued from equal-update seeds (each seed its own), with intervals "
+    "over seeds and test documents; each row's lr from its own 3-point grid on seed 0, not "
+    "extended past an edge", primary_table4, paper_brief="SOMA 1.76, monoliths 2.00-2.11",
     result="{name}_ops_cpu"),)
 
 STUDY = base.Study(name="table4",

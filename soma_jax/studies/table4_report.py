@@ -1,10 +1,12 @@
-"""Table 4's table.md (`table4.STUDY`'s table): the budget table (start, end, gains, gain
-differences), the ordering against the paper's and the lr selection where measured, per-seed
-values, the equal-ops ranking beside it."""
+"""Table 4's table.md (`table4.STUDY`'s table): the budget table (start, end, gains, gain and
+end differences, each marked primary or secondary as results.json declares), the ordering
+against the paper's and the lr selection where measured, per-seed values, the equal-ops
+ranking beside it."""
 
 from __future__ import annotations
 
 from soma_jax.studies import results, selection
+from soma_jax.studies.verdict import END, GAIN, role
 
 
 def fmt(x: float) -> str:
@@ -19,14 +21,21 @@ def _line(name: str, r: dict, p: dict) -> str:
   control that ran to the reference's updates too: what it spent, in that unit)."""
   ref, n_seeds, unit = p["reference"], len(p["seeds"]), p["budget"]["unit"]
   dirs = r["directions_per_update"] if r["directions_per_update"] is not None else "-"
-  g = p["gain_difference"].get(name)
+  g, e = p[GAIN].get(name), p.get(END, {}).get(name)
+  end = results.pm(r["minus_ref"], True) if e is None else results.both(e, 3)
   return (f"| {name} | {r['budget']} | {r['n_experts']} | {r['d_t']} | {fmt(r['params'])} | "
           f"{dirs} | {fmt(r['ops_per_update'])} | {r['updates']['mean']:.0f} | "
           f"{r[unit]['mean']:.4g} | {r['start_loss']['test']:.4f} | "
           f"{results.pm(r['test_nats_per_byte'], digits=4)} | {results.ci(r['gain']['test'])} | "
           f"{results.ci(r['gain']['validation'])} | " + ("-" if g is None else results.ci(g))
-          + " | " + ("-" if name == ref else f"{results.pm(r['minus_ref'], True)} "
-                    f"({r['ref_wins']}/{n_seeds})") + " |")
+          + " | " + ("-" if name == ref else f"{end} ({r['ref_wins']}/{n_seeds})") + " |")
+
+
+def _said(p: dict, readout: str) -> str:
+  """', primary' or ', secondary' as results.json declares `readout` ('' where it declares
+  none: a payload measured before the declaration)."""
+  said = role(p, readout)
+  return f", {said}" if said else ""
 
 
 def order_lines(p: dict) -> list[str]:
@@ -66,8 +75,9 @@ def table(p: dict) -> str:
       "",
       *results.head(f"| row | budget | N | d_t | params | directions / update | ops / update | "
                     f"updates | {b['unit']} spent | start test | end test | gain test | gain "
-                    f"validation | {ref} gain minus row gain (test) | end minus {ref} "
-                    f"({ref} wins) |"),
+                    f"validation | {ref} gain minus row gain (test{_said(p, GAIN)}) | end minus "
+                    f"{ref}" + (f" (test{_said(p, END)}, seeds and documents)" if END in p else "")
+                    + f" ({ref} wins) |"),
   ]
   lines += [_line(name, r, p) for name, r in p["methods"].items()]
   eq = p["equal_ops"]

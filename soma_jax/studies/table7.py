@@ -20,8 +20,11 @@ selected, and only its final checkpoint is scored on the test set, once (the sta
 same for every configuration, is scored on test once per architecture and seed run, before
 any run).
 Reported per seed: start, end and gain (start - end) on validation and test, the end test
-difference (monolith minus SOMA) with its document-bootstrap CI; across seeds: SOMA's gain
-minus the monolith's with its 95% t interval (`statistics.gain_difference`).
+difference (monolith minus SOMA) with its document-bootstrap CI; across seeds, each with its
+95% t interval and its seeds-and-documents interval: the monolith's test end loss minus SOMA's
+(`statistics.end_difference`) and SOMA's gain minus the monolith's
+(`statistics.gain_difference`). The config declares which one is primary (`primary`, SPEC 9.8's
+end difference by default; results.json `primary`): only it carries a verdict.
 
 `STUDY` runs through the driver (`driver.run`); its setup (`driver.preparing`) and `stages` are
 one such comparison on given data and scorers, reusable at any width (the width ladder of SPEC
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import NamedTuple
 
 import ml_collections
 import numpy as np
@@ -42,7 +46,15 @@ from soma_jax import spec as spec_lib
 from soma_jax.errors import UserError
 from soma_jax.studies import base, paper, planning, recipes, scores, statistics, training
 from soma_jax.studies.table7_report import table
-from soma_jax.studies.verdict import Interval, from_stat
+from soma_jax.studies.verdict import (
+  END,
+  GAIN,
+  READOUTS,
+  Interval,
+  declared,
+  from_stat,
+  primary_stats,
+)
 
 
 def config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -58,6 +70,9 @@ def config(arg: str | None = None) -> ml_collections.ConfigDict:
   a = recipes.args(arg)
   c = recipes.pair(a["study"], a["size"])
   c.own_starts = True  # seed s continues its own seed runs, trained at seed_run_seed + s
+  # The primary readout, declared before anything trains (SPEC 9.8): the test end loss at the
+  # budget (END), or the compared phase's gain (GAIN); the other is secondary, no verdict.
+  c.primary = END
   return c
 
 
@@ -204,14 +219,36 @@ def check_grid(config: ml_collections.ConfigDict) -> Grid:
               tuple(config.eps_factors), int(config.eps_extend))
 
 
-def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Grid:
-  """The grid (`check_grid`), and exactly two architectures."""
+class Fields(NamedTuple):
+  """Table 7's own fields (`check`): the search grid and the declared primary readout."""
+  grid: Grid
+  primary: str  # one of verdict.READOUTS: the readout that carries the verdict
+
+
+def check_primary(config: ml_collections.ConfigDict) -> str:
+  """The readout the config declares primary (`verdict.READOUTS`)."""
+  planning.check_fields(config, {"primary": planning.one_of(*READOUTS)})
+  return config.primary
+
+
+def check(plan: planning.StudyPlan, config: ml_collections.ConfigDict) -> Fields:
+  """The grid (`check_grid`), exactly two architectures and the primary readout."""
   del plan
   grid = check_grid(config)
   if len(config.methods) != 2:
     raise UserError(f"study={STUDY.name} compares two architectures; config.methods has "
                     f"{len(config.methods)}")
-  return grid
+  return Fields(grid, check_primary(config))
+
+
+def study_stages(fields: Fields, ready: base.Setup) -> base.Stages:
+  """The study's `stages` (the width ladder runs `stages` on its own grid)."""
+  return stages(fields.grid, ready)
+
+
+def study_measure(fields: Fields, ready: base.Setup, gathered: tuple) -> dict:
+  """`measure`, and which readout is primary (`verdict.declared`)."""
+  return {**measure(fields.grid, ready, gathered), "primary": declared(fields.primary)}
 
 
 def stages(grid: Grid, ready: base.Setup) -> base.Stages:
@@ -247,11 +284,11 @@ def stages(grid: Grid, ready: base.Setup) -> base.Stages:
 
 
 def measure(grid: Grid, ready: base.Setup, gathered: tuple) -> dict:
-  """The gain difference across seeds and the records (`differences`), the tuning."""
+  """The gain and end differences across seeds and the records (`differences`), the tuning."""
   described, finals, starts = gathered
   plan, (ref, other) = ready.plan, list(ready.methods)
-  gain_difference = differences(described, finals, starts, ref, other, ready.scored[1],
-                                plan.bootstrap_draws)
+  readouts = differences(described, finals, starts, ref, other, ready.scored[1],
+                         plan.bootstrap_draws)
   return {"budget": {"unit": plan.unit, "per": "configuration",
                      "seed_updates": plan.seed_updates, "ops_per_update": ready.ops},
           "intervals": planning.interval_kind(plan),
@@ -259,7 +296,7 @@ def measure(grid: Grid, ready: base.Setup, gathered: tuple) -> dict:
                      "selection": "final ensemble-validation loss; test scored once, selected "
                                   "only (and the start once per architecture)"},
           "layout": {n: r["layout"] for n, r in described.items()}, "other": other,
-          "methods": described, "gain_difference": gain_difference}
+          "methods": described, **readouts}
 
 
 def describe(spec: spec_lib.RunSpec, seed: dict, layout: dict, own: bool = False) -> dict:
@@ -295,8 +332,9 @@ def per_seed_record(seed: int, start: dict, chosen: dict, tried: list[dict], sea
 def differences(described: dict, finals: dict, starts: dict, ref: str, other: str,
                 test: eval_lib.TestSet, draws: int) -> dict:
   """Per seed: other minus ref on the same test windows at the end, paired CI; then across
-  seeds. Returns {other: the reference's gain minus the other's} (`gain_difference`)."""
-  diffs, gains_w = [], []
+  seeds. Returns {GAIN: {other: the reference's gain minus the other's}, END: {other: the
+  other's test end loss minus the reference's}}."""
+  diffs, gains_w, ends_w = [], [], []
   for i, rec in enumerate(described[other]["per_seed"]):
     seed = rec["seed"]
     end_ref, end_other = finals[(seed, ref)], finals[(seed, other)]
@@ -306,6 +344,7 @@ def differences(described: dict, finals: dict, starts: dict, ref: str, other: st
     diffs.append(d["diff"])
     gains_w.append((starts[(seed, ref)]["test"] - end_ref,
                     starts[(seed, other)]["test"] - end_other))
+    ends_w.append((end_ref, end_other))
   for name in (ref, other):
     per = described[name]["per_seed"]
     described[name]["test_nats_per_byte"] = statistics.across_seeds(
@@ -318,29 +357,35 @@ def differences(described: dict, finals: dict, starts: dict, ref: str, other: st
   described[other]["ref_wins"] = int(sum(d > 0 for d in diffs))
   described[other]["ref_wins_ci_excludes_zero"] = int(
       sum(r["minus_ref_ci95"][0] > 0 for r in described[other]["per_seed"]))
-  return {other: statistics.gain_difference(
-      described[ref]["per_seed"], described[other]["per_seed"], gains_w, test.doc_ids, draws)}
+  per = described[ref]["per_seed"], described[other]["per_seed"]
+  return {GAIN: {other: statistics.gain_difference(*per, gains_w, test.doc_ids, draws)},
+          END: {other: statistics.end_difference(*per, ends_w, test.doc_ids, draws)}}
+
+
+# Each readout as the paper row names it (mono: the other row; SOMA the reference).
+NAMES = {END: "monolith − SOMA, test end", GAIN: "SOMA's gain − the monolith's"}
 
 
 def primary_table7(d: dict) -> tuple[Interval, ...]:
-  return (from_stat("SOMA's gain − the monolith's", d["gain_difference"]["mono"]),)
+  key, stats = primary_stats(d)
+  return (from_stat(NAMES[key], stats["mono"]),)
 
 
 def ours_table7(d: dict) -> str:
-  g, m = d["gain_difference"]["mono"], d["methods"]["mono"]
-  return (f"SOMA's compared-phase test gain minus the monolith's {paper.ci(g, 4, both=True)} "
-          f"(seeds and documents); monolith − SOMA test end {m['minus_ref']['mean']:+.4f} ± "
-          f"{m['minus_ref']['sd']:.4f} (sd); SOMA's end lower in {m['ref_wins']} of "
-          f"{len(d['seeds'])} seeds")
+  p, m = d["primary"], d["methods"]["mono"]
+  said = lambda k: f"{NAMES[k]} {paper.ci(d[k]['mono'], 4, both=True)}"
+  return (f"{said(p['readout'])} (primary; seeds and documents); secondary: "
+          f"{', '.join(map(said, p['secondary']))}; SOMA's end lower in {m['ref_wins']} of "
+          f"{len(d['seeds'])} seeds{paper.declared_after(d)}")
 
 
 PAPER_ROWS = (paper.StudyRow(
     "Table 7", "SOMA N = 2 against the monolith at equal tuning", ours_table7, "monolith − SOMA "
-    "test +0.0396 ± 0.0057 (sd; 3 of 3 seeds)", "ours a gain difference from equal-update seeds "
-    "(each seed its own start), 82k params; validation 128 windows from 79 documents",
-    primary_table7, paper_brief="+0.0396 ± 0.0057"),)
+    "test +0.0396 ± 0.0057 (sd; 3 of 3 seeds)", "ours an interval over 5 equal-update seeds "
+    "(each seed its own start) and the test documents, not an sd over 3; 82k params; validation "
+    "128 windows from 79 documents", primary_table7, paper_brief="+0.0396 ± 0.0057"),)
 
 STUDY = base.Study(name="table7",
                    spec="SPEC 9.2 (paper App. I.2, Table 7), scaled down by SPEC 9.6",
-                   config=config, check=check, stages=stages, measure=measure, table=table,
-                   paper_rows=PAPER_ROWS)
+                   config=config, check=check, stages=study_stages, measure=study_measure,
+                   table=table, paper_rows=PAPER_ROWS)

@@ -1,10 +1,12 @@
 """Table 7's table.md (`table7.py`): the setup, one row per seed (start → end, gains and the
-selected lr / eps), then the gain difference across seeds, the validation view and the flags.
+selected lr / eps), then the end and gain differences across seeds (the declared primary
+first), the validation view and the flags.
 """
 
 from __future__ import annotations
 
 from soma_jax.studies import results
+from soma_jax.studies.verdict import END, GAIN, role
 
 
 def _setting(q: dict) -> str:
@@ -28,9 +30,26 @@ def _both(g: dict) -> str:
   return "-" if ci95 is None else f"[{ci95[0]:+.4f}, {ci95[1]:+.4f}]"
 
 
+def _bold(text: str, said: str) -> str:
+  """`text` in bold unless its readout is secondary (`said`: its `role`)."""
+  return text if said == "secondary" else f"**{text}**"
+
+
+def _end_line(p: dict) -> list[str]:
+  """The end difference across seeds (absent from payloads measured before it was)."""
+  ref, other = p["reference"], p["other"]
+  e = p.get(END, {}).get(other)
+  if e is None:
+    return []
+  end = role(p, END)
+  return ["", _bold(f"{other}'s test end loss minus {ref}'s: {results.both(e)}", end)
+          + f" ({end + ': ' if end else ''}mean and 95% interval over {e['n']} seeds and the test documents; over "
+          f"the seeds alone {results.ci(e, 4)}; validation {results.ci(e['validation'], 4)})."]
+
+
 def table(p: dict) -> str:
-  """Markdown: the setup, one row per seed (start → end, gains), then the gain difference
-  across seeds, the validation view and the flags."""
+  """Markdown: the setup, one row per seed (start → end, gains), then the end and gain
+  differences across seeds, the validation view and the flags."""
   ref, other, ev, b = p["reference"], p["other"], p["eval"], p["budget"]
   r, o = p["methods"][ref], p["methods"][other]
   g = p["gain_difference"][other]
@@ -63,10 +82,13 @@ def table(p: dict) -> str:
                                                  strict=True)]
   n = len(o["per_seed"])
   start_gap = {s: o["start_loss"][s] - r["start_loss"][s] for s in ("validation", "test")}
+  gain = role(p, GAIN)
   lines += [
-      "", f"**{ref}'s gain minus {other}'s gain, test: {results.ci(g, 4)}** (mean and 95% t "
-      f"interval over {n} seeds, conditional on the test documents; with the documents' noise "
-      f"too {_both(g)}; validation {results.ci(g['validation'], 4)}). Gains (start − "
+      *_end_line(p),
+      "", _bold(f"{ref}'s gain minus {other}'s gain, test: {results.ci(g, 4)}", gain)
+      + f" ({gain + ': ' if gain else ''}mean and 95% t interval over {n} seeds, conditional on "
+      f"the test documents; with the documents' noise too {_both(g)}; validation "
+      f"{results.ci(g['validation'], 4)}). Gains (start − "
       f"end), test: {ref} {results.ci(r['gain']['test'], 4)}, {other} "
       f"{results.ci(o['gain']['test'], 4)}; validation: {ref} "
       f"{results.ci(r['gain']['validation'], 4)}, {other} "

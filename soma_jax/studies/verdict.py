@@ -6,6 +6,8 @@ value in the paper's direction, "contradicts" when it excludes it the other way,
 when it holds it. A row whose protocol differs in a way that decides the reading is "not
 comparable" whatever its interval says, and says why. A row with several primary intervals
 (Table 4's three monoliths) carries one verdict where all agree, else each verdict's count.
+A study that records several readouts (Tables 7 and 4: `READOUTS`) declares one primary in its
+config; results.json says which (`declared`), and only that one is read for a verdict.
 """
 
 from __future__ import annotations
@@ -15,6 +17,12 @@ import math
 from collections import Counter
 
 from scipy import stats
+
+# The readouts of a two-row comparison (Tables 7 and 4), each {other row: statistic} in
+# results.json: `statistics.end_difference` (SPEC 9.8's primary: the test end loss at the
+# budget) and `statistics.gain_difference`. A study's config declares which one is primary.
+END, GAIN = "end_difference", "gain_difference"
+READOUTS = (END, GAIN)
 
 REPRODUCES, CONTRADICTS, UNRESOLVED = "reproduces", "contradicts", "unresolved"
 NOT_COMPARABLE, NO_VERDICT = "not comparable", "-"
@@ -79,3 +87,24 @@ def from_stat(name: str, stat: dict, paper: int = 1, both: bool = True) -> Inter
   lo, hi = stat["seeds_and_documents"]["ci95"] if two else stat["ci95"]
   return Interval(name, stat["mean"], lo, hi, paper,
                   how="seeds and documents" if two else "t over seeds")
+
+
+def declared(primary: str) -> dict:
+  """results.json's `primary`: the readout of `READOUTS` the config declared primary (the one
+  that carries a verdict) and the others, secondary."""
+  return {"readout": primary, "secondary": [r for r in READOUTS if r != primary],
+          "rule": "SPEC 9.8: one primary readout, declared in the config (`primary`) before "
+                  "anything trains, carries the verdict; every other readout is secondary"}
+
+
+def primary_stats(d: dict) -> tuple[str, dict]:
+  """(the readout a results.json declares primary, its statistics by row)."""
+  key = d["primary"]["readout"]
+  return key, d[key]
+
+
+def role(d: dict, readout: str) -> str:
+  """'primary' or 'secondary': `readout` as a results.json declares it ('' where it declares
+  none: measured before the declaration)."""
+  key = d.get("primary", {}).get("readout")
+  return "" if key is None else "primary" if readout == key else "secondary"
