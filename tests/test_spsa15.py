@@ -363,3 +363,16 @@ def test_verdicts_are_computed_from_the_interval(lo, hi, words):
   side = {"mean": 0.02, "ci95": [lo, hi]}
   kept = spsa15.sign_kept({"mean": 0.02, "ci95": [0.01, 0.03]}, side)
   assert kept == {0.01: "kept", -0.03: "flipped"}.get(lo, "unresolved (an interval holds zero)")
+
+
+def test_the_committed_table_is_its_json_rendered():
+  """docs/results/spsa15_cpu.md is spsa15.table of its JSON (which declared its primary
+  readouts before the run, and says so), not an edited copy."""
+  from soma_jax.studies import spsa15
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results")
+  with open(os.path.join(root, "spsa15_cpu.json")) as f:
+    p = json.load(f)
+  with open(os.path.join(root, "spsa15_cpu.md")) as f:
+    text = f.read()
+  assert text == spsa15.table(p)
+  assert "declared in the config before the run" in text

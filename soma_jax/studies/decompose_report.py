@@ -134,8 +134,10 @@ def table(p: dict) -> str:
               f"{_ci(x['end_loss_difference'])}, log speed-up compared "
               f"{compared}, from init {_ci(sp['from_init'], 3)}."]
   printed = len(re.findall(r"\[[-+]?[\d.]+, [-+]?[\d.]+\]", "\n".join(lines)))  # intervals
-  lines += ["", f"How to read it (SPEC 9.8, applied after the run: the study declared no primary "
-            f"readout before it): the primary readout is each effect's test end-loss difference "
+  when = ("declared in the config before the run (`primary`)" if "primary" in p else
+          "applied after the run: the study declared no primary readout before it")
+  lines += ["", f"How to read it (SPEC 9.8, {when}): the primary readout is each effect's "
+            f"test end-loss difference "
             f"(b's end − a's) at the budget; gains, speed-ups and the from-init readouts are "
             f"secondary and descriptive. This table prints {printed} 95% intervals, none corrected "
             f"for multiple comparisons: among intervals whose true effect is zero, about one in "
