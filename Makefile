@@ -6,8 +6,9 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= demo_out
 # pytest-xdist workers for make test / test-all: one per core of the 2-core machines the
 # suite is sized for (1,075 tests on 2026-12-05: 9 min 40 s of pytest at nice -5 with one
-# nice-19 job beside it; earlier runs of 18.6-19.6 min had studies beside them;
-# make_test.json is older); each test file stays on one worker.
+# nice-19 job beside it; 986 tests on 2026-12-04 took 18.6 min, and an idle run 19.6 min:
+# why this one took half is not measured; make_test.json is older); each test file stays on
+# one worker.
 TEST_WORKERS ?= 2
 # make demo DEVICE=gpu: the CUDA 12 build of JAX, then the GPU-sized quickstart notebook
 DEVICE ?= cpu

@@ -14,6 +14,7 @@ import pytest
 from soma_jax.data import prepare
 from soma_jax.errors import UserError
 from soma_jax.studies import decompose, decompose_report, driver, statistics, table7
+from tests import committed
 from tests.test_compare import load_config
 from tests.test_narrow import assert_own_starts
 
@@ -307,11 +308,8 @@ def test_bad_fields_are_user_errors(data_two_shards, key, value, match):
 def test_committed_table_is_its_json_rendered(name):
   """docs/results/NAME.md is decompose_report.table of NAME.json, not an edited copy."""
   from soma_jax.studies import decompose_report
-  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results")
-  with open(os.path.join(root, f"{name}.json")) as f:
-    p = json.load(f)
-  with open(os.path.join(root, f"{name}.md")) as f:
-    assert f.read() == decompose_report.table(p)
+  p, md = committed.result(name)
+  assert md == decompose_report.table(p)
 
 
 def test_a_speedup_over_a_sliver_of_the_phases_is_not_readable():

@@ -23,6 +23,7 @@ from soma_jax import spsa as S
 from soma_jax import train
 from soma_jax import train_state as TS
 from soma_jax.config import base_config
+from tests import committed
 from tests.conftest import default_env, equal_to_rounding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -369,10 +370,6 @@ def test_the_committed_table_is_its_json_rendered():
   """docs/results/spsa15_cpu.md is spsa15.table of its JSON (which declared its primary
   readouts before the run, and says so), not an edited copy."""
   from soma_jax.studies import spsa15
-  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results")
-  with open(os.path.join(root, "spsa15_cpu.json")) as f:
-    p = json.load(f)
-  with open(os.path.join(root, "spsa15_cpu.md")) as f:
-    text = f.read()
+  p, text = committed.result("spsa15_cpu")
   assert text == spsa15.table(p)
   assert "declared in the config before the run" in text

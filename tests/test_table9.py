@@ -15,6 +15,7 @@ from soma_jax.data import windows as windows_lib
 from soma_jax.data.router import Router
 from soma_jax.errors import UserError
 from soma_jax.studies import driver, external_corpus, scores, table9
+from tests import committed
 from tests.test_compare import load_config
 
 WORDS = ("the river valley was settled by farmers who built a stone bridge over the ford in "
@@ -250,11 +251,7 @@ def test_the_training_corpus_is_refused_before_anything_trains(tmp_path, data_tw
 def test_committed_table_is_its_json_rendered():
   """docs/results/table9_cpu.md is table9.table of its JSON (regenerated, never hand-edited),
   and its ranking sentence says which order is the paper's."""
-  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results")
-  with open(os.path.join(root, "table9_cpu.json")) as f:
-    p = json.load(f)
-  with open(os.path.join(root, "table9_cpu.md")) as f:
-    md = f.read()
+  p, md = committed.result("table9_cpu")
   assert md == table9.table(p)
   assert "mono_k16 (the paper's); on in-domain" in md
   assert "mono_k64 (not the paper's); our two orders alike: False" in md
