@@ -5,10 +5,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= demo_out
 # pytest-xdist workers for make test / test-all: one per core of the 2-core machines the
-# suite is sized for (1,075 tests on 2026-12-05: 9 min 40 s of pytest at nice -5 with one
-# nice-19 job beside it; 986 tests on 2026-12-04 took 18.6 min, and an idle run 19.6 min:
-# why this one took half is not measured; make_test.json is older); each test file stays on
-# one worker.
+# suite is sized for; each test file stays on one worker. Most of the suite's time is XLA
+# compiling: on 2026-12-05 the suite took 17 min 47 s of pytest with an empty compilation
+# cache (a fresh clone, as CI runs it; 1,082 passed) and 10 min 36 s with the cache of an
+# earlier run (1,077 passed; tests/conftest.py keeps it in .pytest_cache/jax). The earlier
+# 9.7 min and 18.6 / 19.6 min readings fit a warm and a cold cache (not checked).
+# make_test.json is older. LLVM at -O0 cut the cold run to 14 min 26 s but moved the golden
+# update's estimate past its tolerance (no FMA contraction): not adopted.
 TEST_WORKERS ?= 2
 # make demo DEVICE=gpu: the CUDA 12 build of JAX, then the GPU-sized quickstart notebook
 DEVICE ?= cpu
